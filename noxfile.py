@@ -1,0 +1,56 @@
+"""Development sessions: tests, gpu, lint, typecheck, docs, bench."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+CONSTRAINTS = ("-c", "constraints.txt")
+
+
+def _install(session: nox.Session, extras: str, *extra: str) -> None:
+    session.install(*CONSTRAINTS, "-e", f".[{extras}]", *extra)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU test suite (GPU tests skip with their reason)."""
+    _install(session, "rtx,cli,test")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """GPU suite: needs an NVIDIA GPU, TensorRT-RTX and cuda-python."""
+    _install(session, "rtx,cuda,cli,test")
+    session.run("python", "-m", "pytest", "-m", "gpu", "tests/gpu", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, backends and tests."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "trt_runtime", "backends", "tests", *session.posargs)
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the core and the backends."""
+    _install(session, "test", "mypy>=1.10")
+    session.run("mypy", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with warnings as errors."""
+    _install(session, "test", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25")
+    session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Latency benchmarks (GPU): the python backend, torchbind, the raw loop."""
+    _install(session, "rtx,cuda,cli")
+    session.run("python", "benchmarks/bench_python.py", *session.posargs)

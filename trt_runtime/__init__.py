@@ -1,0 +1,100 @@
+"""trt-runtime: a pure-Python runtime for TensorRT and TensorRT-RTX engines.
+
+Importing this package never imports torch, tensorrt or tensorrt_rtx; backends load
+them on first use.
+"""
+
+from __future__ import annotations
+
+from trt_runtime.cache import RuntimeCache
+from trt_runtime.contexts import (
+    enable_cudagraphs,
+    runtime_cache,
+    runtime_config,
+    set_cuda_graph_strategy,
+    set_dynamic_shapes_kernel_strategy,
+)
+from trt_runtime.engine import EngineBase
+from trt_runtime.errors import (
+    BackendError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    CacheError,
+    CacheLockTimeout,
+    CacheWarning,
+    CapabilityError,
+    DataDependentShapeError,
+    EngineError,
+    FormatError,
+    InputError,
+    LostUpdateWarning,
+    StaleCacheWarning,
+    TrtRuntimeError,
+)
+from trt_runtime.loader import load
+from trt_runtime.protocols import (
+    Availability,
+    Backend,
+    BackendCapabilities,
+    CacheKey,
+    Engine,
+    EngineSource,
+    RuntimeCacheHandle,
+    TensorSpec,
+)
+from trt_runtime.registry import (
+    available_backends,
+    backend_status,
+    get_backend,
+    installed_backends,
+    register_backend,
+)
+from trt_runtime.settings import (
+    CudaGraphStrategy,
+    DynamicShapesKernelSpecializationStrategy,
+    RuntimeSettings,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendCapabilities",
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "CacheError",
+    "CacheKey",
+    "CacheLockTimeout",
+    "CacheWarning",
+    "CapabilityError",
+    "CudaGraphStrategy",
+    "DataDependentShapeError",
+    "DynamicShapesKernelSpecializationStrategy",
+    "Engine",
+    "EngineBase",
+    "EngineError",
+    "EngineSource",
+    "FormatError",
+    "InputError",
+    "LostUpdateWarning",
+    "RuntimeCache",
+    "RuntimeCacheHandle",
+    "RuntimeSettings",
+    "StaleCacheWarning",
+    "TensorSpec",
+    "TrtRuntimeError",
+    "__version__",
+    "available_backends",
+    "backend_status",
+    "enable_cudagraphs",
+    "get_backend",
+    "installed_backends",
+    "load",
+    "register_backend",
+    "runtime_cache",
+    "runtime_config",
+    "set_cuda_graph_strategy",
+    "set_dynamic_shapes_kernel_strategy",
+]

@@ -1,0 +1,823 @@
+"""RuntimeCache: a facade over a backend's runtime cache, with pending bytes and persistence.
+
+A :class:`RuntimeCache` holds the bytes of a TensorRT(-RTX) runtime cache before the
+backend's native cache exists ("pending" bytes), creates the native cache through the
+backend's :class:`~trt_runtime.protocols.RuntimeCacheHandle` on first use and drains the
+pending bytes into it exactly once. It persists to a framed file (:func:`encode` /
+:func:`decode`) with a file lock, an atomic replace and lost-update detection.
+See ``docs/cache.md`` for the multi-process behaviour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import struct
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from trt_runtime.errors import (
+    CacheError,
+    CacheLockTimeout,
+    CacheWarning,
+    FormatError,
+    LostUpdateWarning,
+    StaleCacheWarning,
+)
+from trt_runtime.protocols import CacheKey
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "RuntimeCache",
+    "decode",
+    "default_cache_dir",
+    "default_cache_path",
+    "encode",
+]
+
+#: First bytes of every cache file written by trt-runtime (PNG-style: a high byte and CR LF
+#: catch text-mode and 7-bit mangling).
+MAGIC = b"\x89TRTRC\r\n"
+#: Version of the framing written by :func:`encode`; :func:`decode` reads only this version.
+FORMAT_VERSION = 1
+
+# magic, format version, reserved (0), key length, payload length; then the sha256 digest of
+# (prefix + key JSON + payload), the key JSON and the payload.
+_PREFIX = struct.Struct("<8sHHIQ")
+_DIGEST_SIZE = 32
+HEADER_SIZE = _PREFIX.size + _DIGEST_SIZE
+
+#: Temp files of savers that died are removed by the next save once their pid is gone, or
+#: once they are older than this (a pid may have been reused).
+STALE_TEMP_SECONDS = 3600.0
+
+_TEMP_SUFFIX = ".tmp"
+
+
+# -- framing ------------------------------------------------------------------------------
+def encode(payload: bytes | bytearray | memoryview, key: CacheKey | None = None) -> bytes:
+    """Frame a raw TensorRT cache ``payload`` with the header recording ``key``."""
+    if key is not None and not isinstance(key, CacheKey):
+        raise TypeError(f"key must be a CacheKey or None; got {type(key).__name__}")
+    body = bytes(payload)
+    key_json = json.dumps(
+        None if key is None else key.to_dict(), sort_keys=True, separators=(",", ":")
+    ).encode()
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(key_json), len(body))
+    digest = hashlib.sha256(prefix + key_json + body).digest()
+    return prefix + digest + key_json + body
+
+
+def decode(data: bytes | bytearray | memoryview) -> tuple[CacheKey | None, bytes]:
+    """Check and unframe a cache file; return ``(key, payload)``.
+
+    Raises :class:`~trt_runtime.FormatError` saying what is wrong (empty, truncated,
+    bad magic, unsupported version, checksum mismatch, ...). Nothing is trusted before
+    the checksum over the whole file has been verified.
+    """
+    raw = bytes(data)
+    size = len(raw)
+    if size == 0:
+        raise FormatError("the file is empty")
+    if size < HEADER_SIZE:
+        if MAGIC.startswith(raw[: len(MAGIC)]):
+            raise FormatError(f"truncated header: {size} bytes, a header needs {HEADER_SIZE}")
+        raise FormatError(f"not a trt-runtime cache file: starts with {raw[:8]!r}, expected {MAGIC!r}")
+    magic, version, reserved, key_len, payload_len = _PREFIX.unpack_from(raw)
+    if magic != MAGIC:
+        raise FormatError(f"not a trt-runtime cache file: starts with {magic!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise FormatError(
+            f"unsupported cache format version {version}; this trt-runtime reads {FORMAT_VERSION}"
+        )
+    if reserved != 0:
+        raise FormatError(f"reserved header field is {reserved}, expected 0")
+    expected = HEADER_SIZE + key_len + payload_len
+    if size < expected:
+        raise FormatError(f"truncated: {size} bytes, the header announces {expected}")
+    if size > expected:
+        raise FormatError(f"{size - expected} trailing bytes after the {expected} the header announces")
+    digest = raw[_PREFIX.size : HEADER_SIZE]
+    key_json = raw[HEADER_SIZE : HEADER_SIZE + key_len]
+    payload = raw[HEADER_SIZE + key_len :]
+    if hashlib.sha256(raw[: _PREFIX.size] + key_json + payload).digest() != digest:
+        raise FormatError("checksum mismatch (sha256): the file is corrupt")
+    try:
+        key_data = json.loads(key_json)
+        key = None if key_data is None else CacheKey.from_dict(key_data)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise FormatError(f"cache key in the header is malformed: {exc}") from exc
+    return key, payload
+
+
+# -- default location ---------------------------------------------------------------------
+def default_cache_dir() -> Path:
+    """The per-user cache directory of trt-runtime (created with mode 0700 if missing)."""
+    import platformdirs
+
+    directory = Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return directory
+
+
+def default_cache_path(key: CacheKey) -> Path:
+    """``default_cache_dir() / "runtime-cache-<slug>.bin"``: one file per TensorRT build,
+    GPU architecture and driver, so a cache of another stack is never fed to TensorRT."""
+    if not isinstance(key, CacheKey):
+        raise TypeError(f"key must be a CacheKey; got {type(key).__name__}")
+    return default_cache_dir() / f"runtime-cache-{key.slug()}.bin"
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _checkpoint(point: str, path: Path) -> None:
+    """Test hook called at named points of a save ("locked", "written", "replaced")."""
+
+
+def _describe(exc: OSError) -> str:
+    code = exc.errno
+    name = errno.errorcode.get(code, "?") if isinstance(code, int) else "?"
+    return f"errno {code} ({name}): {exc.strerror or exc}"
+
+
+def _key_text(key: CacheKey | None) -> str:
+    return "an unknown stack" if key is None else key.slug()
+
+
+def _abspath(path: str | os.PathLike[str]) -> Path:
+    text = os.fspath(path)
+    if not text:
+        raise ValueError("runtime cache path must not be empty")
+    # abspath, not resolve(): a symlink at the cache path must stay visible to be refused.
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+def _temp_name(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
+
+
+def _temp_pattern(path: Path) -> re.Pattern[str]:
+    return re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]+{re.escape(_TEMP_SUFFIX)}$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _check_directory(directory: Path, path: Path) -> None:
+    st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheError(f"refusing runtime cache {path}: {directory} is not a directory")
+    euid = os.geteuid()
+    if st.st_uid not in (euid, 0):
+        raise CacheError(
+            f"refusing runtime cache {path}: its directory {directory} is owned by uid {st.st_uid}, "
+            f"expected this user (uid {euid}) or root"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheError(
+            f"refusing runtime cache {path}: its directory {directory} is writable by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); expected a directory only its owner can write"
+        )
+
+
+def _refuse_symlink(path: Path, candidate: Path, what: str) -> None:
+    if os.path.islink(candidate):
+        raise CacheError(f"refusing runtime cache {path}: the {what} {candidate} is a symbolic link")
+
+
+def _read_raw(path: Path) -> bytes | None:
+    """The bytes of ``path`` (never following a symlink), ``None`` if it does not exist."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CacheError(f"refusing runtime cache {path}: the cache path is a symbolic link") from exc
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise CacheError(f"refusing runtime cache {path}: it is not a regular file")
+        return f.read()
+
+
+def _clean_stray_temps(path: Path) -> None:
+    """Remove temp files of savers that died (their pid is gone, or they are old)."""
+    pattern = _temp_pattern(path)
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        match = pattern.match(name)
+        if match is None:
+            continue
+        candidate = path.parent / name
+        try:
+            old = now - os.lstat(candidate).st_mtime > STALE_TEMP_SECONDS
+            if old or not _pid_alive(int(match.group(1))):
+                os.unlink(candidate)  # unlink never follows a symlink
+        except OSError:
+            continue
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # some file systems cannot
+            raise
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, blob: bytes) -> None:
+    """Write ``blob`` to a fresh temp file beside ``path``, fsync it, replace ``path``, fsync the dir."""
+    temp = path.parent / _temp_name(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(temp, flags, 0o600)
+    except FileExistsError as exc:
+        if os.path.islink(temp):
+            raise CacheError(
+                f"refusing runtime cache {path}: the temp path {temp} is a symbolic link"
+            ) from exc
+        raise CacheError(f"could not save runtime cache to {path}: temp file {temp} already exists") from exc
+    except OSError as exc:
+        raise CacheError(f"could not save runtime cache to {path}: {_describe(exc)}") from exc
+    try:
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _checkpoint("written", path)
+        # os.replace would replace a link rather than follow it; refuse anyway, so that a
+        # link swapped in during the save is noticed rather than silently overwritten.
+        _refuse_symlink(path, path, "cache path")
+        os.replace(temp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(exc, OSError):
+            raise CacheError(f"could not save runtime cache to {path}: {_describe(exc)}") from exc
+        raise
+    _checkpoint("replaced", path)
+    try:
+        _fsync_directory(path.parent)
+    except OSError as exc:
+        raise CacheError(
+            f"saved runtime cache to {path} but could not fsync its directory: {_describe(exc)}"
+        ) from exc
+
+
+_LOCKS: dict[str, Any] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _file_lock(lock_path: Path) -> Any:
+    """One ``FileLock`` per lock path in this process, so re-entry from a thread never deadlocks."""
+    import filelock
+
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(str(lock_path))
+        if lock is None:
+            lock = filelock.FileLock(str(lock_path), mode=0o600)
+            _LOCKS[str(lock_path)] = lock
+        return lock
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float) -> Iterator[None]:
+    import filelock
+
+    lock_path = _lock_path(path)
+    _refuse_symlink(path, lock_path, "lock path")
+    lock = _file_lock(lock_path)
+    try:
+        lock.acquire(timeout=timeout)
+    except filelock.Timeout as exc:
+        raise CacheLockTimeout(
+            f"could not lock runtime cache {path}: the lock file {lock_path} was held by another "
+            f"process for more than {timeout:g} s; the cache stays in memory, retry later"
+        ) from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CacheError(
+                f"refusing runtime cache {path}: the lock path {lock_path} is a symbolic link"
+            ) from exc
+        raise CacheError(f"could not lock runtime cache {path} ({lock_path}): {_describe(exc)}") from exc
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# -- the state behind a RuntimeCache --------------------------------------------------------
+class _State:
+    """Everything a :class:`RuntimeCache` holds; kept apart so its finalizer can save it."""
+
+    def __init__(self, path: Path | None, autosave: bool, lock_timeout: float) -> None:
+        self.path = path
+        self.autosave = autosave
+        self.lock_timeout = lock_timeout
+        self.lock = threading.RLock()
+        self.pending: bytes | None = None
+        self.pending_key: CacheKey | None = None
+        self.pending_origin = ""
+        self.pending_from_disk = False
+        self.backend: Any = None
+        self.handle: Any = None
+        self.key: CacheKey | None = None
+        self.drains = 0
+        self.known_disk: bytes | None = None  # sha256 of the file as last loaded or saved
+        self.lazy = False
+        self.closed = False
+
+    # -- state -----------------------------------------------------------------------
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else "(in memory)"
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise CacheError(f"runtime cache {self.where()} is closed")
+
+    def ensure_loaded(self) -> None:
+        if self.lazy:
+            self.lazy = False
+            self.load(None)
+
+    def materialized(self) -> bool:
+        return self.handle is not None and bool(self.handle.has_cache())
+
+    def needs_save(self) -> bool:
+        return self.path is not None and (
+            self.materialized() or (self.pending is not None and not self.pending_from_disk)
+        )
+
+    def record_key(self) -> CacheKey | None:
+        if not self.materialized() and self.pending is not None:
+            return self.pending_key
+        return self.key
+
+    def stale(self, key: CacheKey | None, origin: str) -> bool:
+        if key is None or self.key is None or key == self.key:
+            return False
+        warnings.warn(
+            f"runtime cache {origin} was written for {_key_text(key)}, not for this stack "
+            f"({_key_text(self.key)}); it was not loaded",
+            StaleCacheWarning,
+            stacklevel=4,
+        )
+        return True
+
+    def deserialize(self, data: bytes, origin: str) -> None:
+        if self.handle.deserialize(data) is False:
+            warnings.warn(
+                f"the backend rejected the runtime cache from {origin} ({len(data)} bytes); it starts empty",
+                CacheWarning,
+                stacklevel=4,
+            )
+
+    # -- binding and materialization ---------------------------------------------------
+    def bind(self, backend: Any, key: CacheKey | None) -> None:
+        if backend is None:
+            if self.backend is None:
+                raise CacheError(
+                    f"runtime cache {self.where()} is not bound to a backend; "
+                    "pass backend= to ensure_materialized() or call bind(backend)"
+                )
+        elif self.backend is None:
+            backend.capabilities.require("supports_runtime_cache", backend.name)
+            self.handle = backend.create_cache_handle()
+            self.backend = backend
+            if self.key is None and key is None:
+                try:
+                    self.key = backend.cache_key(None)
+                except Exception:  # a backend that cannot say its key gets no stale check
+                    self.key = None
+        elif backend is not self.backend:
+            raise CacheError(
+                f"runtime cache {self.where()} is bound to the {self.backend.name!r} backend; it cannot "
+                f"serve the {backend.name!r} backend (move its bytes with serialize() and load_bytes())"
+            )
+        if key is not None:
+            if not isinstance(key, CacheKey):
+                raise TypeError(f"key must be a CacheKey or None; got {type(key).__name__}")
+            if self.key is not None and key != self.key and self.materialized():
+                raise CacheError(
+                    f"runtime cache {self.where()} holds kernels for {_key_text(self.key)}; "
+                    f"it cannot serve {_key_text(key)}"
+                )
+            self.key = key
+
+    def ensure_materialized(self, config: Any, backend: Any, key: CacheKey | None) -> Any:
+        with self.lock:
+            self.check_open()
+            self.ensure_loaded()
+            self.bind(backend, key)
+            native = self.handle.ensure_materialized(config)
+            if self.pending is not None and self.handle.has_cache():
+                data, pkey, origin = self.pending, self.pending_key, self.pending_origin
+                self.pending, self.pending_key, self.pending_from_disk = None, None, False
+                if not self.stale(pkey, origin):
+                    self.deserialize(data, origin)
+                    self.drains += 1
+            return native
+
+    # -- bytes in ----------------------------------------------------------------------
+    def accept(self, payload: bytes, key: CacheKey | None, origin: str, from_disk: bool) -> bool:
+        if self.stale(key, origin):
+            return False
+        if self.materialized():
+            if payload:
+                self.deserialize(payload, origin)
+            return True
+        if payload:
+            self.pending, self.pending_key = payload, key
+            self.pending_origin, self.pending_from_disk = origin, from_disk
+        else:
+            self.pending, self.pending_key, self.pending_from_disk = None, None, False
+        return True
+
+    def load(self, path: str | os.PathLike[str] | None) -> bool:
+        with self.lock:
+            self.check_open()
+            target = self.resolve(path)
+            own = target == self.path
+            if own:
+                self.lazy = False
+            try:
+                directory_ok = os.path.isdir(target.parent)
+                if directory_ok:
+                    _check_directory(target.parent, target)
+                raw = _read_raw(target) if directory_ok else None
+            except CacheError:
+                raise
+            except OSError as exc:
+                warnings.warn(
+                    f"runtime cache {target} was not loaded: {_describe(exc)}", CacheWarning, stacklevel=3
+                )
+                return False
+            if raw is None:
+                if own:
+                    self.known_disk = None
+                return False
+            if own:
+                self.known_disk = hashlib.sha256(raw).digest()
+            try:
+                key, payload = decode(raw)
+            except FormatError as exc:
+                warnings.warn(f"ignored runtime cache file {target}: {exc}", CacheWarning, stacklevel=3)
+                return False
+            return self.accept(payload, key, str(target), own)
+
+    def load_from_stream(self, stream: IO[bytes]) -> bool:
+        with self.lock:
+            self.check_open()
+            self.ensure_loaded()
+            raw = stream.read()
+            if not raw:
+                return False
+            try:
+                key, payload = decode(raw)
+            except FormatError as exc:
+                name = getattr(stream, "name", None) or repr(stream)
+                warnings.warn(f"ignored runtime cache stream {name}: {exc}", CacheWarning, stacklevel=3)
+                return False
+            return self.accept(payload, key, f"stream {getattr(stream, 'name', '') or '<bytes>'}", False)
+
+    # -- bytes out ---------------------------------------------------------------------
+    def serialize(self) -> bytes:
+        with self.lock:
+            self.check_open()
+            self.ensure_loaded()
+            if self.materialized():
+                return bytes(self.handle.serialize())
+            return self.pending if self.pending is not None else b""
+
+    def resolve(self, path: str | os.PathLike[str] | None) -> Path:
+        if path is not None:
+            return _abspath(path)
+        if self.path is None:
+            raise CacheError("this runtime cache has no path; pass one to load() or save()")
+        return self.path
+
+    def reconcile(self, target: Path) -> bool:
+        """Under the file lock: deal with a file another process wrote. True: nothing to write."""
+        try:
+            raw = _read_raw(target)
+        except OSError:
+            return False
+        if raw is None:
+            return False
+        digest = hashlib.sha256(raw).digest()
+        if digest == self.known_disk:
+            return False
+        try:
+            key, payload = decode(raw)
+        except FormatError:
+            return False  # a broken file holds nothing worth keeping
+        ours = self.record_key()
+        if key is not None and ours is not None and key != ours:
+            return False  # another stack's kernels are of no use here
+        if not self.materialized() and (self.pending is None or self.pending_from_disk):
+            # We hold nothing newer than an older copy of that file: adopt theirs, write nothing.
+            self.pending, self.pending_key = payload or None, key if payload else None
+            self.pending_origin, self.pending_from_disk = str(target), True
+            self.known_disk = digest
+            return True
+        if self.materialized() and self.backend.capabilities.cache_deserialize_merges:
+            self.deserialize(payload, str(target))
+            return False
+        warnings.warn(
+            f"runtime cache {target} was replaced by another process since this one last loaded or "
+            "saved it; the native cache cannot merge it, so that process's kernels are overwritten "
+            "(last writer wins)",
+            LostUpdateWarning,
+            stacklevel=4,
+        )
+        return False
+
+    def save(self, path: str | os.PathLike[str] | None) -> None:
+        with self.lock:
+            self.check_open()
+            target = self.resolve(path)
+            self.ensure_loaded()
+        directory = target.parent
+        try:
+            if not directory.exists():
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _check_directory(directory, target)
+        except OSError as exc:
+            raise CacheError(f"could not save runtime cache to {target}: {_describe(exc)}") from exc
+        _refuse_symlink(target, target, "cache path")
+        with _locked(target, self.lock_timeout), self.lock:
+            self.check_open()
+            _checkpoint("locked", target)
+            _clean_stray_temps(target)
+            own = target == self.path
+            if own and self.reconcile(target):
+                return
+            blob = encode(self.serialize(), self.record_key())
+            _atomic_write(target, blob)
+            if own:
+                self.known_disk = hashlib.sha256(blob).digest()
+                if self.pending is not None:
+                    self.pending_from_disk = True
+
+    def save_to_stream(self, stream: IO[bytes]) -> None:
+        with self.lock:
+            stream.write(encode(self.serialize(), self.record_key()))
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.pending = None
+            self.handle = None
+
+
+def _finalize(state: _State) -> None:
+    """Autosave (at close, garbage collection or interpreter exit); warns, never raises."""
+    try:
+        with state.lock:
+            due = state.autosave and not state.closed and state.needs_save()
+        if due:
+            state.save(None)
+    except Exception as exc:
+        warnings.warn(f"runtime cache was not saved to {state.path}: {exc}", CacheWarning, stacklevel=2)
+    finally:
+        state.close()
+
+
+_SHARED: dict[Path, RuntimeCache] = {}
+_SHARED_GUARD = threading.Lock()
+
+
+# -- the facade ---------------------------------------------------------------------------
+class RuntimeCache:
+    """A runtime cache shared by engines, with pending bytes and safe persistence.
+
+    Bytes loaded before the backend's native cache exists stay *pending*; the first
+    :meth:`ensure_materialized` creates the native cache and drains them into it exactly
+    once. A cache is bound to one backend. Files and streams use the framed format of
+    :func:`encode`; :meth:`load_bytes` and :meth:`serialize` move raw TensorRT bytes.
+
+    Thread-safety: every method may be called from any thread. :meth:`save` takes a file
+    lock on ``<path>.lock`` (``lock_timeout`` seconds) and replaces the file atomically.
+    With ``autosave=True`` the cache is saved at :meth:`close`, when it is garbage
+    collected and at interpreter exit; failures there warn (:class:`CacheWarning`).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        autosave: bool = False,
+        lock_timeout: float = 30.0,
+    ) -> None:
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or lock_timeout < 0:
+            raise ValueError(f"lock_timeout must be a number of seconds >= 0; got {lock_timeout!r}")
+        self._state = _State(None if path is None else _abspath(path), bool(autosave), float(lock_timeout))
+        self._finalizer = weakref.finalize(self, _finalize, self._state)
+
+    @property
+    def path(self) -> Path | None:
+        """The file this cache loads from and saves to by default (absolute), or ``None``."""
+        return self._state.path
+
+    @property
+    def autosave(self) -> bool:
+        return self._state.autosave
+
+    @property
+    def lock_timeout(self) -> float:
+        return self._state.lock_timeout
+
+    # -- factories -------------------------------------------------------------------
+    @classmethod
+    def shared(cls, path: str | os.PathLike[str]) -> RuntimeCache:
+        """The one process-wide cache for ``path`` (engines whose settings hold a path).
+
+        It is loaded from the file on first use and saved at exit (``autosave=True``).
+        """
+        target = _abspath(path)
+        with _SHARED_GUARD:
+            cache = _SHARED.get(target)
+            if cache is None or cache.closed:
+                cache = cls(target, autosave=True)
+                cache._state.lazy = True
+                _SHARED[target] = cache
+            return cache
+
+    @classmethod
+    def default(cls, backend: Any, device: int | None = None) -> RuntimeCache:
+        """A cache at the per-user default location for ``backend`` on ``device``, bound to it.
+
+        The path is ``default_cache_path(backend.cache_key(device))``; the file is not
+        loaded (call :meth:`load`).
+        """
+        key = backend.cache_key(device)
+        cache = cls(default_cache_path(key))
+        cache.bind(backend, key=key)
+        return cache
+
+    # -- loading -----------------------------------------------------------------------
+    def load(self, path: str | os.PathLike[str] | None = None) -> bool:
+        """Load the framed file at ``path`` (default: :attr:`path`); ``False`` if nothing was loaded.
+
+        A missing file is an empty cache. A corrupt file (truncated, bit-flipped, empty,
+        foreign) or one written for another stack warns once and is ignored: the backend
+        never sees its bytes. A symlink or an unsafe directory raises :class:`CacheError`.
+        """
+        return self._state.load(path)
+
+    def load_bytes(self, data: bytes | bytearray | memoryview) -> None:
+        """Load *raw* TensorRT cache bytes (as returned by :meth:`serialize`, no framing).
+
+        Before materialization they become the pending bytes; afterwards they go
+        straight into the native cache. Raw bytes carry no key, so they are not checked.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"load_bytes() takes bytes; got {type(data).__name__}")
+        with self._state.lock:
+            self._state.check_open()
+            self._state.ensure_loaded()
+            self._state.accept(bytes(data), None, "bytes", False)
+
+    def load_from_stream(self, stream: IO[bytes]) -> bool:
+        """Load a framed cache from a binary file object; ``False`` if empty or corrupt (warns)."""
+        return self._state.load_from_stream(stream)
+
+    # -- saving ------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str] | None = None) -> None:
+        """Write the cache to ``path`` (default: :attr:`path`) atomically under the file lock.
+
+        Raises :class:`CacheLockTimeout` naming the lock file if another process holds it
+        past ``lock_timeout`` (the cache stays in memory, so a retry works), and
+        :class:`CacheError` naming the path and errno if the write fails (the previous
+        file is intact, no temp file is left) or the location is unsafe.
+        """
+        self._state.save(path)
+
+    def save_to_stream(self, stream: IO[bytes]) -> None:
+        """Write the framed cache to a binary file object."""
+        self._state.save_to_stream(stream)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[RuntimeCache]:
+        """Hold the file lock of :attr:`path` for the block (re-entrant in one thread)."""
+        target = self._state.resolve(None)
+        with _locked(target, self._state.lock_timeout):
+            yield self
+
+    # -- bytes and state ---------------------------------------------------------------
+    def serialize(self) -> bytes:
+        """Raw TensorRT cache bytes: the native cache's, or the pending bytes before it exists."""
+        return self._state.serialize()
+
+    def has_cache(self) -> bool:
+        """Whether the backend's native cache exists (has been materialized)."""
+        with self._state.lock:
+            return self._state.materialized()
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether loaded bytes wait for the native cache to be created."""
+        with self._state.lock:
+            if not self._state.closed:
+                self._state.ensure_loaded()
+            return self._state.pending is not None
+
+    @property
+    def drain_count(self) -> int:
+        """How many times pending bytes were drained into a native cache (at most 1 per load)."""
+        return self._state.drains
+
+    @property
+    def backend(self) -> Any:
+        """The backend this cache is bound to, or ``None``."""
+        return self._state.backend
+
+    @property
+    def key(self) -> CacheKey | None:
+        """The stack this cache serves, once known (from :meth:`bind` or the backend)."""
+        return self._state.key
+
+    # -- binding -----------------------------------------------------------------------
+    def bind(self, backend: Any, *, key: CacheKey | None = None) -> None:
+        """Bind to ``backend`` (creating its not yet materialized handle); binding another is an error."""
+        with self._state.lock:
+            self._state.check_open()
+            self._state.bind(backend, key)
+
+    def ensure_materialized(self, config: Any, *, backend: Any = None, key: CacheKey | None = None) -> Any:
+        """Create the native cache if needed, drain pending bytes once, return the native cache.
+
+        ``backend`` binds the cache on first use; ``key`` (or ``backend.cache_key()``) is
+        compared with the key of the loaded file: a mismatch warns
+        :class:`StaleCacheWarning` and the pending bytes are dropped. Thread-safe: racing
+        callers get the same native object and the bytes are drained once.
+        """
+        return self._state.ensure_materialized(config, backend, key)
+
+    # -- lifetime ----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._state.closed
+
+    def close(self) -> None:
+        """Save if ``autosave`` (failures warn), then release the native cache; idempotent."""
+        self._finalizer()
+        with _SHARED_GUARD:
+            if self._state.path is not None and _SHARED.get(self._state.path) is self:
+                del _SHARED[self._state.path]
+
+    def __enter__(self) -> RuntimeCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self._state
+        status = (
+            "closed"
+            if s.closed
+            else "materialized"
+            if s.materialized()
+            else ("pending" if s.pending is not None else "empty")
+        )
+        backend = None if s.backend is None else s.backend.name
+        return f"<RuntimeCache {s.where()} {status} backend={backend!r}>"

@@ -1,0 +1,135 @@
+"""Context managers and setters that change the runtime settings of engines."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from trt_runtime.cache import RuntimeCache
+from trt_runtime.errors import CacheWarning
+from trt_runtime.protocols import Engine
+from trt_runtime.settings import CudaGraphStrategy, DynamicShapesKernelSpecializationStrategy
+
+__all__ = [
+    "enable_cudagraphs",
+    "engines_of",
+    "runtime_cache",
+    "runtime_config",
+    "set_cuda_graph_strategy",
+    "set_dynamic_shapes_kernel_strategy",
+]
+
+
+def engines_of(target: Any) -> list[Engine]:
+    """The engines behind ``target``: an engine, a module exposing ``trt_engines()``,
+    or an iterable of those."""
+    if hasattr(target, "runtime_settings") and hasattr(target, "execute"):
+        return [target]
+    if hasattr(target, "trt_engines"):
+        return list(target.trt_engines())
+    if isinstance(target, Iterable) and not isinstance(target, (str, bytes)):
+        found: list[Engine] = []
+        for item in target:
+            found.extend(engines_of(item))
+        return found
+    raise TypeError(
+        f"expected an engine, a module with trt_engines() or an iterable of them; "
+        f"got {type(target).__name__}"
+    )
+
+
+@contextlib.contextmanager
+def runtime_config(target: Any, **overrides: Any) -> Iterator[Any]:
+    """Apply settings ``overrides`` to every engine of ``target`` for the block.
+
+    Changing settings drops an engine's execution context; a new one is created
+    lazily at the next call. Nesting ``runtime_config`` outside ``enable_cudagraphs``
+    therefore creates exactly one context for calls made in the inner block. On exit
+    every engine gets its previous settings back (and a new context at its next call).
+    """
+    engines = engines_of(target)
+    saved = [engine.runtime_settings for engine in engines]
+    merged = [settings.merge(**overrides) for settings in saved]  # validate all first
+    try:
+        for engine, settings in zip(engines, merged):
+            engine.runtime_settings = settings
+        yield target
+    finally:
+        for engine, settings in zip(engines, saved):
+            engine.runtime_settings = settings
+
+
+def enable_cudagraphs(
+    target: Any, cuda_graph_strategy: str | CudaGraphStrategy = CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+) -> contextlib.AbstractContextManager[Any]:
+    """Run ``target`` with a CUDA graph strategy (default ``whole_graph_capture``) in the block."""
+    return runtime_config(target, cuda_graph_strategy=cuda_graph_strategy)
+
+
+def set_cuda_graph_strategy(target: Any, strategy: str | CudaGraphStrategy) -> None:
+    """Set the CUDA graph strategy of every engine of ``target`` (not scoped)."""
+    for engine in engines_of(target):
+        engine.runtime_settings = engine.runtime_settings.merge(cuda_graph_strategy=strategy)
+
+
+def set_dynamic_shapes_kernel_strategy(
+    target: Any, strategy: str | DynamicShapesKernelSpecializationStrategy
+) -> None:
+    """Set the dynamic-shapes kernel specialization strategy of every engine (not scoped)."""
+    for engine in engines_of(target):
+        engine.runtime_settings = engine.runtime_settings.merge(
+            dynamic_shapes_kernel_specialization_strategy=strategy
+        )
+
+
+@contextlib.contextmanager
+def runtime_cache(
+    target: Any,
+    path_or_stream: str | os.PathLike[str] | IO[bytes] | RuntimeCache | None = None,
+) -> Iterator[RuntimeCache]:
+    """Share one runtime cache among the engines of ``target`` for the block.
+
+    On enter the cache is loaded from ``path_or_stream`` (a path, a binary file
+    object, an existing :class:`RuntimeCache`, or ``None`` for the default per-user
+    location); a missing file is an empty cache. On exit the engines are synchronized
+    and the cache is saved back; a failure to save warns (:class:`CacheWarning`) and
+    never hides an exception raised in the block.
+    """
+    engines = engines_of(target)
+    stream: IO[bytes] | None = None
+    if isinstance(path_or_stream, RuntimeCache):
+        cache = path_or_stream
+    elif path_or_stream is None or isinstance(path_or_stream, (str, os.PathLike)):
+        if path_or_stream is None:
+            if not engines:
+                raise ValueError("runtime_cache(None) needs at least one engine to pick the default path")
+            cache = RuntimeCache.default(engines[0].backend)
+        else:
+            cache = RuntimeCache(path_or_stream)
+        cache.load()
+    else:
+        stream = path_or_stream
+        cache = RuntimeCache()
+        cache.load_from_stream(stream)
+    with runtime_config(engines, runtime_cache=cache):
+        try:
+            yield cache
+        finally:
+            for engine in engines:
+                engine.synchronize()
+            try:
+                if stream is not None:
+                    stream.seek(0)
+                    stream.truncate()
+                    cache.save_to_stream(stream)
+                elif cache.path is not None:
+                    cache.save()
+            except Exception as exc:  # never mask the block's own exception
+                warnings.warn(
+                    f"runtime cache was not saved to {cache.path or stream!r}: {exc}",
+                    CacheWarning,
+                    stacklevel=3,
+                )

@@ -1,0 +1,207 @@
+"""The engine lifecycle every backend shares: settings, lazy execution context, cache binding."""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trt_runtime.errors import EngineError
+from trt_runtime.protocols import Backend, TensorSpec
+from trt_runtime.settings import (
+    CudaGraphStrategy,
+    DynamicShapesKernelSpecializationStrategy,
+    RuntimeSettings,
+    SettingsLike,
+)
+
+if TYPE_CHECKING:
+    from trt_runtime.cache import RuntimeCache
+
+__all__ = ["EngineBase"]
+
+
+class EngineBase(abc.ABC):
+    """Base class for backend engines.
+
+    It owns what the conformance suite checks: settings changes invalidate the
+    execution context, which is created lazily on the next :meth:`execute`, once per
+    distinct settings value, counted by :attr:`context_creations`. Subclasses provide
+    :meth:`_create_context`, :meth:`_destroy_context` and :meth:`_run`.
+
+    Thread-safety: settings changes and context creation are serialized by a lock;
+    concurrent :meth:`execute` calls on one engine are serialized as well, since a
+    TensorRT execution context is not re-entrant.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        name: str,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        settings: SettingsLike = None,
+    ) -> None:
+        self.name = name
+        self._backend = backend
+        self._inputs = tuple(inputs)
+        self._outputs = tuple(outputs)
+        self._lock = threading.RLock()
+        self._context: Any = None
+        self._creations = 0
+        self._closed = False
+        self._settings = RuntimeSettings()
+        self.runtime_settings = RuntimeSettings.coerce(settings)
+
+    # -- metadata ---------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
+
+    @property
+    def has_data_dependent_outputs(self) -> bool:
+        return any(o.data_dependent for o in self._outputs)
+
+    @property
+    def data_dependent_outputs(self) -> list[str]:
+        """Names of outputs whose shapes are only known after execution."""
+        return [o.name for o in self._outputs if o.data_dependent]
+
+    # -- settings and context -----------------------------------------------------
+    @property
+    def runtime_settings(self) -> RuntimeSettings:
+        return self._settings
+
+    @runtime_settings.setter
+    def runtime_settings(self, value: SettingsLike) -> None:
+        settings = RuntimeSettings.coerce(value)
+        self._check_capabilities(settings)
+        with self._lock:
+            if settings == self._settings:
+                return
+            self._settings = settings
+            self._drop_context()
+
+    def _check_capabilities(self, settings: RuntimeSettings) -> None:
+        caps = self._backend.capabilities
+        if settings.cuda_graph_strategy is not CudaGraphStrategy.DISABLED:
+            caps.require("supports_cuda_graph_strategy", self._backend.name)
+        if (
+            settings.dynamic_shapes_kernel_specialization_strategy
+            is not DynamicShapesKernelSpecializationStrategy.LAZY
+        ):
+            caps.require("supports_dynamic_shapes_strategy", self._backend.name)
+        if settings.runtime_cache is not None:
+            caps.require("supports_runtime_cache", self._backend.name)
+
+    @property
+    def context_creations(self) -> int:
+        return self._creations
+
+    def has_context(self) -> bool:
+        return self._context is not None
+
+    def invalidate_context(self) -> None:
+        """Drop the execution context; the next call creates a new one."""
+        with self._lock:
+            self._drop_context()
+
+    def _drop_context(self) -> None:
+        if self._context is not None:
+            context, self._context = self._context, None
+            self.synchronize()
+            self._destroy_context(context)
+
+    def _resolve_cache(self) -> RuntimeCache | None:
+        from trt_runtime.cache import RuntimeCache
+
+        cache = self._settings.runtime_cache
+        if isinstance(cache, Path):
+            return RuntimeCache.shared(cache)
+        return cache
+
+    def ensure_context(self) -> Any:
+        """Create the execution context now if there is none (normally done by execute)."""
+        with self._lock:
+            self._check_open()
+            if self._context is None:
+                context = self._create_context(self._settings, self._resolve_cache())
+                if context is None:
+                    raise EngineError(f"engine {self.name!r}: the backend created no execution context")
+                self._context = context
+                self._creations += 1
+            return self._context
+
+    # -- execution ----------------------------------------------------------------
+    def execute(self, *inputs: Any, stream: Any = None) -> list[Any]:
+        """Run the engine; returns one array per output, in :attr:`outputs` order."""
+        with self._lock:
+            context = self.ensure_context()
+            return self._run(context, inputs, stream)
+
+    def __call__(self, *inputs: Any, stream: Any = None) -> Any:
+        """Like :meth:`execute`, but a single output is returned bare, several as a tuple."""
+        outputs = self.execute(*inputs, stream=stream)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def synchronize(self) -> None:  # noqa: B027 - optional hook
+        """Wait for work this engine queued (default: nothing to wait for)."""
+
+    # -- lifetime -----------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError(f"engine {self.name!r} is closed")
+
+    def close(self) -> None:
+        """Release the context and the engine; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._drop_context()
+            self._closed = True
+            self._release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> EngineBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        io = ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in (*self._inputs, *self._outputs))
+        return f"<{type(self).__name__} {self.name!r} backend={self._backend.name!r} [{io}]>"
+
+    # -- subclass hooks -----------------------------------------------------------
+    @abc.abstractmethod
+    def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> Any:
+        """Create an execution context for ``settings``.
+
+        A backend with a cache calls ``cache.ensure_materialized(config, backend=self.backend)``
+        and attaches the native cache it returns to its runtime config.
+        """
+
+    @abc.abstractmethod
+    def _destroy_context(self, context: Any) -> None:
+        """Release ``context``."""
+
+    @abc.abstractmethod
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
+        """Validate ``inputs`` and execute; return outputs."""
+
+    def _release(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine itself (after the context)."""

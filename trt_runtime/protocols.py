@@ -1,0 +1,228 @@
+"""The backend boundary: what a backend, its engines and its cache handles must provide."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from trt_runtime.settings import RuntimeSettings
+
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendCapabilities",
+    "CacheKey",
+    "Engine",
+    "EngineSource",
+    "RuntimeCacheHandle",
+    "TensorSpec",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether a backend can run here, and if not, why (with the install hint)."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    """What a backend can do. Callers and tests branch on these, never on names."""
+
+    supports_runtime_cache: bool = False
+    supports_cuda_graph_strategy: bool = False
+    supports_dynamic_shapes_strategy: bool = False
+    supports_output_allocator: bool = False
+    supports_host_io: bool = False
+    #: ``deserialize`` into a cache that already has entries keeps them (merges).
+    cache_deserialize_merges: bool = False
+    #: A human-readable note on why a capability is missing (e.g. which version adds it).
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def require(self, capability: str, backend: str) -> None:
+        """Raise :class:`CapabilityError` naming the missing capability and why."""
+        from trt_runtime.errors import CapabilityError
+
+        if not getattr(self, capability):
+            note = self.notes.get(capability, "")
+            raise CapabilityError(
+                f"the {backend!r} backend does not support {capability.removeprefix('supports_')}"
+                + (f": {note}" if note else "")
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CacheKey:
+    """What a runtime cache was made for; a cache is only fed to a matching stack."""
+
+    flavour: str  # "tensorrt_rtx" or "tensorrt"
+    version: str
+    compute_capability: str  # "9.0"
+    driver: str  # CUDA driver version as reported by the driver, e.g. "13000"
+
+    def slug(self) -> str:
+        """A file-name-safe form: ``tensorrt_rtx-1.6.1.120-sm90-drv13000``."""
+        cc = self.compute_capability.replace(".", "")
+        raw = f"{self.flavour}-{self.version}-sm{cc}-drv{self.driver}"
+        return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in raw)
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CacheKey:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        missing = [f for f in fields if not isinstance(data.get(f), str)]
+        if missing:
+            raise ValueError(f"cache key lacks string field(s) {missing}; got {dict(data)!r}")
+        return cls(**{f: data[f] for f in fields})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One engine input or output.
+
+    ``shape`` uses -1 for dynamic dimensions; ``profiles`` holds one
+    ``(min, opt, max)`` triple of shapes per optimization profile (inputs only).
+    ``dtype`` is a numpy-style name: ``float32``, ``float16``, ``bfloat16``, ``int8``,
+    ``int32``, ``int64``, ``bool``, ``uint8``, ``float8_e4m3fn``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    is_input: bool
+    profiles: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...] = ()
+    #: Output shape depends on the data (needs an output allocator).
+    data_dependent: bool = False
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(d < 0 for d in self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSource:
+    """A serialized engine and what its container said about it.
+
+    ``data`` may be a ``memoryview`` over an ``mmap``: backends must not copy it
+    into a Python ``bytes`` or ``str`` unless they must.
+    """
+
+    data: bytes | bytearray | memoryview
+    name: str = "engine"
+    device_id: int | None = None
+    format: str = "plan"  # "plan", "TR01", "TR02", "pte"
+    bindings: tuple[TensorSpec, ...] = ()
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@runtime_checkable
+class RuntimeCacheHandle(Protocol):
+    """A backend's own runtime cache (``IRuntimeCache`` or torchbind ``RuntimeCacheHandle``).
+
+    The core :class:`~trt_runtime.RuntimeCache` owns pending bytes and the drain; a
+    handle only creates the native cache and moves bytes in and out of it.
+    """
+
+    def serialize(self) -> bytes:
+        """Bytes of the native cache; only called when :meth:`has_cache` is true."""
+        ...
+
+    def deserialize(self, data: bytes) -> None:
+        """Load bytes into the native cache; only called when :meth:`has_cache` is true."""
+        ...
+
+    def has_cache(self) -> bool:
+        """Whether the native cache exists yet."""
+        ...
+
+    def ensure_materialized(self, config: Any) -> Any:
+        """Create the native cache (if not yet) with the backend's config; return it."""
+        ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A deserialized engine with a lazily created execution context."""
+
+    name: str
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+
+    @property
+    def runtime_settings(self) -> RuntimeSettings: ...
+
+    @runtime_settings.setter
+    def runtime_settings(self, value: RuntimeSettings) -> None: ...
+
+    @property
+    def context_creations(self) -> int:
+        """How many execution contexts this engine has created so far."""
+        ...
+
+    @property
+    def has_data_dependent_outputs(self) -> bool: ...
+
+    def has_context(self) -> bool: ...
+
+    def invalidate_context(self) -> None: ...
+
+    def execute(self, *inputs: Any, stream: Any = None) -> list[Any]: ...
+
+    def __call__(self, *inputs: Any, stream: Any = None) -> Any: ...
+
+    def synchronize(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A way of running engines. Found through the ``trt_runtime.backends`` entry points."""
+
+    name: str
+
+    @property
+    def capabilities(self) -> BackendCapabilities: ...
+
+    def is_available(self) -> Availability:
+        """Cheap check; never raises. ``reason`` says what is missing and how to install it."""
+        ...
+
+    def load_engine(
+        self,
+        source: EngineSource,
+        *,
+        device: int | None = None,
+        settings: RuntimeSettings | None = None,
+    ) -> Engine:
+        """Deserialize ``source``; ``device`` overrides ``source.device_id`` verbatim."""
+        ...
+
+    def create_cache_handle(self) -> RuntimeCacheHandle:
+        """A new, not yet materialized native cache handle."""
+        ...
+
+    def cache_key(self, device: int | None = None) -> CacheKey:
+        """What a cache made by this backend on ``device`` is keyed by."""
+        ...
+
+
+def tensor_names(specs: Sequence[TensorSpec]) -> list[str]:
+    """Names of ``specs`` in order (for error messages)."""
+    return [s.name for s in specs]

@@ -1,0 +1,225 @@
+"""Runtime settings: CUDA graph strategy, kernel specialization strategy, runtime cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from trt_runtime.cache import RuntimeCache
+
+__all__ = [
+    "CudaGraphStrategy",
+    "DynamicShapesKernelSpecializationStrategy",
+    "RuntimeSettings",
+    "SettingsLike",
+]
+
+
+class _CodedEnum(str, enum.Enum):
+    """A string enum whose members also carry TensorRT-RTX's integer code."""
+
+    code: int
+
+    def __new__(cls, value: str, code: int) -> _CodedEnum:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.code = code
+        return member
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: object, field: str) -> Any:
+        """Accept a member, its name, its string value or its integer code."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, bool):
+            pass  # bool is an int; never a valid code
+        elif isinstance(value, int):
+            for member in cls:
+                if member.code == value:
+                    return member
+        elif isinstance(value, str):
+            lowered = value.lower()
+            for member in cls:
+                if lowered in (member.value, member.name.lower()):
+                    return member
+        else:
+            # Foreign enums (tensorrt_rtx.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE) carry .name.
+            name = getattr(value, "name", None)
+            if isinstance(name, str):
+                return cls.parse(name, field)
+        allowed = ", ".join(repr(m.value) for m in cls)
+        codes = ", ".join(str(m.code) for m in cls)
+        raise ValueError(f"{field} must be one of {allowed} (or codes {codes}); got {value!r}")
+
+
+class CudaGraphStrategy(_CodedEnum):
+    """How TensorRT-RTX captures CUDA graphs; codes equal ``tensorrt_rtx.CudaGraphStrategy``."""
+
+    DISABLED = ("disabled", 0)
+    WHOLE_GRAPH_CAPTURE = ("whole_graph_capture", 1)
+
+
+class DynamicShapesKernelSpecializationStrategy(_CodedEnum):
+    """When shape-specialized kernels are compiled; codes equal TensorRT-RTX's enum."""
+
+    LAZY = ("lazy", 0)
+    EAGER = ("eager", 1)
+    NONE = ("none", 2)
+
+
+_FIELDS = (
+    "cuda_graph_strategy",
+    "dynamic_shapes_kernel_specialization_strategy",
+    "runtime_cache",
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    """Immutable runtime settings of an engine.
+
+    ``runtime_cache`` is ``None`` (no cache), a path (a file the cache is loaded from
+    and saved to) or a :class:`~trt_runtime.RuntimeCache` handle. Two settings with
+    handles compare equal only if they hold the *same* handle object: handles compare
+    by identity, paths by value.
+    """
+
+    cuda_graph_strategy: CudaGraphStrategy = CudaGraphStrategy.DISABLED
+    dynamic_shapes_kernel_specialization_strategy: DynamicShapesKernelSpecializationStrategy = (
+        DynamicShapesKernelSpecializationStrategy.LAZY
+    )
+    runtime_cache: RuntimeCache | Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "cuda_graph_strategy",
+            CudaGraphStrategy.parse(self.cuda_graph_strategy, "cuda_graph_strategy"),
+        )
+        object.__setattr__(
+            self,
+            "dynamic_shapes_kernel_specialization_strategy",
+            DynamicShapesKernelSpecializationStrategy.parse(
+                self.dynamic_shapes_kernel_specialization_strategy,
+                "dynamic_shapes_kernel_specialization_strategy",
+            ),
+        )
+        object.__setattr__(self, "runtime_cache", _parse_cache(self.runtime_cache))
+
+    # -- derivation -------------------------------------------------------------
+    def merge(self, **overrides: Any) -> RuntimeSettings:
+        """Return a copy with ``overrides`` applied; unknown fields are an error."""
+        unknown = sorted(set(overrides) - set(_FIELDS))
+        if unknown:
+            raise TypeError(
+                f"unknown runtime setting(s) {', '.join(map(repr, unknown))}; "
+                f"valid settings are {', '.join(map(repr, _FIELDS))}"
+            )
+        return dataclasses.replace(self, **overrides)
+
+    @classmethod
+    def coerce(cls, value: SettingsLike) -> RuntimeSettings:
+        """Accept ``None`` (defaults), a mapping of fields, or an instance."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls().merge(**dict(value))
+        raise TypeError(
+            f"runtime settings must be None, a mapping or RuntimeSettings; got {type(value).__name__}"
+        )
+
+    # -- round trips ------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict; enums as their string values, the cache as given (path or handle)."""
+        return {
+            "cuda_graph_strategy": self.cuda_graph_strategy.value,
+            "dynamic_shapes_kernel_specialization_strategy": (
+                self.dynamic_shapes_kernel_specialization_strategy.value
+            ),
+            "runtime_cache": self.runtime_cache,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RuntimeSettings:
+        """Inverse of :meth:`to_dict`; missing fields take their defaults."""
+        return cls.coerce(data)
+
+    def to_json(self) -> str:
+        """JSON text. A cache *handle* cannot be written; a cache path is written as a string."""
+        data = self.to_dict()
+        cache = data["runtime_cache"]
+        if cache is not None and not isinstance(cache, Path):
+            raise ValueError(
+                "a RuntimeCache handle cannot be written as JSON; "
+                "give the settings a cache path instead"
+            )
+        data["runtime_cache"] = None if cache is None else os.fspath(cache)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RuntimeSettings:
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"runtime settings JSON is malformed: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"runtime settings JSON must be an object; got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def to_codes(self) -> tuple[int, int]:
+        """``(dynamic_shapes_code, cuda_graph_code)``: the integers TensorRT-RTX and
+        torch-tensorrt's ``update_runtime_settings(ds, cg, handle)`` take."""
+        return (
+            self.dynamic_shapes_kernel_specialization_strategy.code,
+            self.cuda_graph_strategy.code,
+        )
+
+    @classmethod
+    def from_codes(
+        cls,
+        dynamic_shapes_code: int,
+        cuda_graph_code: int,
+        runtime_cache: RuntimeCache | str | os.PathLike[str] | None = None,
+    ) -> RuntimeSettings:
+        """Inverse of :meth:`to_codes`; the cache travels beside the codes."""
+        for field, code in (
+            ("dynamic_shapes_kernel_specialization_strategy", dynamic_shapes_code),
+            ("cuda_graph_strategy", cuda_graph_code),
+        ):
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise ValueError(f"{field} code must be an int; got {code!r}")
+        return cls(
+            cuda_graph_strategy=cuda_graph_code,  # type: ignore[arg-type]
+            dynamic_shapes_kernel_specialization_strategy=dynamic_shapes_code,  # type: ignore[arg-type]
+            runtime_cache=runtime_cache,  # type: ignore[arg-type]
+        )
+
+
+def _parse_cache(value: object) -> Any:
+    from trt_runtime.cache import RuntimeCache
+
+    if value is None or isinstance(value, (RuntimeCache, Path)):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if not text:
+            raise ValueError("runtime_cache path must not be empty")
+        return Path(text)
+    raise ValueError(
+        f"runtime_cache must be None, a path or a RuntimeCache; got {type(value).__name__} {value!r}"
+    )
+
+
+SettingsLike = Union[RuntimeSettings, Mapping[str, Any], None]
