@@ -501,3 +501,12 @@ def test_cache_engines_with_a_path_share_one_cache(tmp_path: Path) -> None:
     assert shared.drain_count == 1
     shared.close()  # what interpreter exit does
     assert decode(path.read_bytes()) == (KEY, b"warm\ncompiled")
+
+
+def test_cache_default_dir_honours_env_override(tmp_path, monkeypatch):
+    from trt_runtime.cache import default_cache_dir
+
+    target = tmp_path / "custom"
+    monkeypatch.setenv("TRT_RUNTIME_CACHE_DIR", str(target))
+    assert default_cache_dir() == target
+    assert target.is_dir() and (target.stat().st_mode & 0o777) == 0o700

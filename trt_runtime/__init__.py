@@ -47,6 +47,7 @@ from trt_runtime.registry import (
     backend_status,
     get_backend,
     installed_backends,
+    load_backend,
     register_backend,
 )
 from trt_runtime.settings import (
@@ -92,6 +93,7 @@ __all__ = [
     "get_backend",
     "installed_backends",
     "load",
+    "load_backend",
     "register_backend",
     "runtime_cache",
     "runtime_config",

@@ -124,10 +124,14 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[CacheKey | None, bytes
 
 # -- default location ---------------------------------------------------------------------
 def default_cache_dir() -> Path:
-    """The per-user cache directory of trt-runtime (created with mode 0700 if missing)."""
+    """The per-user cache directory of trt-runtime (created with mode 0700 if missing).
+
+    ``TRT_RUNTIME_CACHE_DIR`` overrides the platform's user cache directory.
+    """
     import platformdirs
 
-    directory = Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
+    override = os.environ.get("TRT_RUNTIME_CACHE_DIR")
+    directory = Path(override) if override else Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return directory
 

@@ -136,8 +136,11 @@ class RuntimeCacheHandle(Protocol):
         """Bytes of the native cache; only called when :meth:`has_cache` is true."""
         ...
 
-    def deserialize(self, data: bytes) -> None:
-        """Load bytes into the native cache; only called when :meth:`has_cache` is true."""
+    def deserialize(self, data: bytes) -> bool | None:
+        """Load bytes into the native cache; ``False`` if the native cache rejected them.
+
+        Only called when :meth:`has_cache` is true.
+        """
         ...
 
     def has_cache(self) -> bool:

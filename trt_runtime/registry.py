@@ -17,6 +17,7 @@ __all__ = [
     "backend_status",
     "get_backend",
     "installed_backends",
+    "load_backend",
     "register_backend",
 ]
 
@@ -43,6 +44,12 @@ def _discover() -> dict[str, EntryPoint]:
 def installed_backends() -> list[str]:
     """Names of all installed backends (available here or not), sorted."""
     return sorted(set(_discover()) | set(_extra))
+
+
+def load_backend(name: str) -> Backend:
+    """The backend instance named ``name`` whether or not it can run here (to read its
+    capabilities or availability reason); :func:`get_backend` is the way to run engines."""
+    return _instantiate(name)
 
 
 def _instantiate(name: str) -> Backend:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,9 +43,9 @@ class _CodedEnum(str, enum.Enum):
             return value
         if isinstance(value, bool):
             pass  # bool is an int; never a valid code
-        elif isinstance(value, int):
+        elif isinstance(value, numbers.Integral):  # int, numpy integers
             for member in cls:
-                if member.code == value:
+                if member.code == int(value):
                     return member
         elif isinstance(value, str):
             lowered = value.lower()
@@ -198,7 +199,7 @@ class RuntimeSettings:
             ("dynamic_shapes_kernel_specialization_strategy", dynamic_shapes_code),
             ("cuda_graph_strategy", cuda_graph_code),
         ):
-            if isinstance(code, bool) or not isinstance(code, int):
+            if isinstance(code, bool) or not isinstance(code, numbers.Integral):
                 raise ValueError(f"{field} code must be an int; got {code!r}")
         return cls(
             cuda_graph_strategy=cuda_graph_code,  # type: ignore[arg-type]

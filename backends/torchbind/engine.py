@@ -1,0 +1,267 @@
+"""TorchbindEngine: one ``torch.classes.tensorrt.Engine`` behind the core engine lifecycle.
+
+What "execution context" means here
+-----------------------------------
+torch-tensorrt's C++ engine owns its ``IExecutionContext``. The context this class
+creates (what :class:`~trt_runtime.EngineBase` counts) is the *configured* torchbind
+engine: ``Engine.update_runtime_settings(ds, cg, cache_handle)`` applied with the
+current settings. A settings change drops it; the next :meth:`execute` applies the
+new settings, and torch-tensorrt (2.13+) then builds one new ``IExecutionContext`` in
+that same ``execute_engine`` call, lazily, as the Python backend does. Dropping a
+context also asks torch-tensorrt to drop its own (``disable_profiling`` is the
+torchbind method that invalidates it), so both sides count the same creations.
+
+Inputs and outputs
+------------------
+Inputs are torch tensors on the engine's CUDA device (zero-copy). numpy arrays and CPU
+tensors are host inputs: they are copied to the device on the caller's stream, and the
+first time an engine does so it logs at INFO. Any other object exposing ``__dlpack__``
+or ``__cuda_array_interface__`` is viewed through torch without a copy. Outputs are
+CUDA torch tensors allocated by torch-tensorrt, ordered on the caller's stream.
+Count, dtype, shape (against each :class:`~trt_runtime.TensorSpec` and its profiles),
+contiguity and device are checked before the C++ op runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trt_runtime.engine import EngineBase
+from trt_runtime.errors import CacheError, CapabilityError, EngineError, InputError, TrtRuntimeError
+from trt_runtime.protocols import Backend, TensorSpec
+from trt_runtime.settings import RuntimeSettings, SettingsLike
+
+if TYPE_CHECKING:
+    from trt_runtime.cache import RuntimeCache
+
+    from .runtime import TorchbindRuntime
+
+__all__ = ["NativeState", "TorchbindEngine", "translate_errors"]
+
+logger = logging.getLogger("trt_runtime.torchbind")
+
+
+@contextlib.contextmanager
+def translate_errors(engine: str, what: str) -> Iterator[None]:
+    """Turn an exception from torch / torch-tensorrt into :class:`EngineError`."""
+    try:
+        yield
+    except TrtRuntimeError:
+        raise
+    except Exception as exc:
+        raise EngineError(f"engine {engine!r}: {what} failed in torch-tensorrt's runtime: {exc}") from exc
+
+
+@dataclasses.dataclass
+class NativeState:
+    """The "execution context" of a torchbind engine: the settings it was configured with."""
+
+    serial: int
+    settings: RuntimeSettings
+    cache_handle: Any = None
+    applied: bool = False  # whether update_runtime_settings was called for it
+
+
+class TorchbindEngine(EngineBase):
+    """An engine run by torch-tensorrt's C++ runtime. Outputs are CUDA torch tensors."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        runtime: TorchbindRuntime,
+        native: Any,
+        name: str,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        device: int,
+        settings: SettingsLike = None,
+    ) -> None:
+        self._runtime = runtime
+        self._native = native
+        self.device = device
+        bridge = runtime.bridge
+        self._can_update = runtime.has_runtime_settings and bridge.has_method(
+            native, "update_runtime_settings"
+        )
+        self._lazy_native_context = bridge.has_method(native, "num_execution_contexts_created")
+        inputs = self._select_profiles(name, inputs)
+        self._last_stream: Any = None
+        self._staged = False
+        self._serial = 0
+        #: How many times ``update_runtime_settings`` was called (diagnostics, tests).
+        self.native_updates = 0
+        super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
+
+    def _select_profiles(self, name: str, inputs: Sequence[TensorSpec]) -> list[TensorSpec]:
+        """Let torch-tensorrt pick the optimization profile per call (2.14+); before it
+        could, only profile 0 is ever active, so only its ranges are advertised."""
+        if not any(len(s.profiles) > 1 for s in inputs):
+            return list(inputs)
+        bridge = self._runtime.bridge
+        if bridge.has_method(self._native, "set_active_profile"):
+            with translate_errors(name, "enabling optimization-profile selection"):
+                self._native._auto_select_profiles = True
+            return list(inputs)
+        logger.info(
+            "engine %r: %s %s cannot switch optimization profiles; only profile 0 is used",
+            name,
+            self._runtime.library.distribution,
+            self._runtime.library.version,
+        )
+        return [dataclasses.replace(s, profiles=s.profiles[:1]) for s in inputs]
+
+    # -- what torch-tensorrt sees ---------------------------------------------------------
+    @property
+    def native(self) -> Any:
+        """The ``torch.classes.tensorrt.Engine`` (None once closed)."""
+        return self._native
+
+    @property
+    def native_context_creations(self) -> int | None:
+        """torch-tensorrt's own count of ``IExecutionContext`` creations (2.13+), else None."""
+        if self._native is None or not self._lazy_native_context:
+            return None
+        return int(self._native.num_execution_contexts_created())
+
+    # -- EngineBase hooks ---------------------------------------------------------------
+    def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> NativeState:
+        handle = None
+        if cache is not None:
+            handle = cache.ensure_materialized(self, backend=self.backend)
+            bridge = self._runtime.bridge
+            native_handle = bridge.qualified_name(handle).endswith("RuntimeCacheHandle") or (
+                bridge.has_method(handle, "has_cache") and bridge.has_method(handle, "deserialize")
+            )
+            if not native_handle:
+                raise CacheError(
+                    f"engine {self.name!r}: the runtime cache gave {type(handle).__name__}, "
+                    "not torch-tensorrt's RuntimeCacheHandle (was it materialized by another backend?)"
+                )
+        state = NativeState(serial=self._serial, settings=settings, cache_handle=handle)
+        self._serial += 1
+        if self._can_update:
+            ds, cg = settings.to_codes()
+            with translate_errors(self.name, "update_runtime_settings"):
+                self._native.update_runtime_settings(ds, cg, handle)
+            self.native_updates += 1
+            state.applied = True
+        elif settings != RuntimeSettings():
+            # The backend claimed the capability but this engine object lacks the method.
+            raise CapabilityError(
+                f"engine {self.name!r}: torch.classes.tensorrt.Engine has no update_runtime_settings "
+                f"in {self._runtime.library.distribution} {self._runtime.library.version}; "
+                "torch-tensorrt-rtx >= 2.13 adds it"
+            )
+        return state
+
+    def _destroy_context(self, context: Any) -> None:
+        if self._native is not None and self._lazy_native_context:
+            # Invalidates torch-tensorrt's IExecutionContext (rebuilt lazily at the next
+            # execute); this engine never enables profiling, so nothing else changes.
+            with translate_errors(self.name, "dropping the execution context"):
+                self._native.disable_profiling()
+
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
+        bridge = self._runtime.bridge
+        tensors = self._prepare(inputs)
+        with translate_errors(self.name, "resolving the stream"):
+            torch_stream = bridge.resolve_stream(stream, self.device)
+        with bridge.stream_scope(torch_stream, self.device):
+            tensors = [self._stage(t) for t in tensors]
+            with translate_errors(self.name, "execute_engine"):
+                outputs = bridge.execute(tensors, self._native)
+        self._last_stream = torch_stream
+        if len(outputs) != len(self._outputs):
+            raise EngineError(
+                f"engine {self.name!r}: torch-tensorrt returned {len(outputs)} output(s); "
+                f"expected {len(self._outputs)} {[o.name for o in self._outputs]}"
+            )
+        return outputs
+
+    def synchronize(self) -> None:
+        """Wait for the work this engine queued on the last stream it ran on."""
+        if self._last_stream is not None:
+            self._runtime.bridge.synchronize(self._last_stream)
+
+    def _release(self) -> None:
+        self._native = None  # the C++ engine is freed with its last reference
+
+    # -- input validation -------------------------------------------------------------
+    def _prepare(self, inputs: Sequence[Any]) -> list[tuple[Any, bool]]:
+        bridge = self._runtime.bridge
+        if len(inputs) != len(self._inputs):
+            raise InputError(
+                f"engine {self.name!r} takes {len(self._inputs)} input(s) "
+                f"{[s.name for s in self._inputs]}; got {len(inputs)}"
+            )
+        prepared = []
+        for spec, value in zip(self._inputs, inputs, strict=True):
+            where = f"input {spec.name!r} of engine {self.name!r}"
+            tensor = value
+            info = bridge.describe(value)
+            if info is None:
+                try:
+                    tensor = bridge.as_tensor(value)
+                except Exception as exc:
+                    raise InputError(f"{where} could not be viewed as a tensor: {exc}") from exc
+                info = None if tensor is None else bridge.describe(tensor)
+            if info is None:
+                raise InputError(
+                    f"{where} must be a torch tensor, a numpy array or a DLPack array; "
+                    f"got {type(value).__name__}"
+                )
+            if info.dtype != spec.dtype:
+                raise InputError(f"{where} must have dtype {spec.dtype}; got {info.dtype}")
+            check_shape(self.name, spec, info.shape)
+            if not info.contiguous:
+                raise InputError(
+                    f"{where} must be contiguous (C order); got strided data of shape {list(info.shape)}"
+                )
+            if info.device_type == "cuda":
+                if info.device_index != self.device:
+                    raise InputError(
+                        f"{where} is on cuda:{info.device_index}; the engine runs on cuda:{self.device}"
+                    )
+                prepared.append((tensor, False))
+            elif info.device_type == "cpu":
+                prepared.append((tensor, True))
+            else:
+                raise InputError(
+                    f"{where} is on device {info.device_type!r}; expected cuda:{self.device} or host memory"
+                )
+        return prepared
+
+    def _stage(self, item: tuple[Any, bool]) -> Any:
+        tensor, host = item
+        if not host:
+            return tensor
+        if not self._staged:
+            self._staged = True
+            logger.info(
+                "engine %r: host input copied to cuda:%d (pass CUDA tensors to stay zero-copy)",
+                self.name,
+                self.device,
+            )
+        return self._runtime.bridge.to_device(tensor, self.device)
+
+
+def check_shape(engine: str, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+    """Refuse ``shape`` unless it matches ``spec`` (rank, static dims, some profile's range)."""
+    where = f"input {spec.name!r} of engine {engine!r}"
+    mismatch = len(shape) != len(spec.shape) or any(
+        d >= 0 and d != s for d, s in zip(spec.shape, shape, strict=False)
+    )
+    if mismatch:
+        expected = "x".join("?" if d < 0 else str(d) for d in spec.shape) or "scalar"
+        raise InputError(f"{where} must have shape {list(spec.shape)} ({expected}); got {list(shape)}")
+    if spec.profiles:
+        for lo, _opt, hi in spec.profiles:
+            if all(a <= s <= b for a, s, b in zip(lo, shape, hi, strict=True)):
+                return
+        ranges = "; ".join(f"{list(lo)}..{list(hi)}" for lo, _o, hi in spec.profiles)
+        raise InputError(f"{where} has shape {list(shape)} outside every optimization profile ({ranges})")

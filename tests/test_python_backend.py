@@ -1,0 +1,683 @@
+"""The python backend without a GPU: real engine builds, availability, capabilities, and the
+execution path driven with test doubles for TensorRT and the CUDA runtime."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import gc
+import logging
+import re
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from trt_runtime_backends.python import CUDA_HINT, RTX_HINT, PythonBackend
+from trt_runtime_backends.python import backend as backend_module
+from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array
+from trt_runtime_backends.python.cache import IRuntimeCacheHandle
+from trt_runtime_backends.python.cuda import stream_handle
+from trt_runtime_backends.python.engine import PythonEngine
+
+from trt_runtime import (
+    BackendUnavailableError,
+    CacheError,
+    CapabilityError,
+    EngineError,
+    EngineSource,
+    InputError,
+    RuntimeCache,
+    RuntimeSettings,
+    TensorSpec,
+    backend_status,
+    get_backend,
+    installed_backends,
+)
+
+builders = pytest.importorskip("trt_runtime.builders")
+
+
+def _has_tensorrt() -> bool:
+    try:
+        builders.import_tensorrt()
+    except ImportError:
+        return False
+    return True
+
+
+needs_trt = pytest.mark.skipif(not _has_tensorrt(), reason="tensorrt_rtx is not installed")
+
+
+# -- builders make real engines (the TensorRT-RTX builder needs no GPU) ---------------------------
+
+
+@needs_trt
+def test_python_backend_builders_make_real_mlp_engines() -> None:
+    built = builders.build_mlp(64, 3, batch=8, dtype="float16")
+    assert len(built.plan) > 10_000
+    assert built.inputs == (TensorSpec("x", "float16", (8, 64), True),)
+    assert built.outputs == (TensorSpec("y", "float16", (8, 64), False),)
+    assert len(built.weights) == 3
+    x = built.random_inputs(seed=1)[0]
+    assert x.dtype == np.float16 and np.abs(x).max() > 0
+    expected = x.astype(np.float64)
+    for i in range(3):
+        expected = np.maximum(expected @ built.weights[f"w{i}"].astype(np.float64), 0)
+    np.testing.assert_allclose(built.reference(x)[0], expected)
+
+    dynamic = builders.build_mlp(32, 2, batch=None, dtype="float32", max_batch=16)
+    assert dynamic.inputs[0].shape == (-1, 32)
+    assert dynamic.inputs[0].profiles == (((1, 32), (8, 32), (16, 32)),)
+    assert dynamic.plan != built.plan
+
+
+@needs_trt
+def test_python_backend_builders_make_dynamic_and_conv_engines() -> None:
+    progress: list[tuple[str, int, int]] = []
+    dyn = builders.build_dynamic(8, "float32", profiles=((1, 2, 4), (5, 6, 7)),
+                                 progress=lambda *a: progress.append(a))
+    assert dyn.inputs[0].profiles == (((1, 8), (2, 8), (4, 8)), ((5, 8), (6, 8), (7, 8)))
+    x = dyn.random_inputs(batch=6)[0]
+    assert x.shape == (6, 8)
+    np.testing.assert_allclose(dyn.reference(x)[0],
+                               np.maximum(x.astype(np.float64) @ dyn.weights["w"], 0) + 1)
+    assert progress, "the IProgressMonitor callback was never called"
+
+    conv = builders.build_convnet(2, "float32", image_size=32, base_channels=8, num_classes=5)
+    assert conv.inputs[0].shape == (2, 3, 32, 32)
+    assert conv.outputs[0] == TensorSpec("logits", "float32", (2, 5), False)
+    assert sum(k.endswith(".w") for k in conv.weights) == 1 + 8 * 2 + 3 + 1  # stem, blocks, proj, fc
+    out = conv.reference(conv.random_inputs()[0])[0]
+    assert out.shape == (2, 5) and np.isfinite(out).all()
+
+
+def test_python_backend_conv_reference_matches_direct_convolution() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 5, 5))
+    w = rng.standard_normal((3, 2, 3, 3))
+    b = rng.standard_normal(3)
+    got = builders._conv_ref(x, w, b, stride=2, pad=1)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((1, 3, 3, 3))
+    for k in range(3):
+        for i in range(3):
+            for j in range(3):
+                want[0, k, i, j] = (xp[0, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3] * w[k]).sum() + b[k]
+    np.testing.assert_allclose(got, want)
+
+
+@needs_trt
+def test_python_backend_data_dependent_builder_reports_why_it_cannot_build() -> None:
+    try:
+        built = builders.build_data_dependent()
+    except NotImplementedError as exc:
+        assert str(exc) == builders.DATA_DEPENDENT_UNSUPPORTED
+    else:
+        assert built.outputs[0].data_dependent
+
+
+def test_python_backend_builders_reject_bad_batch() -> None:
+    with pytest.raises(ValueError, match="batch must be a positive int, None or 'dynamic'; got 0"):
+        builders._batch_dim(0)
+    assert builders._batch_dim("dynamic") == -1 and builders._batch_dim(None) == -1
+
+
+# -- availability and capabilities -------------------------------------------------------------------
+
+
+def test_python_backend_found_through_entry_point() -> None:
+    assert "python" in installed_backends()
+    status = backend_status()["python"]
+    assert isinstance(status.ok, bool)
+    if not status:
+        assert status.reason.startswith("the 'python' backend needs")
+
+
+def test_python_backend_availability_without_tensorrt(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx", None)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    availability = PythonBackend().is_available()
+    assert not availability
+    assert availability.reason == RTX_HINT
+    assert "pip install 'trt-runtime[rtx]'" in RTX_HINT
+    with pytest.raises(BackendUnavailableError, match=re.escape(RTX_HINT)):
+        PythonBackend().load_engine(EngineSource(b"plan"))
+
+
+def test_python_backend_availability_without_cuda_python(monkeypatch) -> None:
+    monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), "tensorrt_rtx"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    availability = PythonBackend().is_available()
+    assert not availability and availability.reason == CUDA_HINT
+    assert "pip install 'trt-runtime[cuda]'" in CUDA_HINT
+
+
+def test_python_backend_availability_without_gpu_never_raises(monkeypatch) -> None:
+    from trt_runtime_backends.python import cuda
+
+    monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), "tensorrt_rtx"))
+    monkeypatch.setattr(cuda, "device_count", lambda: 0)
+    availability = PythonBackend().is_available()
+    assert not availability and "no CUDA device is visible" in availability.reason
+
+    def broken() -> int:
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(cuda, "device_count", broken)
+    availability = PythonBackend().is_available()
+    assert not availability and "driver exploded" in availability.reason
+
+
+def test_python_backend_unavailable_here_says_why() -> None:
+    availability = backend_status()["python"]
+    if availability:
+        pytest.skip("a GPU is visible: the backend is available here")
+    with pytest.raises(BackendUnavailableError, match=re.escape(availability.reason)):
+        get_backend("python")
+
+
+def test_python_backend_capabilities_per_flavour(monkeypatch) -> None:
+    monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), "tensorrt_rtx"))
+    rtx = PythonBackend().capabilities
+    assert rtx.supports_runtime_cache and rtx.supports_cuda_graph_strategy
+    assert rtx.supports_dynamic_shapes_strategy and rtx.supports_output_allocator
+    assert rtx.supports_host_io and not rtx.cache_deserialize_merges
+
+    monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), "tensorrt"))
+    full = PythonBackend()
+    caps = full.capabilities
+    assert not caps.supports_runtime_cache and not caps.supports_cuda_graph_strategy
+    assert not caps.supports_dynamic_shapes_strategy and caps.supports_host_io
+    with pytest.raises(CapabilityError, match="runtime_cache: needs TensorRT-RTX"):
+        caps.require("supports_runtime_cache", "python")
+    full._trt, full._flavour, full._logger = _FakeTrt, "tensorrt", _FakeLogger()
+    with pytest.raises(CapabilityError, match="cuda_graph_strategy"):
+        _fake_engine(backend=full, settings=RuntimeSettings(cuda_graph_strategy="whole_graph_capture"))
+    engine = _fake_engine(backend=full)
+    with pytest.raises(CapabilityError, match="runtime_cache"):
+        engine.runtime_settings = RuntimeSettings(runtime_cache=RuntimeCache())
+
+
+# -- stream handles and device arrays ------------------------------------------------------------------
+
+
+def test_python_backend_stream_handle_accepts_every_stream_kind() -> None:
+    class Proto:
+        def __cuda_stream__(self) -> tuple[int, int]:
+            return (0, 77)
+
+    class TorchLike:
+        cuda_stream = 88
+
+    assert stream_handle(5) == 5
+    assert stream_handle(Proto()) == 77
+    assert stream_handle(TorchLike()) == 88
+    with pytest.raises(TypeError, match=r"stream must be an int cudaStream_t.*got str"):
+        stream_handle("default")
+
+
+class _CAI:
+    def __init__(self, shape: tuple[int, ...], typestr: str, strides: Any = None, ptr: int = 4096) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": typestr, "data": (ptr, False), "strides": strides, "version": 3,
+        }
+
+
+def test_python_backend_describes_cuda_array_interface() -> None:
+    assert describe_device_array(_CAI((2, 3), "<f2")) == (4096, (2, 3), "float16", None, True)
+    assert describe_device_array(_CAI((2, 3), "<f4", strides=(12, 4)))[4] is True
+    assert describe_device_array(_CAI((2, 3), "<f4", strides=(4, 8)))[4] is False
+    assert describe_device_array(_CAI((2,), "<i8"))[2] == "int64"
+
+
+class _FakeBuffer:
+    _next = 1 << 20
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.handle = _FakeBuffer._next
+        _FakeBuffer._next += max(size, 256)
+
+
+def test_python_backend_device_array_exports_cai_and_dlpack() -> None:
+    from trt_runtime_backends.python import arrays
+
+    array = DeviceArray(_FakeBuffer(24), (2, 3), "float32", 0)
+    cai = array.__cuda_array_interface__
+    assert cai["shape"] == (2, 3) and cai["typestr"] == "<f4" and cai["data"][0] == array.ptr
+    assert array.__dlpack_device__() == (2, 0)
+    assert array.nbytes == 24 and len(array) == 2
+    before = len(arrays._live)
+    capsule = array.__dlpack__()
+    get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+    assert get_name(capsule) == b"dltensor"
+    assert len(arrays._live) == before + 1
+    del capsule  # never consumed: the destructor must free the exported tensor
+    gc.collect()
+    assert len(arrays._live) == before
+
+
+def test_python_backend_device_array_dlpack_layout_is_consumable() -> None:
+    """numpy consumes the capsule when it describes host memory: struct layout, shape,
+    dtype and the deleter all work (a CUDA consumer reads the same struct)."""
+    from trt_runtime_backends.python import arrays
+
+    class HostArray(DeviceArray):
+        __slots__ = ()
+        _dl_device_type = 1  # kDLCPU
+
+    source = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    class Borrowed:
+        size = source.nbytes
+        handle = source.ctypes.data
+
+    before = len(arrays._live)
+    view = np.from_dlpack(HostArray(Borrowed(), (3, 4), "float32", 0))
+    np.testing.assert_array_equal(view, source)
+    assert len(arrays._live) == before + 1  # alive while numpy holds it
+    del view
+    gc.collect()
+    assert len(arrays._live) == before  # numpy called the deleter
+
+
+# -- the runtime cache handle ---------------------------------------------------------------------
+
+
+class _FakeNative:
+    def __init__(self) -> None:
+        self.loaded: list[bytes] = []
+        self.accept = True
+
+    def serialize(self) -> bytes:
+        return b"native" + b"".join(self.loaded)
+
+    def deserialize(self, data: bytes) -> bool:
+        if not self.accept:
+            return False
+        self.loaded.append(data)
+        return True
+
+
+class _FakeConfig:
+    def __init__(self) -> None:
+        self.created = 0
+        self.cache: Any = None
+        self.cuda_graph_strategy: Any = None
+        self.dynamic_shapes_kernel_specialization_strategy: Any = None
+
+    def create_runtime_cache(self) -> _FakeNative:
+        self.created += 1
+        return _FakeNative()
+
+    def set_runtime_cache(self, cache: Any) -> None:
+        self.cache = cache
+
+    def get_runtime_cache(self) -> Any:
+        return self.cache
+
+
+def test_python_backend_cache_handle_materializes_once() -> None:
+    handle = IRuntimeCacheHandle()
+    assert not handle.has_cache()
+    with pytest.raises(CacheError, match="not materialized yet; nothing to serialize"):
+        handle.serialize()
+    with pytest.raises(CacheError, match="not materialized yet; cannot load"):
+        handle.deserialize(b"x")
+    config = _FakeConfig()
+    native = handle.ensure_materialized(config)
+    assert handle.ensure_materialized(_FakeConfig()) is native
+    assert config.created == 1 and handle.has_cache()
+    handle.deserialize(b"abc")
+    assert handle.serialize() == b"nativeabc" and handle.deserialize_count == 1
+    native.accept = False
+    with pytest.raises(CacheError, match="TensorRT-RTX rejected 4 bytes of runtime cache"):
+        handle.deserialize(b"junk")
+    assert handle.deserialize_count == 1
+    with pytest.raises(CacheError, match="cannot create a runtime cache"):
+        IRuntimeCacheHandle().ensure_materialized(object())
+
+
+# -- the execution path with doubles for TensorRT and the CUDA runtime -----------------------------
+
+
+class _DataType:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Mode(enum.Enum):
+    INPUT = 1
+    OUTPUT = 2
+
+
+class _CudaGraphStrategy(enum.IntEnum):
+    DISABLED = 0
+    WHOLE_GRAPH_CAPTURE = 1
+
+
+class _DynamicShapes(enum.IntEnum):
+    LAZY = 0
+    EAGER = 1
+    NONE = 2
+
+
+class _FakeTrt:
+    TensorIOMode = _Mode
+    CudaGraphStrategy = _CudaGraphStrategy
+    DynamicShapesKernelSpecializationStrategy = _DynamicShapes
+    __version__ = "1.6.1.120"
+
+
+class _FakeContext:
+    def __init__(self, engine: _FakeTrtEngine) -> None:
+        self.engine = engine
+        self.calls: list[tuple[Any, ...]] = []
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.ok = True
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        self.calls.append(("shape", name, tuple(shape)))
+        self.shapes[name] = tuple(shape)
+        return True
+
+    def set_tensor_address(self, name: str, ptr: int) -> None:
+        self.calls.append(("address", name, ptr))
+
+    def set_optimization_profile_async(self, index: int, stream: int) -> bool:
+        self.calls.append(("profile", index))
+        return True
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        shape = self.engine.tensors[name][1]
+        batch = self.shapes.get("x", (shape[0],))[0]
+        return tuple(batch if d < 0 else d for d in shape)
+
+    def execute_async_v3(self, stream: int) -> bool:
+        self.calls.append(("execute", stream))
+        return self.ok
+
+
+class _FakeTrtEngine:
+    """An engine ``y = f(x)`` with float32 x (batch, 4) and two batch profiles."""
+
+    def __init__(self, batch: int = -1) -> None:
+        self.tensors = {
+            "x": ("FLOAT", (batch, 4), _Mode.INPUT),
+            "y": ("FLOAT", (batch, 4), _Mode.OUTPUT),
+        }
+        self.num_io_tensors = 2
+        self.num_optimization_profiles = 2 if batch < 0 else 1
+        self.contexts: list[_FakeContext] = []
+        self.configs: list[_FakeConfig] = []
+
+    def get_tensor_name(self, i: int) -> str:
+        return list(self.tensors)[i]
+
+    def get_tensor_dtype(self, name: str) -> _DataType:
+        return _DataType(self.tensors[name][0])
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return self.tensors[name][1]
+
+    def get_tensor_mode(self, name: str) -> _Mode:
+        return self.tensors[name][2]
+
+    def get_tensor_profile_shape(self, name: str, p: int) -> list[tuple[int, ...]]:
+        return [[(1, 4), (2, 4), (8, 4)], [(9, 4), (16, 4), (32, 4)]][p]
+
+    def create_runtime_config(self) -> _FakeConfig:
+        self.configs.append(_FakeConfig())
+        return self.configs[-1]
+
+    def create_execution_context(self, config: Any = None) -> _FakeContext:
+        self.contexts.append(_FakeContext(self))
+        return self.contexts[-1]
+
+
+class _FakeRuntime:
+    """Records cuda.bindings.runtime calls; every call succeeds."""
+
+    cudaEventDisableTiming = 2
+
+    class cudaMemcpyKind(enum.IntEnum):
+        cudaMemcpyHostToDevice = 1
+        cudaMemcpyDeviceToHost = 2
+        cudaMemcpyDeviceToDevice = 3
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self._events = iter(range(900, 1000))
+
+    def cudaEventCreateWithFlags(self, flags: int) -> tuple[int, int]:
+        return (0, next(self._events))
+
+    def cudaEventDestroy(self, event: int) -> tuple[int]:
+        self.calls.append(("destroy", event))
+        return (0,)
+
+    def cudaEventRecord(self, event: int, stream: int) -> tuple[int]:
+        self.calls.append(("record", event, stream))
+        return (0,)
+
+    def cudaStreamWaitEvent(self, stream: int, event: int, flags: int) -> tuple[int]:
+        self.calls.append(("wait", stream, event))
+        return (0,)
+
+    def cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: Any, stream: int) -> tuple[int]:
+        self.calls.append(("memcpy", int(kind), n, stream))
+        return (0,)
+
+    def cudaStreamSynchronize(self, stream: int) -> tuple[int]:
+        self.calls.append(("sync", stream))
+        return (0,)
+
+
+class _FakeStream:
+    handle = 4242
+
+    def close(self) -> None:
+        pass
+
+
+class _FakeState:
+    index = 0
+    compute_capability = "9.0"
+
+    def activate(self) -> None:
+        pass
+
+    def create_stream(self) -> _FakeStream:
+        return _FakeStream()
+
+    def allocate(self, nbytes: int, stream: Any) -> _FakeBuffer:
+        return _FakeBuffer(max(nbytes, 1))
+
+
+class _FakeLogger:
+    def mark(self) -> int:
+        return -1
+
+    def errors_since(self, mark: Any) -> list[str]:
+        return ["[TRT] fake error"]
+
+
+def _fake_backend() -> PythonBackend:
+    backend = PythonBackend()
+    backend._trt, backend._flavour, backend._logger = _FakeTrt, "tensorrt_rtx", _FakeLogger()
+    backend.cache_key = lambda device=None: __import__("trt_runtime").CacheKey(  # type: ignore[method-assign]
+        "tensorrt_rtx", "1.6.1.120", "9.0", "13000"
+    )
+    return backend
+
+
+def _fake_engine(batch: int = -1, backend: PythonBackend | None = None, settings: Any = None) -> PythonEngine:
+    engine = PythonEngine.__new__(PythonEngine)
+    engine._init(backend or _fake_backend(), _FakeTrtEngine(batch), _FakeState(),
+                 EngineSource(b"", name="fake"), settings, runtime=_FakeRuntime())
+    return engine
+
+
+def _trt_calls(engine: PythonEngine) -> list[tuple[Any, ...]]:
+    contexts = engine.trt_engine.contexts
+    return contexts[-1].calls if contexts else []
+
+
+def test_python_backend_engine_metadata_from_tensorrt() -> None:
+    engine = _fake_engine()
+    assert engine.inputs == (
+        TensorSpec("x", "float32", (-1, 4), True,
+                   profiles=(((1, 4), (2, 4), (8, 4)), ((9, 4), (16, 4), (32, 4)))),
+    )
+    assert engine.outputs == (TensorSpec("y", "float32", (-1, 4), False),)
+    assert not engine.has_data_dependent_outputs
+    assert engine.num_profiles == 2 and engine.profile is None
+    assert engine.runtime_config is None
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ((), r"takes 1 input\(s\) \(x\); got 0"),
+        ((np.zeros((2, 4), np.float32),) * 2, r"takes 1 input\(s\) \(x\); got 2"),
+        ((np.zeros((2, 4), np.float64),), "input 'x' must have dtype float32; got float64"),
+        ((np.zeros((4, 2), np.float32).T,), "input 'x' is not C-contiguous"),
+        ((np.zeros((2, 4, 1), np.float32),), r"input 'x' must have 2 dimension\(s\)"),
+        ((np.zeros((2, 5), np.float32),), r"input 'x' must have shape \(-1, 4\); got \(2, 5\)"),
+        ((np.zeros((40, 4), np.float32),), r"input 'x' has shape \(40, 4\), outside every optimization"),
+        ((_CAI((2, 4), "<f2"),), "input 'x' must have dtype float32; got float16"),
+        ((_CAI((2, 4), "<f4", strides=(4, 8)),), "input 'x' is not C-contiguous"),
+        (("text",), "input 'x' must have dtype float32"),
+    ],
+)
+def test_python_backend_bad_inputs_never_reach_tensorrt(inputs: tuple[Any, ...], message: str) -> None:
+    engine = _fake_engine()
+    with pytest.raises(InputError, match=message):
+        engine.execute(*inputs)
+    assert not any(c[0] in ("execute", "address") for c in _trt_calls(engine))
+    assert not any(c[0] == "memcpy" for c in engine._rt.calls)
+
+
+def test_python_backend_host_inputs_staged_once_and_bindings_cached(caplog) -> None:
+    engine = _fake_engine()
+    caplog.set_level(logging.INFO, logger="trt_runtime.python")
+    out = engine.execute(np.ones((2, 4), np.float32))[0]
+    assert isinstance(out, np.ndarray) and out.shape == (2, 4) and out.dtype == np.float32
+    engine.execute(np.ones((2, 4), np.float32))
+    calls = _trt_calls(engine)
+    assert [c for c in calls if c[0] == "shape"] == [("shape", "x", (2, 4))]
+    assert len([c for c in calls if c[0] == "address"]) == 2  # x and y bound once each
+    assert len([c for c in calls if c[0] == "execute"]) == 2
+    staged = [r for r in caplog.records if "staging" in r.getMessage()]
+    assert len(staged) == 1 and "'x'" in staged[0].getMessage()
+    kinds = [c[1] for c in engine._rt.calls if c[0] == "memcpy"]
+    assert kinds == [1, 2, 1, 2]  # H2D in, D2H out, per call
+    assert ("sync", 4242) in engine._rt.calls
+    engine.execute(np.ones((3, 4), np.float32))
+    assert [c for c in calls if c[0] == "shape"][-1] == ("shape", "x", (3, 4))
+
+
+def test_python_backend_picks_the_profile_or_honours_the_explicit_one() -> None:
+    engine = _fake_engine()
+    engine.execute(np.ones((20, 4), np.float32))
+    calls = _trt_calls(engine)
+    assert ("profile", 1) in calls
+    with pytest.raises(InputError, match=re.escape(
+        "input 'x' has shape (20, 4), outside optimization profile 0 (min (1, 4), max (8, 4))"
+    )):
+        engine.execute(np.ones((20, 4), np.float32), profile=0)
+    engine.execute(np.ones((3, 4), np.float32))
+    assert calls[-6:].count(("profile", 0)) == 1
+    with pytest.raises(InputError, match=r"profile must be an int in 0\.\.1; got 5"):
+        engine.execute(np.ones((3, 4), np.float32), profile=5)
+
+
+def test_python_backend_orders_the_callers_stream_with_events() -> None:
+    engine = _fake_engine()
+    engine.execute(np.ones((2, 4), np.float32), stream=77)
+    rt = engine._rt.calls
+    ev_in, ev_out = engine._event_in, engine._event_out
+    ordering = [c for c in rt if c[0] in ("record", "wait")]
+    assert ordering == [("record", ev_in, 77), ("wait", 4242, ev_in),
+                        ("record", ev_out, 4242), ("wait", 77, ev_out)]
+    execute_at = _trt_calls(engine).index(("execute", 4242))
+    assert execute_at >= 0
+    rt.clear()
+    engine.execute(np.ones((2, 4), np.float32), stream=engine.stream)  # our own stream: no events
+    assert not [c for c in rt if c[0] in ("record", "wait")]
+
+
+def test_python_backend_device_arrays_in_give_device_arrays_out() -> None:
+    engine = _fake_engine()
+    x = _CAI((2, 4), "<f4", ptr=8192)
+    out = engine.execute(x)[0]
+    assert isinstance(out, DeviceArray) and out.shape == (2, 4) and out.dtype == "float32"
+    assert out.stream == 4242  # no caller stream: consumers sync on ours through CAI / DLPack
+    assert ("address", "x", 8192) in _trt_calls(engine)
+    assert not [c for c in engine._rt.calls if c[0] == "memcpy"]
+    given = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    assert engine.execute(x, outputs=[given])[0] is given
+    assert ("address", "y", given.ptr) in _trt_calls(engine)
+    with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(1, 4\)"):
+        engine.execute(x, outputs=[DeviceArray(_FakeBuffer(16), (1, 4), "float32", 0)])
+    with pytest.raises(InputError, match=r"has 1 output\(s\); outputs= has 2"):
+        engine.execute(x, outputs=[given, given])
+
+
+def test_python_backend_execute_failure_carries_tensorrt_log() -> None:
+    engine = _fake_engine()
+    engine.ensure_context().trt_context.ok = False
+    with pytest.raises(EngineError, match=r"execute_async_v3 failed: \[TRT\] fake error"):
+        engine.execute(np.ones((2, 4), np.float32))
+
+
+def test_python_backend_settings_reach_the_runtime_config_and_cache_drains_once() -> None:
+    engine = _fake_engine(settings=RuntimeSettings("whole_graph_capture", "eager"))
+    engine.execute(np.ones((2, 4), np.float32))
+    config = engine.runtime_config
+    assert config.cuda_graph_strategy is _CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+    assert config.dynamic_shapes_kernel_specialization_strategy is _DynamicShapes.EAGER
+    assert config.get_runtime_cache() is None
+    cache = RuntimeCache()
+    cache.load_bytes(b"kernels")
+    engine.runtime_settings = engine.runtime_settings.merge(runtime_cache=cache)
+    assert engine.runtime_config is None  # the settings change dropped the context
+    engine.execute(np.ones((2, 4), np.float32))
+    native = engine.runtime_config.get_runtime_cache()
+    assert native is engine.native_runtime_cache and native.loaded == [b"kernels"]
+    engine.invalidate_context()
+    engine.execute(np.ones((2, 4), np.float32))
+    assert engine.native_runtime_cache is native and native.loaded == [b"kernels"]
+    assert cache.drain_count == 1 and engine.context_creations == 3
+
+
+def test_python_backend_static_outputs_with_unknown_dims_are_data_dependent() -> None:
+    engine = _fake_engine(batch=2)
+    engine.trt_engine.tensors["y"] = ("INT64", (-1, 2), _Mode.OUTPUT)
+    engine2 = PythonEngine.__new__(PythonEngine)
+    engine2._init(_fake_backend(), engine.trt_engine, _FakeState(), EngineSource(b"", name="dd"), None,
+                  runtime=_FakeRuntime())
+    assert engine2.has_data_dependent_outputs and engine2.data_dependent_outputs == ["y"]
+    assert engine2.outputs[0].dtype == "int64"
+
+
+def test_python_backend_close_is_idempotent_and_final() -> None:
+    engine = _fake_engine()
+    engine.execute(np.ones((2, 4), np.float32))
+    engine.close()
+    engine.close()
+    with pytest.raises(EngineError, match="engine 'fake' is closed"):
+        engine.execute(np.ones((2, 4), np.float32))
+
+
+def test_python_backend_unclosed_engine_releases_its_context_when_collected() -> None:
+    engine = _fake_engine()
+    engine.execute(np.ones((2, 4), np.float32))
+    context, rt = engine._context, engine._rt
+    events = (engine._event_in, engine._event_out)
+    del engine
+    gc.collect()
+    assert context.trt_context is None and context.config is None
+    assert [c for c in rt.calls if c[0] == "destroy"] == [("destroy", e) for e in events]
+    assert rt.calls[-3] == ("sync", 4242)

@@ -1,0 +1,930 @@
+"""The torchbind backend on the CPU, against doubles of torch and torch-tensorrt's runtime.
+
+The doubles model what the C++ side does (serialized-info checks, lazy execution
+contexts, ``update_runtime_settings``, the ``RuntimeCacheHandle`` stash and drain) for
+three releases: torch-tensorrt-rtx 2.11 (ABI 8, Engine only), 2.13 (ABI 9, serialize
+before materialization returns nothing) and 2.14 (ABI 10).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from trt_runtime_backends.torchbind import (
+    SerializedLayout,
+    TorchbindBackend,
+    TorchbindCacheHandle,
+    TorchbindEngine,
+    library,
+    runtime,
+)
+from trt_runtime_backends.torchbind.bindings import _read_io, io_from_source
+from trt_runtime_backends.torchbind.bridge import TensorInfo
+from trt_runtime_backends.torchbind.library import RuntimeLibrary
+
+from trt_runtime.errors import (
+    BackendUnavailableError,
+    CacheError,
+    CapabilityError,
+    EngineError,
+    InputError,
+)
+from trt_runtime.protocols import EngineSource, RuntimeCacheHandle, TensorSpec
+from trt_runtime.settings import RuntimeSettings
+
+FIELDS_2_11 = [
+    "ABI_TARGET", "NAME", "DEVICE", "ENGINE", "INPUT_BINDING_NAMES", "OUTPUT_BINDING_NAMES",
+    "HW_COMPATIBLE", "SERIALIZED_METADATA", "TARGET_PLATFORM", "REQUIRES_OUTPUT_ALLOCATOR",
+    "RESOURCE_ALLOCATION_STRATEGY",
+]  # fmt: skip
+RELEASES = {
+    "2.11.0": {"abi": "8", "fields": FIELDS_2_11, "cache": False, "pending_serialize": False},
+    "2.13.0": {
+        "abi": "9",
+        "fields": [*FIELDS_2_11, "REQUIRES_NATIVE_MULTIDEVICE"],
+        "cache": True,
+        "pending_serialize": False,
+    },
+    "2.14.0": {
+        "abi": "10",
+        "fields": [*FIELDS_2_11, "REQUIRES_NATIVE_MULTIDEVICE", "ALIASED_IO"],
+        "cache": True,
+        "pending_serialize": True,
+    },
+}
+
+
+# -- doubles: tensors, streams, torch.ops.tensorrt, torch.classes.tensorrt -------------------
+class FakeTensor:
+    def __init__(self, array: Any, device: str = "cuda:0") -> None:
+        self.array = np.asarray(array)
+        self.device = device
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:  # what .cpu().numpy() gives
+        return self.array if dtype is None else self.array.astype(dtype)
+
+
+class FakeStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.syncs = 0
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+
+class FakeCacheHandle:
+    """Models core/runtime/RuntimeSettings.cpp: stash before materialization, drain once."""
+
+    def __init__(self, path: str, release: dict[str, Any]) -> None:
+        self.path = path
+        self.release = release
+        self.live: dict[str, str] | None = None
+        self.pending = b""
+        self.drained = 0
+        self.loads: list[bytes] = []
+
+    def _has_method(self, name: str) -> bool:
+        return name in ("serialize", "deserialize", "has_cache")
+
+    def _type(self) -> Any:
+        return _QualifiedType("__torch__.torch.classes.tensorrt.RuntimeCacheHandle")
+
+    def has_cache(self) -> bool:
+        return self.live is not None
+
+    def serialize(self) -> FakeTensor:
+        if self.live is None:
+            data = self.pending if self.release["pending_serialize"] else b""
+        else:
+            data = b"KC" + json.dumps(self.live, sort_keys=True).encode()
+        return FakeTensor(np.frombuffer(data, dtype=np.uint8), "cpu")
+
+    def deserialize(self, tensor: FakeTensor) -> None:
+        data = tensor.array.tobytes()
+        if self.live is None:
+            self.pending = data
+        else:
+            self.live = _parse_kernels(data)  # TensorRT-RTX replaces, it does not merge
+            self.loads.append(data)
+
+    def materialize(self) -> None:  # what the C++ ensure_materialized does
+        if self.live is None:
+            self.live = {}
+            if self.pending:
+                self.live = _parse_kernels(self.pending)
+                self.loads.append(self.pending)
+                self.drained += 1
+                self.pending = b""
+
+
+def _parse_kernels(data: bytes) -> dict[str, str]:
+    assert data.startswith(b"KC"), f"cache bytes must start with KC; got {data[:8]!r}"
+    return json.loads(data[2:])
+
+
+class _QualifiedType:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def qualified_name(self) -> str:
+        return self.name
+
+
+class FakeEngine:
+    """Models TRTEngine: checks the serialized info, lazy IExecutionContext, settings."""
+
+    def __init__(self, info: list[Any], release: dict[str, Any], ops: FakeOps) -> None:
+        layout = {name: i for i, name in enumerate(release["fields"])}
+        if len(info) != len(layout):
+            raise RuntimeError("Program to be deserialized targets an incompatible Torch-TensorRT ABI")
+        if info[layout["ABI_TARGET"]] != release["abi"]:
+            raise RuntimeError("Program to be deserialized targets a different Torch-TensorRT ABI Version")
+        engine = info[layout["ENGINE"]]
+        if not isinstance(engine, bytes):
+            raise RuntimeError(f"engine field must arrive as bytes; got {type(engine).__name__}")
+        if not engine.startswith(b"PLAN"):
+            raise RuntimeError("Unable to deserialize the TensorRT engine")
+        self.info = list(info)
+        self.layout = layout
+        self.release = release
+        self.ops = ops
+        self.inputs = info[layout["INPUT_BINDING_NAMES"]].split("%")
+        self.outputs = info[layout["OUTPUT_BINDING_NAMES"]].split("%")
+        self.device = info[layout["DEVICE"]]
+        self.ctx: dict[str, Any] | None = None if release["cache"] else {"settings": (0, 0, None)}
+        self.ctx_created = 0 if release["cache"] else 1
+        self.settings: tuple[int, int, Any] = (0, 0, None)
+        self.updates: list[tuple[int, int, Any]] = []
+
+    def _has_method(self, name: str) -> bool:
+        if name in ("update_runtime_settings", "num_execution_contexts_created"):
+            return bool(self.release["cache"])
+        if name == "set_active_profile":
+            return self.release["abi"] == "10"
+        return name in ("disable_profiling", "get_engine_layer_info")
+
+    def update_runtime_settings(self, ds: int, cg: int, handle: Any) -> None:
+        if not 0 <= ds <= 2 or not 0 <= cg <= 1:
+            raise RuntimeError(f"Invalid strategy int: {ds}, {cg}")
+        self.updates.append((ds, cg, handle))
+        new = (ds, cg, handle)
+        if new[:2] != self.settings[:2] or new[2] is not self.settings[2]:
+            self.settings = new
+            self.ctx = None
+
+    def num_execution_contexts_created(self) -> int:
+        return self.ctx_created
+
+    def disable_profiling(self) -> None:
+        if self.release["cache"]:
+            self.ctx = None
+
+    def exec_ctx(self) -> dict[str, Any]:
+        if self.ctx is None:
+            handle = self.settings[2]
+            if handle is not None:
+                handle.materialize()
+            self.ctx = {"settings": self.settings}
+            self.ctx_created += 1
+        return self.ctx
+
+
+class FakeOps:
+    def __init__(self, release: dict[str, Any]) -> None:
+        self.release = release
+        self.calls: list[tuple[list[Any], FakeEngine]] = []
+        for i, name in enumerate(release["fields"]):
+            setattr(self, f"{name}_IDX", lambda i=i: i)
+
+    def ABI_VERSION(self) -> str:
+        return str(self.release["abi"])
+
+    def SERIALIZATION_LEN(self) -> int:
+        return len(self.release["fields"])
+
+    def SERIALIZED_ENGINE_BINDING_DELIM(self) -> str:
+        return "%"
+
+    def SERIALIZED_RT_DEVICE_DELIM(self) -> str:
+        return "%"
+
+    def get_current_platform(self) -> str:
+        return "linux_x86_64"
+
+    def execute_engine(self, inputs: list[FakeTensor], engine: FakeEngine) -> list[FakeTensor]:
+        self.calls.append((inputs, engine))
+        ctx = engine.exec_ctx()
+        handle = ctx["settings"][2]
+        if handle is not None:
+            shapes = ",".join("x".join(map(str, t.array.shape)) for t in inputs)
+            handle.live[f"{engine.info[engine.layout['NAME']]}|{shapes}|cg{ctx['settings'][1]}"] = "k"
+        total = sum(t.array.astype(np.float32) for t in inputs)
+        return [
+            FakeTensor((total * (k + 2)).astype(inputs[0].array.dtype)) for k in range(len(engine.outputs))
+        ]
+
+
+class FakeBridge:
+    """A TorchBridge double: FakeTensor for tensors, numpy for host arrays."""
+
+    def __init__(self, version: str = "2.14.0", *, devices: int = 1, registered: bool = False) -> None:
+        self.release = RELEASES[version]
+        self.devices = devices
+        self.ops = FakeOps(self.release)
+        self.registered = registered
+        self.loaded: list[str] = []
+        self.synced: list[Any] = []
+        self.current = 0
+
+    def engine_class(self) -> Any:
+        if not self.registered:
+            raise RuntimeError("Class tensorrt.Engine not registered!")
+        return lambda info: FakeEngine(info, self.release, self.ops)
+
+    def cache_handle_class(self) -> Any:
+        if not self.registered or not self.release["cache"]:
+            return None
+        return lambda path: FakeCacheHandle(path, self.release)
+
+    def is_registered(self) -> bool:
+        return self.registered
+
+    def load_library(self, path: str) -> None:
+        self.loaded.append(path)
+        self.registered = True
+
+    @staticmethod
+    def has_method(obj: Any, name: str) -> bool:
+        probe = getattr(obj, "_has_method", None)
+        return bool(probe(name)) if probe is not None else callable(getattr(obj, name, None))
+
+    @staticmethod
+    def qualified_name(obj: Any) -> str:
+        return obj._type().qualified_name() if hasattr(obj, "_type") else type(obj).__name__
+
+    def cuda_available(self) -> bool:
+        return self.devices > 0
+
+    def device_count(self) -> int:
+        return self.devices
+
+    def current_device(self) -> int:
+        return self.current
+
+    def device_properties(self, index: int) -> tuple[int, int, str]:
+        return 9, 0, f"NVIDIA H200 #{index}"
+
+    def device_scope(self, index: int) -> Any:
+        return contextlib.nullcontext()
+
+    def describe(self, value: Any) -> TensorInfo | None:
+        if isinstance(value, FakeTensor):
+            kind, _, idx = value.device.partition(":")
+            return TensorInfo(
+                dtype=str(value.array.dtype),
+                shape=tuple(value.array.shape),
+                device_type=kind,
+                device_index=int(idx) if idx else None,
+                contiguous=bool(value.array.flags.c_contiguous),
+            )
+        return None
+
+    def as_tensor(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return FakeTensor(value, "cpu")
+        return None
+
+    def to_device(self, tensor: FakeTensor, index: int) -> FakeTensor:
+        return FakeTensor(tensor.array.copy(), f"cuda:{index}")
+
+    def bytes_to_tensor(self, data: bytes) -> FakeTensor:
+        return FakeTensor(np.frombuffer(bytearray(data), dtype=np.uint8), "cpu")
+
+    def tensor_to_bytes(self, tensor: FakeTensor) -> bytes:
+        return tensor.array.tobytes()
+
+    def resolve_stream(self, stream: Any, index: int) -> Any:
+        return stream if stream is not None else FakeStream(f"current:{index}")
+
+    def stream_scope(self, stream: Any, index: int) -> Any:
+        return contextlib.nullcontext(stream)
+
+    def synchronize(self, stream: Any) -> None:
+        self.synced.append(stream)
+        stream.synchronize()
+
+    def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
+        return self.ops.execute_engine(inputs, engine)
+
+
+# -- fixtures -----------------------------------------------------------------------------
+LIB = RuntimeLibrary(Path("/fake/torch_tensorrt/lib/libtorchtrt_runtime.so"), "torch-tensorrt-rtx", "2.14.0")
+
+
+def make_backend(version: str = "2.14.0", **bridge_options: Any) -> tuple[TorchbindBackend, FakeBridge]:
+    bridge = FakeBridge(version, **bridge_options)
+    lib = RuntimeLibrary(LIB.path, LIB.distribution, version)
+    original = runtime.find_runtime_library
+    runtime.find_runtime_library = lambda: lib  # type: ignore[assignment]
+    try:
+        loaded = runtime.load_runtime(bridge)  # type: ignore[arg-type]
+    finally:
+        runtime.find_runtime_library = original  # type: ignore[assignment]
+    return TorchbindBackend(runtime=loaded), bridge
+
+
+X = TensorSpec("x", "float16", (2, 4), True)
+Y = TensorSpec("y", "float16", (2, 4), True)
+OUT = TensorSpec("out", "float16", (2, 4), False)
+
+
+def source(*, bindings: tuple[TensorSpec, ...] = (X, Y, OUT), **kw: Any) -> EngineSource:
+    return EngineSource(data=kw.pop("data", b"PLAN" + bytes(range(256))), name="mlp", bindings=bindings, **kw)
+
+
+def cuda(array: Any, device: str = "cuda:0") -> FakeTensor:
+    return FakeTensor(np.asarray(array, dtype=np.float16), device)
+
+
+def inputs() -> list[FakeTensor]:
+    return [cuda(np.ones((2, 4))), cuda(np.full((2, 4), 2.0))]
+
+
+# -- discovery and availability -------------------------------------------------------------
+def test_torchbind_backend_unavailable_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(library, "installed_distribution", lambda: None)
+    availability = TorchbindBackend().is_available()
+    assert not availability
+    assert availability.reason == (
+        "the 'torchbind' backend needs torch-tensorrt-rtx: pip install 'trt-runtime[torchbind]'"
+    )
+
+
+def test_torchbind_backend_is_found_through_the_entry_point() -> None:
+    import trt_runtime
+
+    assert "torchbind" in trt_runtime.installed_backends()
+    status = trt_runtime.backend_status()["torchbind"]
+    assert isinstance(status.ok, bool)  # reported, never raised
+    assert "torch" not in sys.modules or "torch_tensorrt" not in sys.modules
+
+
+def _fake_distribution(root: Path, name: str, version: str, *, with_lib: bool = True) -> Path:
+    pkg = root / "torch_tensorrt"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the compiler package must not be imported')\n")
+    if with_lib:
+        (pkg / "lib" / "libtorchtrt_runtime.so").write_bytes(b"\x7fELF")
+    dist = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    record = "torch_tensorrt/__init__.py,,\n" + (
+        "torch_tensorrt/lib/libtorchtrt_runtime.so,,\n" if with_lib else ""
+    )
+    (dist / "RECORD").write_text(record)
+    return pkg / "lib" / "libtorchtrt_runtime.so"
+
+
+def test_torchbind_library_located_from_distribution_record_without_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = _fake_distribution(tmp_path, "torch-tensorrt-rtx", "2.14.0")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = library.find_runtime_library()
+    assert isinstance(found, RuntimeLibrary), found
+    assert found.path.resolve() == expected.resolve()
+    assert (found.distribution, found.version, found.flavour) == (
+        "torch-tensorrt-rtx",
+        "2.14.0",
+        "tensorrt_rtx",
+    )
+    assert found.version_tuple == (2, 14, 0)
+    assert "torch_tensorrt" not in sys.modules
+
+
+def test_torchbind_library_missing_file_says_to_reinstall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_distribution(tmp_path, "torch-tensorrt-rtx", "2.11.0", with_lib=False)
+    (tmp_path / "torch_tensorrt" / "lib").rmdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = library.find_runtime_library()
+    assert isinstance(found, str)
+    assert "torch-tensorrt-rtx 2.11.0 is installed" in found and "libtorchtrt_runtime.so" in found
+
+
+def test_torchbind_runtime_loads_library_once_and_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, bridge = make_backend("2.14.0")
+    assert bridge.loaded == [str(LIB.path)]
+    assert backend.runtime.loaded_here
+    assert backend.runtime.layout.abi_version == "10"
+    assert backend.is_available()
+
+
+def test_torchbind_runtime_load_failure_names_library_and_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    bridge = FakeBridge("2.14.0")
+    attempts: list[str] = []
+
+    def fail(path: str) -> None:
+        attempts.append(path)
+        raise OSError(
+            "libtorch_nvshmem_missing.so: cannot open shared object file: No such file or directory"
+        )
+
+    bridge.load_library = fail  # type: ignore[method-assign]
+    monkeypatch.setattr(runtime, "find_runtime_library", lambda: LIB)
+    with pytest.raises(
+        BackendUnavailableError, match=r"could not load .*libtorchtrt_runtime\.so.*nvshmem_missing"
+    ):
+        runtime.load_runtime(bridge)  # type: ignore[arg-type]
+    assert attempts == [str(LIB.path)]  # nothing to preload: not retried
+
+
+def test_torchbind_runtime_skips_loading_when_already_registered() -> None:
+    backend, bridge = make_backend("2.14.0", registered=True)
+    assert bridge.loaded == []
+    assert not backend.runtime.loaded_here
+
+
+def test_torchbind_backend_unavailable_without_gpu() -> None:
+    backend, _ = make_backend("2.14.0", devices=0)
+    availability = backend.is_available()
+    assert not availability and "needs a CUDA GPU" in availability.reason
+
+
+# -- serialized-info layout ------------------------------------------------------------------
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_torchbind_layout_read_from_ops_at_run_time(version: str) -> None:
+    release = RELEASES[version]
+    layout = SerializedLayout.read(FakeOps(release))
+    assert layout.field_names() == release["fields"]
+    info = layout.pack(
+        name="m", device="0%9%0%0%H200", engine=b"PLAN\xff\x00", inputs=["a", "b"], outputs=["c"],
+        platform="linux_x86_64", requires_output_allocator=True,
+    )  # fmt: skip
+    slot = {f: i for i, f in enumerate(release["fields"])}
+    assert len(info) == len(release["fields"])
+    assert info[slot["ABI_TARGET"]] == release["abi"]
+    assert info[slot["ENGINE"]] == b"PLAN\xff\x00" and isinstance(info[slot["ENGINE"]], bytes)
+    assert info[slot["INPUT_BINDING_NAMES"]] == "a%b"
+    assert info[slot["REQUIRES_OUTPUT_ALLOCATOR"]] == "1"
+    assert all(isinstance(v, str) for i, v in enumerate(info) if i != slot["ENGINE"])
+
+
+def test_torchbind_layout_known_abi_with_wrong_length_is_refused() -> None:
+    release = dict(RELEASES["2.14.0"], fields=RELEASES["2.13.0"]["fields"])  # ABI 10 with 12 fields
+    with pytest.raises(
+        BackendUnavailableError, match=r"ABI '10'.*expected SERIALIZATION_LEN\(\) == 13.*found 12"
+    ):
+        SerializedLayout.read(FakeOps(release))
+
+
+def test_torchbind_layout_unknown_field_slot_is_refused() -> None:
+    ops = FakeOps(dict(RELEASES["2.14.0"], abi="11"))
+    ops.SERIALIZATION_LEN = lambda: 14  # type: ignore[method-assign]
+    with pytest.raises(BackendUnavailableError, match=r"slot\(s\) \[13\] of 14 belong to fields"):
+        SerializedLayout.read(ops)
+
+
+def test_torchbind_layout_missing_required_index_is_refused() -> None:
+    ops = FakeOps(RELEASES["2.11.0"])
+    del ops.TARGET_PLATFORM_IDX
+    with pytest.raises(BackendUnavailableError, match="TARGET_PLATFORM_IDX"):
+        SerializedLayout.read(ops)
+
+
+def test_torchbind_layout_check_names_expected_and_found_abi() -> None:
+    layout = SerializedLayout.read(FakeOps(RELEASES["2.14.0"]))
+    info = layout.pack(name="m", device="d", engine=b"PLAN", inputs=["a"], outputs=["b"], platform="p")
+    info[0] = "9"
+    with pytest.raises(
+        EngineError, match=r"targets torch-tensorrt ABI '9'; the loaded runtime expects ABI '10'"
+    ):
+        layout.check(info)
+    with pytest.raises(EngineError, match="has 12 field"):
+        layout.check(info[:-1])
+
+
+def test_torchbind_layout_refuses_binding_names_with_the_delimiter() -> None:
+    layout = SerializedLayout.read(FakeOps(RELEASES["2.14.0"]))
+    with pytest.raises(EngineError, match=r"input binding name\(s\) \['a%b'\]"):
+        layout.pack(name="m", device="d", engine=b"PLAN", inputs=["a%b"], outputs=["y"], platform="p")
+
+
+# -- capabilities by version ------------------------------------------------------------------
+def test_torchbind_capabilities_full_on_2_14() -> None:
+    backend, _ = make_backend("2.14.0")
+    caps = backend.capabilities
+    assert caps.supports_runtime_cache and caps.supports_cuda_graph_strategy
+    assert caps.supports_dynamic_shapes_strategy and caps.supports_host_io
+    assert not caps.cache_deserialize_merges
+    assert [k for k in caps.notes if k.startswith("supports_")] == []
+    assert "replaces" in caps.notes["cache_deserialize_merges"]
+
+
+def test_torchbind_capabilities_on_2_11_say_which_version_adds_them() -> None:
+    backend, _ = make_backend("2.11.0")
+    caps = backend.capabilities
+    assert not caps.supports_runtime_cache
+    assert not caps.supports_cuda_graph_strategy
+    assert not caps.supports_dynamic_shapes_strategy
+    with pytest.raises(
+        CapabilityError, match=r"cuda_graph_strategy: .*>= 2\.13; torch-tensorrt-rtx 2\.11\.0"
+    ):
+        backend.load_engine(source(), settings=RuntimeSettings(cuda_graph_strategy="whole_graph_capture"))
+    with pytest.raises(CapabilityError, match=r"runtime_cache: RuntimeCacheHandle .*>= 2\.13"):
+        backend.create_cache_handle()
+    engine = backend.load_engine(source())
+    with pytest.raises(CapabilityError, match=r"dynamic_shapes_strategy: .*2\.13"):
+        engine.runtime_settings = RuntimeSettings(dynamic_shapes_kernel_specialization_strategy="eager")
+    out = engine.execute(*inputs())
+    np.testing.assert_array_equal(out[0].array, np.full((2, 4), 6.0, np.float16))
+
+
+# -- engines, settings and contexts -------------------------------------------------------------
+def test_torchbind_engine_constructed_from_serialized_info() -> None:
+    backend, _bridge = make_backend("2.14.0", devices=2)
+    engine = backend.load_engine(source(device_id=1))
+    native = engine.native
+    assert isinstance(engine, TorchbindEngine) and engine.device == 1
+    assert native.inputs == ["x", "y"] and native.outputs == ["out"]
+    assert native.device == "1%9%0%0%NVIDIA H200 #1"
+    assert [s.name for s in engine.inputs] == ["x", "y"]
+    assert engine.backend is backend and not engine.has_context()
+
+
+def test_torchbind_engine_device_argument_overrides_and_is_checked() -> None:
+    backend, _ = make_backend("2.14.0", devices=2)
+    assert backend.load_engine(source(device_id=1), device=0).device == 0
+    with pytest.raises(
+        EngineError, match=r"CUDA device 5 \(recorded in 'mlp'\) does not exist; this machine has 2"
+    ):
+        backend.load_engine(source(device_id=5))
+    with pytest.raises(EngineError, match=r"CUDA device 2 \(given\) does not exist"):
+        backend.load_engine(source(), device=2)
+
+
+def test_torchbind_engine_constructor_failure_is_an_engine_error() -> None:
+    backend, _ = make_backend("2.14.0")
+    with pytest.raises(
+        EngineError, match=r"constructing torch\.classes\.tensorrt\.Engine failed.*Unable to deserialize"
+    ):
+        backend.load_engine(source(data=b"garbage"))
+
+
+def test_torchbind_engine_bytes_reach_cpp_as_bytes_from_memoryview() -> None:
+    backend, _ = make_backend("2.14.0")
+    plan = bytearray(b"PLAN" + b"\x80\xff" * 64)  # not UTF-8
+    engine = backend.load_engine(source(data=memoryview(plan)))
+    layout = backend.runtime.layout
+    assert engine.native.info[layout.indices["ENGINE"]] == bytes(plan)
+
+
+def test_torchbind_settings_applied_lazily_at_next_execute() -> None:
+    backend, _bridge = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+    native = engine.native
+    engine.execute(*inputs())
+    assert engine.context_creations == 1 and native.updates == [(0, 0, None)]
+    engine.runtime_settings = RuntimeSettings(cuda_graph_strategy="whole_graph_capture")
+    assert native.updates == [(0, 0, None)]  # nothing reaches torch-tensorrt until the next call
+    assert not engine.has_context()
+    engine.execute(*inputs())
+    engine.execute(*inputs())
+    assert native.updates == [(0, 0, None), (0, 1, None)]
+    assert engine.context_creations == 2
+    assert engine.native_context_creations == 2
+
+
+def test_torchbind_settings_codes_follow_to_codes_order() -> None:
+    backend, _ = make_backend("2.14.0")
+    settings = RuntimeSettings(
+        cuda_graph_strategy="whole_graph_capture", dynamic_shapes_kernel_specialization_strategy="none"
+    )
+    engine = backend.load_engine(source(), settings=settings)
+    engine.execute(*inputs())
+    ds, cg = settings.to_codes()
+    assert engine.native.updates == [(ds, cg, None)] == [(2, 1, None)]
+
+
+def test_torchbind_invalidate_context_drops_the_native_context_too() -> None:
+    backend, _ = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+    engine.execute(*inputs())
+    engine.invalidate_context()
+    engine.execute(*inputs())
+    assert engine.context_creations == 2 == engine.native_context_creations
+
+
+def test_torchbind_engine_outputs_and_call() -> None:
+    backend, _bridge = make_backend("2.14.0")
+    spec2 = TensorSpec("out2", "float16", (2, 4), False)
+    engine = backend.load_engine(source(bindings=(X, Y, OUT, spec2)))
+    first, second = engine(*inputs())
+    np.testing.assert_array_equal(first.array, np.full((2, 4), 6.0, np.float16))
+    np.testing.assert_array_equal(second.array, np.full((2, 4), 9.0, np.float16))
+    stream = FakeStream("mine")
+    engine.execute(*inputs(), stream=stream)
+    engine.synchronize()
+    assert stream.syncs == 1
+
+
+def test_torchbind_engine_close_is_idempotent_and_final() -> None:
+    backend, _bridge = make_backend("2.14.0")
+    with backend.load_engine(source()) as engine:
+        engine.execute(*inputs())
+    assert engine.closed and engine.native is None
+    engine.close()
+    with pytest.raises(EngineError, match="is closed"):
+        engine.execute(*inputs())
+
+
+# -- input validation: bad input never reaches execute_engine -----------------------------------
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: [cuda(np.ones((2, 4)))], r"takes 2 input\(s\) \['x', 'y'\]; got 1"),
+        (
+            lambda: [FakeTensor(np.ones((2, 4), np.float32)), cuda(np.ones((2, 4)))],
+            "must have dtype float16; got float32",
+        ),
+        (
+            lambda: [cuda(np.ones((3, 4))), cuda(np.ones((2, 4)))],
+            r"must have shape \[2, 4\] \(2x4\); got \[3, 4\]",
+        ),
+        (
+            lambda: [cuda(np.ones((2, 4)), "cuda:1"), cuda(np.ones((2, 4)))],
+            "is on cuda:1; the engine runs on cuda:0",
+        ),
+        (lambda: [cuda(np.ones((4, 2))).array.T, cuda(np.ones((2, 4)))], "must be contiguous"),
+        (
+            lambda: ["text", cuda(np.ones((2, 4)))],
+            "must be a torch tensor, a numpy array or a DLPack array; got str",
+        ),
+    ],
+)
+def test_torchbind_bad_input_is_refused_before_the_op(make: Any, message: str) -> None:
+    backend, bridge = make_backend("2.14.0", devices=2)
+    engine = backend.load_engine(source())
+    with pytest.raises(InputError, match=message):
+        engine.execute(*make())
+    assert bridge.ops.calls == []
+
+
+def test_torchbind_dynamic_input_outside_profile_is_refused() -> None:
+    backend, bridge = make_backend("2.14.0")
+    dyn = TensorSpec("x", "float16", (-1, 4), True, (((1, 4), (4, 4), (8, 4)),))
+    engine = backend.load_engine(source(bindings=(dyn, TensorSpec("o", "float16", (-1, 4), False))))
+    engine.execute(cuda(np.ones((8, 4))))
+    with pytest.raises(
+        InputError, match=r"shape \[9, 4\] outside every optimization profile \(\[1, 4\]\.\.\[8, 4\]\)"
+    ):
+        engine.execute(cuda(np.ones((9, 4))))
+    assert len(bridge.ops.calls) == 1
+
+
+def test_torchbind_host_inputs_are_staged_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    backend, bridge = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+    with caplog.at_level(logging.INFO, logger="trt_runtime.torchbind"):
+        for _ in range(3):
+            out = engine.execute(np.ones((2, 4), np.float16), np.full((2, 4), 2.0, np.float16))
+    staged = [r for r in caplog.records if "host input copied to cuda:0" in r.getMessage()]
+    assert len(staged) == 1
+    sent = bridge.ops.calls[-1][0]
+    assert all(t.device == "cuda:0" for t in sent)
+    np.testing.assert_array_equal(out[0].array, np.full((2, 4), 6.0, np.float16))
+
+
+# -- the runtime cache handle ----------------------------------------------------------------------
+def test_torchbind_cache_handle_is_a_runtime_cache_handle() -> None:
+    backend, _ = make_backend("2.14.0")
+    handle = backend.create_cache_handle()
+    assert isinstance(handle, RuntimeCacheHandle) and isinstance(handle, TorchbindCacheHandle)
+    assert not handle.has_cache()
+
+
+@pytest.mark.parametrize("version", ["2.13.0", "2.14.0"])
+def test_torchbind_cache_pending_bytes_drained_exactly_once(version: str) -> None:
+    """The facade's drain goes into the C++ stash; C++ drains the stash once, at the first execute."""
+    backend, _ = make_backend(version)
+    warm = b"KC" + json.dumps({"old-kernel": "k"}).encode()
+    handle = backend.create_cache_handle()
+
+    class Facade:  # what trt_runtime.RuntimeCache does with a handle: attach, then drain pending
+        def __init__(self) -> None:
+            self.pending: bytes | None = warm
+            self.drains = 0
+
+        def ensure_materialized(self, config: Any, *, backend: Any = None) -> Any:
+            native = handle.ensure_materialized(config)
+            if self.pending is not None and handle.has_cache():
+                handle.deserialize(self.pending)
+                self.pending, self.drains = None, self.drains + 1
+            return native
+
+    facade = Facade()
+    engine = backend.load_engine(source(), settings=RuntimeSettings())
+    engine._create_context = _with_cache(engine, facade)  # type: ignore[method-assign]
+    assert handle.serialize() == b""  # nothing loaded yet
+    engine.execute(*inputs())
+    native = handle.native
+    assert facade.drains == 1 and native.drained == 1 and native.loads == [warm]
+    assert handle.native_has_cache()
+    saved = json.loads(handle.serialize()[2:])
+    assert "old-kernel" in saved and any(k.startswith("mlp|2x4,2x4") for k in saved)
+    engine.execute(*inputs())
+    assert native.drained == 1 and facade.drains == 1
+
+
+def _with_cache(engine: TorchbindEngine, facade: Any) -> Any:
+    original = engine._create_context
+
+    def create(settings: RuntimeSettings, cache: Any) -> Any:
+        return original(settings, facade)
+
+    return create
+
+
+@pytest.mark.parametrize("version", ["2.13.0", "2.14.0"])
+def test_torchbind_cache_serialize_before_materialization_returns_loaded_bytes(version: str) -> None:
+    backend, _ = make_backend(version)
+    handle = backend.create_cache_handle()
+    handle.ensure_materialized(None)
+    blob = b"KC" + json.dumps({"a": "b"}).encode()
+    handle.deserialize(blob)
+    assert not handle.native_has_cache()
+    assert handle.serialize() == blob  # 2.13's C++ would give b""; the wrapper keeps the copy
+
+
+def test_torchbind_cache_from_another_backend_is_refused() -> None:
+    backend, _ = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+
+    class Foreign:
+        def ensure_materialized(self, config: Any, *, backend: Any = None) -> Any:
+            return object()
+
+    with pytest.raises(CacheError, match="not torch-tensorrt's RuntimeCacheHandle"):
+        engine._create_context(RuntimeSettings(), Foreign())  # type: ignore[arg-type]
+
+
+def test_torchbind_cache_with_core_facade_drains_once() -> None:
+    from trt_runtime.cache import RuntimeCache
+
+    backend, _ = make_backend("2.14.0")
+    warm = b"KC" + json.dumps({"old-kernel": "k"}).encode()
+    cache = RuntimeCache()
+    try:
+        cache.load_bytes(warm)
+    except NotImplementedError:
+        pytest.skip("trt_runtime.RuntimeCache is still the skeleton (cache issue not landed)")
+    engine = backend.load_engine(source(), settings=RuntimeSettings(runtime_cache=cache))
+    assert cache.serialize() == warm  # pending, before any engine ran
+    engine.execute(*inputs())
+    engine.execute(*inputs())
+    native = engine.native.settings[2]
+    assert native.drained == 1 and native.loads == [warm]
+    assert b"old-kernel" in cache.serialize() and b"mlp|2x4,2x4" in cache.serialize()
+
+
+# -- IO metadata --------------------------------------------------------------------------------------
+def test_torchbind_io_from_source_splits_bindings() -> None:
+    ins, outs = io_from_source(source())  # type: ignore[misc]
+    assert [s.name for s in ins] == ["x", "y"] and [s.name for s in outs] == ["out"]
+    assert io_from_source(EngineSource(data=b"PLAN")) is None
+
+
+def test_torchbind_io_read_from_a_tensorrt_engine() -> None:
+    class Mode:
+        INPUT, OUTPUT = "in", "out"
+
+    class FakeDtype:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    class Engine:
+        num_io_tensors = 3
+        num_optimization_profiles = 1
+        table: ClassVar[dict[str, tuple[str, str, tuple[int, ...]]]] = {
+            "x": ("in", "HALF", (-1, 256)),
+            "idx": ("in", "INT32", (4,)),
+            "y": ("out", "HALF", (-1, 256)),
+        }
+
+        def get_tensor_name(self, i: int) -> str:
+            return list(self.table)[i]
+
+        def get_tensor_mode(self, n: str) -> str:
+            return self.table[n][0]
+
+        def get_tensor_dtype(self, n: str) -> FakeDtype:
+            return FakeDtype(self.table[n][1])
+
+        def get_tensor_shape(self, n: str) -> tuple[int, ...]:
+            return self.table[n][2]
+
+        def get_tensor_profile_shape(self, n: str, p: int) -> tuple[Any, ...]:
+            return ((1, 256), (8, 256), (64, 256))
+
+    trt = type("trt", (), {"TensorIOMode": Mode})
+    ins, outs = _read_io(trt, Engine())
+    assert ins[0] == TensorSpec("x", "float16", (-1, 256), True, (((1, 256), (8, 256), (64, 256)),))
+    assert ins[1] == TensorSpec("idx", "int32", (4,), True)
+    assert outs == [TensorSpec("y", "float16", (-1, 256), False)]
+
+
+def test_torchbind_package_import_is_light() -> None:
+    import subprocess
+
+    code = textwrap.dedent(
+        """
+        import sys, trt_runtime_backends.torchbind as tb
+        tb.TorchbindBackend().capabilities
+        print(sorted(m for m in ("torch", "torch_tensorrt", "tensorrt_rtx") if m in sys.modules))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "torch_tensorrt" not in out.stdout
+
+
+# -- the core conformance suite, against the doubles ---------------------------------------------
+from trt_runtime.testing.conformance import BackendConformance  # noqa: E402
+
+DYNAMIC_X = TensorSpec("x", "float32", (-1, 4), True, (((1, 4), (2, 4), (8, 4)),))
+DYNAMIC_Y = TensorSpec("y", "float32", (-1, 4), False)
+
+
+class _FakeTorchbindConformance(BackendConformance):
+    version = "2.14.0"
+
+    @pytest.fixture
+    def backend(self) -> TorchbindBackend:
+        return make_backend(self.version)[0]
+
+    @pytest.fixture
+    def engine_source(self) -> EngineSource:
+        return EngineSource(b"PLAN-affine", name="affine", bindings=(DYNAMIC_X, DYNAMIC_Y))
+
+    @pytest.fixture
+    def make_inputs(self) -> Any:
+        def make(rng: np.random.Generator) -> list[FakeTensor]:
+            rows = int(rng.integers(1, 9))
+            return [FakeTensor(rng.standard_normal((rows, 4)).astype(np.float32))]
+
+        return make
+
+    @pytest.fixture
+    def reference(self) -> Any:
+        return lambda inputs: [2.0 * inputs[0].array.astype(np.float64)]  # the double computes 2 * sum
+
+    def as_backend_input(self, array: Any, like: Any) -> Any:
+        return FakeTensor(np.ascontiguousarray(array), like.device)
+
+    def output_to_numpy(self, value: Any) -> Any:
+        return value.array
+
+
+class TestFakeTorchbind214Conformance(_FakeTorchbindConformance):
+    version = "2.14.0"
+
+
+class TestFakeTorchbind211Conformance(_FakeTorchbindConformance):
+    version = "2.11.0"
+
+
+TWO_PROFILES = TensorSpec(
+    "x", "float32", (-1, 4), True, (((1, 4), (4, 4), (8, 4)), ((9, 4), (16, 4), (32, 4)))
+)
+
+
+def test_torchbind_profiles_selected_automatically_on_2_14() -> None:
+    backend, bridge = make_backend("2.14.0")
+    engine = backend.load_engine(source(bindings=(TWO_PROFILES, DYNAMIC_Y)))
+    assert engine.native._auto_select_profiles is True
+    assert engine.inputs[0].profiles == TWO_PROFILES.profiles
+    engine.execute(FakeTensor(np.ones((20, 4), np.float32)))
+    assert len(bridge.ops.calls) == 1
+
+
+def test_torchbind_only_first_profile_before_profile_selection(caplog: pytest.LogCaptureFixture) -> None:
+    backend, bridge = make_backend("2.11.0")
+    with caplog.at_level(logging.INFO, logger="trt_runtime.torchbind"):
+        engine = backend.load_engine(source(bindings=(TWO_PROFILES, DYNAMIC_Y)))
+    assert "cannot switch optimization profiles; only profile 0 is used" in caplog.text
+    assert engine.inputs[0].profiles == TWO_PROFILES.profiles[:1]
+    assert not hasattr(engine.native, "_auto_select_profiles")
+    with pytest.raises(
+        InputError, match=r"shape \[20, 4\] outside every optimization profile \(\[1, 4\]\.\.\[8, 4\]\)"
+    ):
+        engine.execute(FakeTensor(np.ones((20, 4), np.float32)))
+    assert bridge.ops.calls == []

@@ -1,0 +1,308 @@
+"""A backend-agnostic latency harness: per-call wall time, percentiles, throughput, GPU time.
+
+Wall time is measured around each call with :func:`time.perf_counter_ns` after the
+work is synchronized, so it is what a caller waits for. GPU time comes from a pair of
+CUDA events recorded on the stream the engine runs on, when ``cuda.core`` and a GPU
+are present; it is ``None`` otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BenchResult",
+    "CudaEventTimer",
+    "bench_engine",
+    "benchmark",
+    "percentile",
+    "plot_results",
+    "write_json",
+]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, linearly interpolated between ranks.
+
+    Matches ``numpy.percentile(values, q)`` (its default, "linear" method) without numpy.
+    """
+    if not values:
+        raise ValueError("percentile of an empty sequence is undefined")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be in [0, 100]; got {q!r}")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BenchResult:
+    """Timings of one benchmarked callable. Times are in microseconds."""
+
+    label: str
+    latencies_us: tuple[float, ...]
+    #: Wall time of the whole timed loop, in seconds (for throughput).
+    total_s: float
+    warmup: int = 0
+    #: Per-call GPU time from CUDA events, or ``None`` where none could be measured.
+    gpu_times_us: tuple[float, ...] | None = None
+    #: Why there is no GPU time (empty when there is).
+    gpu_note: str = ""
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def iterations(self) -> int:
+        return len(self.latencies_us)
+
+    @property
+    def median_us(self) -> float:
+        return percentile(self.latencies_us, 50)
+
+    @property
+    def p90_us(self) -> float:
+        return percentile(self.latencies_us, 90)
+
+    @property
+    def p99_us(self) -> float:
+        return percentile(self.latencies_us, 99)
+
+    @property
+    def mean_us(self) -> float:
+        return sum(self.latencies_us) / len(self.latencies_us)
+
+    @property
+    def throughput(self) -> float:
+        """Calls per second over the timed loop."""
+        return self.iterations / self.total_s if self.total_s > 0 else math.inf
+
+    @property
+    def gpu_median_us(self) -> float | None:
+        return None if not self.gpu_times_us else percentile(self.gpu_times_us, 50)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Summary statistics plus the raw samples, JSON-ready."""
+        return {
+            "label": self.label,
+            "iterations": self.iterations,
+            "warmup": self.warmup,
+            "median_us": self.median_us,
+            "p90_us": self.p90_us,
+            "p99_us": self.p99_us,
+            "mean_us": self.mean_us,
+            "min_us": min(self.latencies_us),
+            "max_us": max(self.latencies_us),
+            "throughput_per_s": self.throughput,
+            "gpu_median_us": self.gpu_median_us,
+            "gpu_note": self.gpu_note,
+            "metadata": dict(self.metadata),
+            "latencies_us": list(self.latencies_us),
+            "gpu_times_us": None if self.gpu_times_us is None else list(self.gpu_times_us),
+        }
+
+
+class CudaEventTimer:
+    """Times GPU work between two CUDA events on its own ``cuda.core`` stream.
+
+    Create it with :meth:`create`, which returns ``None`` (and a reason) where
+    ``cuda.core`` or a GPU is missing. Pass :attr:`stream` to the engine so the work
+    runs between the events.
+    """
+
+    def __init__(self, device: Any, stream: Any, options: Any) -> None:
+        self._device = device
+        self.stream = stream
+        self._options = options
+
+    @classmethod
+    def create(cls, device: int | None = None) -> tuple[CudaEventTimer | None, str]:
+        """A timer on ``device`` (default: the current one), or ``(None, reason)``."""
+        try:
+            from cuda.core import Device, EventOptions
+        except Exception as exc:
+            return None, f"cuda.core is not importable ({exc}): pip install 'trt-runtime[cuda]'"
+        try:
+            dev = Device() if device is None else Device(device)
+            dev.set_current()
+            stream = dev.create_stream()
+        except Exception as exc:
+            return None, f"no CUDA device: {exc}"
+        return cls(dev, stream, EventOptions(timing_enabled=True)), ""
+
+    def time(self, fn: Callable[[Any], Any]) -> tuple[Any, float]:
+        """Run ``fn(stream)`` between two events; return its result and the GPU time in µs."""
+        start = self.stream.record(options=self._options)
+        result = fn(self.stream)
+        end = self.stream.record(options=self._options)
+        end.sync()
+        return result, (end - start) * 1000.0
+
+
+def benchmark(
+    fn: Callable[[], Any],
+    *,
+    iterations: int = 100,
+    warmup: int = 10,
+    label: str = "",
+    synchronize: Callable[[], Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> BenchResult:
+    """Time ``fn()`` ``iterations`` times after ``warmup`` untimed calls.
+
+    ``synchronize`` is called after each call, inside the timed region, so work that
+    ``fn`` only queued is counted.
+    """
+    _check_counts(iterations, warmup)
+    for _ in range(warmup):
+        fn()
+        if synchronize is not None:
+            synchronize()
+    samples: list[float] = []
+    clock = time.perf_counter_ns
+    loop_start = clock()
+    for _ in range(iterations):
+        t0 = clock()
+        fn()
+        if synchronize is not None:
+            synchronize()
+        samples.append((clock() - t0) / 1000.0)
+    total_s = (clock() - loop_start) / 1e9
+    return BenchResult(
+        label=label,
+        latencies_us=tuple(samples),
+        total_s=total_s,
+        warmup=warmup,
+        gpu_note="not measured",
+        metadata=dict(metadata or {}),
+    )
+
+
+def bench_engine(
+    engine: Any,
+    inputs: Sequence[Any],
+    *,
+    iterations: int = 100,
+    warmup: int = 10,
+    label: str | None = None,
+    gpu_time: bool = True,
+    metadata: Mapping[str, Any] | None = None,
+) -> BenchResult:
+    """Benchmark ``engine.execute(*inputs)``; adds per-call GPU time where it can.
+
+    GPU time needs ``cuda.core``, a GPU and a backend whose ``execute`` accepts a
+    ``cuda.core`` stream as ``stream=``; where one is missing the result's
+    :attr:`~BenchResult.gpu_note` says which and only wall time is reported.
+    """
+    _check_counts(iterations, warmup)
+    name = label or getattr(getattr(engine, "backend", None), "name", None) or "engine"
+    meta = dict(metadata or {})
+    timer: CudaEventTimer | None = None
+    note = "disabled"
+    if gpu_time:
+        timer, note = CudaEventTimer.create()
+    if timer is not None:
+        try:
+            timer.time(lambda s: engine.execute(*inputs, stream=s))
+        except Exception as exc:  # the backend does not take this stream: wall time only
+            timer, note = None, f"engine.execute(stream=cuda.core Stream) failed: {exc}"
+    if timer is None:
+        result = benchmark(
+            lambda: engine.execute(*inputs),
+            iterations=iterations,
+            warmup=warmup,
+            label=name,
+            synchronize=engine.synchronize,
+            metadata=meta,
+        )
+        return dataclasses.replace(result, gpu_note=note)
+
+    active = timer
+    for _ in range(warmup):
+        active.time(lambda s: engine.execute(*inputs, stream=s))
+    wall: list[float] = []
+    gpu: list[float] = []
+    clock = time.perf_counter_ns
+    loop_start = clock()
+    for _ in range(iterations):
+        t0 = clock()
+        _, gpu_us = active.time(lambda s: engine.execute(*inputs, stream=s))
+        wall.append((clock() - t0) / 1000.0)
+        gpu.append(gpu_us)
+    total_s = (clock() - loop_start) / 1e9
+    return BenchResult(
+        label=name,
+        latencies_us=tuple(wall),
+        total_s=total_s,
+        warmup=warmup,
+        gpu_times_us=tuple(gpu),
+        metadata=meta,
+    )
+
+
+def _check_counts(iterations: int, warmup: int) -> None:
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations must be an int >= 1; got {iterations!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
+
+
+def write_json(
+    results: Sequence[BenchResult],
+    path: str | os.PathLike[str],
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``results`` (with host information and ``metadata``) as JSON; return the path."""
+    target = Path(path)
+    document = {
+        "host": {"python": platform.python_version(), "platform": platform.platform()},
+        "metadata": dict(metadata or {}),
+        "results": [r.to_dict() for r in results],
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    return target
+
+
+def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Draw a latency box plot per result into a PNG (needs matplotlib: ``trt-runtime[plot]``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("plotting needs matplotlib: pip install 'trt-runtime[plot]'") from exc
+    if not results:
+        raise ValueError("nothing to plot: no benchmark results")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.8 * len(results) + 2), 4.0))
+    try:
+        ax.boxplot([list(r.latencies_us) for r in results], showfliers=False)
+        ax.set_xticks(range(1, len(results) + 1), [r.label for r in results])
+        for i, r in enumerate(results, start=1):
+            ax.annotate(
+                f"p50 {r.median_us:.1f}\np99 {r.p99_us:.1f}",
+                (i, r.p99_us),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
+        ax.set_ylabel("latency per call (µs)")
+        ax.set_title(title or "trt-runtime bench")
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(target, dpi=120)
+    finally:
+        plt.close(fig)
+    return target

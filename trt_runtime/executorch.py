@@ -1,0 +1,132 @@
+"""ExecuTorch ``.pte`` helpers: write a program around a prebuilt engine, list its delegates.
+
+Nothing here needs the ``executorch`` package: the program flatbuffer is read and
+written by :mod:`trt_runtime.formats.pte`. When ``executorch`` is installed,
+:func:`load_program` hands a file to its own deserializer for full inspection.
+
+The delegate blob :func:`to_pte` writes is the TR01/TR02 blob of torch-tensorrt's
+ExecuTorch backend (id ``"TensorRTBackend"``), so torch-tensorrt's C++ runtime
+backend can load it; see docs/formats.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import IO, Any
+
+from trt_runtime.dtypes import normalize_dtype
+from trt_runtime.errors import DataDependentShapeError
+from trt_runtime.formats.pte import BACKEND_ID, SCALAR_TYPES, Delegate, Program, parse_pte, write_program
+from trt_runtime.formats.source import EngineData, engine_view, open_buffer, output_stream
+from trt_runtime.formats.tr01 import AliasedIO, blob_prefix
+from trt_runtime.protocols import TensorSpec
+
+__all__ = [
+    "BACKEND_ID",
+    "delegates",
+    "executorch_available",
+    "load_program",
+    "read_program",
+    "to_pte",
+]
+
+
+def executorch_available() -> bool:
+    """Whether the optional ``executorch`` package can be imported."""
+    try:
+        import executorch.exir._serialize._program  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def to_pte(
+    engine: EngineData,
+    bindings: Sequence[TensorSpec],
+    path: str | os.PathLike[str] | IO[bytes],
+    *,
+    aliased_io: AliasedIO = (),
+    device_id: int = 0,
+    hardware_compatible: bool = False,
+    serialized_metadata: str = "",
+    target_platform: str | None = None,
+    method: str = "forward",
+    location: str = "segment",
+    allow_data_dependent: bool = False,
+) -> int:
+    """Write a ``.pte`` whose method ``method`` is one call of a TensorRT delegate.
+
+    ``engine`` is bytes-like or the path of a plan (streamed, never copied whole);
+    ``bindings`` are the engine's inputs and outputs with dtypes and shapes (inputs
+    become the method's inputs, outputs its outputs, in order). A path is written
+    atomically. ``location`` is where the blob goes: ``"segment"`` (default, like
+    ExecuTorch's exporter), ``"inline"`` or ``"named_data"``. Returns the file size.
+
+    Engines with data-dependent outputs raise :class:`DataDependentShapeError` naming
+    them, as torch-tensorrt's exporter refuses them: the ExecuTorch runtime cannot
+    allocate their outputs. ``allow_data_dependent=True`` writes them anyway.
+    """
+    specs = list(bindings)
+    dependent = [s.name for s in specs if s.data_dependent and not s.is_input]
+    if dependent and not allow_data_dependent:
+        raise DataDependentShapeError(
+            f"the engine has data-dependent output(s) {dependent}; ExecuTorch cannot allocate them "
+            "and torch-tensorrt's runtime refuses such engines. Pass allow_data_dependent=True to "
+            "write the .pte anyway"
+        )
+    if not any(s.is_input for s in specs) or not any(not s.is_input for s in specs):
+        raise ValueError(
+            f"a delegate needs at least one input and one output binding; got {[s.name for s in specs]}"
+        )
+    untyped = [s.name for s in specs if not s.dtype]
+    if untyped:
+        raise ValueError(f"bindings {untyped} have no dtype; a .pte records every tensor's dtype")
+    for spec in specs:
+        if normalize_dtype(spec.dtype) not in SCALAR_TYPES:
+            raise ValueError(
+                f"binding {spec.name!r} has dtype {spec.dtype!r}, which ExecuTorch cannot express"
+            )
+    # Bindings go into the blob in delegate-argument order: inputs, then outputs.
+    ordered = [s for s in specs if s.is_input] + [s for s in specs if not s.is_input]
+    with engine_view(engine) as view:
+        prefix = blob_prefix(
+            len(view),
+            ordered,
+            aliased_io=aliased_io,
+            device_id=device_id,
+            hardware_compatible=hardware_compatible,
+            serialized_metadata=serialized_metadata,
+            target_platform=target_platform,
+        )
+        with output_stream(path) as out:
+            return write_program(out, [prefix, view], ordered, method=method, location=location)
+
+
+def read_program(source: Any) -> Program:
+    """Parse a ``.pte`` (bytes, path or binary file) and validate its TensorRT delegates."""
+    view, name = open_buffer(source)
+    return parse_pte(view, what=f".pte program {name!r}")
+
+
+def delegates(source: Any) -> tuple[Delegate, ...]:
+    """The TensorRT delegates of a ``.pte``, each with its own blob and ``device_id``."""
+    return read_program(source).delegates
+
+
+def load_program(path: str | os.PathLike[str]) -> Any:
+    """The ``executorch`` package's own ``Program`` object for ``path`` (needs ``executorch``).
+
+    It copies the whole file into Python objects: use it to inspect small programs,
+    not to load engines (use :func:`trt_runtime.load`).
+    """
+    try:
+        from executorch.exir._serialize._program import deserialize_pte_binary
+    except ImportError as exc:
+        raise ImportError(
+            "load_program needs the executorch package: pip install 'trt-runtime[executorch]'"
+        ) from exc
+    with open(os.fspath(path), "rb") as f:
+        data = f.read()
+    result = deserialize_pte_binary(data)
+    return getattr(result, "program", result)
