@@ -681,3 +681,13 @@ def test_python_backend_unclosed_engine_releases_its_context_when_collected() ->
     assert context.trt_context is None and context.config is None
     assert [c for c in rt.calls if c[0] == "destroy"] == [("destroy", e) for e in events]
     assert rt.calls[-3] == ("sync", 4242)
+
+
+def test_python_backend_host_inputs_with_preallocated_device_outputs() -> None:
+    engine = _fake_engine()
+    given = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    assert engine.execute(np.ones((2, 4), np.float32), outputs=[given])[0] is given
+    calls = engine._rt.calls
+    assert [c[1] for c in calls if c[0] == "memcpy"] == [1]  # staged in, nothing copied out
+    assert calls[-1] == ("sync", 4242)
+    assert ("address", "y", given.ptr) in _trt_calls(engine)

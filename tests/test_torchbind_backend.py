@@ -626,12 +626,14 @@ def test_torchbind_invalidate_context_drops_the_native_context_too() -> None:
 
 
 def test_torchbind_engine_outputs_and_call() -> None:
-    backend, _bridge = make_backend("2.14.0")
+    backend, bridge = make_backend("2.14.0")
     spec2 = TensorSpec("out2", "float16", (2, 4), False)
     engine = backend.load_engine(source(bindings=(X, Y, OUT, spec2)))
     first, second = engine(*inputs())
     np.testing.assert_array_equal(first.array, np.full((2, 4), 6.0, np.float16))
     np.testing.assert_array_equal(second.array, np.full((2, 4), 9.0, np.float16))
+    engine.synchronize()
+    assert bridge.synced[-1].name == "current:0"  # torch's current stream on the engine's device
     stream = FakeStream("mine")
     engine.execute(*inputs(), stream=stream)
     engine.synchronize()
@@ -928,3 +930,108 @@ def test_torchbind_only_first_profile_before_profile_selection(caplog: pytest.Lo
     ):
         engine.execute(FakeTensor(np.ones((20, 4), np.float32)))
     assert bridge.ops.calls == []
+
+
+def test_torchbind_incomplete_container_bindings_read_from_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch-tensorrt's TR01 writer records no dtypes: IO then comes from the engine itself."""
+    from trt_runtime_backends.torchbind import backend as backend_module
+
+    no_dtype = (
+        TensorSpec("x", "", (2, 4), True),
+        TensorSpec("y", "", (2, 4), True),
+        TensorSpec("out", "", (-1,), False, data_dependent=True),
+    )
+    src = source(bindings=no_dtype, metadata={"dtypes_recorded": False})
+    assert io_from_source(src) is None
+    assert (
+        io_from_source(source(bindings=(DYNAMIC_X.__class__("x", "float32", (-1, 4), True), DYNAMIC_Y)))
+        is None
+    )
+    read: list[bytes] = []
+
+    def from_engine(data: bytes, **kw: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        read.append(data)
+        return [X, Y], [TensorSpec("out", "float16", (-1,), False)]
+
+    monkeypatch.setattr(backend_module, "io_from_tensorrt", from_engine)
+    backend, _ = make_backend("2.14.0")
+    engine = backend.load_engine(src)
+    assert read == [src.data]
+    assert [s.dtype for s in engine.inputs] == ["float16", "float16"]
+    assert engine.outputs[0].data_dependent and engine.has_data_dependent_outputs
+    layout = backend.runtime.layout
+    assert engine.native.info[layout.indices["REQUIRES_OUTPUT_ALLOCATOR"]] == "1"
+
+
+# -- TorchBridge against a minimal torch stand-in ---------------------------------------------------------
+class _Dev:
+    def __init__(self, kind: str, index: int | None) -> None:
+        self.type, self.index = kind, index
+
+
+class _T:
+    def __init__(self, array: Any, device: _Dev) -> None:
+        self.array, self.device = np.asarray(array), device
+        self.dtype = f"torch.{self.array.dtype}"
+        self.shape = self.array.shape
+
+    def is_contiguous(self) -> bool:
+        return bool(self.array.flags.c_contiguous)
+
+
+class _Stream:
+    def __init__(self, handle: int = 0) -> None:
+        self.handle = handle
+
+
+class _ExternalStream(_Stream):
+    def __init__(self, handle: int, device: str) -> None:
+        super().__init__(handle)
+        self.device = device
+
+
+class _Cuda:
+    Stream = _Stream
+    ExternalStream = _ExternalStream
+
+    def current_stream(self, index: int) -> _Stream:
+        return _Stream(1000 + index)
+
+
+class _TorchStandIn:
+    Tensor = _T
+    uint8 = "uint8"
+    cuda = _Cuda()
+
+    @staticmethod
+    def from_numpy(a: Any) -> _T:
+        return _T(a, _Dev("cpu", None))
+
+    @staticmethod
+    def frombuffer(buf: bytearray, dtype: str) -> _T:
+        return _T(np.frombuffer(buf, dtype=np.uint8), _Dev("cpu", None))
+
+
+def test_torchbind_bridge_describes_tensors_and_streams() -> None:
+    from trt_runtime_backends.torchbind.bridge import TorchBridge
+
+    bridge = TorchBridge(_TorchStandIn())
+    info = bridge.describe(_T(np.ones((2, 3), np.float16), _Dev("cuda", 1)))
+    assert info == TensorInfo("float16", (2, 3), "cuda", 1, True)
+    assert bridge.describe(np.ones(3)) is None
+    host = bridge.as_tensor(np.ones((4, 2), np.float32).T)
+    assert bridge.describe(host) == TensorInfo("float32", (2, 4), "cpu", None, False)
+    assert bridge.as_tensor("text") is None
+    assert bridge.resolve_stream(None, 0).handle == 1000
+    mine = _Stream(7)
+    assert bridge.resolve_stream(mine, 0) is mine
+    assert bridge.resolve_stream(1234, 1).handle == 1234
+    assert bridge.resolve_stream(type("CoreStream", (), {"handle": 99})(), 0).handle == 99
+    proto = type("Proto", (), {"__cuda_stream__": lambda self: (0, 55)})()
+    assert bridge.resolve_stream(proto, 0).handle == 55
+    with pytest.raises(TypeError, match=r"stream must be None, a torch\.cuda\.Stream"):
+        bridge.resolve_stream(1.5, 0)
+    blob = bytes(range(200))
+    assert bytes(bridge.bytes_to_tensor(blob).array.tobytes()) == blob

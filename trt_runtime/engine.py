@@ -147,6 +147,8 @@ class EngineBase(abc.ABC):
     def execute(self, *inputs: Any, stream: Any = None) -> list[Any]:
         """Run the engine; returns one array per output, in :attr:`outputs` order."""
         with self._lock:
+            self._check_open()
+            self._validate_inputs(inputs)
             context = self.ensure_context()
             return self._run(context, inputs, stream)
 
@@ -202,6 +204,14 @@ class EngineBase(abc.ABC):
     @abc.abstractmethod
     def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
         """Validate ``inputs`` and execute; return outputs."""
+
+    def _validate_inputs(self, inputs: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """Check count, dtype, shape and device of ``inputs`` before any context exists.
+
+        Raise :class:`~trt_runtime.InputError`. Backends that can check inputs without a
+        context override this, so bad input never creates a context or materializes a
+        cache; checks that need the context stay in :meth:`_run`.
+        """
 
     def _release(self) -> None:  # noqa: B027 - optional hook
         """Release the engine itself (after the context)."""

@@ -43,9 +43,8 @@ class TRTModule(torch.nn.Module):
         return cls(load(source, backend, **kwargs))
 
     def forward(self, *tensors: torch.Tensor) -> Any:
-        device = next((t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda), None)
-        stream = torch.cuda.current_stream(device) if device is not None else None
-        outputs = self.engine.execute(*tensors, stream=stream)
+        # Engines take torch's current stream as the caller's stream for CUDA tensors.
+        outputs = self.engine.execute(*tensors)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def trt_engines(self) -> list[Engine]:

@@ -378,6 +378,7 @@ class PythonEngine(EngineBase):
         chosen = self._profile if profile is None else profile
         key = (tuple(shapes), chosen)
         if key != ctx.shape_key:
+            ctx.shape_key = None  # if applying fails halfway, the next call applies again
             self._apply_shapes(ctx, shapes, chosen)
             ctx.shape_key = key
         ours = self._stream_handle
@@ -414,7 +415,10 @@ class PythonEngine(EngineBase):
             )
         if ctx.allocators:
             results = self._collect_data_dependent(ctx, kind, results, ours)
-        if kind == KIND_HOST:
+        if kind == KIND_HOST and outputs is not None:
+            if caller is None:  # host inputs promise ready results
+                cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
+        elif kind == KIND_HOST:
             results = self._to_host(results, ours)
             if torch_host:
                 torch = torch_module()

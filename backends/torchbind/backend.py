@@ -20,7 +20,7 @@ from trt_runtime.settings import (
     RuntimeSettings,
 )
 
-from .bindings import io_from_source, io_from_tensorrt
+from .bindings import io_from_source, io_from_tensorrt, merge_container_flags
 from .cache import TorchbindCacheHandle
 from .engine import TorchbindEngine, translate_errors
 from .library import INSTALL_HINT, find_runtime_library
@@ -126,6 +126,7 @@ class TorchbindBackend:
                 device_scope=lambda: bridge.device_scope(index),
                 name=source.name,
             )
+            io = merge_container_flags(source, io)
         inputs, outputs = io
         major, minor, device_name = bridge.device_properties(index)
         info = runtime.layout.pack(

@@ -9,26 +9,46 @@ torch-tensorrt-rtx), read, and dropped.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from trt_runtime.dtypes import normalize_dtype
+from trt_runtime.dtypes import DTYPE_NAMES, normalize_dtype
 from trt_runtime.errors import EngineError
 from trt_runtime.protocols import EngineSource, TensorSpec
 
-__all__ = ["io_from_source", "io_from_tensorrt"]
+__all__ = ["io_from_source", "io_from_tensorrt", "merge_container_flags"]
 
 
 def io_from_source(source: EngineSource) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
-    """Inputs and outputs from the container's bindings, or None if it has none."""
+    """Inputs and outputs from the container's bindings, or None if it has none or they are
+    incomplete (no dtypes, as torch-tensorrt's TR01 writer leaves them, or a dynamic input
+    without optimization-profile ranges, which TR01 never records)."""
     if not source.bindings:
+        return None
+    if source.metadata.get("dtypes_recorded") is False:
+        return None
+    if any(s.dtype not in DTYPE_NAMES for s in source.bindings):
+        return None
+    if any(s.is_input and s.is_dynamic and not s.profiles for s in source.bindings):
         return None
     inputs = [s for s in source.bindings if s.is_input]
     outputs = [s for s in source.bindings if not s.is_input]
     if not outputs:
         raise EngineError(f"engine {source.name!r}: its container lists no output bindings")
     return inputs, outputs
+
+
+def merge_container_flags(
+    source: EngineSource, io: tuple[list[TensorSpec], list[TensorSpec]]
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Outputs the container marks data-dependent stay so when IO was read from the engine."""
+    marked = {s.name for s in source.bindings if not s.is_input and s.data_dependent}
+    inputs, outputs = io
+    if not marked:
+        return inputs, outputs
+    return inputs, [dataclasses.replace(o, data_dependent=True) if o.name in marked else o for o in outputs]
 
 
 def io_from_tensorrt(

@@ -33,6 +33,14 @@ class TorchBridge:
         if torch_module is None:
             torch_module = importlib.import_module("torch")
         self.torch: Any = torch_module
+        from trt_runtime.dtypes import DTYPE_NAMES
+
+        #: torch dtype -> canonical name, for the per-call input checks.
+        self._dtype_names: dict[Any, str] = {}
+        for name in DTYPE_NAMES:
+            dtype = getattr(torch_module, name, None)
+            if dtype is not None:
+                self._dtype_names[dtype] = name
 
     # -- the namespaces the runtime library registers ----------------------------------
     @property
@@ -103,11 +111,8 @@ class TorchBridge:
         torch = self.torch
         if not isinstance(value, torch.Tensor):
             return None
-        from trt_runtime.dtypes import normalize_dtype
-
-        try:
-            dtype = normalize_dtype(str(value.dtype))
-        except ValueError:
+        dtype = self._dtype_names.get(value.dtype)
+        if dtype is None:
             dtype = str(value.dtype).removeprefix("torch.")
         device = value.device
         return TensorInfo(

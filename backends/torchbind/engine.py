@@ -56,6 +56,10 @@ def translate_errors(engine: str, what: str) -> Iterator[None]:
         raise EngineError(f"engine {engine!r}: {what} failed in torch-tensorrt's runtime: {exc}") from exc
 
 
+#: ``_last_stream`` value meaning "torch's current stream on the engine's device".
+_CURRENT = object()
+
+
 @dataclasses.dataclass
 class NativeState:
     """The "execution context" of a torchbind engine: the settings it was configured with."""
@@ -168,14 +172,26 @@ class TorchbindEngine(EngineBase):
 
     def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
         bridge = self._runtime.bridge
-        tensors = self._prepare(inputs)
-        with translate_errors(self.name, "resolving the stream"):
-            torch_stream = bridge.resolve_stream(stream, self.device)
-        with bridge.stream_scope(torch_stream, self.device):
-            tensors = [self._stage(t) for t in tensors]
-            with translate_errors(self.name, "execute_engine"):
+        prepared = self._prepare(inputs)
+        if stream is None and bridge.current_device() == self.device:
+            # The common case, kept lean: torch's current stream on the current device
+            # needs no device or stream switch.
+            tensors = [self._stage(t) for t in prepared]
+            try:
                 outputs = bridge.execute(tensors, self._native)
-        self._last_stream = torch_stream
+            except Exception as exc:
+                raise EngineError(
+                    f"engine {self.name!r}: execute_engine failed in torch-tensorrt's runtime: {exc}"
+                ) from exc
+            self._last_stream = _CURRENT
+        else:
+            with translate_errors(self.name, "resolving the stream"):
+                torch_stream = bridge.resolve_stream(stream, self.device)
+            with bridge.stream_scope(torch_stream, self.device):
+                tensors = [self._stage(t) for t in prepared]
+                with translate_errors(self.name, "execute_engine"):
+                    outputs = bridge.execute(tensors, self._native)
+            self._last_stream = torch_stream
         if len(outputs) != len(self._outputs):
             raise EngineError(
                 f"engine {self.name!r}: torch-tensorrt returned {len(outputs)} output(s); "
@@ -185,8 +201,13 @@ class TorchbindEngine(EngineBase):
 
     def synchronize(self) -> None:
         """Wait for the work this engine queued on the last stream it ran on."""
-        if self._last_stream is not None:
-            self._runtime.bridge.synchronize(self._last_stream)
+        stream = self._last_stream
+        if stream is None:
+            return
+        bridge = self._runtime.bridge
+        if stream is _CURRENT:
+            stream = bridge.resolve_stream(None, self.device)
+        bridge.synchronize(stream)
 
     def _release(self) -> None:
         self._native = None  # the C++ engine is freed with its last reference
@@ -201,40 +222,46 @@ class TorchbindEngine(EngineBase):
             )
         prepared = []
         for spec, value in zip(self._inputs, inputs, strict=True):
-            where = f"input {spec.name!r} of engine {self.name!r}"
             tensor = value
             info = bridge.describe(value)
             if info is None:
                 try:
                     tensor = bridge.as_tensor(value)
                 except Exception as exc:
-                    raise InputError(f"{where} could not be viewed as a tensor: {exc}") from exc
+                    raise InputError(f"{self._where(spec)} could not be viewed as a tensor: {exc}") from exc
                 info = None if tensor is None else bridge.describe(tensor)
             if info is None:
                 raise InputError(
-                    f"{where} must be a torch tensor, a numpy array or a DLPack array; "
+                    f"{self._where(spec)} must be a torch tensor, a numpy array or a DLPack array; "
                     f"got {type(value).__name__}"
                 )
             if info.dtype != spec.dtype:
-                raise InputError(f"{where} must have dtype {spec.dtype}; got {info.dtype}")
-            check_shape(self.name, spec, info.shape)
+                raise InputError(f"{self._where(spec)} must have dtype {spec.dtype}; got {info.dtype}")
+            if info.shape != spec.shape or spec.profiles:  # equal static shapes need no more checks
+                check_shape(self.name, spec, info.shape)
             if not info.contiguous:
                 raise InputError(
-                    f"{where} must be contiguous (C order); got strided data of shape {list(info.shape)}"
+                    f"{self._where(spec)} must be contiguous (C order); "
+                    f"got strided data of shape {list(info.shape)}"
                 )
             if info.device_type == "cuda":
                 if info.device_index != self.device:
                     raise InputError(
-                        f"{where} is on cuda:{info.device_index}; the engine runs on cuda:{self.device}"
+                        f"{self._where(spec)} is on cuda:{info.device_index}; "
+                        f"the engine runs on cuda:{self.device}"
                     )
                 prepared.append((tensor, False))
             elif info.device_type == "cpu":
                 prepared.append((tensor, True))
             else:
                 raise InputError(
-                    f"{where} is on device {info.device_type!r}; expected cuda:{self.device} or host memory"
+                    f"{self._where(spec)} is on device {info.device_type!r}; "
+                    f"expected cuda:{self.device} or host memory"
                 )
         return prepared
+
+    def _where(self, spec: TensorSpec) -> str:
+        return f"input {spec.name!r} of engine {self.name!r}"
 
     def _stage(self, item: tuple[Any, bool]) -> Any:
         tensor, host = item
