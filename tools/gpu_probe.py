@@ -117,42 +117,7 @@ ctxL.set_input_shape("x", (8, 256)); ctxL.set_tensor_address("x", int(x.handle))
 out["wgc_legacy"] = [bool(ctxL.execute_async_v3(0)) for _ in range(3)]
 cudart.cudaDeviceSynchronize()
 
-# 4. nonzero / output allocator
-import atexit
-def _latency():
-  for strat in ("eager", "wgc"):
-    cfg = e8.create_runtime_config()
-    if strat == "wgc": wgc(cfg)
-    c = e8.create_execution_context(cfg)
-    xx = dev.allocate(8 * 512, stream=stream); yy = dev.allocate(8 * 512, stream=stream)
-    c.set_tensor_address("x", int(xx.handle)); c.set_tensor_address("y", int(yy.handle))
-    for _ in range(50): c.execute_async_v3(sh)
-    stream.sync(); N = 2000; t = time.perf_counter()
-    for _ in range(N): c.execute_async_v3(sh)
-    stream.sync(); out[f"raw_{strat}_us"] = (time.perf_counter() - t) / N * 1e6
-  print(json.dumps(out, indent=1, default=str))
-  json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "probe.json"), "w"), indent=1, default=str)
-plan8 = build_mlp(dyn=False); e8 = rt.deserialize_cuda_engine(plan8)
-atexit.register(_latency)
-nzplan = build_nonzero()
-if nzplan is None: raise SystemExit("no nonzero")
-nz = rt.deserialize_cuda_engine(nzplan)
-out["nz_shape"] = tuple(nz.get_tensor_shape("idx"))
-class Alloc(trt.IOutputAllocator):
-    def __init__(self): trt.IOutputAllocator.__init__(self); self.bufs = {}; self.shapes = {}
-    def reallocate_output_async(self, name, ptr, size, alignment, strm):
-        b = dev.allocate(max(size, 1), stream=stream); self.bufs[name] = b; return int(b.handle)
-    def notify_shape(self, name, shape): self.shapes[name] = tuple(shape)
-nctx = nz.create_execution_context()
-xin = np.array([0, 1, 0, 2] * 4, dtype=np.float32)
-xb = dev.allocate(64, stream=stream); stream.sync()
-cudart.cudaMemcpy(int(xb.handle), xin.ctypes.data, 64, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
-al = Alloc(); nctx.set_tensor_address("x", int(xb.handle)); nctx.set_output_allocator("idx", al)
-ok = nctx.execute_async_v3(sh); stream.sync()
-out["nz_ok"] = ok; out["nz_shapes"] = al.shapes
-outdt = nz.get_tensor_dtype("idx"); out["nz_dtype"] = str(outdt)
-
-# 5. latency: raw loop with prebound addresses, static batch 8 engine
+# 4. latency: raw loop with prebound addresses, static batch 8 engine
 plan8 = build_mlp(dyn=False); e8 = rt.deserialize_cuda_engine(plan8)
 for strat in ("eager", "wgc"):
     cfg = e8.create_runtime_config()
@@ -164,5 +129,9 @@ for strat in ("eager", "wgc"):
     stream.sync(); N = 2000; t = time.perf_counter()
     for _ in range(N): c.execute_async_v3(sh)
     stream.sync(); out[f"raw_{strat}_us"] = (time.perf_counter() - t) / N * 1e6
+
+# 5. nonzero / output allocator (TensorRT-RTX 1.6.1: the builder has no NonZero runner)
+nzplan = build_nonzero()
+out["nonzero_builds"] = nzplan is not None
 print(json.dumps(out, indent=1, default=str))
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "probe.json"), "w"), indent=1, default=str)
