@@ -51,6 +51,6 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Latency benchmarks (GPU): the python backend, torchbind, the raw loop."""
-    _install(session, "rtx,cuda,cli")
-    session.run("python", "benchmarks/bench_python.py", *session.posargs)
+    """Benchmarks on a GPU: both backends, the raw loop, torch-tensorrt, cold vs warm cache."""
+    _install(session, "rtx,cuda,cli,torch,plot")
+    session.run("python", "benchmarks/bench_all.py", *session.posargs)

@@ -1,19 +1,24 @@
-"""Per-call latency of the python backend against a raw TensorRT-RTX loop.
+"""Per-call latency and throughput of the python backend against a raw TensorRT-RTX loop.
 
 One run, on one GPU: for each engine (the 8x256 fp16 MLP at batch 8, and a ResNet-18-
-shaped fp16 conv net at batch 1) and each CUDA graph strategy (eager, whole_graph_capture)
-it times
+shaped fp16 conv net at batch 1) and each CUDA graph strategy (eager, whole_graph_capture):
 
-* ``raw``: ``context.execute_async_v3(stream)`` in a loop, addresses bound once;
+* ``raw``: ``context.execute_async_v3(stream)``, addresses bound once;
 * ``backend``: ``engine.execute(x, outputs=[y], stream=engine.stream)`` with device arrays
   (torch tensors when torch is installed, else the backend's ``DeviceArray``) preallocated;
 * ``backend+events``: the same with a caller stream (event ordering on every call);
 * ``backend+alloc``: the same without ``outputs=`` (a new output per call).
 
-Host time per call (median, p90, p99, mean over the loop) and GPU time per call (CUDA
-events around the loop) are reported, with the ratio of each median to the raw median.
-Prints a Markdown table and writes JSON to ``--json`` (default ``$OUT/bench_python.json``
-or ``./bench_python.json``). Needs a GPU, tensorrt-rtx, cuda-python and numpy.
+Every row is measured the same two ways:
+
+* latency: one call then ``cudaStreamSynchronize`` of the stream the caller waits on,
+  timed per call: median, p90, p99;
+* throughput: N calls back to back, then one synchronize: mean time per call, and the
+  GPU time per call from CUDA events around that loop.
+
+Ratios are each row's latency median and throughput mean over the raw row's. Prints a
+Markdown table and writes JSON to ``--json`` (default ``$OUT/bench_python.json`` or
+``./bench_python.json``). Needs a GPU, tensorrt-rtx, cuda-python and numpy.
 
     python benchmarks/bench_python.py [--iters 2000] [--json path] [--quick]
 """
@@ -36,48 +41,46 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-class _GpuTimer:
-    def __init__(self) -> None:
-        from cuda.bindings import runtime
+def _measure(call: Any, stream: int, iters: int, warmup: int) -> dict[str, float]:
+    """Latency (call + sync, per call) and throughput (calls back to back) of ``call``,
+    whose work ends on (or is waited for by) ``stream``."""
+    from cuda.bindings import runtime as rt
 
-        self.rt = runtime
-        _, self.start = runtime.cudaEventCreate()
-        _, self.stop = runtime.cudaEventCreate()
-
-    def __call__(self, stream: int, loop: Any, iters: int) -> float:
-        rt = self.rt
-        rt.cudaEventRecord(self.start, stream)
-        loop(iters)
-        rt.cudaEventRecord(self.stop, stream)
-        rt.cudaEventSynchronize(self.stop)
-        _, ms = rt.cudaEventElapsedTime(self.start, self.stop)
-        return ms * 1e3 / iters
-
-
-def _measure(call: Any, sync: Any, iters: int, warmup: int) -> dict[str, float]:
+    sync = rt.cudaStreamSynchronize
     for _ in range(warmup):
         call()
-    sync()
-    times = []
+    sync(stream)
     clock = time.perf_counter
-    begin = clock()
+    latency = []
     for _ in range(iters):
         t0 = clock()
         call()
-        times.append(clock() - t0)
-    sync()
-    total = clock() - begin
-    us = [t * 1e6 for t in times]
+        sync(stream)
+        latency.append((clock() - t0) * 1e6)
+    _, start = rt.cudaEventCreate()
+    _, stop = rt.cudaEventCreate()
+    sync(stream)
+    rt.cudaEventRecord(start, stream)
+    t0 = clock()
+    for _ in range(iters):
+        call()
+    rt.cudaEventRecord(stop, stream)
+    sync(stream)
+    total = clock() - t0
+    _, ms = rt.cudaEventElapsedTime(start, stop)
+    rt.cudaEventDestroy(start)
+    rt.cudaEventDestroy(stop)
     return {
-        "median_us": statistics.median(us),
-        "p90_us": _percentile(us, 90),
-        "p99_us": _percentile(us, 99),
-        "mean_us": total / iters * 1e6,
+        "latency_median_us": statistics.median(latency),
+        "latency_p90_us": _percentile(latency, 90),
+        "latency_p99_us": _percentile(latency, 99),
+        "throughput_us": total / iters * 1e6,
+        "gpu_us": ms * 1e3 / iters,
     }
 
 
 def _raw(plan: bytes, trt: Any, device: Any, wgc: bool, iters: int, warmup: int,
-         timer: _GpuTimer, logger: Any) -> dict[str, float]:
+         logger: Any) -> dict[str, float]:
     from trt_runtime.dtypes import itemsize, normalize_dtype
 
     engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
@@ -98,26 +101,20 @@ def _raw(plan: bytes, trt: Any, device: Any, wgc: bool, iters: int, warmup: int,
         buffers.append(buf)
         context.set_tensor_address(name, int(buf.handle))
     execute = context.execute_async_v3
-
-    def call() -> None:
-        execute(handle)
-
-    result = _measure(call, stream.sync, iters, warmup)
-    result["gpu_us"] = timer(handle, lambda n: [execute(handle) for _ in range(n)], min(iters, 500))
+    result = _measure(lambda: execute(handle), handle, iters, warmup)
     stream.sync()
     del context, engine
     return result
 
 
-def _backend_runs(plan: bytes, name: str, wgc: bool, iters: int, warmup: int,
-                  timer: _GpuTimer) -> dict[str, dict[str, float]]:
+def _backend_runs(plan: bytes, name: str, wgc: bool, iters: int, warmup: int) -> dict[str, dict[str, Any]]:
     import numpy as np
 
     from trt_runtime import EngineSource, RuntimeSettings, get_backend
 
-    backend = get_backend("python")
-    settings = RuntimeSettings(cuda_graph_strategy="whole_graph_capture" if wgc else "disabled")
-    engine = backend.load_engine(EngineSource(plan, name=name), settings=settings)
+    backend: Any = get_backend("python")
+    settings = RuntimeSettings.coerce({"cuda_graph_strategy": "whole_graph_capture" if wgc else "disabled"})
+    engine: Any = backend.load_engine(EngineSource(plan, name=name), settings=settings)
     spec_in, spec_out = engine.inputs[0], engine.outputs[0]
     rng = np.random.default_rng(0)
     host = rng.standard_normal(spec_in.shape).astype(spec_in.dtype)
@@ -126,30 +123,29 @@ def _backend_runs(plan: bytes, name: str, wgc: bool, iters: int, warmup: int,
 
         x = torch.from_numpy(host).cuda()
         y = torch.empty(spec_out.shape, dtype=getattr(torch, spec_out.dtype), device="cuda")
-        caller = torch.cuda.Stream()
+        caller: Any = torch.cuda.Stream()
+        caller_handle = caller.cuda_stream
+        torch.cuda.synchronize()
         kind = "torch"
     except ImportError:
         x = _device_copy(engine, host)
         y = _device_copy(engine, np.empty(spec_out.shape, dtype=spec_out.dtype))
         caller = engine._state.create_stream()
+        caller_handle = int(caller.handle)
         kind = "DeviceArray"
     ours = engine.stream
-    results: dict[str, dict[str, float]] = {}
-
-    def sync() -> None:
-        engine.synchronize()
-        if kind == "torch":
-            torch.cuda.synchronize()
-
+    handle = int(ours.handle)
     execute = engine.execute
-    results["backend"] = _measure(lambda: execute(x, outputs=[y], stream=ours), sync, iters, warmup)
-    results["backend"]["gpu_us"] = timer(
-        int(ours.handle), lambda n: [execute(x, outputs=[y], stream=ours) for _ in range(n)], min(iters, 500)
-    )
-    results["backend+events"] = _measure(lambda: execute(x, outputs=[y], stream=caller), sync, iters, warmup)
-    results["backend+alloc"] = _measure(lambda: execute(x, stream=ours), sync, iters, warmup)
+    outputs = [y]
+    results: dict[str, dict[str, Any]] = {
+        "backend": _measure(lambda: execute(x, outputs=outputs, stream=ours), handle, iters, warmup),
+        "backend+events": _measure(
+            lambda: execute(x, outputs=outputs, stream=caller), caller_handle, iters, warmup
+        ),
+        "backend+alloc": _measure(lambda: execute(x, stream=ours), handle, iters, warmup),
+    }
     for row in results.values():
-        row["arrays"] = kind  # type: ignore[assignment]
+        row["arrays"] = kind
     engine.close()
     return results
 
@@ -181,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = Device(0)
     device.set_current()
-    logger = get_backend("python").logger  # one logger per process (TensorRT keeps the first)
-    timer = _GpuTimer()
+    backend: Any = get_backend("python")
+    logger = backend.logger  # one logger per process (TensorRT keeps the first)
     _, driver = runtime.cudaDriverGetVersion()
     iters = 300 if args.quick else args.iters
     recipes = [(
@@ -211,22 +207,26 @@ def main(argv: list[str] | None = None) -> int:
         plan = build().plan
         for wgc in (False, True):
             mode = "whole_graph_capture" if wgc else "eager"
-            raw = _raw(plan, trt, device, wgc, n, args.warmup, timer, logger)
-            rows = {"raw": raw, **_backend_runs(plan, name, wgc, n, args.warmup, timer)}
+            raw = _raw(plan, trt, device, wgc, n, args.warmup, logger)
+            rows = {"raw": raw, **_backend_runs(plan, name, wgc, n, args.warmup)}
             for label, row in rows.items():
-                row.update(engine=name, mode=mode, path=label,
-                           ratio_vs_raw=row["median_us"] / raw["median_us"])
+                row.update(
+                    engine=name, mode=mode, path=label,
+                    latency_ratio=row["latency_median_us"] / raw["latency_median_us"],
+                    throughput_ratio=row["throughput_us"] / raw["throughput_us"],
+                )
                 report["rows"].append(row)
     report["wall_s"] = time.perf_counter() - started
 
     print(f"\n{report['device']} (sm {report['compute_capability']}), driver {driver}, "
           f"TensorRT-RTX {report['tensorrt_rtx']}\n")
-    print("| engine | graphs | path | median us | p90 us | p99 us | mean us | GPU us | x raw |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| engine | graphs | path | latency median us | p90 | p99 | x raw | throughput us/call "
+          "| x raw | GPU us/call |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in report["rows"]:
-        gpu = f"{r['gpu_us']:.1f}" if "gpu_us" in r else ""
-        print(f"| {r['engine']} | {r['mode']} | {r['path']} | {r['median_us']:.1f} | {r['p90_us']:.1f} | "
-              f"{r['p99_us']:.1f} | {r['mean_us']:.1f} | {gpu} | {r['ratio_vs_raw']:.2f} |")
+        print(f"| {r['engine']} | {r['mode']} | {r['path']} | {r['latency_median_us']:.1f} | "
+              f"{r['latency_p90_us']:.1f} | {r['latency_p99_us']:.1f} | {r['latency_ratio']:.3f} | "
+              f"{r['throughput_us']:.1f} | {r['throughput_ratio']:.3f} | {r['gpu_us']:.1f} |")
     target = args.json or os.path.join(os.environ.get("OUT", "."), "bench_python.json")
     with open(target, "w") as f:
         json.dump(report, f, indent=1)

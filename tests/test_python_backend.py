@@ -363,7 +363,13 @@ class _DynamicShapes(enum.IntEnum):
     NONE = 2
 
 
+class _FakeOutputAllocatorBase:
+    def __init__(self) -> None:
+        pass
+
+
 class _FakeTrt:
+    IOutputAllocator = _FakeOutputAllocatorBase
     TensorIOMode = _Mode
     CudaGraphStrategy = _CudaGraphStrategy
     DynamicShapesKernelSpecializationStrategy = _DynamicShapes
@@ -376,6 +382,10 @@ class _FakeContext:
         self.calls: list[tuple[Any, ...]] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.ok = True
+        self.allocators: dict[str, Any] = {}
+
+    def set_output_allocator(self, name: str, allocator: Any) -> None:
+        self.allocators[name] = allocator
 
     def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
         self.calls.append(("shape", name, tuple(shape)))
@@ -396,6 +406,10 @@ class _FakeContext:
 
     def execute_async_v3(self, stream: int) -> bool:
         self.calls.append(("execute", stream))
+        for name, allocator in self.allocators.items():  # what TensorRT does with allocators
+            shape = self.get_tensor_shape(name)
+            allocator.reallocate_output_async(name, 0, 4 * shape[0] * shape[1], 256, stream)
+            allocator.notify_shape(name, shape)
         return self.ok
 
 
@@ -691,3 +705,65 @@ def test_python_backend_host_inputs_with_preallocated_device_outputs() -> None:
     assert [c[1] for c in calls if c[0] == "memcpy"] == [1]  # staged in, nothing copied out
     assert calls[-1] == ("sync", 4242)
     assert ("address", "y", given.ptr) in _trt_calls(engine)
+
+
+def test_python_backend_bad_input_creates_no_context() -> None:
+    engine = _fake_engine()
+    with pytest.raises(InputError, match="input 'x' must have dtype float32"):
+        engine.execute(np.zeros((2, 4), np.float64))
+    with pytest.raises(InputError, match="outside every optimization profile"):
+        engine.execute(np.zeros((99, 4), np.float32))
+    assert not engine.has_context() and engine.context_creations == 0
+    assert engine.trt_engine.contexts == [] and engine.trt_engine.configs == []
+
+
+def test_python_backend_repeat_call_takes_the_fast_path() -> None:
+    engine = _fake_engine()
+    x = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    y = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    engine.execute(x, outputs=[y], stream=engine.stream)
+    calls = _trt_calls(engine)
+    calls.clear()
+    for _ in range(3):
+        assert engine.execute(x, outputs=[y], stream=engine.stream) == [y]
+    assert calls == [("execute", 4242)] * 3  # nothing re-bound, nothing re-checked
+    engine._rt.calls.clear()
+    engine.execute(x, outputs=[y], stream=77)  # a caller stream is still ordered
+    assert [c[0] for c in engine._rt.calls] == ["record", "wait", "record", "wait"]
+    calls.clear()
+    x.ptr += 4096  # the same object now points elsewhere: re-validated and re-bound
+    engine.execute(x, outputs=[y], stream=engine.stream)
+    assert ("address", "x", x.ptr) in calls
+    calls.clear()
+    x.shape = (3, 4)
+    with pytest.raises(InputError, match=r"output 'y' must have shape \(3, 4\); got \(2, 4\)"):
+        engine.execute(x, outputs=[y], stream=engine.stream)
+    assert ("shape", "x", (3, 4)) in calls
+    x2 = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    engine.execute(x2, outputs=[y], stream=engine.stream)  # another object: slow path again
+    assert ("address", "x", x2.ptr) in calls
+    engine.invalidate_context()
+    assert engine._fast is None
+    engine.execute(x2, outputs=[y], stream=engine.stream)
+    assert engine.context_creations == 2
+
+
+def test_python_backend_output_allocator_always_routes_outputs_through_it() -> None:
+    engine = _fake_engine()
+    engine.execute(np.ones((2, 4), np.float32))
+    assert engine.output_allocators == {}
+    with pytest.raises(ValueError, match="output_allocator must be one of 'auto', 'always'; got 'yes'"):
+        engine.output_allocator = "yes"
+    engine.output_allocator = "always"
+    assert not engine.has_context()
+    for batch in (4, 2, 20):
+        out = engine.execute(np.ones((batch, 4), np.float32))[0]
+        assert out.shape == (batch, 4)
+    allocator = engine.output_allocators["y"]
+    assert allocator.reallocate_calls == 3
+    assert allocator.allocations == 2  # 4 rows, reused for 2, grown for 20
+    assert allocator.notified == [("y", (4, 4)), ("y", (2, 4)), ("y", (20, 4))]
+    assert not [c for c in _trt_calls(engine) if c[:2] == ("address", "y")]
+    given = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    with pytest.raises(InputError, match="output 'y' is produced through an output allocator"):
+        engine.execute(DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0), outputs=[given])

@@ -160,10 +160,45 @@ class FakeEngine:
         self.inputs = info[layout["INPUT_BINDING_NAMES"]].split("%")
         self.outputs = info[layout["OUTPUT_BINDING_NAMES"]].split("%")
         self.device = info[layout["DEVICE"]]
-        self.ctx: dict[str, Any] | None = None if release["cache"] else {"settings": (0, 0, None)}
+        first_ctx = {"settings": (0, 0, None), "profile": 0}
+        self.ctx: dict[str, Any] | None = None if release["cache"] else first_ctx
         self.ctx_created = 0 if release["cache"] else 1
         self.settings: tuple[int, int, Any] = (0, 0, None)
         self.updates: list[tuple[int, int, Any]] = []
+        # Optimization profiles (2.14): batch ranges per profile; like TRTEngine, the
+        # active index is NOT reset when the IExecutionContext is recreated.
+        self.profile_ranges: list[tuple[int, int]] = list(ops.profile_ranges)
+        self._active_profile_index = 0
+        self.shape_key: Any = None
+        if release["abi"] == "10":
+            self.num_optimization_profiles = max(1, len(self.profile_ranges))
+            self._auto_select_profiles = False
+
+    def set_active_profile(self, index: int) -> None:
+        if index == self._active_profile_index:
+            return
+        self.exec_ctx()["profile"] = index
+        self._active_profile_index = index
+        self.shape_key = None
+
+    def run_profiles(self, inputs: list[FakeTensor]) -> None:
+        """What execute_engine does with profiles; raises like inferShapes on a misfit."""
+        if not self.profile_ranges:
+            return
+        batch = inputs[0].array.shape[0]
+        key = tuple(t.array.shape for t in inputs)
+        if key != self.shape_key and getattr(self, "_auto_select_profiles", False):
+            lo, hi = self.profile_ranges[self._active_profile_index]
+            if not lo <= batch <= hi:
+                for i, (lo, hi) in enumerate(self.profile_ranges):
+                    if lo <= batch <= hi:
+                        self.exec_ctx()["profile"] = i
+                        self._active_profile_index = i
+                        break
+        self.shape_key = key
+        lo, hi = self.profile_ranges[self.exec_ctx()["profile"]]
+        if not lo <= batch <= hi:
+            raise RuntimeError("Expected nbNames == 0 to be true but got false")
 
     def _has_method(self, name: str) -> bool:
         if name in ("update_runtime_settings", "num_execution_contexts_created"):
@@ -193,7 +228,7 @@ class FakeEngine:
             handle = self.settings[2]
             if handle is not None:
                 handle.materialize()
-            self.ctx = {"settings": self.settings}
+            self.ctx = {"settings": self.settings, "profile": 0}
             self.ctx_created += 1
         return self.ctx
 
@@ -202,6 +237,7 @@ class FakeOps:
     def __init__(self, release: dict[str, Any]) -> None:
         self.release = release
         self.calls: list[tuple[list[Any], FakeEngine]] = []
+        self.profile_ranges: list[tuple[int, int]] = []
         for i, name in enumerate(release["fields"]):
             setattr(self, f"{name}_IDX", lambda i=i: i)
 
@@ -223,6 +259,7 @@ class FakeOps:
     def execute_engine(self, inputs: list[FakeTensor], engine: FakeEngine) -> list[FakeTensor]:
         self.calls.append((inputs, engine))
         ctx = engine.exec_ctx()
+        engine.run_profiles(inputs)
         handle = ctx["settings"][2]
         if handle is not None:
             shapes = ",".join("x".join(map(str, t.array.shape)) for t in inputs)
@@ -244,6 +281,7 @@ class FakeBridge:
         self.loaded: list[str] = []
         self.synced: list[Any] = []
         self.current = 0
+        self.fast_checks = 0
 
     def engine_class(self) -> Any:
         if not self.registered:
@@ -297,6 +335,25 @@ class FakeBridge:
                 contiguous=bool(value.array.flags.c_contiguous),
             )
         return None
+
+    def torch_dtype(self, name: str) -> Any:
+        try:
+            return np.dtype(name)
+        except TypeError:
+            return None
+
+    def fast_ok(self, value: Any, dtype: Any, shape: tuple[int, ...], index: int) -> bool:
+        self.fast_checks += 1
+        return (
+            isinstance(value, FakeTensor)
+            and value.array.dtype == dtype
+            and value.array.shape == shape
+            and value.device == f"cuda:{index}"
+            and bool(value.array.flags.c_contiguous)
+        )
+
+    def current_stream(self, index: int) -> FakeStream:
+        return FakeStream(f"current:{index}")
 
     def as_tensor(self, value: Any) -> Any:
         if isinstance(value, np.ndarray):
@@ -630,6 +687,7 @@ def test_torchbind_engine_outputs_and_call() -> None:
     spec2 = TensorSpec("out2", "float16", (2, 4), False)
     engine = backend.load_engine(source(bindings=(X, Y, OUT, spec2)))
     first, second = engine(*inputs())
+    assert bridge.fast_checks == 2  # static CUDA inputs take the hot-path check
     np.testing.assert_array_equal(first.array, np.full((2, 4), 6.0, np.float16))
     np.testing.assert_array_equal(second.array, np.full((2, 4), 9.0, np.float16))
     engine.synchronize()
@@ -680,6 +738,7 @@ def test_torchbind_bad_input_is_refused_before_the_op(make: Any, message: str) -
     with pytest.raises(InputError, match=message):
         engine.execute(*make())
     assert bridge.ops.calls == []
+    assert engine.context_creations == 0 and engine.native.updates == []  # no context for bad input
 
 
 def test_torchbind_dynamic_input_outside_profile_is_refused() -> None:
@@ -1035,3 +1094,23 @@ def test_torchbind_bridge_describes_tensors_and_streams() -> None:
         bridge.resolve_stream(1.5, 0)
     blob = bytes(range(200))
     assert bytes(bridge.bytes_to_tensor(blob).array.tobytes()) == blob
+
+
+@pytest.mark.parametrize("drop", ["invalidate", "settings"])
+def test_torchbind_profile_resynced_after_context_is_recreated(drop: str) -> None:
+    """torch-tensorrt keeps its active profile index when its context is rebuilt (the new
+    context starts on profile 0); the backend resets it so selection stays right."""
+    backend, bridge = make_backend("2.14.0")
+    bridge.ops.profile_ranges = [(1, 8), (9, 32)]
+    engine = backend.load_engine(source(bindings=(TWO_PROFILES, DYNAMIC_Y)))
+    big = FakeTensor(np.ones((20, 4), np.float32))
+    engine.execute(big)
+    assert engine.native._active_profile_index == 1
+    if drop == "invalidate":
+        engine.invalidate_context()
+    else:
+        engine.runtime_settings = RuntimeSettings(cuda_graph_strategy="whole_graph_capture")
+    engine.execute(big)  # same shape: torch-tensorrt would not re-select by itself
+    engine.execute(FakeTensor(np.ones((3, 4), np.float32)))
+    engine.execute(big)
+    assert engine.context_creations == 2 == engine.native_context_creations

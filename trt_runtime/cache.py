@@ -131,7 +131,10 @@ def default_cache_dir() -> Path:
     import platformdirs
 
     override = os.environ.get("TRT_RUNTIME_CACHE_DIR")
-    directory = Path(override) if override else Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
+    if override:
+        directory = Path(override)
+    else:
+        directory = Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return directory
 

@@ -54,11 +54,11 @@ def runtime_config(target: Any, **overrides: Any) -> Iterator[Any]:
     saved = [engine.runtime_settings for engine in engines]
     merged = [settings.merge(**overrides) for settings in saved]  # validate all first
     try:
-        for engine, settings in zip(engines, merged):
+        for engine, settings in zip(engines, merged, strict=True):
             engine.runtime_settings = settings
         yield target
     finally:
-        for engine, settings in zip(engines, saved):
+        for engine, settings in zip(engines, saved, strict=True):
             engine.runtime_settings = settings
 
 

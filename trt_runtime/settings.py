@@ -9,7 +9,7 @@ import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -223,4 +223,4 @@ def _parse_cache(value: object) -> Any:
     )
 
 
-SettingsLike = Union[RuntimeSettings, Mapping[str, Any], None]
+SettingsLike = RuntimeSettings | Mapping[str, Any] | None

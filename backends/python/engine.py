@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -141,6 +142,11 @@ class PythonEngine(EngineBase):
         self._stage_out: list[Any] = [None] * self._n_out
         self._torch_device: Any = None
         self._torch_tensor: Any = None
+        self._fast: _FastPath | None = None
+        self._output_allocator = "auto"
+        self._checked_shapes: Any = None
+        self._checked_profile: int | None = None
+        self._checked_choice = 0
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
     # -- metadata ------------------------------------------------------------------------
@@ -199,6 +205,28 @@ class PythonEngine(EngineBase):
         return None if ctx is None else ctx.native_cache
 
     @property
+    def output_allocator(self) -> str:
+        """``"auto"`` (default): only data-dependent outputs go through an
+        ``IOutputAllocator``; ``"always"``: every output does (TensorRT asks the allocator
+        for memory and reports each shape). Changing it drops the execution context."""
+        return self._output_allocator
+
+    @output_allocator.setter
+    def output_allocator(self, value: str) -> None:
+        if value not in ("auto", "always"):
+            raise ValueError(f"output_allocator must be one of 'auto', 'always'; got {value!r}")
+        with self._lock:
+            if value != self._output_allocator:
+                self._output_allocator = value
+                self._drop_context()
+
+    @property
+    def output_allocators(self) -> dict[str, Any]:
+        """The ``IOutputAllocator`` of each output that has one, in the current context."""
+        ctx = self._context
+        return {} if ctx is None else dict(ctx.allocators)
+
+    @property
     def num_profiles(self) -> int:
         return self._num_profiles
 
@@ -212,7 +240,9 @@ class PythonEngine(EngineBase):
     def profile(self, value: int | None) -> None:
         if value is not None:
             self._check_profile_index(value)
-        self._profile = value
+        with self._lock:
+            self._profile = value
+            self._fast = None
 
     def _check_profile_index(self, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self._num_profiles:
@@ -249,7 +279,7 @@ class PythonEngine(EngineBase):
             )
         ctx = _Context(trt_context, config, native)
         for spec in self._outputs:
-            if spec.data_dependent:
+            if spec.data_dependent or self._output_allocator == "always":
                 self._attach_allocator(ctx, spec.name)
         self._res.context = ctx
         return ctx
@@ -260,6 +290,7 @@ class PythonEngine(EngineBase):
         ctx.allocators[name] = allocator
 
     def _destroy_context(self, context: Any) -> None:
+        self._fast = None
         if self._res.context is context:
             self._res.context = None
         _drop(context)
@@ -270,6 +301,7 @@ class PythonEngine(EngineBase):
             cuda.check(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
 
     def _release(self) -> None:
+        self._fast = None
         self._finalizer()
         self._trt_engine = None
         self._stage_in = [None] * self._n_in
@@ -297,36 +329,72 @@ class PythonEngine(EngineBase):
         ``profile``: an optimization profile index for this call.
         """
         with self._lock:
+            fast = self._fast
+            # Repeat call with the very same device arrays (the low-latency loop): the
+            # objects were validated last time; only their pointers and shapes can have
+            # changed, and those are compared in two C-level passes.
+            if (
+                fast is not None
+                and outputs is not None
+                and profile is None
+                and tuple(map(id, inputs)) == fast.in_ids
+                and tuple(map(id, outputs)) == fast.out_ids
+                and tuple(map(fast.ptr_of, fast.arrays)) == fast.ptrs
+                and tuple(map(_shape_of, fast.arrays)) == fast.shapes
+            ):
+                rt = self._rt
+                ours = self._stream_handle
+                if stream is None:
+                    caller = _torch_current_stream(self._device) if fast.torch else None
+                elif stream is self._last_stream_obj:
+                    caller = self._last_stream_handle
+                else:
+                    caller = cuda.stream_handle(stream)
+                    self._last_stream_obj, self._last_stream_handle = stream, caller
+                if caller == ours:
+                    caller = None
+                if caller is not None:
+                    cuda.check(rt.cudaEventRecord(self._event_in, caller), "cudaEventRecord")
+                    cuda.check(rt.cudaStreamWaitEvent(ours, self._event_in, 0), "cudaStreamWaitEvent")
+                if not fast.execute(ours):
+                    self._fast = None
+                    raise EngineError(
+                        f"engine {self.name!r}: execute_async_v3 failed"
+                        + _detail(self._logger.errors_since(None)[-3:])
+                    )
+                if caller is not None:
+                    cuda.check(rt.cudaEventRecord(self._event_out, ours), "cudaEventRecord")
+                    cuda.check(rt.cudaStreamWaitEvent(caller, self._event_out, 0), "cudaStreamWaitEvent")
+                return list(outputs)
+            self._check_open()
+            inspection = self._inspect(inputs, self._profile if profile is None else profile)
             ctx = self._context
             if ctx is None:
                 ctx = self.ensure_context()
-            return self._execute(ctx, inputs, stream, outputs, profile)
+            return self._run_inspected(ctx, inputs, inspection, stream, outputs)
 
     def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
                  profile: int | None = None) -> Any:
         result = self.execute(*inputs, stream=stream, outputs=outputs, profile=profile)
         return result[0] if len(result) == 1 else tuple(result)
 
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
-        return self._execute(context, inputs, stream, None, None)
+    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
+        self._inspect(inputs, self._profile)
 
-    def _execute(
-        self,
-        ctx: _Context,
-        inputs: Sequence[Any],
-        stream: Any,
-        outputs: Sequence[Any] | None,
-        profile: int | None,
-    ) -> list[Any]:
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
+        return self._run_inspected(context, inputs, self._inspect(inputs, self._profile), stream, None)
+
+    def _inspect(self, inputs: Sequence[Any], profile: int | None) -> _Inspection:
+        """Every check that needs no execution context: count, dtype, device, contiguity,
+        shape and optimization profile. Raises InputError; TensorRT is not called."""
         if len(inputs) != self._n_in:
             raise InputError(
                 f"engine {self.name!r} takes {self._n_in} input(s) "
                 f"({', '.join(io.name for io in self._in)}); got {len(inputs)}"
             )
-        rt = self._rt
         kind = KIND_HOST
         ptrs: list[int] = []
-        shapes: list[tuple[int, ...]] = []
+        shapes: list[Any] = []
         host: list[tuple[int, Any]] | None = None
         torch_tensor = self._torch_tensor
         torch_host = False
@@ -371,15 +439,78 @@ class PythonEngine(EngineBase):
                 host = []
             host.append((io.index, arr))
             ptrs.append(-1)
-            shapes.append(tuple(arr.shape))
+            shapes.append(arr.shape)
+        key = tuple(shapes)
+        if key == self._checked_shapes and profile == self._checked_profile:
+            chosen = self._checked_choice
+        else:
+            chosen = self._check_shapes(key, profile)
+            self._checked_shapes, self._checked_profile, self._checked_choice = key, profile, chosen
+        return _Inspection(kind, ptrs, key, host, torch_host, chosen)
+
+    def _check_shapes(self, shapes: tuple[Any, ...], profile: int | None) -> int:
+        """Validate ranks, static dimensions and profile ranges; return the profile to use."""
+        tuples = [tuple(int(d) for d in s) for s in shapes]
+        for io, shape in zip(self._in, tuples, strict=False):
+            if len(shape) != io.rank:
+                raise InputError(
+                    f"engine {self.name!r}: input {io.name!r} must have {io.rank} dimension(s) "
+                    f"{_fmt(io.shape)}; got shape {_fmt(shape)}"
+                )
+            for want, got in zip(io.shape, shape, strict=False):
+                if want >= 0 and want != got:
+                    raise InputError(
+                        f"engine {self.name!r}: input {io.name!r} must have shape {_fmt(io.shape)}; "
+                        f"got {_fmt(shape)}"
+                    )
+        dynamic = [(io, s) for io, s in zip(self._in, tuples, strict=False) if io.spec.is_dynamic]
+        if profile is not None:
+            self._check_profile_index(profile)
+        if not dynamic:
+            return profile or 0
+        if profile is None:
+            chosen = next(
+                (p for p in range(self._num_profiles) if all(_in_range(io, s, p) for io, s in dynamic)),
+                None,
+            )
+            if chosen is None:
+                nowhere = [(io, s) for io, s in dynamic
+                           if not any(_in_range(io, s, p) for p in range(self._num_profiles))]
+                io, s = nowhere[0] if nowhere else dynamic[0]
+                raise InputError(
+                    f"engine {self.name!r}: input {io.name!r} has shape {_fmt(s)}, outside every "
+                    f"optimization profile (or no profile fits all inputs): {_ranges(io)}"
+                )
+            return chosen
+        for io, s in dynamic:
+            if not _in_range(io, s, profile):
+                lo, _, hi = io.spec.profiles[profile]
+                raise InputError(
+                    f"engine {self.name!r}: input {io.name!r} has shape {_fmt(s)}, outside "
+                    f"optimization profile {profile} (min {_fmt(lo)}, max {_fmt(hi)})"
+                )
+        return profile
+
+    def _run_inspected(
+        self,
+        ctx: _Context,
+        inputs: Sequence[Any],
+        inspection: _Inspection,
+        stream: Any,
+        outputs: Sequence[Any] | None,
+    ) -> list[Any]:
+        rt = self._rt
+        kind = inspection.kind
+        ptrs = inspection.ptrs
+        host = inspection.host
+        self._fast = None
         if self._multi_device:
             cuda.check(rt.cudaSetDevice(self._device), "cudaSetDevice")
         trt_context = ctx.trt_context
-        chosen = self._profile if profile is None else profile
-        key = (tuple(shapes), chosen)
+        key = (inspection.shapes, inspection.profile)
         if key != ctx.shape_key:
             ctx.shape_key = None  # if applying fails halfway, the next call applies again
-            self._apply_shapes(ctx, shapes, chosen)
+            self._apply_shapes(ctx, inspection.shapes, inspection.profile)
             ctx.shape_key = key
         ours = self._stream_handle
         caller = None
@@ -408,6 +539,8 @@ class PythonEngine(EngineBase):
             if ptr and bound.get(io.name) != ptr:
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
+        for allocator in ctx.allocators.values():
+            allocator.shapes.clear()
         if not trt_context.execute_async_v3(ours):
             raise EngineError(
                 f"engine {self.name!r}: execute_async_v3 failed"
@@ -420,7 +553,7 @@ class PythonEngine(EngineBase):
                 cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
         elif kind == KIND_HOST:
             results = self._to_host(results, ours)
-            if torch_host:
+            if inspection.torch_host:
                 torch = torch_module()
                 results = [torch.from_numpy(r) for r in results]
         if caller is not None:
@@ -430,6 +563,8 @@ class PythonEngine(EngineBase):
             for r in results:
                 if isinstance(r, DeviceArray):
                     r.stream = ours
+        if outputs is not None and host is None and not ctx.allocators:
+            self._fast = _FastPath.make(self, ctx, inputs, outputs, ptrs, out_ptrs, kind)
         return results
 
     # -- input checks ------------------------------------------------------------------------
@@ -528,47 +663,8 @@ class PythonEngine(EngineBase):
             )
         return x
 
-    def _apply_shapes(self, ctx: _Context, shapes: list[Any], profile: int | None) -> None:
-        shapes = [tuple(int(d) for d in s) for s in shapes]
-        for io, shape in zip(self._in, shapes, strict=False):
-            if len(shape) != io.rank:
-                raise InputError(
-                    f"engine {self.name!r}: input {io.name!r} must have {io.rank} dimension(s) "
-                    f"{_fmt(io.shape)}; got shape {_fmt(shape)}"
-                )
-            for want, got in zip(io.shape, shape, strict=False):
-                if want >= 0 and want != got:
-                    raise InputError(
-                        f"engine {self.name!r}: input {io.name!r} must have shape {_fmt(io.shape)}; "
-                        f"got {_fmt(shape)}"
-                    )
-        dynamic = [(io, s) for io, s in zip(self._in, shapes, strict=False) if io.spec.is_dynamic]
-        if profile is not None:
-            self._check_profile_index(profile)
-        if dynamic:
-            if profile is None:
-                profile = next(
-                    (p for p in range(self._num_profiles) if all(_in_range(io, s, p) for io, s in dynamic)),
-                    None,
-                )
-                if profile is None:
-                    nowhere = [(io, s) for io, s in dynamic
-                               if not any(_in_range(io, s, p) for p in range(self._num_profiles))]
-                    io, s = nowhere[0] if nowhere else dynamic[0]
-                    raise InputError(
-                        f"engine {self.name!r}: input {io.name!r} has shape {_fmt(s)}, outside every "
-                        f"optimization profile (or no profile fits all inputs): {_ranges(io)}"
-                    )
-            else:
-                for io, s in dynamic:
-                    if not _in_range(io, s, profile):
-                        lo, _, hi = io.spec.profiles[profile]
-                        raise InputError(
-                            f"engine {self.name!r}: input {io.name!r} has shape {_fmt(s)}, outside "
-                            f"optimization profile {profile} (min {_fmt(lo)}, max {_fmt(hi)})"
-                        )
-        else:
-            profile = profile or 0
+    def _apply_shapes(self, ctx: _Context, shapes: tuple[Any, ...], profile: int) -> None:
+        """Select ``profile`` and set the input shapes on the context; read the output shapes."""
         trt_context = ctx.trt_context
         if profile != ctx.profile:
             if not trt_context.set_optimization_profile_async(profile, self._stream_handle):
@@ -576,11 +672,13 @@ class PythonEngine(EngineBase):
             ctx.profile = profile
             ctx.bound.clear()
         for io, shape in zip(self._in, shapes, strict=False):
-            if io.spec.is_dynamic and not trt_context.set_input_shape(io.name, shape):
-                raise InputError(
-                    f"engine {self.name!r}: TensorRT rejected shape {_fmt(shape)} for input {io.name!r}"
-                    + _detail(self._logger.errors_since(None)[-1:])
-                )
+            if io.spec.is_dynamic:
+                dims = tuple(int(d) for d in shape)
+                if not trt_context.set_input_shape(io.name, dims):
+                    raise InputError(
+                        f"engine {self.name!r}: TensorRT rejected shape {_fmt(dims)} for input {io.name!r}"
+                        + _detail(self._logger.errors_since(None)[-1:])
+                    )
         out_shapes = []
         for io in self._out:
             shape = tuple(int(d) for d in trt_context.get_tensor_shape(io.name))
@@ -663,8 +761,9 @@ class PythonEngine(EngineBase):
         for io, shape, out in zip(self._out, ctx.out_shapes, outputs, strict=False):
             if io.name in ctx.allocators:
                 raise InputError(
-                    f"engine {self.name!r}: output {io.name!r} has a data-dependent shape; "
-                    "it cannot be preallocated"
+                    f"engine {self.name!r}: output {io.name!r} is produced through an output "
+                    "allocator (data-dependent shape, or output_allocator='always'); it cannot be "
+                    "preallocated"
                 )
             tp = type(out)
             if (
@@ -705,6 +804,8 @@ class PythonEngine(EngineBase):
             if allocator is None:
                 continue
             shape = allocator.shapes.get(io.name)
+            if shape is None and all(d >= 0 for d in ctx.out_shapes[i]):
+                shape = ctx.out_shapes[i]  # a shape-inferable output run through the allocator
             if shape is None:
                 raise DataDependentShapeError(
                     f"engine {self.name!r}: TensorRT reported no shape for data-dependent output {io.name!r}"
@@ -753,6 +854,69 @@ class PythonEngine(EngineBase):
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+class _Inspection:
+    """What :meth:`PythonEngine._inspect` learned about one call's inputs."""
+
+    __slots__ = ("host", "kind", "profile", "ptrs", "shapes", "torch_host")
+
+    def __init__(self, kind: int, ptrs: list[int], shapes: tuple[Any, ...],
+                 host: list[tuple[int, Any]] | None, torch_host: bool, profile: int) -> None:
+        self.kind = kind
+        self.ptrs = ptrs
+        self.shapes = shapes
+        self.host = host
+        self.torch_host = torch_host
+        self.profile = profile
+
+
+def _shape_of(array: Any) -> Any:
+    return array.shape
+
+
+_ptr_attr = operator.attrgetter("ptr")
+
+
+class _FastPath:
+    """The last call's arrays, once validated and bound: a repeat call with the same
+    objects, pointers and shapes goes straight to ``execute_async_v3``."""
+
+    __slots__ = ("arrays", "execute", "in_ids", "out_ids", "ptr_of", "ptrs", "shapes", "torch")
+
+    arrays: tuple[Any, ...]
+    execute: Any
+    in_ids: tuple[int, ...]
+    out_ids: tuple[int, ...]
+    ptr_of: Any
+    ptrs: tuple[int, ...]
+    shapes: tuple[Any, ...]
+    torch: bool
+
+    @classmethod
+    def make(cls, engine: PythonEngine, ctx: _Context, inputs: Sequence[Any], outputs: Sequence[Any],
+             in_ptrs: list[int], out_ptrs: list[int], kind: int) -> _FastPath | None:
+        arrays = (*inputs, *outputs)
+        kinds = {type(a) for a in arrays}
+        if len(kinds) != 1:
+            return None
+        (tp,) = kinds
+        if tp is engine._torch_tensor and tp is not None:
+            ptr_of = tp.data_ptr
+        elif tp is DeviceArray:
+            ptr_of = _ptr_attr
+        else:
+            return None
+        self = cls()
+        self.arrays = arrays
+        self.in_ids = tuple(map(id, inputs))
+        self.out_ids = tuple(map(id, outputs))
+        self.ptr_of = ptr_of
+        self.ptrs = (*in_ptrs, *out_ptrs)
+        self.shapes = tuple(map(_shape_of, arrays))
+        self.torch = kind == KIND_TORCH
+        self.execute = ctx.trt_context.execute_async_v3
+        return self
 
 
 class _Resources:
@@ -871,9 +1035,14 @@ def _make_output_allocator(trt: Any, state: cuda.DeviceState, stream: Any) -> An
             trt.IOutputAllocator.__init__(self)
             self.buffers: dict[str, Any] = {}
             self.shapes: dict[str, tuple[int, ...]] = {}
+            #: Calls of reallocate_output(_async), buffers allocated, shapes notified.
+            self.reallocate_calls = 0
+            self.allocations = 0
+            self.notified: list[tuple[str, tuple[int, ...]]] = []
 
         def reallocate_output_async(self, name: str, memory: int, size: int, alignment: int,
                                     strm: int) -> int:
+            self.reallocate_calls += 1
             buf = self.buffers.get(name)
             if buf is None or buf.size < size:
                 try:
@@ -881,13 +1050,16 @@ def _make_output_allocator(trt: Any, state: cuda.DeviceState, stream: Any) -> An
                 except Exception:  # TensorRT expects 0 on failure, not an exception
                     return 0
                 self.buffers[name] = buf
+                self.allocations += 1
             return int(buf.handle)
 
         def reallocate_output(self, name: str, memory: int, size: int, alignment: int) -> int:
             return self.reallocate_output_async(name, memory, size, alignment, 0)
 
         def notify_shape(self, name: str, shape: Any) -> None:
-            self.shapes[name] = tuple(int(d) for d in shape)
+            dims = tuple(int(d) for d in shape)
+            self.shapes[name] = dims
+            self.notified.append((name, dims))
 
         def pointer(self, name: str) -> int:
             return int(self.buffers[name].handle)

@@ -41,6 +41,10 @@ class TorchBridge:
             dtype = getattr(torch_module, name, None)
             if dtype is not None:
                 self._dtype_names[dtype] = name
+        self._tensor_type: Any = getattr(torch_module, "Tensor", ())
+        self._raw_stream = getattr(getattr(torch_module, "_C", None), "_cuda_getCurrentRawStream", None)
+        self._streams: dict[tuple[int, int], Any] = {}
+        self._execute_op: Any = None
 
     # -- the namespaces the runtime library registers ----------------------------------
     @property
@@ -123,6 +127,25 @@ class TorchBridge:
             contiguous=bool(value.is_contiguous()),
         )
 
+    def torch_dtype(self, name: str) -> Any | None:
+        """The torch dtype of a canonical dtype name (None if torch has none)."""
+        for dtype, known in self._dtype_names.items():
+            if known == name:
+                return dtype
+        return None
+
+    def fast_ok(self, value: Any, dtype: Any, shape: tuple[int, ...], index: int) -> bool:
+        """The hot-path check: a contiguous CUDA tensor on ``index`` with exactly ``dtype``
+        and ``shape``. False sends the input through the full check (and its messages)."""
+        return (
+            isinstance(value, self._tensor_type)
+            and value.dtype is dtype
+            and value.shape == shape
+            and value.is_cuda
+            and value.get_device() == index
+            and value.is_contiguous()
+        )
+
     def as_tensor(self, value: Any) -> Any | None:
         """A torch view of a numpy array or a DLPack / CUDA-array-interface object, or None."""
         torch = self.torch
@@ -155,7 +178,7 @@ class TorchBridge:
         ``cudaStream_t`` int, or an object with ``__cuda_stream__`` or ``.handle`` (cuda.core)."""
         cuda = self.torch.cuda
         if stream is None:
-            return cuda.current_stream(index)
+            return self.current_stream(index)
         if isinstance(stream, cuda.Stream):
             return stream
         handle: Any = None
@@ -172,6 +195,19 @@ class TorchBridge:
             )
         return cuda.ExternalStream(int(handle), device=f"cuda:{index}")
 
+    def current_stream(self, index: int) -> Any:
+        """torch's current stream on device ``index``; the stream objects are cached by
+        their ``cudaStream_t`` so a per-call ``synchronize`` creates none."""
+        if self._raw_stream is None:
+            return self.torch.cuda.current_stream(index)
+        key = (index, int(self._raw_stream(index)))
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) > 64:  # streams come and go; keep the cache small
+                self._streams.clear()
+            stream = self._streams[key] = self.torch.cuda.current_stream(index)
+        return stream
+
     @contextlib.contextmanager
     def stream_scope(self, stream: Any, index: int) -> Iterator[Any]:
         cuda = self.torch.cuda
@@ -182,4 +218,7 @@ class TorchBridge:
         stream.synchronize()
 
     def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
-        return list(self.ops.execute_engine(inputs, engine))
+        op = self._execute_op
+        if op is None:
+            op = self._execute_op = self.ops.execute_engine
+        return list(op(inputs, engine))

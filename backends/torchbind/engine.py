@@ -93,7 +93,16 @@ class TorchbindEngine(EngineBase):
             native, "update_runtime_settings"
         )
         self._lazy_native_context = bridge.has_method(native, "num_execution_contexts_created")
+        self._switches_profiles = False
         inputs = self._select_profiles(name, inputs)
+        # Per input: (torch dtype, exact shape) for the hot-path check of static inputs.
+        self._fast: list[tuple[Any, tuple[int, ...]] | None] = [
+            None if spec.is_dynamic or bridge.torch_dtype(spec.dtype) is None
+            else (bridge.torch_dtype(spec.dtype), spec.shape)
+            for spec in inputs
+        ]
+        self._single_device = bridge.device_count() == 1
+        self._checked: tuple[Sequence[Any], list[Any], bool] | None = None
         self._last_stream: Any = None
         self._staged = False
         self._serial = 0
@@ -110,6 +119,7 @@ class TorchbindEngine(EngineBase):
         if bridge.has_method(self._native, "set_active_profile"):
             with translate_errors(name, "enabling optimization-profile selection"):
                 self._native._auto_select_profiles = True
+            self._switches_profiles = True
             return list(inputs)
         logger.info(
             "engine %r: %s %s cannot switch optimization profiles; only profile 0 is used",
@@ -161,7 +171,19 @@ class TorchbindEngine(EngineBase):
                 f"in {self._runtime.library.distribution} {self._runtime.library.version}; "
                 "torch-tensorrt-rtx >= 2.13 adds it"
             )
+        if self._switches_profiles:
+            self._resync_profile()
         return state
+
+    def _resync_profile(self) -> None:
+        """torch-tensorrt keeps its active-profile index when it rebuilds its execution
+        context, but a new context starts on profile 0; its per-call selection then trusts
+        the stale index and TensorRT refuses the shapes. Re-pin profile 0 so index and
+        context agree (this builds the context now instead of in the next execute: one
+        creation either way); the next call selects the profile its shapes need."""
+        with translate_errors(self.name, "re-selecting the optimization profile"):
+            if int(self._native._active_profile_index) != 0:
+                self._native.set_active_profile(0)
 
     def _destroy_context(self, context: Any) -> None:
         if self._native is not None and self._lazy_native_context:
@@ -170,13 +192,23 @@ class TorchbindEngine(EngineBase):
             with translate_errors(self.name, "dropping the execution context"):
                 self._native.disable_profiling()
 
+    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
+        """Check every input before a context exists (EngineBase calls this first)."""
+        tensors, host = self._check(inputs)
+        self._checked = (inputs, tensors, host)
+
     def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
         bridge = self._runtime.bridge
-        prepared = self._prepare(inputs)
-        if stream is None and bridge.current_device() == self.device:
-            # The common case, kept lean: torch's current stream on the current device
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] is inputs:
+            _, tensors, host = checked
+        else:
+            tensors, host = self._check(inputs)
+        if stream is None and (self._single_device or bridge.current_device() == self.device):
+            # The common case, kept lean: torch's current stream on the engine's device
             # needs no device or stream switch.
-            tensors = [self._stage(t) for t in prepared]
+            if host:
+                tensors = self._stage(tensors)
             try:
                 outputs = bridge.execute(tensors, self._native)
             except Exception as exc:
@@ -188,7 +220,8 @@ class TorchbindEngine(EngineBase):
             with translate_errors(self.name, "resolving the stream"):
                 torch_stream = bridge.resolve_stream(stream, self.device)
             with bridge.stream_scope(torch_stream, self.device):
-                tensors = [self._stage(t) for t in prepared]
+                if host:
+                    tensors = self._stage(tensors)
                 with translate_errors(self.name, "execute_engine"):
                     outputs = bridge.execute(tensors, self._native)
             self._last_stream = torch_stream
@@ -206,75 +239,89 @@ class TorchbindEngine(EngineBase):
             return
         bridge = self._runtime.bridge
         if stream is _CURRENT:
-            stream = bridge.resolve_stream(None, self.device)
+            stream = bridge.current_stream(self.device)
         bridge.synchronize(stream)
 
     def _release(self) -> None:
         self._native = None  # the C++ engine is freed with its last reference
 
     # -- input validation -------------------------------------------------------------
-    def _prepare(self, inputs: Sequence[Any]) -> list[tuple[Any, bool]]:
-        bridge = self._runtime.bridge
+    def _check(self, inputs: Sequence[Any]) -> tuple[list[Any], bool]:
+        """Validate ``inputs``; return the tensors to pass and whether any is host memory
+        (host inputs are returned as host tensors and staged by :meth:`_stage`)."""
         if len(inputs) != len(self._inputs):
             raise InputError(
                 f"engine {self.name!r} takes {len(self._inputs)} input(s) "
                 f"{[s.name for s in self._inputs]}; got {len(inputs)}"
             )
-        prepared = []
-        for spec, value in zip(self._inputs, inputs, strict=True):
-            tensor = value
-            info = bridge.describe(value)
-            if info is None:
-                try:
-                    tensor = bridge.as_tensor(value)
-                except Exception as exc:
-                    raise InputError(f"{self._where(spec)} could not be viewed as a tensor: {exc}") from exc
-                info = None if tensor is None else bridge.describe(tensor)
-            if info is None:
+        fast_ok = self._runtime.bridge.fast_ok
+        tensors = list(inputs)
+        host = False
+        for i, value in enumerate(tensors):
+            fast = self._fast[i]
+            if fast is not None and fast_ok(value, fast[0], fast[1], self.device):
+                continue  # a contiguous CUDA tensor of the exact dtype and shape, on our device
+            tensors[i], on_host = self._check_one(self._inputs[i], value)
+            host = host or on_host
+        return tensors, host
+
+    def _check_one(self, spec: TensorSpec, value: Any) -> tuple[Any, bool]:
+        bridge = self._runtime.bridge
+        tensor = value
+        info = bridge.describe(value)
+        if info is None:
+            try:
+                tensor = bridge.as_tensor(value)
+            except Exception as exc:
+                raise InputError(f"{self._where(spec)} could not be viewed as a tensor: {exc}") from exc
+            info = None if tensor is None else bridge.describe(tensor)
+        if info is None:
+            raise InputError(
+                f"{self._where(spec)} must be a torch tensor, a numpy array or a DLPack array; "
+                f"got {type(value).__name__}"
+            )
+        if info.dtype != spec.dtype:
+            raise InputError(f"{self._where(spec)} must have dtype {spec.dtype}; got {info.dtype}")
+        check_shape(self.name, spec, info.shape)
+        if not info.contiguous:
+            raise InputError(
+                f"{self._where(spec)} must be contiguous (C order); "
+                f"got strided data of shape {list(info.shape)}"
+            )
+        if info.device_type == "cuda":
+            if info.device_index != self.device:
                 raise InputError(
-                    f"{self._where(spec)} must be a torch tensor, a numpy array or a DLPack array; "
-                    f"got {type(value).__name__}"
+                    f"{self._where(spec)} is on cuda:{info.device_index}; "
+                    f"the engine runs on cuda:{self.device}"
                 )
-            if info.dtype != spec.dtype:
-                raise InputError(f"{self._where(spec)} must have dtype {spec.dtype}; got {info.dtype}")
-            if info.shape != spec.shape or spec.profiles:  # equal static shapes need no more checks
-                check_shape(self.name, spec, info.shape)
-            if not info.contiguous:
-                raise InputError(
-                    f"{self._where(spec)} must be contiguous (C order); "
-                    f"got strided data of shape {list(info.shape)}"
-                )
-            if info.device_type == "cuda":
-                if info.device_index != self.device:
-                    raise InputError(
-                        f"{self._where(spec)} is on cuda:{info.device_index}; "
-                        f"the engine runs on cuda:{self.device}"
-                    )
-                prepared.append((tensor, False))
-            elif info.device_type == "cpu":
-                prepared.append((tensor, True))
-            else:
-                raise InputError(
-                    f"{self._where(spec)} is on device {info.device_type!r}; "
-                    f"expected cuda:{self.device} or host memory"
-                )
-        return prepared
+            return tensor, False
+        if info.device_type == "cpu":
+            return tensor, True
+        raise InputError(
+            f"{self._where(spec)} is on device {info.device_type!r}; "
+            f"expected cuda:{self.device} or host memory"
+        )
 
     def _where(self, spec: TensorSpec) -> str:
         return f"input {spec.name!r} of engine {self.name!r}"
 
-    def _stage(self, item: tuple[Any, bool]) -> Any:
-        tensor, host = item
-        if not host:
-            return tensor
-        if not self._staged:
-            self._staged = True
-            logger.info(
-                "engine %r: host input copied to cuda:%d (pass CUDA tensors to stay zero-copy)",
-                self.name,
-                self.device,
-            )
-        return self._runtime.bridge.to_device(tensor, self.device)
+    def _stage(self, tensors: list[Any]) -> list[Any]:
+        """Copy host tensors to the engine's device (on the current stream); log once."""
+        bridge = self._runtime.bridge
+        staged = []
+        for tensor in tensors:
+            info = bridge.describe(tensor)
+            if info is not None and info.device_type == "cpu":
+                if not self._staged:
+                    self._staged = True
+                    logger.info(
+                        "engine %r: host input copied to cuda:%d (pass CUDA tensors to stay zero-copy)",
+                        self.name,
+                        self.device,
+                    )
+                tensor = bridge.to_device(tensor, self.device)
+            staged.append(tensor)
+        return staged
 
 
 def check_shape(engine: str, spec: TensorSpec, shape: tuple[int, ...]) -> None:

@@ -28,7 +28,8 @@ def _engine(trt):
     rng = np.random.default_rng(1)
     t = x
     for _ in range(3):
-        w = network.add_constant((128, 128), trt.Weights(rng.standard_normal((128, 128)).astype(np.float16)))
+        weights = rng.standard_normal((128, 128)).astype(np.float16)
+        w = network.add_constant((128, 128), trt.Weights(weights))
         t = network.add_matrix_multiply(t, trt.MatrixOperation.NONE, w.get_output(0), trt.MatrixOperation.NONE)
         t = t.get_output(0)
     t.name = "y"
