@@ -30,7 +30,8 @@ def _engine(trt):
     for _ in range(3):
         weights = rng.standard_normal((128, 128)).astype(np.float16)
         w = network.add_constant((128, 128), trt.Weights(weights))
-        t = network.add_matrix_multiply(t, trt.MatrixOperation.NONE, w.get_output(0), trt.MatrixOperation.NONE)
+        none = trt.MatrixOperation.NONE
+        t = network.add_matrix_multiply(t, none, w.get_output(0), none)
         t = t.get_output(0)
     t.name = "y"
     network.mark_output(t)
