@@ -17,7 +17,7 @@ def _install(session: nox.Session, extras: str, *extra: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """CPU test suite (GPU tests skip with their reason)."""
-    _install(session, "rtx,cli,test")
+    _install(session, "rtx,cuda,cli,test")
     session.run("python", "-m", "pytest", *session.posargs)
 
 

@@ -400,6 +400,7 @@ class _FakeContext:
         return True
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        self.calls.append(("get_shape", name))
         shape = self.engine.tensors[name][1]
         batch = self.shapes.get("x", (shape[0],))[0]
         return tuple(batch if d < 0 else d for d in shape)
@@ -743,7 +744,7 @@ def test_python_backend_repeat_call_takes_the_fast_path() -> None:
     engine.execute(x2, outputs=[y], stream=engine.stream)  # another object: slow path again
     assert ("address", "x", x2.ptr) in calls
     engine.invalidate_context()
-    assert engine._fast is None
+    assert engine._fast == {}
     engine.execute(x2, outputs=[y], stream=engine.stream)
     assert engine.context_creations == 2
 
@@ -767,3 +768,30 @@ def test_python_backend_output_allocator_always_routes_outputs_through_it() -> N
     given = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
     with pytest.raises(InputError, match="output 'y' is produced through an output allocator"):
         engine.execute(DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0), outputs=[given])
+
+
+def test_python_backend_cycled_views_skip_checks_and_shape_inference() -> None:
+    engine = _fake_engine()
+    base_x, base_y = _FakeBuffer(4 * 4 * 8), _FakeBuffer(4 * 4 * 8)
+    xs = [DeviceArray(base_x, (b, 4), "float32", 0) for b in (1, 5, 8)]  # one pointer, 3 shapes
+    ys = [DeviceArray(base_y, (b, 4), "float32", 0) for b in (1, 5, 8)]
+    for x, y in zip(xs, ys, strict=True):
+        engine.execute(x, outputs=[y], stream=engine.stream)
+    calls = _trt_calls(engine)
+    calls.clear()
+    for _ in range(2):
+        for x, y in zip(xs, ys, strict=True):
+            assert engine.execute(x, outputs=[y], stream=engine.stream) == [y]
+    # Only the new input shape is set per call: no address, no output-shape query.
+    assert calls == [c for b in (1, 5, 8) * 2 for c in (("shape", "x", (b, 4)), ("execute", 4242))]
+    # A shape in another profile goes through the full path and comes back fast after.
+    x20, y20 = DeviceArray(_FakeBuffer(320), (20, 4), "float32", 0), DeviceArray(_FakeBuffer(320), (20, 4),
+                                                                                    "float32", 0)
+    engine.execute(x20, outputs=[y20], stream=engine.stream)
+    assert ("profile", 1) in calls
+    calls.clear()
+    engine.execute(xs[0], outputs=[ys[0]], stream=engine.stream)
+    assert ("profile", 0) in calls and ("address", "x", xs[0].ptr) in calls
+    calls.clear()
+    engine.execute(xs[1], outputs=[ys[1]], stream=engine.stream)
+    assert calls == [("shape", "x", (5, 4)), ("execute", 4242)]

@@ -57,8 +57,10 @@ class _Context:
     __slots__ = (
         "allocators",
         "bound",
+        "bound_ptrs",
         "config",
         "native_cache",
+        "out_shape_cache",
         "out_shapes",
         "profile",
         "shape_key",
@@ -70,8 +72,11 @@ class _Context:
         self.config = config
         self.native_cache = native_cache
         self.bound: dict[str, int] = {}
+        #: The addresses bound, inputs then outputs (compared whole by the fast path).
+        self.bound_ptrs: tuple[int, ...] = ()
         self.shape_key: tuple[Any, ...] | None = None
         self.out_shapes: list[tuple[int, ...]] = []
+        self.out_shape_cache: dict[Any, list[tuple[int, ...]]] = {}
         self.profile = 0
         self.allocators: dict[str, Any] = {}
 
@@ -124,6 +129,7 @@ class PythonEngine(EngineBase):
         self._in = [_IO(s, i) for i, s in enumerate(inputs)]
         self._out = [_IO(s, i) for i, s in enumerate(outputs)]
         self._n_in = len(self._in)
+        self._io_names = tuple(io.name for io in (*self._in, *self._out))
         self._n_out = len(self._out)
         self._num_profiles = max(1, int(trt_engine.num_optimization_profiles))
         self._profile: int | None = None
@@ -142,11 +148,11 @@ class PythonEngine(EngineBase):
         self._stage_out: list[Any] = [None] * self._n_out
         self._torch_device: Any = None
         self._torch_tensor: Any = None
-        self._fast: _FastPath | None = None
+        #: Validated calls by the identities of their arrays (see execute).
+        self._fast: dict[tuple[tuple[int, ...], tuple[int, ...]], _FastPath] = {}
         self._output_allocator = "auto"
-        self._checked_shapes: Any = None
-        self._checked_profile: int | None = None
-        self._checked_choice = 0
+        #: Validated (input shapes, requested profile) -> the profile they run in.
+        self._checked: dict[tuple[Any, int | None], int] = {}
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
     # -- metadata ------------------------------------------------------------------------
@@ -242,7 +248,7 @@ class PythonEngine(EngineBase):
             self._check_profile_index(value)
         with self._lock:
             self._profile = value
-            self._fast = None
+            self._fast.clear()
 
     def _check_profile_index(self, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self._num_profiles:
@@ -290,7 +296,7 @@ class PythonEngine(EngineBase):
         ctx.allocators[name] = allocator
 
     def _destroy_context(self, context: Any) -> None:
-        self._fast = None
+        self._fast.clear()
         if self._res.context is context:
             self._res.context = None
         _drop(context)
@@ -301,7 +307,7 @@ class PythonEngine(EngineBase):
             cuda.check(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
 
     def _release(self) -> None:
-        self._fast = None
+        self._fast.clear()
         self._finalizer()
         self._trt_engine = None
         self._stage_in = [None] * self._n_in
@@ -329,18 +335,19 @@ class PythonEngine(EngineBase):
         ``profile``: an optimization profile index for this call.
         """
         with self._lock:
-            fast = self._fast
-            # Repeat call with the very same device arrays (the low-latency loop): the
-            # objects were validated last time; only their pointers and shapes can have
-            # changed, and those are compared in two C-level passes.
+            # A call with arrays validated by an earlier call (the same objects: the
+            # low-latency loop, or a few preallocated views cycled): only their pointers and
+            # shapes can have changed, and those are compared in two C-level passes.
+            fast = (
+                self._fast.get((tuple(map(id, inputs)), tuple(map(id, outputs))))
+                if outputs is not None and profile is None
+                else None
+            )
             if (
                 fast is not None
-                and outputs is not None
-                and profile is None
-                and tuple(map(id, inputs)) == fast.in_ids
-                and tuple(map(id, outputs)) == fast.out_ids
                 and tuple(map(fast.ptr_of, fast.arrays)) == fast.ptrs
                 and tuple(map(_shape_of, fast.arrays)) == fast.shapes
+                and self._prepare_fast(fast)
             ):
                 rt = self._rt
                 ours = self._stream_handle
@@ -357,7 +364,7 @@ class PythonEngine(EngineBase):
                     cuda.check(rt.cudaEventRecord(self._event_in, caller), "cudaEventRecord")
                     cuda.check(rt.cudaStreamWaitEvent(ours, self._event_in, 0), "cudaStreamWaitEvent")
                 if not fast.execute(ours):
-                    self._fast = None
+                    self._fast.clear()
                     raise EngineError(
                         f"engine {self.name!r}: execute_async_v3 failed"
                         + _detail(self._logger.errors_since(None)[-3:])
@@ -365,7 +372,7 @@ class PythonEngine(EngineBase):
                 if caller is not None:
                     cuda.check(rt.cudaEventRecord(self._event_out, ours), "cudaEventRecord")
                     cuda.check(rt.cudaStreamWaitEvent(caller, self._event_out, 0), "cudaStreamWaitEvent")
-                return list(outputs)
+                return list(outputs)  # type: ignore[arg-type]
             self._check_open()
             inspection = self._inspect(inputs, self._profile if profile is None else profile)
             ctx = self._context
@@ -377,6 +384,32 @@ class PythonEngine(EngineBase):
                  profile: int | None = None) -> Any:
         result = self.execute(*inputs, stream=stream, outputs=outputs, profile=profile)
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_fast(self, fast: _FastPath) -> bool:
+        """Put the context in the state ``fast`` was recorded in: its shapes (the same
+        profile only) and its addresses. False sends the call down the full path."""
+        ctx = self._context
+        if ctx is None:
+            return False
+        if ctx.shape_key != fast.shape_key:
+            if ctx.profile != fast.shape_key[1]:
+                return False
+            trt_context = ctx.trt_context
+            ctx.shape_key = None
+            for name, dims in fast.dynamic_dims:
+                if not trt_context.set_input_shape(name, dims):
+                    return False
+            ctx.shape_key = fast.shape_key
+            ctx.out_shapes = fast.out_shapes
+        if ctx.bound_ptrs != fast.ptrs:
+            trt_context = ctx.trt_context
+            bound = ctx.bound
+            for name, ptr in zip(self._io_names, fast.ptrs, strict=True):
+                if bound.get(name) != ptr:
+                    trt_context.set_tensor_address(name, ptr)
+                    bound[name] = ptr
+            ctx.bound_ptrs = fast.ptrs
+        return True
 
     def _validate_inputs(self, inputs: Sequence[Any]) -> None:
         self._inspect(inputs, self._profile)
@@ -441,11 +474,12 @@ class PythonEngine(EngineBase):
             ptrs.append(-1)
             shapes.append(arr.shape)
         key = tuple(shapes)
-        if key == self._checked_shapes and profile == self._checked_profile:
-            chosen = self._checked_choice
-        else:
+        chosen = self._checked.get((key, profile))
+        if chosen is None:
             chosen = self._check_shapes(key, profile)
-            self._checked_shapes, self._checked_profile, self._checked_choice = key, profile, chosen
+            if len(self._checked) >= 64:
+                self._checked.clear()
+            self._checked[(key, profile)] = chosen
         return _Inspection(kind, ptrs, key, host, torch_host, chosen)
 
     def _check_shapes(self, shapes: tuple[Any, ...], profile: int | None) -> int:
@@ -503,7 +537,6 @@ class PythonEngine(EngineBase):
         kind = inspection.kind
         ptrs = inspection.ptrs
         host = inspection.host
-        self._fast = None
         if self._multi_device:
             cuda.check(rt.cudaSetDevice(self._device), "cudaSetDevice")
         trt_context = ctx.trt_context
@@ -539,6 +572,7 @@ class PythonEngine(EngineBase):
             if ptr and bound.get(io.name) != ptr:
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
+        ctx.bound_ptrs = (*ptrs, *out_ptrs)
         for allocator in ctx.allocators.values():
             allocator.shapes.clear()
         if not trt_context.execute_async_v3(ours):
@@ -564,7 +598,11 @@ class PythonEngine(EngineBase):
                 if isinstance(r, DeviceArray):
                     r.stream = ours
         if outputs is not None and host is None and not ctx.allocators:
-            self._fast = _FastPath.make(self, ctx, inputs, outputs, ptrs, out_ptrs, kind)
+            fast = _FastPath.make(self, ctx, inputs, outputs, ptrs, out_ptrs, kind)
+            if fast is not None:
+                if len(self._fast) >= _FAST_ENTRIES:
+                    self._fast.clear()
+                self._fast[(fast.in_ids, fast.out_ids)] = fast
         return results
 
     # -- input checks ------------------------------------------------------------------------
@@ -671,6 +709,7 @@ class PythonEngine(EngineBase):
                 raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
             ctx.profile = profile
             ctx.bound.clear()
+            ctx.bound_ptrs = ()
         for io, shape in zip(self._in, shapes, strict=False):
             if io.spec.is_dynamic:
                 dims = tuple(int(d) for d in shape)
@@ -679,6 +718,11 @@ class PythonEngine(EngineBase):
                         f"engine {self.name!r}: TensorRT rejected shape {_fmt(dims)} for input {io.name!r}"
                         + _detail(self._logger.errors_since(None)[-1:])
                     )
+        key = (shapes, profile)
+        known = ctx.out_shape_cache.get(key)
+        if known is not None:  # TensorRT's shape inference already ran for these shapes
+            ctx.out_shapes = known
+            return
         out_shapes = []
         for io in self._out:
             shape = tuple(int(d) for d in trt_context.get_tensor_shape(io.name))
@@ -688,6 +732,10 @@ class PythonEngine(EngineBase):
                 self._attach_allocator(ctx, io.name)
             out_shapes.append(shape)
         ctx.out_shapes = out_shapes
+        if not ctx.allocators:
+            if len(ctx.out_shape_cache) >= 64:
+                ctx.out_shape_cache.clear()
+            ctx.out_shape_cache[key] = out_shapes
 
     def _mark_data_dependent(self, io: _IO) -> None:
         spec = io.spec
@@ -878,13 +926,23 @@ def _shape_of(array: Any) -> Any:
 _ptr_attr = operator.attrgetter("ptr")
 
 
+#: How many validated calls an engine remembers (a few cycled shapes or buffers).
+_FAST_ENTRIES = 16
+
+
 class _FastPath:
     """The last call's arrays, once validated and bound: a repeat call with the same
     objects, pointers and shapes goes straight to ``execute_async_v3``."""
 
-    __slots__ = ("arrays", "execute", "in_ids", "out_ids", "ptr_of", "ptrs", "shapes", "torch")
+    __slots__ = (
+        "arrays", "dynamic_dims", "execute", "in_ids", "out_ids", "out_shapes", "ptr_of", "ptrs",
+        "shape_key", "shapes", "torch",
+    )
 
     arrays: tuple[Any, ...]
+    dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...]
+    out_shapes: list[tuple[int, ...]]
+    shape_key: tuple[Any, ...]
     execute: Any
     in_ids: tuple[int, ...]
     out_ids: tuple[int, ...]
@@ -916,6 +974,16 @@ class _FastPath:
         self.shapes = tuple(map(_shape_of, arrays))
         self.torch = kind == KIND_TORCH
         self.execute = ctx.trt_context.execute_async_v3
+        shape_key = ctx.shape_key
+        if shape_key is None:
+            return None
+        self.shape_key = shape_key
+        self.out_shapes = ctx.out_shapes
+        self.dynamic_dims = tuple(
+            (io.name, tuple(int(d) for d in shape))
+            for io, shape in zip(engine._in, shape_key[0], strict=True)
+            if io.spec.is_dynamic
+        )
         return self
 
 
