@@ -951,13 +951,14 @@ def render_markdown(document: Mapping[str, Any]) -> str:
             "",
             "python backend / `execute_engine` op (torch-tensorrt's C++ runtime per call):",
             "",
-            "| workload | graphs | latency | back to back | GPU |",
-            "| --- | --- | ---: | ---: | ---: |",
+            "| workload | graphs | row | latency | back to back | GPU |",
+            "| --- | --- | --- | ---: | ---: | ---: |",
         ]
         for r in versus:
             ratios = r["ratios"]
             lines.append(
-                f"| {r['workload']} | {r['strategy']} | {_ratio(ratios.get('latency_vs_torchbind_op'))} "
+                f"| {r['workload']} | {r['strategy']} | {r['runner']} "
+                f"| {_ratio(ratios.get('latency_vs_torchbind_op'))} "
                 f"| {_ratio(ratios.get('back_to_back_vs_torchbind_op'))} "
                 f"| {_ratio(ratios.get('gpu_vs_torchbind_op'))} |"
             )
@@ -1239,6 +1240,22 @@ def _python_logger() -> Any:
         return None
 
 
+def _import_torch_tensorrt_first() -> None:
+    """Import ``torch_tensorrt`` before anything loads torch-tensorrt's runtime library.
+
+    ``import torch_tensorrt`` registers the torchbind classes unconditionally, and torch
+    aborts the process if they are already registered (by the torchbind backend's probe).
+    The torchbind backend itself checks for registered classes before loading the
+    library, so the other order is safe.
+    """
+    if importlib.util.find_spec("torch_tensorrt") is None:
+        return
+    try:
+        import torch_tensorrt  # noqa: F401
+    except Exception as exc:  # reported as the rows' skip reason later
+        print(f"bench_all: torch_tensorrt does not import: {_one_line(exc)}", file=sys.stderr)
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] + ("..." if len(text) > 300 else "")
@@ -1308,6 +1325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_all.py: {exc}", file=sys.stderr)
         return 2
     budget = Budget(config.budget_s)
+    if "torch-tensorrt-python" in config.runners:
+        _import_torch_tensorrt_first()
     env = probe_environment()
     print(f"bench_all: {environment_line(env.info)}", file=sys.stderr)
     cache: dict[str, Any] = {"skipped": "--no-cold-warm"}

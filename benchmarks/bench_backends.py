@@ -89,6 +89,86 @@ def raw_loop(
     return call, stream.synchronize, close
 
 
+def _trimmed_mean(values: list[float], cut: float = 0.05) -> float:
+    """Mean of the middle 90%: the pairs alternate who pays a shape change, so the
+    per-pair differences are two-sided and their median would land on one side."""
+    ordered = sorted(values)
+    k = int(len(ordered) * cut)
+    middle = ordered[k : len(ordered) - k] or ordered
+    return sum(middle) / len(middle)
+
+
+def paired_overhead(args: Any, torch: Any, status: Any, notes: list[str]) -> list[dict[str, Any]]:
+    """The torchbind backend's own per-call cost: its ``execute`` and torch-tensorrt's op,
+    alternated call by call on one native engine, so JIT state and clocks drift alike."""
+    import time
+
+    import trt_runtime
+    from trt_runtime import EngineSource, RuntimeSettings, builders
+    from trt_runtime.bench import percentile
+
+    if not status.get("torchbind"):
+        return []
+    backend = trt_runtime.get_backend("torchbind")
+    workloads = {
+        "mlp_b8": (builders.build_mlp(256, 8, batch=8, dtype="float16"), [(8, 256)]),
+        "dynamic_3": (
+            builders.build_dynamic(256, "float16", profiles=((1, 8, 64),)),
+            [(1, 256), (8, 256), (64, 256)],
+        ),
+    }
+    op = torch.ops.tensorrt.execute_engine
+    rows = []
+    for workload, (built, shapes) in workloads.items():
+        xs = [torch.randn(*shape, dtype=torch.float16, device="cuda") for shape in shapes]
+        for strategy in STRATEGIES:
+            if strategy != "disabled" and not backend.capabilities.supports_cuda_graph_strategy:
+                continue
+            engine = backend.load_engine(
+                EngineSource(built.plan, name=workload),
+                settings=RuntimeSettings(cuda_graph_strategy=strategy),
+            )
+            native, sync = engine.native, torch.cuda.current_stream().synchronize
+            ours: list[float] = []
+            theirs: list[float] = []
+            clock = time.perf_counter_ns
+            for i in range(args.warmup + args.iterations):
+                x = xs[i % len(xs)]
+                # Who goes first alternates: the first call of a pair sees the shape change
+                # (and its cost in torch-tensorrt), the second does not.
+                t0 = clock()
+                if i % 2 == 0:
+                    engine.execute(x)
+                    engine.synchronize()
+                else:
+                    op([x], native)
+                    sync()
+                t1 = clock()
+                if i % 2 == 0:
+                    op([x], native)
+                    sync()
+                else:
+                    engine.execute(x)
+                    engine.synchronize()
+                t2 = clock()
+                if i >= args.warmup:
+                    first, second = (t1 - t0) / 1000.0, (t2 - t1) / 1000.0
+                    ours.append(first if i % 2 == 0 else second)
+                    theirs.append(second if i % 2 == 0 else first)
+            engine.close()
+            rows.append(
+                {
+                    "workload": workload,
+                    "strategy": strategy,
+                    "backend_us": percentile(ours, 50),
+                    "op_us": percentile(theirs, 50),
+                    "overhead_us": _trimmed_mean([a - b for a, b in zip(ours, theirs, strict=True)]),
+                }
+            )
+            print(f"  paired {workload} [{strategy}]: {rows[-1]}", file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
@@ -163,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(f"{name} [{strategy}]: two calls on the same input differ")
             engine.close()
 
+    try:
+        paired = paired_overhead(args, torch, status, notes)
+    except Exception as exc:  # never lose the main table to the extra one
+        paired = []
+        notes.append(f"paired overhead: not measured ({type(exc).__name__}: {exc})")
+
     raw = {r.metadata["strategy"]: r.median_us for r in results if r.metadata["row"] == "raw"}
     versions = {
         "torch": torch.__version__,
@@ -192,6 +278,22 @@ def main(argv: list[str] | None = None) -> int:
         for (row, strategy, ver), value in ANCHORS_US.items()
         if ver == major_minor or row == "raw"
     ]
+    if paired:
+        lines += [
+            "",
+            "Wrapper overhead, paired: `engine.execute(x)` and `execute_engine([x], engine.native)`",
+            "alternate on one engine (same state, same JIT; who goes first alternates), each call",
+            "followed by a synchronize. Medians of each, and the mean of the per-pair differences",
+            "(middle 90%), in us.",
+            "",
+            "| workload | strategy | torchbind backend | execute_engine op | backend - op (trimmed mean) |",
+            "| --- | --- | ---: | ---: | ---: |",
+        ]
+        for p in paired:
+            lines.append(
+                f"| {p['workload']} | {p['strategy']} | {p['backend_us']:.1f} | {p['op_us']:.1f} "
+                f"| {p['overhead_us']:.1f} |"
+            )
     table = "\n".join([*lines, "", *anchors, *(f"- {n}" for n in notes)])
     print(table)
     if args.markdown is not None:
@@ -203,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         metadata={
             **versions,
             "notes": notes,
+            "paired_overhead": paired,
             "ratios_to_raw": {
                 r.label: (r.median_us / raw[r.metadata["strategy"]])
                 for r in results

@@ -356,7 +356,7 @@ def test_bench_all_markdown_and_json_hold_every_row(tmp_path: Path) -> None:
     assert "Test GPU (sm 9.0); driver 13000; tensorrt-rtx 1.6.1.120; torch 2.14.0" in text
     assert "| mlp_b8 | eager | python | 5 | 54.0 | 54.0 | 54.0 | 44.0 | 30.0 | 1.08x | 1.10x |  |" in text
     assert "skipped: torch-tensorrt-rtx 2.11 has no update_runtime_settings" in text
-    assert "| mlp_b8 | eager | 0.54x | 0.55x | 0.97x |" in text
+    assert "| mlp_b8 | eager | python | 0.54x | 0.55x | 0.97x |" in text
     assert "cold 1300.0 ms, warm 100.0 ms: **13.0x** (cache 4096 bytes)" in text
     assert "| >= 20x | cold 1300.0 ms / warm 100.0 ms = 13.0x | FAIL |" in text
     path = bench_all.write_json(doc, tmp_path / "out" / "bench.json")

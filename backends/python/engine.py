@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import time
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -151,6 +152,8 @@ class PythonEngine(EngineBase):
         #: Validated calls by the identities of their arrays (see execute).
         self._fast: dict[tuple[tuple[int, ...], tuple[int, ...]], _FastPath] = {}
         self._output_allocator = "auto"
+        self._cache_key: Any = None
+        self._context_timings: dict[str, float] = {}
         #: Validated (input shapes, requested profile) -> the profile they run in.
         self._checked: dict[tuple[Any, int | None], int] = {}
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
@@ -211,6 +214,13 @@ class PythonEngine(EngineBase):
         return None if ctx is None else ctx.native_cache
 
     @property
+    def context_timings(self) -> dict[str, float]:
+        """Seconds the last execution context creation spent creating the runtime config
+        (``runtime_config_s``), materializing and loading the runtime cache
+        (``runtime_cache_s``) and in ``create_execution_context`` (``execution_context_s``)."""
+        return dict(self._context_timings)
+
+    @property
     def output_allocator(self) -> str:
         """``"auto"`` (default): only data-dependent outputs go through an
         ``IOutputAllocator``; ``"always"``: every output does (TensorRT asks the allocator
@@ -259,10 +269,13 @@ class PythonEngine(EngineBase):
     # -- context lifecycle -------------------------------------------------------------------
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> Any:
         trt = self._trt
+        clock = time.perf_counter
+        t0 = clock()
         self._state.activate()
         config = None
         native = None
         mark = self._logger.mark()
+        t_config = t_cache = t0
         if self._flavour == "tensorrt_rtx":
             config = self._trt_engine.create_runtime_config()
             config.cuda_graph_strategy = _enum(trt.CudaGraphStrategy, settings.cuda_graph_strategy)
@@ -270,14 +283,22 @@ class PythonEngine(EngineBase):
                 trt.DynamicShapesKernelSpecializationStrategy,
                 settings.dynamic_shapes_kernel_specialization_strategy,
             )
+            t_config = t_cache = clock()
             if cache is not None:
-                native = cache.ensure_materialized(
-                    config, backend=self._backend, key=self._backend.cache_key(self._device)
-                )
+                if self._cache_key is None:
+                    self._cache_key = self._backend.cache_key(self._device)
+                native = cache.ensure_materialized(config, backend=self._backend, key=self._cache_key)
                 config.set_runtime_cache(native)
+                t_cache = clock()
             trt_context = self._trt_engine.create_execution_context(config)
         else:
             trt_context = self._trt_engine.create_execution_context()
+        t_context = clock()
+        self._context_timings = {
+            "runtime_config_s": t_config - t0,
+            "runtime_cache_s": t_cache - t_config,
+            "execution_context_s": t_context - t_cache,
+        }
         if trt_context is None:
             raise EngineError(
                 f"engine {self.name!r}: TensorRT could not create an execution context"

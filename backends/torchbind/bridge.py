@@ -134,17 +134,19 @@ class TorchBridge:
                 return dtype
         return None
 
-    def fast_ok(self, value: Any, dtype: Any, shape: tuple[int, ...], index: int) -> bool:
-        """The hot-path check: a contiguous CUDA tensor on ``index`` with exactly ``dtype``
-        and ``shape``. False sends the input through the full check (and its messages)."""
-        return (
+    def fast_shape(self, value: Any, dtype: Any, index: int) -> Any:
+        """The hot-path check: the shape of a contiguous CUDA tensor on ``index`` with exactly
+        ``dtype``; None for anything else (it then goes through the full check and its
+        messages)."""
+        if (
             isinstance(value, self._tensor_type)
             and value.dtype is dtype
-            and value.shape == shape
             and value.is_cuda
             and value.get_device() == index
             and value.is_contiguous()
-        )
+        ):
+            return value.shape
+        return None
 
     def as_tensor(self, value: Any) -> Any | None:
         """A torch view of a numpy array or a DLPack / CUDA-array-interface object, or None."""

@@ -95,12 +95,8 @@ class TorchbindEngine(EngineBase):
         self._lazy_native_context = bridge.has_method(native, "num_execution_contexts_created")
         self._switches_profiles = False
         inputs = self._select_profiles(name, inputs)
-        # Per input: (torch dtype, exact shape) for the hot-path check of static inputs.
-        self._fast: list[tuple[Any, tuple[int, ...]] | None] = [
-            None if spec.is_dynamic or bridge.torch_dtype(spec.dtype) is None
-            else (bridge.torch_dtype(spec.dtype), spec.shape)
-            for spec in inputs
-        ]
+        # Per input, what the hot-path check needs (see _fast_spec); None: full check only.
+        self._fast = [_fast_spec(spec, bridge.torch_dtype(spec.dtype)) for spec in inputs]
         self._single_device = bridge.device_count() == 1
         self._checked: tuple[Sequence[Any], list[Any], bool] | None = None
         self._last_stream: Any = None
@@ -254,13 +250,17 @@ class TorchbindEngine(EngineBase):
                 f"engine {self.name!r} takes {len(self._inputs)} input(s) "
                 f"{[s.name for s in self._inputs]}; got {len(inputs)}"
             )
-        fast_ok = self._runtime.bridge.fast_ok
+        fast_shape = self._runtime.bridge.fast_shape
         tensors = list(inputs)
         host = False
         for i, value in enumerate(tensors):
             fast = self._fast[i]
-            if fast is not None and fast_ok(value, fast[0], fast[1], self.device):
-                continue  # a contiguous CUDA tensor of the exact dtype and shape, on our device
+            if fast is not None:
+                # A contiguous CUDA tensor of the right dtype on our device: only its shape
+                # is left to check, against precomputed ranges.
+                shape = fast_shape(value, fast[0], self.device)
+                if shape is not None and _shape_fits(shape, fast[1], fast[2]):
+                    continue
             tensors[i], on_host = self._check_one(self._inputs[i], value)
             host = host or on_host
         return tensors, host
@@ -322,6 +322,40 @@ class TorchbindEngine(EngineBase):
                 tensor = bridge.to_device(tensor, self.device)
             staged.append(tensor)
         return staged
+
+
+def _fast_spec(
+    spec: TensorSpec, dtype: Any
+) -> tuple[Any, tuple[int, ...], tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]] | None:
+    """``(torch dtype, shape, ((min, max), ...))`` of an input for the hot-path check."""
+    if dtype is None:
+        return None
+    if not spec.is_dynamic:
+        return dtype, spec.shape, ()
+    if not spec.profiles:
+        return None  # only rank and static dims are known: the full check says it
+    return dtype, spec.shape, tuple((lo, hi) for lo, _opt, hi in spec.profiles)
+
+
+def _shape_fits(
+    shape: Sequence[int],
+    expected: tuple[int, ...],
+    ranges: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+) -> bool:
+    if not ranges:
+        return shape == expected
+    if len(shape) != len(expected):
+        return False
+    for d, s in zip(expected, shape, strict=True):
+        if d >= 0 and d != s:
+            return False
+    for lo, hi in ranges:
+        for a, s, b in zip(lo, shape, hi, strict=True):
+            if not a <= s <= b:
+                break
+        else:
+            return True
+    return False
 
 
 def check_shape(engine: str, spec: TensorSpec, shape: tuple[int, ...]) -> None:
