@@ -153,10 +153,26 @@ def test_python_backend_availability_without_cuda_python(monkeypatch) -> None:
     assert "pip install 'trt-runtime[cuda]'" in CUDA_HINT
 
 
+def _fake_cuda_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importable stand-ins for cuda-python, so the checks after the import checks run
+    whether or not cuda-python is installed here."""
+    import types
+
+    cuda_pkg = types.ModuleType("cuda")
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = types.ModuleType("cuda.bindings.runtime")  # type: ignore[attr-defined]
+    core = types.ModuleType("cuda.core")
+    core.Device = object  # type: ignore[attr-defined]
+    for name, module in (("cuda", cuda_pkg), ("cuda.bindings", bindings),
+                         ("cuda.bindings.runtime", bindings.runtime), ("cuda.core", core)):  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, name, module)
+
+
 def test_python_backend_availability_without_gpu_never_raises(monkeypatch) -> None:
     from trt_runtime_backends.python import cuda
 
     monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), "tensorrt_rtx"))
+    _fake_cuda_python(monkeypatch)
     monkeypatch.setattr(cuda, "device_count", lambda: 0)
     availability = PythonBackend().is_available()
     assert not availability and "no CUDA device is visible" in availability.reason
@@ -167,6 +183,8 @@ def test_python_backend_availability_without_gpu_never_raises(monkeypatch) -> No
     monkeypatch.setattr(cuda, "device_count", broken)
     availability = PythonBackend().is_available()
     assert not availability and "driver exploded" in availability.reason
+    monkeypatch.setattr(cuda, "device_count", lambda: 1)
+    assert PythonBackend().is_available()
 
 
 def test_python_backend_unavailable_here_says_why() -> None:
