@@ -657,7 +657,9 @@ def tt_python_bench(built: Any, name: str, strategy: str, tensors: Tensors) -> B
     if graphs != "disabled":
         from torch_tensorrt.runtime import RuntimeSettings as TTRuntimeSettings
 
-        engine.update_runtime_settings(TTRuntimeSettings(cuda_graph_strategy=graphs))
+        # Its default runtime_cache is a path that only TorchTensorRTModule resolves;
+        # the bare TRTEngine needs None (or a RuntimeCache object).
+        engine.update_runtime_settings(TTRuntimeSettings(cuda_graph_strategy=graphs, runtime_cache=None))
     calls = [functools.partial(engine.execute, [x]) for x in tensors.inputs]
     return Bench(calls, handle, lambda: None, info={"call": "TRTEngine.execute([x])", "version": version})
 
