@@ -390,11 +390,24 @@ def test_cache_reliability_world_writable_directory(tmp_path: Path) -> None:
     directory.chmod(0o777)
     path = directory / "c.bin"
     cache, _ = _materialized(tmp_path / "x.bin", [b"k"])
-    with pytest.raises(CacheError, match=rf"{directory} is writable by group or others \(mode 0777\)"):
+    with pytest.raises(CacheError, match=rf"{directory} is writable by others \(mode 0777\)"):
         cache.save(path)
-    with pytest.raises(CacheError, match="writable by group or others"):
+    with pytest.raises(CacheError, match="writable by others"):
         RuntimeCache(path).load()
     assert os.listdir(directory) == []
+
+
+def test_cache_reliability_group_writable_directory_allowed(tmp_path: Path) -> None:
+    # umask 002 (per-user private groups) makes project directories 0775: not refused.
+    directory = tmp_path / "shared-group"
+    directory.mkdir()
+    directory.chmod(0o775)
+    path = directory / "c.bin"
+    cache, _ = _materialized(tmp_path / "x.bin", [b"k"])
+    cache.save(path)
+    fresh = RuntimeCache(path)
+    assert fresh.load()
+    assert fresh.serialize() == cache.serialize()
 
 
 def test_cache_reliability_directory_of_another_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

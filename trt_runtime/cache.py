@@ -206,10 +206,13 @@ def _check_directory(directory: Path, path: Path) -> None:
             f"refusing runtime cache {path}: its directory {directory} is owned by uid {st.st_uid}, "
             f"expected this user (uid {euid}) or root"
         )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    # World-writable directories (0777, and /tmp's 1777) let any user plant files or links
+    # next to the cache. Group-writable ones are allowed: with per-user private groups
+    # (umask 002, the default on many Linux distributions) every project directory is 0775.
+    if st.st_mode & stat.S_IWOTH:
         raise CacheError(
-            f"refusing runtime cache {path}: its directory {directory} is writable by group or others "
-            f"(mode {stat.S_IMODE(st.st_mode):04o}); expected a directory only its owner can write"
+            f"refusing runtime cache {path}: its directory {directory} is writable by others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); expected a directory other users cannot write"
         )
 
 
