@@ -18,8 +18,8 @@ from typing import IO, Any
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.errors import DataDependentShapeError
 from trt_runtime.formats.pte import BACKEND_ID, SCALAR_TYPES, Delegate, Program, parse_pte, write_program
-from trt_runtime.formats.source import EngineData, engine_view, open_buffer, output_stream
-from trt_runtime.formats.tr01 import AliasedIO, blob_prefix
+from trt_runtime.formats.source import EngineData, open_buffer, output_stream
+from trt_runtime.formats.tr01 import AliasedIO, blob_parts
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
@@ -89,18 +89,17 @@ def to_pte(
             )
     # Bindings go into the blob in delegate-argument order: inputs, then outputs.
     ordered = [s for s in specs if s.is_input] + [s for s in specs if not s.is_input]
-    with engine_view(engine) as view:
-        prefix = blob_prefix(
-            len(view),
-            ordered,
-            aliased_io=aliased_io,
-            device_id=device_id,
-            hardware_compatible=hardware_compatible,
-            serialized_metadata=serialized_metadata,
-            target_platform=target_platform,
-        )
-        with output_stream(path) as out:
-            return write_program(out, [prefix, view], ordered, method=method, location=location)
+    parts = blob_parts(
+        engine,
+        ordered,
+        aliased_io=aliased_io,
+        device_id=device_id,
+        hardware_compatible=hardware_compatible,
+        serialized_metadata=serialized_metadata,
+        target_platform=target_platform,
+    )
+    with parts as (prefix, view), output_stream(path) as out:
+        return write_program(out, [prefix, view], ordered, method=method, location=location)
 
 
 def read_program(source: Any) -> Program:

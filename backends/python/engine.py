@@ -370,20 +370,10 @@ class PythonEngine(EngineBase):
                 and tuple(map(_shape_of, fast.arrays)) == fast.shapes
                 and self._prepare_fast(fast)
             ):
-                rt = self._rt
                 ours = self._stream_handle
-                if stream is None:
-                    caller = _torch_current_stream(self._device) if fast.torch else None
-                elif stream is self._last_stream_obj:
-                    caller = self._last_stream_handle
-                else:
-                    caller = cuda.stream_handle(stream)
-                    self._last_stream_obj, self._last_stream_handle = stream, caller
-                if caller == ours:
-                    caller = None
+                caller = self._caller_stream(stream, fast.torch)
                 if caller is not None:
-                    cuda.check(rt.cudaEventRecord(self._event_in, caller), "cudaEventRecord")
-                    cuda.check(rt.cudaStreamWaitEvent(ours, self._event_in, 0), "cudaStreamWaitEvent")
+                    self._wait(ours, caller, self._event_in)
                 if not fast.execute(ours):
                     self._fast.clear()
                     raise EngineError(
@@ -391,8 +381,7 @@ class PythonEngine(EngineBase):
                         + _detail(self._logger.errors_since(None)[-3:])
                     )
                 if caller is not None:
-                    cuda.check(rt.cudaEventRecord(self._event_out, ours), "cudaEventRecord")
-                    cuda.check(rt.cudaStreamWaitEvent(caller, self._event_out, 0), "cudaStreamWaitEvent")
+                    self._wait(caller, ours, self._event_out)
                 return list(outputs)  # type: ignore[arg-type]
             self._check_open()
             inspection = self._inspect(inputs, self._profile if profile is None else profile)
@@ -546,6 +535,24 @@ class PythonEngine(EngineBase):
                 )
         return profile
 
+    def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None:
+        """The caller's stream handle to order our work against; ``None`` when there is none
+        (no stream given and no torch inputs) or it is our own stream."""
+        if stream is None:
+            caller = _torch_current_stream(self._device) if torch_inputs else None
+        elif stream is self._last_stream_obj:
+            caller = self._last_stream_handle
+        else:
+            caller = cuda.stream_handle(stream)
+            self._last_stream_obj, self._last_stream_handle = stream, caller
+        return None if caller == self._stream_handle else caller
+
+    def _wait(self, waiter: int, producer: int, event: Any) -> None:
+        """Make stream ``waiter`` wait for the work queued so far on stream ``producer``."""
+        rt = self._rt
+        cuda.check(rt.cudaEventRecord(event, producer), "cudaEventRecord")
+        cuda.check(rt.cudaStreamWaitEvent(waiter, event, 0), "cudaStreamWaitEvent")
+
     def _run_inspected(
         self,
         ctx: _Context,
@@ -567,20 +574,9 @@ class PythonEngine(EngineBase):
             self._apply_shapes(ctx, inspection.shapes, inspection.profile)
             ctx.shape_key = key
         ours = self._stream_handle
-        caller = None
-        if stream is not None:
-            if stream is self._last_stream_obj:
-                caller = self._last_stream_handle
-            else:
-                caller = cuda.stream_handle(stream)
-                self._last_stream_obj, self._last_stream_handle = stream, caller
-        elif kind == KIND_TORCH:
-            caller = _torch_current_stream(self._device)
-        if caller == ours:
-            caller = None
+        caller = self._caller_stream(stream, kind == KIND_TORCH)
         if caller is not None:
-            cuda.check(rt.cudaEventRecord(self._event_in, caller), "cudaEventRecord")
-            cuda.check(rt.cudaStreamWaitEvent(ours, self._event_in, 0), "cudaStreamWaitEvent")
+            self._wait(ours, caller, self._event_in)
         if host is not None:
             self._stage_inputs(host, ptrs, ours)
         bound = ctx.bound
@@ -612,8 +608,7 @@ class PythonEngine(EngineBase):
                 torch = torch_module()
                 results = [torch.from_numpy(r) for r in results]
         if caller is not None:
-            cuda.check(rt.cudaEventRecord(self._event_out, ours), "cudaEventRecord")
-            cuda.check(rt.cudaStreamWaitEvent(caller, self._event_out, 0), "cudaStreamWaitEvent")
+            self._wait(caller, ours, self._event_out)
         elif kind == KIND_DEVICE and outputs is None:
             for r in results:
                 if isinstance(r, DeviceArray):

@@ -7,34 +7,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck
-from hypothesis import settings as hypothesis_settings
-
-from trt_runtime import EngineSource
-from trt_runtime.testing.conformance import BackendConformance
+from _gpu_conformance import GpuConformance
 
 pytestmark = pytest.mark.gpu
 
 
-class TestPythonBackendConformance(BackendConformance):
+class TestPythonBackendConformance(GpuConformance):
     """Host (numpy) inputs on the two-profile ``dynamic`` engine of trt_runtime.builders."""
-
-    rtol = 5e-3  # float32 matmuls may run in TF32
-    atol = 5e-3
-    state_machine_settings = hypothesis_settings(
-        max_examples=15,
-        stateful_step_count=15,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
 
     @pytest.fixture
     def backend(self, python_backend: Any) -> Any:
         return python_backend
-
-    @pytest.fixture
-    def engine_source(self, engines: Any) -> EngineSource:
-        return EngineSource(engines("dynamic").plan, name="dynamic")
 
     @pytest.fixture
     def make_inputs(self) -> Callable[[Any], Sequence[Any]]:

@@ -19,12 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck
-from hypothesis import settings as hypothesis_settings
+from _gpu_conformance import GpuConformance
 
 from trt_runtime import EngineSource, RuntimeCache, RuntimeSettings
 from trt_runtime.errors import CapabilityError, InputError
-from trt_runtime.testing.conformance import BackendConformance
 
 pytestmark = pytest.mark.gpu
 
@@ -205,25 +203,12 @@ def test_gpu_torchbind_settings_applied_lazily_one_native_context(load_torchbind
     assert engine.context_creations == 3 == engine.native_context_creations
 
 
-class TestTorchbindConformance(BackendConformance):
+class TestTorchbindConformance(GpuConformance):
     """The core conformance suite and state machine, torch CUDA tensors in and out."""
-
-    rtol = 5e-3  # float32 matmuls may run in TF32
-    atol = 5e-3
-    state_machine_settings = hypothesis_settings(
-        max_examples=15,
-        stateful_step_count=15,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
 
     @pytest.fixture
     def backend(self, torchbind_backend: Any) -> Any:
         return torchbind_backend
-
-    @pytest.fixture
-    def engine_source(self, engines: Any) -> EngineSource:
-        return EngineSource(engines("dynamic").plan, name="dynamic")
 
     @pytest.fixture
     def make_inputs(self, torch: Any, dynamic_max_batch: int) -> Callable[[Any], Sequence[Any]]:

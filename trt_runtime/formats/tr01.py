@@ -20,12 +20,13 @@ docs/formats.md for what was checked).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import platform
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from trt_runtime.dtypes import DTYPE_NAMES, normalize_dtype
@@ -42,7 +43,7 @@ __all__ = [
     "MAGIC_TR02",
     "MAX_METADATA_SIZE",
     "Tr01Blob",
-    "blob_prefix",
+    "blob_parts",
     "current_platform",
     "encode_metadata",
     "pack_tr01",
@@ -435,8 +436,9 @@ def _header(metadata: bytes, engine_size: int, aliased: bool) -> tuple[bytes, by
     return header, b"\x00" * (engine_offset - HEADER_SIZE - len(metadata))
 
 
-def blob_prefix(
-    engine_size: int,
+@contextlib.contextmanager
+def blob_parts(
+    engine: EngineData,
     bindings: Sequence[TensorSpec],
     *,
     aliased_io: AliasedIO = (),
@@ -444,41 +446,15 @@ def blob_prefix(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
-) -> bytes:
-    """Header, metadata and padding: the blob is this followed by the engine bytes.
+) -> Iterator[tuple[bytes, memoryview]]:
+    """The blob's prefix (header, metadata, padding) and a view of the engine bytes.
 
-    Lets writers stream the engine after it instead of building the blob in memory.
+    The blob is the prefix followed by the engine; writers stream the view after the
+    prefix instead of building the blob in memory. ``engine`` is bytes-like or the path
+    of a plan (then mapped, not read); the view is valid inside the ``with`` block.
     """
-    metadata, aliased = _encode(
-        bindings,
-        aliased_io=aliased_io,
-        device_id=device_id,
-        hardware_compatible=hardware_compatible,
-        serialized_metadata=serialized_metadata,
-        target_platform=target_platform,
-    )
-    header, padding = _header(metadata, engine_size, aliased)
-    return header + metadata + padding
-
-
-def pack_tr01(
-    engine_bytes: bytes | bytearray | memoryview,
-    bindings: Sequence[TensorSpec],
-    *,
-    aliased_io: AliasedIO = (),
-    device_id: int = 0,
-    hardware_compatible: bool = False,
-    serialized_metadata: str = "",
-    target_platform: str | None = None,
-) -> bytes:
-    """Pack an engine into one TR01 blob in memory (TR02 when ``aliased_io`` is given).
-
-    ``target_platform`` defaults to this machine (``linux_x86_64``, ...). For engines
-    of more than a few hundred MiB use :func:`write_tr01`, which streams.
-    """
-    with engine_view(engine_bytes) as view:
-        prefix = blob_prefix(
-            len(view),
+    with engine_view(engine) as view:
+        metadata, aliased = _encode(
             bindings,
             aliased_io=aliased_io,
             device_id=device_id,
@@ -486,7 +462,8 @@ def pack_tr01(
             serialized_metadata=serialized_metadata,
             target_platform=target_platform,
         )
-        return b"".join((prefix, view))
+        header, padding = _header(metadata, len(view), aliased)
+        yield header + metadata + padding, view
 
 
 def write_tr01(
@@ -503,19 +480,30 @@ def write_tr01(
     """Write a TR01/TR02 blob to a path (atomically) or a binary file; return its size.
 
     ``engine`` is bytes-like or the path of a plan; it is streamed in slices, so an
-    engine of any size is written without a copy in memory.
+    engine of any size is written without a copy in memory. TR02 is written exactly
+    when ``aliased_io`` is non-empty.
     """
-    with engine_view(engine) as view:
-        prefix = blob_prefix(
-            len(view),
-            bindings,
-            aliased_io=aliased_io,
-            device_id=device_id,
-            hardware_compatible=hardware_compatible,
-            serialized_metadata=serialized_metadata,
-            target_platform=target_platform,
-        )
-        with output_stream(target) as out:
-            out.write(prefix)
-            write_chunks(out, view)
+    parts = blob_parts(
+        engine,
+        bindings,
+        aliased_io=aliased_io,
+        device_id=device_id,
+        hardware_compatible=hardware_compatible,
+        serialized_metadata=serialized_metadata,
+        target_platform=target_platform,
+    )
+    with parts as (prefix, view), output_stream(target) as out:
+        out.write(prefix)
+        write_chunks(out, view)
         return len(prefix) + len(view)
+
+
+def pack_tr01(engine_bytes: EngineData, bindings: Sequence[TensorSpec], **metadata: Any) -> bytes:
+    """Pack an engine into one TR01 blob in memory (TR02 when ``aliased_io`` is given).
+
+    Takes the same keyword arguments as :func:`write_tr01`; ``target_platform``
+    defaults to this machine (``linux_x86_64``, ...). For engines of more than a few
+    hundred MiB use :func:`write_tr01`, which streams.
+    """
+    with blob_parts(engine_bytes, bindings, **metadata) as (prefix, view):
+        return b"".join((prefix, view))
