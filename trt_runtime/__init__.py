@@ -31,6 +31,7 @@ from trt_runtime.errors import (
     StaleCacheWarning,
     TrtRuntimeError,
 )
+from trt_runtime.graphs import OuterGraph
 from trt_runtime.loader import load
 from trt_runtime.protocols import (
     Availability,
@@ -80,6 +81,7 @@ __all__ = [
     "FormatError",
     "InputError",
     "LostUpdateWarning",
+    "OuterGraph",
     "RuntimeCache",
     "RuntimeCacheHandle",
     "RuntimeSettings",

@@ -10,6 +10,7 @@ from typing import IO, Any
 
 from trt_runtime.cache import RuntimeCache
 from trt_runtime.errors import CacheWarning
+from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import Engine
 from trt_runtime.settings import CudaGraphStrategy, DynamicShapesKernelSpecializationStrategy
 
@@ -62,11 +63,45 @@ def runtime_config(target: Any, **overrides: Any) -> Iterator[Any]:
             engine.runtime_settings = settings
 
 
+@contextlib.contextmanager
 def enable_cudagraphs(
-    target: Any, cuda_graph_strategy: str | CudaGraphStrategy = CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
-) -> contextlib.AbstractContextManager[Any]:
-    """Run ``target`` with a CUDA graph strategy (default ``whole_graph_capture``) in the block."""
-    return runtime_config(target, cuda_graph_strategy=cuda_graph_strategy)
+    target: Any,
+    cuda_graph_strategy: str | CudaGraphStrategy | None = None,
+    *,
+    outer: bool | str | OuterGraph = False,
+) -> Iterator[Any]:
+    """Run ``target`` with CUDA graphs in the block.
+
+    ``cuda_graph_strategy`` is TensorRT-RTX's own capture inside the engine (default
+    ``whole_graph_capture``). ``outer=True`` (or an output mode ``"copy"`` / ``"view"``,
+    or an :class:`~trt_runtime.graphs.OuterGraph`) adds the runtime's outer wrap: each
+    engine captures its whole call into a CUDA graph per input shape and replays it.
+    With the outer wrap the strategy defaults to ``disabled`` (the outer graph already
+    holds TensorRT's kernels); it is the only CUDA-graph mechanism of full TensorRT.
+
+    On entry the settings are applied first (one execution context per engine, created
+    at its next call), then the outer wrap is switched on; on exit both are restored.
+    Capabilities are checked for every engine before any is changed.
+    """
+    graph = OuterGraph.coerce(outer)
+    if cuda_graph_strategy is None:
+        cuda_graph_strategy = CudaGraphStrategy.DISABLED if graph else CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+    engines = engines_of(target)
+    if graph is not None:
+        for engine in engines:
+            engine.backend.capabilities.require("supports_outer_cuda_graph", engine.backend.name)
+    with runtime_config(engines, cuda_graph_strategy=cuda_graph_strategy):
+        if graph is None:
+            yield target
+            return
+        saved = [engine.outer_graph for engine in engines]
+        try:
+            for engine in engines:
+                engine.outer_graph = graph
+            yield target
+        finally:
+            for engine, previous in zip(engines, saved, strict=True):
+                engine.outer_graph = previous
 
 
 def set_cuda_graph_strategy(target: Any, strategy: str | CudaGraphStrategy) -> None:

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime.errors import EngineError
+from trt_runtime.errors import CapabilityError, EngineError
+from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import Backend, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -53,6 +54,8 @@ class EngineBase(abc.ABC):
         self._context: Any = None
         self._creations = 0
         self._closed = False
+        self._outer_graph: OuterGraph | None = None
+        self._graph_captures = 0
         self._settings = RuntimeSettings()
         self.runtime_settings = RuntimeSettings.coerce(settings)
 
@@ -121,7 +124,47 @@ class EngineBase(abc.ABC):
         if self._context is not None:
             context, self._context = self._context, None
             self.synchronize()
+            self._drop_graphs()  # graphs hold the context's addresses and kernels
             self._destroy_context(context)
+
+    # -- the outer CUDA-graph wrap -------------------------------------------------
+    @property
+    def outer_graph(self) -> OuterGraph | None:
+        """The outer CUDA-graph wrap in force; ``None`` (default): calls run eagerly.
+
+        Accepts ``None``, a bool, an output mode (``"copy"``, ``"view"``) or an
+        :class:`~trt_runtime.graphs.OuterGraph`. Changing it drops the captured graphs,
+        never the execution context. Needs ``supports_outer_cuda_graph``.
+        """
+        return self._outer_graph
+
+    @outer_graph.setter
+    def outer_graph(self, value: OuterGraph | bool | str | None) -> None:
+        graph = OuterGraph.coerce(value)
+        if graph is not None:
+            self._backend.capabilities.require("supports_outer_cuda_graph", self._backend.name)
+            if self.has_data_dependent_outputs:
+                raise CapabilityError(
+                    f"engine {self.name!r}: outputs {self.data_dependent_outputs} have data-dependent "
+                    "shapes; a CUDA graph cannot capture them (run it without the outer graph wrap)"
+                )
+        with self._lock:
+            if graph == self._outer_graph:
+                return
+            self._outer_graph = graph
+            self.synchronize()
+            self._drop_graphs()
+
+    @property
+    def graph_captures(self) -> int:
+        """How many CUDA graphs the outer wrap has captured (a replay is not a capture)."""
+        return self._graph_captures
+
+    def reset_graphs(self) -> None:
+        """Drop every captured graph; the next call under the outer wrap captures again."""
+        with self._lock:
+            self.synchronize()
+            self._drop_graphs()
 
     def _resolve_cache(self) -> RuntimeCache | None:
         from trt_runtime.cache import RuntimeCache
@@ -144,18 +187,26 @@ class EngineBase(abc.ABC):
             return self._context
 
     # -- execution ----------------------------------------------------------------
-    def execute(self, *inputs: Any, stream: Any = None) -> list[Any]:
-        """Run the engine; returns one array per output, in :attr:`outputs` order."""
+    def execute(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> list[Any]:
+        """Run the engine; returns one array per output, in :attr:`outputs` order.
+
+        ``outputs``: preallocated arrays to write into, returned as given (needs
+        ``supports_preallocated_outputs``).
+        """
         with self._lock:
             self._check_open()
+            if outputs is not None:
+                self._backend.capabilities.require("supports_preallocated_outputs", self._backend.name)
             self._validate_inputs(inputs)
             context = self.ensure_context()
-            return self._run(context, inputs, stream)
+            if outputs is None:
+                return self._run(context, inputs, stream)
+            return self._run(context, inputs, stream, outputs)
 
-    def __call__(self, *inputs: Any, stream: Any = None) -> Any:
+    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any:
         """Like :meth:`execute`, but a single output is returned bare, several as a tuple."""
-        outputs = self.execute(*inputs, stream=stream)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        result = self.execute(*inputs, stream=stream, outputs=outputs)
+        return result[0] if len(result) == 1 else tuple(result)
 
     def synchronize(self) -> None:  # noqa: B027 - optional hook
         """Wait for work this engine queued (default: nothing to wait for)."""
@@ -202,8 +253,17 @@ class EngineBase(abc.ABC):
         """Release ``context``."""
 
     @abc.abstractmethod
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
-        """Validate ``inputs`` and execute; return outputs."""
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None = None
+             ) -> list[Any]:
+        """Execute (eagerly, or under :attr:`outer_graph`); return outputs.
+
+        ``outputs`` is only passed by backends declaring ``supports_preallocated_outputs``.
+        A backend with ``supports_outer_cuda_graph`` counts each capture in
+        ``self._graph_captures``.
+        """
+
+    def _drop_graphs(self) -> None:  # noqa: B027 - optional hook
+        """Release captured outer graphs (called with the lock held, after synchronize)."""
 
     def _validate_inputs(self, inputs: Sequence[Any]) -> None:  # noqa: B027 - optional hook
         """Check count, dtype, shape and device of ``inputs`` before any context exists.

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from trt_runtime.graphs import OuterGraph
     from trt_runtime.settings import RuntimeSettings
 
 __all__ = [
@@ -41,6 +42,14 @@ class BackendCapabilities:
     supports_dynamic_shapes_strategy: bool = False
     supports_output_allocator: bool = False
     supports_host_io: bool = False
+    #: ``execute(..., outputs=[...])`` writes into caller-preallocated device arrays.
+    supports_preallocated_outputs: bool = False
+    #: ``execute(..., profile=N)`` / ``engine.profile`` select an optimization profile.
+    supports_profile_selection: bool = False
+    #: The runtime's own CUDA-graph wrap (:class:`~trt_runtime.graphs.OuterGraph`).
+    supports_outer_cuda_graph: bool = False
+    #: ``load_engine(..., contexts=N)``: several execution contexts serve concurrent callers.
+    supports_multiple_contexts: bool = False
     #: ``deserialize`` into a cache that already has entries keeps them (merges).
     cache_deserialize_merges: bool = False
     #: A human-readable note on why a capability is missing (e.g. which version adds it).
@@ -185,9 +194,22 @@ class Engine(Protocol):
 
     def invalidate_context(self) -> None: ...
 
-    def execute(self, *inputs: Any, stream: Any = None) -> list[Any]: ...
+    @property
+    def outer_graph(self) -> OuterGraph | None:
+        """The outer CUDA-graph wrap in force (``None``: calls run eagerly)."""
+        ...
 
-    def __call__(self, *inputs: Any, stream: Any = None) -> Any: ...
+    @outer_graph.setter
+    def outer_graph(self, value: OuterGraph | None) -> None: ...
+
+    @property
+    def graph_captures(self) -> int:
+        """How many CUDA graphs the outer wrap has captured so far."""
+        ...
+
+    def execute(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> list[Any]: ...
+
+    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any: ...
 
     def synchronize(self) -> None: ...
 

@@ -193,7 +193,7 @@ class TorchbindEngine(EngineBase):
         tensors, host = self._check(inputs)
         self._checked = (inputs, tensors, host)
 
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Any = None) -> list[Any]:
         bridge = self._runtime.bridge
         checked, self._checked = self._checked, None
         if checked is not None and checked[0] is inputs:

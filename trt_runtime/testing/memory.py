@@ -232,7 +232,7 @@ class MemoryEngine(EngineBase):
     def _destroy_context(self, context: Any) -> None:
         context.destroyed = True
 
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any) -> list[Any]:
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Any = None) -> list[Any]:
         import numpy as np
 
         arrays = self._validate(inputs)
