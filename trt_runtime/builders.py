@@ -28,6 +28,7 @@ __all__ = [
     "build_data_dependent",
     "build_dynamic",
     "build_mlp",
+    "build_tiny",
     "import_tensorrt",
     "DATA_DEPENDENT_UNSUPPORTED",
 ]
@@ -146,8 +147,15 @@ def _build(
     profiles: Sequence[_Profile],
     progress: ProgressCallback | None,
     what: str,
+    *,
+    capturable: bool = True,
 ) -> bytes:
     config = builder.create_builder_config()
+    flag = getattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION", None)
+    if capturable and flag is not None:
+        # TensorRT-RTX contexts are stream-capturable (the outer CUDA-graph wrap) only
+        # when every input and output is allocated by the user.
+        config.set_flag(flag)
     for ranges in profiles:
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in ranges.items():
@@ -187,6 +195,49 @@ def _batch_dim(batch: int | str | None) -> int:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive int, None or 'dynamic'; got {batch!r}")
     return batch
+
+
+# -- tiny ------------------------------------------------------------------------------
+
+
+def build_tiny(
+    width: int = 16,
+    batch: int = 8,
+    dtype: str = "float16",
+    *,
+    progress: ProgressCallback | None = None,
+    logger: Any = None,
+) -> BuiltEngine:
+    """One elementwise op, ``y = x * 2 + 1`` on (batch, width): an engine whose GPU work is
+    a few microseconds, so a runtime's per-call overhead is what a benchmark sees."""
+    import numpy as np
+
+    trt = import_tensorrt()
+    dtype = normalize_dtype(dtype)
+    np_dtype = np.float16 if dtype == "float16" else np.float32
+    bdim = _batch_dim(batch)
+    if bdim < 0:
+        raise ValueError(f"build_tiny takes a static batch; got {batch!r}")
+    builder = trt.Builder(logger or _builder_logger(trt))
+    net = _network(trt, builder)
+    x = net.add_input("x", _trt_dtype(trt, dtype), (bdim, width))
+    scale = np.full((1, width), 2.0, dtype=np_dtype)
+    shift = np.full((1, width), 1.0, dtype=np_dtype)
+    mul = net.add_elementwise(x, net.add_constant(scale.shape, trt.Weights(scale)).get_output(0),
+                              trt.ElementWiseOperation.PROD)
+    add = net.add_elementwise(mul.get_output(0), net.add_constant(shift.shape, trt.Weights(shift)).get_output(0),
+                              trt.ElementWiseOperation.SUM)
+    y = add.get_output(0)
+    y.name = "y"
+    net.mark_output(y)
+    plan = _build(trt, builder, net, [], progress, "tiny")
+    inputs, outputs = _specs(net, [])
+
+    def reference(xin: Any) -> list[Any]:
+        return [np.asarray(xin, dtype=np.float64) * 2.0 + 1.0]
+
+    return BuiltEngine(plan, inputs, outputs, {"scale": scale, "shift": shift}, reference,
+                       (1e-3, 1e-3), name=f"tiny{batch}x{width}_{dtype}")
 
 
 # -- MLP -----------------------------------------------------------------------------
