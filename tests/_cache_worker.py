@@ -168,15 +168,14 @@ def _reader(path: str, stop: str, start: str) -> dict[str, Any]:
 
 
 def _pause(path: str, point: str, ready: str) -> None:
-    import trt_runtime.cache as cache_module
-    from trt_runtime.cache import RuntimeCache
+    from trt_runtime.cache import RuntimeCache, storage
 
     def checkpoint(name: str, target: Path) -> None:
         if name == point:
             Path(ready).write_text(str(os.getpid()))
             time.sleep(60)  # killed here
 
-    cache_module._checkpoint = checkpoint
+    storage.checkpoint = checkpoint  # the test hook, looked up at each call
     cache = RuntimeCache(path)
     cache.load()
     native = cache.ensure_materialized(None, backend=FakeBackend())

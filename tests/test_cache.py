@@ -262,6 +262,36 @@ _keys = st.none() | st.builds(
 _fast = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def test_cache_package_keeps_its_names() -> None:
+    """The split into framing / storage / runtime_cache changed no import of trt_runtime.cache."""
+    import trt_runtime
+    import trt_runtime.cache as package
+    from trt_runtime.cache import framing, runtime_cache, storage
+
+    assert sorted(package.__all__) == sorted([
+        "FORMAT_VERSION", "HEADER_SIZE", "MAGIC", "STALE_TEMP_SECONDS", "RuntimeCache",
+        "decode", "default_cache_dir", "default_cache_path", "encode",
+    ])
+    assert package.RuntimeCache is runtime_cache.RuntimeCache is trt_runtime.RuntimeCache
+    assert package.encode is framing.encode and package.decode is framing.decode
+    assert package.MAGIC == b"\x89TRTRC\r\n" and package.FORMAT_VERSION == 1 and package.HEADER_SIZE == 56
+    assert package.default_cache_dir is storage.default_cache_dir
+    assert package.STALE_TEMP_SECONDS == storage.STALE_TEMP_SECONDS
+
+
+def test_cache_storage_checkpoint_hook_sees_every_save_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trt_runtime.cache import storage
+
+    seen: list[tuple[str, Path]] = []
+    monkeypatch.setattr(storage, "checkpoint", lambda point, path: seen.append((point, path)))
+    cache = RuntimeCache(tmp_path / "c.bin")
+    cache.load_bytes(b"kernels")
+    cache.save()
+    assert seen == [(p, tmp_path / "c.bin") for p in ("locked", "written", "replaced")]
+
+
 @_fast
 @given(payload=st.binary(max_size=4096), key=_keys)
 def test_cache_framing_round_trip(payload: bytes, key: CacheKey | None) -> None:

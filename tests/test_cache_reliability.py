@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 from _cache_worker import KEY, FakeBackend, FakeHandle, check_payload, make_payload
 
-import trt_runtime.cache as cache_module
 from trt_runtime import CacheError, CacheLockTimeout, CacheWarning, LostUpdateWarning, RuntimeCache
-from trt_runtime.cache import decode, encode
+from trt_runtime.cache import STALE_TEMP_SECONDS, decode, encode, storage
 from trt_runtime.contexts import runtime_cache
 
 WORKER = Path(__file__).with_name("_cache_worker.py")
@@ -157,7 +156,7 @@ def test_cache_reliability_stray_temps_of_live_savers_kept(tmp_path: Path) -> No
     unrelated = tmp_path / ".other.bin.4194303.aaaaaaaaaaaa.tmp"
     for stray in (live, old, dead, unrelated):
         stray.write_bytes(b"partial")
-    past = time.time() - cache_module.STALE_TEMP_SECONDS - 60
+    past = time.time() - STALE_TEMP_SECONDS - 60
     os.utime(old, (past, past))
     cache, _ = _materialized(path, [b"k"])
     cache.save()
@@ -358,7 +357,7 @@ def test_cache_reliability_symlink_at_temp_path(
     path = tmp_path / "c.bin"
     temp_name = f".c.bin.{os.getpid()}.000000000000.tmp"
     (tmp_path / temp_name).symlink_to(victim)
-    monkeypatch.setattr(cache_module, "_temp_name", lambda p: temp_name)
+    monkeypatch.setattr(storage, "temp_name", lambda p: temp_name)
     cache, _ = _materialized(path, [b"k"])
     with pytest.raises(CacheError, match=r"temp path .*\.tmp is a symbolic link"):
         cache.save()
@@ -377,7 +376,7 @@ def test_cache_reliability_symlink_swapped_in_during_save(
             target.symlink_to(victim)
 
     cache, _ = _materialized(path, [b"k"])
-    monkeypatch.setattr(cache_module, "_checkpoint", swap)
+    monkeypatch.setattr(storage, "checkpoint", swap)
     with pytest.raises(CacheError, match=rf"{path}.*symbolic link"):
         cache.save()
     assert victim.read_bytes() == b"precious"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,8 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trt_runtime import TensorSpec, bench, cli
+from trt_runtime import Availability, TensorSpec, bench, cli
+from trt_runtime.cli.demo import write_pte
+from trt_runtime.cli.engine_files import backend_reason
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
+
+#: Engines of the numpy ``memory`` backend start with b"TRTMEM1\0", no TensorRT magic:
+#: the commands take them only with --force.
+FORCE = "--force"
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -24,7 +31,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def _one_error_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("usage:")]
+    lines = [ln for ln in err.splitlines()
+             if ln.strip() and not ln.startswith(("usage:", "trt-runtime: warning: "))]
     assert len(lines) == 1, err
     assert lines[0].startswith("trt-runtime: error: "), err
     assert "Traceback" not in err
@@ -32,22 +40,39 @@ def _one_error_line(err: str) -> str:
 
 
 def _gpu_reason() -> str:
-    return cli._backend_reason(None)
+    return backend_reason(None)
 
 
 @pytest.fixture(scope="module")
-def engine_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A real TensorRT-RTX engine (dynamic batch) as a raw plan and a TR01 blob."""
+def built_dynamic() -> Any:
+    """A real TensorRT-RTX engine with a dynamic batch, built on the CPU."""
     pytest.importorskip("tensorrt_rtx", reason="building engines needs tensorrt-rtx")
     from trt_runtime import builders
+
+    return builders.build_dynamic(width=8)
+
+
+@pytest.fixture(scope="module")
+def engine_files(tmp_path_factory: pytest.TempPathFactory, built_dynamic: Any) -> dict[str, Path]:
+    """The dynamic engine as a raw plan and a TR01 blob."""
     from trt_runtime.formats import write_plan, write_tr01
 
-    built = builders.build_dynamic(width=8)
+    built = built_dynamic
     root = tmp_path_factory.mktemp("engines")
     plan, tr01 = root / "dyn.plan", root / "dyn.tr01"
     write_plan(plan, built.plan)
     write_tr01(tr01, built.plan, (*built.inputs, *built.outputs), device_id=0)
     return {"plan": plan, "tr01": tr01}
+
+
+@pytest.fixture(scope="module")
+def pte_file(tmp_path_factory: pytest.TempPathFactory, built_dynamic: Any) -> Path:
+    """The dynamic engine as a single-delegate .pte program."""
+    target = tmp_path_factory.mktemp("pte") / "dyn.pte"
+    reason = write_pte(built_dynamic, target)
+    if reason:
+        pytest.skip(f"cannot write a .pte here: {reason}")
+    return target
 
 
 @pytest.fixture
@@ -192,7 +217,7 @@ def test_cli_inspect_pte(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
 
     built = builders.build_dynamic(width=8)
     target = tmp_path / "dyn.pte"
-    reason = cli._write_pte(built, target)
+    reason = write_pte(built, target)
     if reason:
         pytest.skip(f"cannot write a .pte here: {reason} ({to_pte.__name__})")
     code, out, err = _run(capsys, "--json", "inspect", "--no-load", target)
@@ -202,10 +227,79 @@ def test_cli_inspect_pte(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert [b["name"] for b in doc["bindings"]] == ["x", "y"]
 
 
+def _with_container_metadata(monkeypatch: pytest.MonkeyPatch, **extra: Any) -> None:
+    """Make the format reader add ``extra`` to every EngineSource's metadata (a reader double)."""
+    from trt_runtime import formats
+
+    real = formats.read_engine_source
+
+    def reader(source: Any, **options: Any) -> Any:
+        found = real(source, **options)
+        return dataclasses.replace(found, metadata={**found.metadata, **extra})
+
+    monkeypatch.setattr(formats, "read_engine_source", reader)
+
+
+def test_cli_inspect_pte_shows_compile_specs_and_warns_on_stderr(
+    capsys: pytest.CaptureFixture[str], pte_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    specs = {"target_device": "cuda:0", "note": "[bold]kept[/bold] :smile:"}
+    warning = "target_device 'cuda:1' disagrees with the blob's device_id 0 [torchbind]"
+    _with_container_metadata(monkeypatch, compile_specs=specs, warnings=[warning])
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, err = _run(capsys, "inspect", "--no-load", pte_file)
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if "compile specs" in ln)
+    assert "target_device=cuda:0" in line and "note=[bold]kept[/bold] :smile:" in line
+    assert f"trt-runtime: warning: {warning}" in err.splitlines()
+    assert warning not in out
+    code, out, err = _run(capsys, "--json", "inspect", "--no-load", pte_file)
+    assert code == 0, err
+    doc = json.loads(out)  # stdout is only the document; the warning went to stderr
+    assert doc["compile_specs"] == specs and doc["warnings"] == [warning]
+    assert f"trt-runtime: warning: {warning}" in err
+
+
+def test_cli_inspect_pte_with_empty_compile_specs_says_none(
+    capsys: pytest.CaptureFixture[str], pte_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_container_metadata(monkeypatch, compile_specs={}, warnings=[])
+    code, out, err = _run(capsys, "inspect", "--no-load", pte_file)
+    assert code == 0, err
+    assert any(ln.split() == ["compile", "specs", "none"] for ln in out.splitlines())
+    assert "warning" not in err
+
+
+def test_cli_inspect_pte_reports_what_the_reader_records(
+    capsys: pytest.CaptureFixture[str], pte_file: Path
+) -> None:
+    from trt_runtime.formats import read_engine_source
+
+    metadata = read_engine_source(pte_file).metadata
+    if "compile_specs" not in metadata:
+        pytest.skip("this .pte reader records no compile specs (see the reader double above)")
+    code, out, err = _run(capsys, "--json", "inspect", "--no-load", pte_file)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["compile_specs"] == {str(k): str(v) for k, v in metadata["compile_specs"].items()}
+    assert doc["warnings"] == [str(w) for w in metadata.get("warnings") or ()]
+
+
+def test_cli_inspect_without_compile_specs_shows_no_line(
+    capsys: pytest.CaptureFixture[str], engine_files: dict[str, Path]
+) -> None:
+    code, out, err = _run(capsys, "--json", "inspect", "--no-load", engine_files["tr01"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["compile_specs"] is None and doc["warnings"] == []
+    code, out, err = _run(capsys, "inspect", "--no-load", engine_files["tr01"])
+    assert code == 0 and "compile specs" not in out and err == ""
+
+
 def test_cli_inspect_memory_engine_lists_bindings_through_the_backend(
     capsys: pytest.CaptureFixture[str], memory_engine: Path
 ) -> None:
-    code, out, err = _run(capsys, "--json", "inspect", memory_engine, "--backend", "memory")
+    code, out, err = _run(capsys, "--json", "inspect", memory_engine, FORCE, "--backend", "memory")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["bindings_from"].startswith("engine")
@@ -221,7 +315,7 @@ def test_cli_run_writes_outputs_and_random_inputs(
 ) -> None:
     outdir = tmp_path / "out"
     code, out, err = _run(
-        capsys, "--json", "run", memory_engine, "--backend", "memory", "--output-dir", outdir
+        capsys, "--json", "run", memory_engine, FORCE, "--backend", "memory", "--output-dir", outdir
     )
     assert code == 0, err
     doc = json.loads(out)
@@ -241,8 +335,9 @@ def test_cli_run_takes_given_inputs_settings_and_runtime_cache(
     cache_dir = tmp_path / "private"
     cache_dir.mkdir(mode=0o700)
     cache = cache_dir / "kernels.bin"
-    argv = ["--json", "run", memory_engine, "--backend", "memory", "--input", f"x={tmp_path / 'x.npy'}",
-            "--cuda-graph-strategy", "whole_graph_capture", "--dynamic-shapes-kernel-strategy", "eager",
+    argv = ["--json", "run", memory_engine, FORCE, "--backend", "memory",
+            "--input", f"x={tmp_path / 'x.npy'}", "--cuda-graph-strategy", "whole_graph_capture",
+            "--dynamic-shapes-kernel-strategy", "eager",
             "--runtime-cache", cache, "--output-dir", tmp_path / "o"]
     code, out, err = _run(capsys, *argv)
     assert code == 0, err
@@ -264,7 +359,7 @@ def test_cli_run_missing_capability_is_one_line(
 
     monkeypatch.setitem(registry._extra, "nographs",
                         MemoryBackend(name="nographs", without=["supports_cuda_graph_strategy"]))
-    code, _, err = _run(capsys, "run", memory_engine, "--backend", "nographs",
+    code, _, err = _run(capsys, "run", memory_engine, FORCE, "--backend", "nographs",
                         "--cuda-graph-strategy", "whole_graph_capture")
     assert code == 1
     assert "does not support cuda_graph_strategy" in _one_error_line(err)
@@ -274,7 +369,7 @@ def test_cli_run_rejects_unknown_input_name(
     capsys: pytest.CaptureFixture[str], memory_engine: Path, tmp_path: Path
 ) -> None:
     np.save(tmp_path / "z.npy", np.zeros((2, 4), np.float32))
-    code, _, err = _run(capsys, "run", memory_engine, "--backend", "memory",
+    code, _, err = _run(capsys, "run", memory_engine, FORCE, "--backend", "memory",
                         "--input", f"z={tmp_path / 'z.npy'}", "--output-dir", tmp_path)
     assert code == 2
     assert "'z'" in _one_error_line(err) and "['x']" in err
@@ -287,7 +382,7 @@ def test_cli_bench_table_json_and_file(
     capsys: pytest.CaptureFixture[str], memory_engine: Path, tmp_path: Path
 ) -> None:
     saved = tmp_path / "bench.json"
-    code, out, err = _run(capsys, "bench", memory_engine, "--backend", "memory", "--iterations", "7",
+    code, out, err = _run(capsys, "bench", memory_engine, FORCE, "--backend", "memory", "--iterations", "7",
                           "--warmup", "2", "--json-out", saved)
     assert code == 0, err
     assert "median" in out and "p99" in out and "memory" in out
@@ -296,7 +391,7 @@ def test_cli_bench_table_json_and_file(
     assert result["iterations"] == 7 and len(result["latencies_us"]) == 7
     assert result["median_us"] == pytest.approx(float(np.percentile(result["latencies_us"], 50)))
     assert result["p99_us"] == pytest.approx(float(np.percentile(result["latencies_us"], 99)))
-    code, out, err = _run(capsys, "--json", "bench", memory_engine, "--backend", "memory",
+    code, out, err = _run(capsys, "--json", "bench", memory_engine, FORCE, "--backend", "memory",
                           "--backend", "memory", "--iterations", "3", "--warmup", "0")
     assert code == 0, err
     results = json.loads(out)["results"]
@@ -307,7 +402,8 @@ def test_cli_bench_table_json_and_file(
 def test_cli_bench_all_skips_backends_that_cannot_load(
     capsys: pytest.CaptureFixture[str], memory_engine: Path, engine_files: dict[str, Path]
 ) -> None:
-    code, out, err = _run(capsys, "--json", "bench", memory_engine, "--backend", "all", "--iterations", "2")
+    code, out, err = _run(capsys, "--json", "bench", memory_engine, FORCE, "--backend", "all",
+                          "--iterations", "2")
     assert code == 0, err
     assert "memory" in [r["label"] for r in json.loads(out)["results"]]
     if _gpu_reason():  # only 'memory' can run here, and it cannot load a TensorRT plan
@@ -319,7 +415,7 @@ def test_cli_bench_all_skips_backends_that_cannot_load(
 
 def test_cli_bench_plot(capsys: pytest.CaptureFixture[str], memory_engine: Path, tmp_path: Path) -> None:
     png = tmp_path / "bench.png"
-    code, _, err = _run(capsys, "bench", memory_engine, "--backend", "memory", "--iterations", "3",
+    code, _, err = _run(capsys, "bench", memory_engine, FORCE, "--backend", "memory", "--iterations", "3",
                         "--plot", png)
     try:
         import matplotlib  # noqa: F401
@@ -411,6 +507,103 @@ def test_cli_version_and_help_exit_0(capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0 and "--iterations" in out and "--json-out" in out
 
 
+# -- files that are not engines ----------------------------------------------------------
+
+
+@pytest.fixture
+def random_file(tmp_path: Path) -> Path:
+    """1 MiB of random bytes: no TensorRT, TR01/TR02 or .pte magic."""
+    from trt_runtime.formats import PLAN_MAGICS, detect_format
+
+    data = np.random.default_rng(14).bytes(1 << 20)
+    assert data[:4] not in PLAN_MAGICS and detect_format(memoryview(data)) == "plan"
+    path = tmp_path / "random.bin"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("command", ["inspect", "run", "bench"])
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_cli_unknown_magic_is_refused(
+    capsys: pytest.CaptureFixture[str], random_file: Path, command: str, json_mode: bool
+) -> None:
+    code, out, err = _run(capsys, *(["--json"] if json_mode else []), command, random_file)
+    assert code == 1 and out == ""
+    line = _one_error_line(err)
+    assert f"{random_file} is not a TensorRT engine: it starts with" in line
+    for magic in ("'vtrt'", "'ptrt'", "'TR01'", "'TR02'", "'ET..'"):
+        assert magic in line
+    assert "--force" in line
+
+
+def test_cli_unknown_magic_is_refused_before_any_backend(
+    capsys: pytest.CaptureFixture[str], random_file: Path
+) -> None:
+    # 'memory' runs here: the refusal comes from the magic, not from a missing GPU.
+    code, _, err = _run(capsys, "run", random_file, "--backend", "memory")
+    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
+    code, _, err = _run(capsys, "bench", random_file, "--backend", "all")
+    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
+    with pytest.raises(cli.CliError, match="is not a TensorRT engine"):
+        cli.inspect_file(random_file, load=False)
+
+
+def test_cli_known_magics_come_from_the_formats_module(
+    capsys: pytest.CaptureFixture[str], random_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trt_runtime.formats import PLAN_MAGICS
+
+    monkeypatch.setitem(PLAN_MAGICS, random_file.read_bytes()[:4], "future_flavour")
+    code, out, err = _run(capsys, "--json", "inspect", "--no-load", random_file)
+    assert code == 0, err
+    assert json.loads(out)["flavour"] == "future_flavour" and err == ""
+
+
+def test_cli_force_reads_unknown_magic_as_a_plan(
+    capsys: pytest.CaptureFixture[str], random_file: Path
+) -> None:
+    code, out, err = _run(capsys, "--json", "inspect", "--no-load", "--force", random_file)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["format"] == "plan" and doc["flavour"] == "unknown"
+    assert doc["file_bytes"] == 1 << 20
+    assert len(doc["warnings"]) == 1 and "read as a plan of unknown flavour (--force)" in doc["warnings"][0]
+    assert err.startswith("trt-runtime: warning: ") and "is not a TensorRT engine" in err
+    report = cli.inspect_file(random_file, load=False, force=True)
+    assert report["flavour"] == "unknown"
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_cli_force_passes_unknown_magic_on_to_the_backend(
+    capsys: pytest.CaptureFixture[str], random_file: Path, command: str
+) -> None:
+    code, _, err = _run(capsys, command, random_file, "--force", "--backend", "memory")
+    assert code == 1
+    assert "reading it as a plan of unknown flavour (--force)" in err
+    line = _one_error_line(err)  # now the backend's own refusal
+    assert "is not a TensorRT engine" not in line and "memory" in line.lower()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"", "is empty (0 bytes)"),
+        (b"hello", "too small"),
+        (b"TR09" + bytes(100), "unknown magic b'TR09'"),
+    ],
+)
+def test_cli_files_the_format_checks_explain(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes, needle: str
+) -> None:
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(content)
+    for command in ("inspect", "run", "bench"):
+        code, _, err = _run(capsys, command, bad, "--backend", "memory")
+        assert code == 1
+        line = _one_error_line(err)
+        assert needle in line and "is not a TensorRT engine" not in line
+
+
 # -- cache ----------------------------------------------------------------------------
 
 
@@ -454,6 +647,28 @@ def test_cli_cache_path_and_info(capsys: pytest.CaptureFixture[str], cache_dir: 
     }
     code, out, _ = _run(capsys, "cache", "info")
     assert code == 0 and "runtime-cache-a.bin" in out and "1.6.1.120" in out
+
+
+def test_cli_cache_without_action_shows_directory_and_entries(
+    capsys: pytest.CaptureFixture[str], cache_dir: Path
+) -> None:
+    code, out, err = _run(capsys, "cache")
+    assert code == 0, err
+    assert f"cache directory: {cache_dir}" in out and "no cache files" in out
+    entry = _write_cache(cache_dir, "runtime-cache-a.bin", b"k" * 100)
+    code, out, err = _run(capsys, "cache")
+    assert code == 0, err
+    assert f"cache directory: {cache_dir}" in out
+    assert "runtime-cache-a.bin" in out and f"{entry.stat().st_size} B" in out
+    assert "tensorrt_rtx 1.6.1.120, compute capability 9.0, driver 13000" in " ".join(out.split())
+    code, bare, _ = _run(capsys, "--json", "cache")
+    code_info, info, _ = _run(capsys, "--json", "cache", "info")
+    assert code == code_info == 0 and json.loads(bare) == json.loads(info)
+    other = cache_dir.parent / "other"
+    code, out, _ = _run(capsys, "--json", "cache", "--dir", other)
+    assert code == 0 and json.loads(out) == {
+        "path": str(other), "exists": False, "entries": [], "total_bytes": 0,
+    }
 
 
 def test_cli_cache_clear_needs_confirmation(
@@ -516,6 +731,61 @@ def test_cli_backends_lists_installed_with_reasons_and_capabilities(
     assert code == 0 and "memory" in out and "runtime_cache" in out
 
 
+#: An install hint as backends give it, with text rich would read as markup.
+HINT = "pip install 'trt-runtime[torchbind]' [bold]x[/bold]"
+
+
+class _HintedBackend(MemoryBackend):
+    """A backend that cannot run here, with an install hint rich would read as markup."""
+
+    def is_available(self) -> Availability:
+        return Availability(False, f"needs torch-tensorrt-rtx: {HINT}")
+
+
+def test_cli_backends_prints_install_hint_intact(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("rich", reason="the hint was lost by rich markup")
+    from trt_runtime import registry
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table row per line
+    monkeypatch.setitem(registry._extra, "hinted", _HintedBackend(name="hinted"))
+    code, out, err = _run(capsys, "backends")
+    assert code == 0, err
+    row = next(ln for ln in out.splitlines() if "hinted" in ln)
+    assert HINT in row
+    torchbind = [ln for ln in out.splitlines() if "torchbind" in ln and "trt-runtime" in ln and ln is not row]
+    assert all("trt-runtime[torchbind]" in ln for ln in torchbind)
+
+
+def test_cli_file_names_print_as_written(
+    capsys: pytest.CaptureFixture[str], memory_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("rich", reason="only rich reads markup and emoji codes")
+    monkeypatch.setenv("COLUMNS", "400")
+    odd = tmp_path / "affine[v2][bold]:smile:.eng"
+    shutil.copy(memory_engine, odd)
+    code, out, err = _run(capsys, "bench", odd, FORCE, "--backend", "memory", "--iterations", "2",
+                          "--warmup", "0")
+    assert code == 0, err
+    assert f"{odd.name}: latency per call" in out
+    code, out, err = _run(capsys, "inspect", odd, FORCE, "--backend", "memory")
+    assert code == 0, err
+    assert str(odd) in out.splitlines()
+
+
+def test_cli_spinner_text_is_not_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    rich_console = pytest.importorskip("rich.console", reason="the spinner is rich's")
+    from trt_runtime.cli.output import Output
+
+    out = Output()
+    out._console = rich_console.Console(file=sys.stdout, force_terminal=True, emoji=False)
+    with out.status("pip install 'trt-runtime[torchbind]'") as update:
+        update("now [bold]x[/bold]")
+    printed = capsys.readouterr().out
+    assert "now [bold]x[/bold]" in printed
+
+
 def test_cli_plain_text_without_rich(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, memory_engine: Path
 ) -> None:
@@ -526,7 +796,7 @@ def test_cli_plain_text_without_rich(
     header = next(ln for ln in out.splitlines() if ln.startswith("backend"))
     assert header.split() == ["backend", "available", "capabilities", "reason"]
     assert any(ln.startswith("memory ") and " yes " in ln for ln in out.splitlines())
-    code, out, err = _run(capsys, "inspect", memory_engine, "--backend", "memory")
+    code, out, err = _run(capsys, "inspect", memory_engine, FORCE, "--backend", "memory")
     assert code == 0, err
     assert "bindings (from engine" in out and "┃" not in out
 
@@ -534,11 +804,11 @@ def test_cli_plain_text_without_rich(
 def test_cli_quiet_keeps_results_drops_progress(
     capsys: pytest.CaptureFixture[str], memory_engine: Path, tmp_path: Path
 ) -> None:
-    code, out, err = _run(capsys, "run", memory_engine, "--backend", "memory", "--output-dir", tmp_path)
+    argv = ["run", memory_engine, FORCE, "--backend", "memory", "--output-dir", tmp_path]
+    code, out, err = _run(capsys, *argv)
     assert code == 0, err
     assert "first inference" in out and "ran " in out
-    code, out, err = _run(capsys, "run", memory_engine, "--backend", "memory", "--output-dir", tmp_path,
-                          "--quiet")
+    code, out, err = _run(capsys, *argv, "--quiet")
     assert code == 0, err
     assert "first inference" not in out and "ran " not in out
     assert "y.npy" in out  # the outputs table is the result
@@ -575,3 +845,26 @@ def test_cli_entry_point_demo_and_errors(tmp_path: Path) -> None:
     done = _script_run("--quiet", "nope")
     assert done.returncode == 2
     _one_error_line(done.stderr)
+
+
+def test_cli_runs_as_python_dash_m() -> None:
+    done = subprocess.run([sys.executable, "-m", "trt_runtime.cli", "--version"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("trt-runtime "), done.stderr
+
+
+def test_cli_package_exports_its_public_names() -> None:
+    from trt_runtime.cli import (  # noqa: F401
+        CliError,
+        UsageError,
+        backend_report,
+        build_parser,
+        inspect_file,
+        main,
+        make_inputs,
+    )
+
+    assert callable(main) and issubclass(UsageError, CliError)
+    assert sorted(cli.__all__) == sorted(
+        ["CliError", "UsageError", "backend_report", "build_parser", "inspect_file", "main", "make_inputs"]
+    )

@@ -99,6 +99,9 @@ def test_formats_plan_unknown_magic_is_a_plan_only_as_fallback() -> None:
     assert detect_format(memoryview(b"TR01" + bytes(100))) == "TR01"
     assert detect_format(memoryview(b"\x00\x00\x00\x00ET12" + bytes(100))) == "pte"
     assert read_engine_source(b"ptrt" + bytes(100)).metadata["plan"]["flavour"] == "tensorrt"
+    # Full TensorRT's own plans start with 'ftrt'.
+    assert detect_format(memoryview(b"ftrt" + bytes(100))) == "plan"
+    assert read_engine_source(b"ftrt" + bytes(100)).metadata["plan"]["flavour"] == "tensorrt"
 
 
 def test_formats_plan_unknown_blob_version_is_not_a_plan() -> None:

@@ -11,8 +11,10 @@ from trt_runtime.formats.source import EngineData, engine_view, output_stream, w
 
 __all__ = ["MIN_PLAN_SIZE", "PLAN_MAGICS", "inspect_plan", "write_plan"]
 
-#: First four bytes of a plan, by flavour.
-PLAN_MAGICS: dict[bytes, str] = {b"vtrt": "tensorrt_rtx", b"ptrt": "tensorrt"}
+#: First four bytes of a plan, by flavour. Full TensorRT plans start with ``ftrt`` (what
+#: torch-tensorrt's own loader tests for); ``ptrt`` is kept for plans written that way
+#: by earlier releases of this project's tests.
+PLAN_MAGICS: dict[bytes, str] = {b"vtrt": "tensorrt_rtx", b"ftrt": "tensorrt", b"ptrt": "tensorrt"}
 
 #: Smaller inputs cannot be a plan: the smallest real TensorRT-RTX plan (one matmul)
 #: is about 130 KiB; its fixed header alone is 32 bytes.

@@ -3,33 +3,28 @@
 A :class:`RuntimeCache` holds the bytes of a TensorRT(-RTX) runtime cache before the
 backend's native cache exists ("pending" bytes), creates the native cache through the
 backend's :class:`~trt_runtime.protocols.RuntimeCacheHandle` on first use and drains the
-pending bytes into it exactly once. It persists to a framed file (:func:`encode` /
-:func:`decode`) with a file lock, an atomic replace and lost-update detection.
+pending bytes into it exactly once. It persists to a framed file
+(:mod:`trt_runtime.cache.framing`) through :mod:`trt_runtime.cache.storage` (file lock,
+atomic replace), and detects lost updates from other processes.
 See ``docs/cache.md`` for the multi-process behaviour.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
-import json
 import os
-import re
-import secrets
-import stat
-import struct
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from trt_runtime.cache import storage
+from trt_runtime.cache.framing import decode, encode
 from trt_runtime.errors import (
     CacheError,
-    CacheLockTimeout,
     CacheWarning,
     FormatError,
     LostUpdateWarning,
@@ -37,321 +32,11 @@ from trt_runtime.errors import (
 )
 from trt_runtime.protocols import CacheKey
 
-__all__ = [
-    "FORMAT_VERSION",
-    "MAGIC",
-    "RuntimeCache",
-    "decode",
-    "default_cache_dir",
-    "default_cache_path",
-    "encode",
-]
-
-#: First bytes of every cache file written by trt-runtime (PNG-style: a high byte and CR LF
-#: catch text-mode and 7-bit mangling).
-MAGIC = b"\x89TRTRC\r\n"
-#: Version of the framing written by :func:`encode`; :func:`decode` reads only this version.
-FORMAT_VERSION = 1
-
-# magic, format version, reserved (0), key length, payload length; then the sha256 digest of
-# (prefix + key JSON + payload), the key JSON and the payload.
-_PREFIX = struct.Struct("<8sHHIQ")
-_DIGEST_SIZE = 32
-HEADER_SIZE = _PREFIX.size + _DIGEST_SIZE
-
-#: Temp files of savers that died are removed by the next save once their pid is gone, or
-#: once they are older than this (a pid may have been reused).
-STALE_TEMP_SECONDS = 3600.0
-
-_TEMP_SUFFIX = ".tmp"
-
-
-# -- framing ------------------------------------------------------------------------------
-def encode(payload: bytes | bytearray | memoryview, key: CacheKey | None = None) -> bytes:
-    """Frame a raw TensorRT cache ``payload`` with the header recording ``key``."""
-    if key is not None and not isinstance(key, CacheKey):
-        raise TypeError(f"key must be a CacheKey or None; got {type(key).__name__}")
-    body = bytes(payload)
-    key_json = json.dumps(
-        None if key is None else key.to_dict(), sort_keys=True, separators=(",", ":")
-    ).encode()
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(key_json), len(body))
-    digest = hashlib.sha256(prefix + key_json + body).digest()
-    return prefix + digest + key_json + body
-
-
-def decode(data: bytes | bytearray | memoryview) -> tuple[CacheKey | None, bytes]:
-    """Check and unframe a cache file; return ``(key, payload)``.
-
-    Raises :class:`~trt_runtime.FormatError` saying what is wrong (empty, truncated,
-    bad magic, unsupported version, checksum mismatch, ...). Nothing is trusted before
-    the checksum over the whole file has been verified.
-    """
-    raw = bytes(data)
-    size = len(raw)
-    if size == 0:
-        raise FormatError("the file is empty")
-    if size < HEADER_SIZE:
-        if MAGIC.startswith(raw[: len(MAGIC)]):
-            raise FormatError(f"truncated header: {size} bytes, a header needs {HEADER_SIZE}")
-        raise FormatError(f"not a trt-runtime cache file: starts with {raw[:8]!r}, expected {MAGIC!r}")
-    magic, version, reserved, key_len, payload_len = _PREFIX.unpack_from(raw)
-    if magic != MAGIC:
-        raise FormatError(f"not a trt-runtime cache file: starts with {magic!r}, expected {MAGIC!r}")
-    if version != FORMAT_VERSION:
-        raise FormatError(
-            f"unsupported cache format version {version}; this trt-runtime reads {FORMAT_VERSION}"
-        )
-    if reserved != 0:
-        raise FormatError(f"reserved header field is {reserved}, expected 0")
-    expected = HEADER_SIZE + key_len + payload_len
-    if size < expected:
-        raise FormatError(f"truncated: {size} bytes, the header announces {expected}")
-    if size > expected:
-        raise FormatError(f"{size - expected} trailing bytes after the {expected} the header announces")
-    digest = raw[_PREFIX.size : HEADER_SIZE]
-    key_json = raw[HEADER_SIZE : HEADER_SIZE + key_len]
-    payload = raw[HEADER_SIZE + key_len :]
-    if hashlib.sha256(raw[: _PREFIX.size] + key_json + payload).digest() != digest:
-        raise FormatError("checksum mismatch (sha256): the file is corrupt")
-    try:
-        key_data = json.loads(key_json)
-        key = None if key_data is None else CacheKey.from_dict(key_data)
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise FormatError(f"cache key in the header is malformed: {exc}") from exc
-    return key, payload
-
-
-# -- default location ---------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """The per-user cache directory of trt-runtime (created with mode 0700 if missing).
-
-    ``TRT_RUNTIME_CACHE_DIR`` overrides the platform's user cache directory.
-    """
-    import platformdirs
-
-    override = os.environ.get("TRT_RUNTIME_CACHE_DIR")
-    if override:
-        directory = Path(override)
-    else:
-        directory = Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return directory
-
-
-def default_cache_path(key: CacheKey) -> Path:
-    """``default_cache_dir() / "runtime-cache-<slug>.bin"``: one file per TensorRT build,
-    GPU architecture and driver, so a cache of another stack is never fed to TensorRT."""
-    if not isinstance(key, CacheKey):
-        raise TypeError(f"key must be a CacheKey; got {type(key).__name__}")
-    return default_cache_dir() / f"runtime-cache-{key.slug()}.bin"
-
-
-# -- helpers ------------------------------------------------------------------------------
-def _checkpoint(point: str, path: Path) -> None:
-    """Test hook called at named points of a save ("locked", "written", "replaced")."""
-
-
-def _describe(exc: OSError) -> str:
-    code = exc.errno
-    name = errno.errorcode.get(code, "?") if isinstance(code, int) else "?"
-    return f"errno {code} ({name}): {exc.strerror or exc}"
+__all__ = ["RuntimeCache"]
 
 
 def _key_text(key: CacheKey | None) -> str:
     return "an unknown stack" if key is None else key.slug()
-
-
-def _abspath(path: str | os.PathLike[str]) -> Path:
-    text = os.fspath(path)
-    if not text:
-        raise ValueError("runtime cache path must not be empty")
-    # abspath, not resolve(): a symlink at the cache path must stay visible to be refused.
-    return Path(os.path.abspath(os.path.expanduser(text)))
-
-
-def _lock_path(path: Path) -> Path:
-    return path.with_name(path.name + ".lock")
-
-
-def _temp_name(path: Path) -> str:
-    return f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
-
-
-def _temp_pattern(path: Path) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]+{re.escape(_TEMP_SUFFIX)}$")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True
-    return True
-
-
-def _check_directory(directory: Path, path: Path) -> None:
-    st = os.stat(directory)
-    if not stat.S_ISDIR(st.st_mode):
-        raise CacheError(f"refusing runtime cache {path}: {directory} is not a directory")
-    euid = os.geteuid()
-    if st.st_uid not in (euid, 0):
-        raise CacheError(
-            f"refusing runtime cache {path}: its directory {directory} is owned by uid {st.st_uid}, "
-            f"expected this user (uid {euid}) or root"
-        )
-    # World-writable directories (0777, and /tmp's 1777) let any user plant files or links
-    # next to the cache. Group-writable ones are allowed: with per-user private groups
-    # (umask 002, the default on many Linux distributions) every project directory is 0775.
-    if st.st_mode & stat.S_IWOTH:
-        raise CacheError(
-            f"refusing runtime cache {path}: its directory {directory} is writable by others "
-            f"(mode {stat.S_IMODE(st.st_mode):04o}); expected a directory other users cannot write"
-        )
-
-
-def _refuse_symlink(path: Path, candidate: Path, what: str) -> None:
-    if os.path.islink(candidate):
-        raise CacheError(f"refusing runtime cache {path}: the {what} {candidate} is a symbolic link")
-
-
-def _read_raw(path: Path) -> bytes | None:
-    """The bytes of ``path`` (never following a symlink), ``None`` if it does not exist."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CacheError(f"refusing runtime cache {path}: the cache path is a symbolic link") from exc
-        raise
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise CacheError(f"refusing runtime cache {path}: it is not a regular file")
-        return f.read()
-
-
-def _clean_stray_temps(path: Path) -> None:
-    """Remove temp files of savers that died (their pid is gone, or they are old)."""
-    pattern = _temp_pattern(path)
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return
-    now = time.time()
-    for name in names:
-        match = pattern.match(name)
-        if match is None:
-            continue
-        candidate = path.parent / name
-        try:
-            old = now - os.lstat(candidate).st_mtime > STALE_TEMP_SECONDS
-            if old or not _pid_alive(int(match.group(1))):
-                os.unlink(candidate)  # unlink never follows a symlink
-        except OSError:
-            continue
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # some file systems cannot
-            raise
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, blob: bytes) -> None:
-    """Write ``blob`` to a fresh temp file beside ``path``, fsync it, replace ``path``, fsync the dir."""
-    temp = path.parent / _temp_name(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(temp, flags, 0o600)
-    except FileExistsError as exc:
-        if os.path.islink(temp):
-            raise CacheError(
-                f"refusing runtime cache {path}: the temp path {temp} is a symbolic link"
-            ) from exc
-        raise CacheError(f"could not save runtime cache to {path}: temp file {temp} already exists") from exc
-    except OSError as exc:
-        raise CacheError(f"could not save runtime cache to {path}: {_describe(exc)}") from exc
-    try:
-        try:
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _checkpoint("written", path)
-        # os.replace would replace a link rather than follow it; refuse anyway, so that a
-        # link swapped in during the save is noticed rather than silently overwritten.
-        _refuse_symlink(path, path, "cache path")
-        os.replace(temp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        if isinstance(exc, OSError):
-            raise CacheError(f"could not save runtime cache to {path}: {_describe(exc)}") from exc
-        raise
-    _checkpoint("replaced", path)
-    try:
-        _fsync_directory(path.parent)
-    except OSError as exc:
-        raise CacheError(
-            f"saved runtime cache to {path} but could not fsync its directory: {_describe(exc)}"
-        ) from exc
-
-
-_LOCKS: dict[str, Any] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-def _file_lock(lock_path: Path) -> Any:
-    """One ``FileLock`` per lock path in this process, so re-entry from a thread never deadlocks."""
-    import filelock
-
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(str(lock_path))
-        if lock is None:
-            lock = filelock.FileLock(str(lock_path), mode=0o600)
-            _LOCKS[str(lock_path)] = lock
-        return lock
-
-
-@contextlib.contextmanager
-def _locked(path: Path, timeout: float) -> Iterator[None]:
-    import filelock
-
-    lock_path = _lock_path(path)
-    _refuse_symlink(path, lock_path, "lock path")
-    lock = _file_lock(lock_path)
-    try:
-        lock.acquire(timeout=timeout)
-    except filelock.Timeout as exc:
-        raise CacheLockTimeout(
-            f"could not lock runtime cache {path}: the lock file {lock_path} was held by another "
-            f"process for more than {timeout:g} s; the cache stays in memory, retry later"
-        ) from exc
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CacheError(
-                f"refusing runtime cache {path}: the lock path {lock_path} is a symbolic link"
-            ) from exc
-        raise CacheError(f"could not lock runtime cache {path} ({lock_path}): {_describe(exc)}") from exc
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 # -- the state behind a RuntimeCache --------------------------------------------------------
@@ -491,13 +176,15 @@ class _State:
             try:
                 directory_ok = os.path.isdir(target.parent)
                 if directory_ok:
-                    _check_directory(target.parent, target)
-                raw = _read_raw(target) if directory_ok else None
+                    storage.check_directory(target.parent, target)
+                raw = storage.read_file(target) if directory_ok else None
             except CacheError:
                 raise
             except OSError as exc:
                 warnings.warn(
-                    f"runtime cache {target} was not loaded: {_describe(exc)}", CacheWarning, stacklevel=3
+                    f"runtime cache {target} was not loaded: {storage.describe_os_error(exc)}",
+                    CacheWarning,
+                    stacklevel=3,
                 )
                 return False
             if raw is None:
@@ -539,7 +226,7 @@ class _State:
 
     def resolve(self, path: str | os.PathLike[str] | None) -> Path:
         if path is not None:
-            return _abspath(path)
+            return storage.absolute_path(path)
         if self.path is None:
             raise CacheError("this runtime cache has no path; pass one to load() or save()")
         return self.path
@@ -547,7 +234,7 @@ class _State:
     def reconcile(self, target: Path) -> bool:
         """Under the file lock: deal with a file another process wrote. True: nothing to write."""
         try:
-            raw = _read_raw(target)
+            raw = storage.read_file(target)
         except OSError:
             return False
         if raw is None:
@@ -589,19 +276,21 @@ class _State:
         try:
             if not directory.exists():
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _check_directory(directory, target)
+            storage.check_directory(directory, target)
         except OSError as exc:
-            raise CacheError(f"could not save runtime cache to {target}: {_describe(exc)}") from exc
-        _refuse_symlink(target, target, "cache path")
-        with _locked(target, self.lock_timeout), self.lock:
+            raise CacheError(
+                f"could not save runtime cache to {target}: {storage.describe_os_error(exc)}"
+            ) from exc
+        storage.refuse_symlink(target, target, "cache path")
+        with storage.locked(target, self.lock_timeout), self.lock:
             self.check_open()
-            _checkpoint("locked", target)
-            _clean_stray_temps(target)
+            storage.checkpoint("locked", target)
+            storage.clean_stray_temps(target)
             own = target == self.path
             if own and self.reconcile(target):
                 return
             blob = encode(self.serialize(), self.record_key())
-            _atomic_write(target, blob)
+            storage.atomic_write(target, blob)
             if own:
                 self.known_disk = hashlib.sha256(blob).digest()
                 if self.pending is not None:
@@ -659,7 +348,8 @@ class RuntimeCache:
     ) -> None:
         if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or lock_timeout < 0:
             raise ValueError(f"lock_timeout must be a number of seconds >= 0; got {lock_timeout!r}")
-        self._state = _State(None if path is None else _abspath(path), bool(autosave), float(lock_timeout))
+        target = None if path is None else storage.absolute_path(path)
+        self._state = _State(target, bool(autosave), float(lock_timeout))
         self._finalizer = weakref.finalize(self, _finalize, self._state)
 
     @property
@@ -682,7 +372,7 @@ class RuntimeCache:
 
         It is loaded from the file on first use and saved at exit (``autosave=True``).
         """
-        target = _abspath(path)
+        target = storage.absolute_path(path)
         with _SHARED_GUARD:
             cache = _SHARED.get(target)
             if cache is None or cache.closed:
@@ -699,7 +389,7 @@ class RuntimeCache:
         loaded (call :meth:`load`).
         """
         key = backend.cache_key(device)
-        cache = cls(default_cache_path(key))
+        cache = cls(storage.default_cache_path(key))
         cache.bind(backend, key=key)
         return cache
 
@@ -749,7 +439,7 @@ class RuntimeCache:
     def locked(self) -> Iterator[RuntimeCache]:
         """Hold the file lock of :attr:`path` for the block (re-entrant in one thread)."""
         target = self._state.resolve(None)
-        with _locked(target, self._state.lock_timeout):
+        with storage.locked(target, self._state.lock_timeout):
             yield self
 
     # -- bytes and state ---------------------------------------------------------------

@@ -1,0 +1,294 @@
+"""Safe storage of a runtime cache file: where it lives, its lock, and atomic replacement.
+
+Everything here is about the file system, not about what the bytes mean: the per-user
+cache directory, refusing unsafe locations (symbolic links, directories other users can
+write), reading without following links, one file lock per path in a process, and
+writing through a temp file that is fsynced and renamed over the cache, so a reader
+sees the old file or the new one, never a torn one. Temp files of savers that died are
+cleaned up by the next save.
+
+:func:`checkpoint` and :func:`temp_name` are looked up at call time so that tests can
+replace them (see ``docs/cache.md``, "Testing hooks").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trt_runtime.errors import CacheError, CacheLockTimeout
+from trt_runtime.protocols import CacheKey
+
+__all__ = [
+    "STALE_TEMP_SECONDS",
+    "absolute_path",
+    "atomic_write",
+    "check_directory",
+    "checkpoint",
+    "clean_stray_temps",
+    "default_cache_dir",
+    "default_cache_path",
+    "describe_os_error",
+    "lock_path",
+    "locked",
+    "read_file",
+    "refuse_symlink",
+    "temp_name",
+]
+
+#: Temp files of savers that died are removed by the next save once their pid is gone, or
+#: once they are older than this (a pid may have been reused).
+STALE_TEMP_SECONDS = 3600.0
+
+_TEMP_SUFFIX = ".tmp"
+
+
+# -- default location ---------------------------------------------------------------------
+def default_cache_dir() -> Path:
+    """The per-user cache directory of trt-runtime (created with mode 0700 if missing).
+
+    ``TRT_RUNTIME_CACHE_DIR`` overrides the platform's user cache directory.
+    """
+    import platformdirs
+
+    override = os.environ.get("TRT_RUNTIME_CACHE_DIR")
+    if override:
+        directory = Path(override)
+    else:
+        directory = Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return directory
+
+
+def default_cache_path(key: CacheKey) -> Path:
+    """``default_cache_dir() / "runtime-cache-<slug>.bin"``: one file per TensorRT build,
+    GPU architecture and driver, so a cache of another stack is never fed to TensorRT."""
+    if not isinstance(key, CacheKey):
+        raise TypeError(f"key must be a CacheKey; got {type(key).__name__}")
+    return default_cache_dir() / f"runtime-cache-{key.slug()}.bin"
+
+
+# -- paths and checks ---------------------------------------------------------------------
+def checkpoint(point: str, path: Path) -> None:
+    """Test hook called at named points of a save ("locked", "written", "replaced")."""
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``errno N (NAME): message``, for messages that name what the system said."""
+    code = exc.errno
+    name = errno.errorcode.get(code, "?") if isinstance(code, int) else "?"
+    return f"errno {code} ({name}): {exc.strerror or exc}"
+
+
+def absolute_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` made absolute (``~`` expanded) without resolving symbolic links."""
+    text = os.fspath(path)
+    if not text:
+        raise ValueError("runtime cache path must not be empty")
+    # abspath, not resolve(): a symlink at the cache path must stay visible to be refused.
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of the cache at ``path``: ``<path>.lock``."""
+    return path.with_name(path.name + ".lock")
+
+
+def temp_name(path: Path) -> str:
+    """A fresh temp file name beside ``path``, recording this process's pid."""
+    return f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
+
+
+def _temp_pattern(path: Path) -> re.Pattern[str]:
+    return re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]+{re.escape(_TEMP_SUFFIX)}$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def check_directory(directory: Path, path: Path) -> None:
+    """Refuse (:class:`CacheError`) a cache directory that is not ours or that others can write."""
+    st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheError(f"refusing runtime cache {path}: {directory} is not a directory")
+    euid = os.geteuid()
+    if st.st_uid not in (euid, 0):
+        raise CacheError(
+            f"refusing runtime cache {path}: its directory {directory} is owned by uid {st.st_uid}, "
+            f"expected this user (uid {euid}) or root"
+        )
+    # World-writable directories (0777, and /tmp's 1777) let any user plant files or links
+    # next to the cache. Group-writable ones are allowed: with per-user private groups
+    # (umask 002, the default on many Linux distributions) every project directory is 0775.
+    if st.st_mode & stat.S_IWOTH:
+        raise CacheError(
+            f"refusing runtime cache {path}: its directory {directory} is writable by others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); expected a directory other users cannot write"
+        )
+
+
+def refuse_symlink(path: Path, candidate: Path, what: str) -> None:
+    """Refuse (:class:`CacheError`) the cache at ``path`` if ``candidate`` is a symbolic link."""
+    if os.path.islink(candidate):
+        raise CacheError(f"refusing runtime cache {path}: the {what} {candidate} is a symbolic link")
+
+
+def read_file(path: Path) -> bytes | None:
+    """The bytes of ``path`` (never following a symlink), ``None`` if it does not exist."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CacheError(f"refusing runtime cache {path}: the cache path is a symbolic link") from exc
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise CacheError(f"refusing runtime cache {path}: it is not a regular file")
+        return f.read()
+
+
+def clean_stray_temps(path: Path) -> None:
+    """Remove temp files of savers that died (their pid is gone, or they are old)."""
+    pattern = _temp_pattern(path)
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        match = pattern.match(name)
+        if match is None:
+            continue
+        candidate = path.parent / name
+        try:
+            old = now - os.lstat(candidate).st_mtime > STALE_TEMP_SECONDS
+            if old or not _pid_alive(int(match.group(1))):
+                os.unlink(candidate)  # unlink never follows a symlink
+        except OSError:
+            continue
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # some file systems cannot
+            raise
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, blob: bytes) -> None:
+    """Write ``blob`` to a fresh temp file beside ``path``, fsync it, replace ``path``, fsync the dir."""
+    temp = path.parent / temp_name(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(temp, flags, 0o600)
+    except FileExistsError as exc:
+        if os.path.islink(temp):
+            raise CacheError(
+                f"refusing runtime cache {path}: the temp path {temp} is a symbolic link"
+            ) from exc
+        raise CacheError(f"could not save runtime cache to {path}: temp file {temp} already exists") from exc
+    except OSError as exc:
+        raise CacheError(f"could not save runtime cache to {path}: {describe_os_error(exc)}") from exc
+    try:
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        checkpoint("written", path)
+        # os.replace would replace a link rather than follow it; refuse anyway, so that a
+        # link swapped in during the save is noticed rather than silently overwritten.
+        refuse_symlink(path, path, "cache path")
+        os.replace(temp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(exc, OSError):
+            raise CacheError(f"could not save runtime cache to {path}: {describe_os_error(exc)}") from exc
+        raise
+    checkpoint("replaced", path)
+    try:
+        _fsync_directory(path.parent)
+    except OSError as exc:
+        raise CacheError(
+            f"saved runtime cache to {path} but could not fsync its directory: {describe_os_error(exc)}"
+        ) from exc
+
+
+_LOCKS: dict[str, Any] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _file_lock(lock_file: Path) -> Any:
+    """One ``FileLock`` per lock path in this process, so re-entry from a thread never deadlocks."""
+    import filelock
+
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(str(lock_file))
+        if lock is None:
+            lock = filelock.FileLock(str(lock_file), mode=0o600)
+            _LOCKS[str(lock_file)] = lock
+        return lock
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout: float) -> Iterator[None]:
+    """Hold the file lock of the cache at ``path`` (re-entrant in one thread).
+
+    Raises :class:`CacheLockTimeout` naming the lock file after ``timeout`` seconds and
+    :class:`CacheError` if the lock path is a symbolic link or cannot be opened.
+    """
+    import filelock
+
+    lock_file = lock_path(path)
+    refuse_symlink(path, lock_file, "lock path")
+    lock = _file_lock(lock_file)
+    try:
+        lock.acquire(timeout=timeout)
+    except filelock.Timeout as exc:
+        raise CacheLockTimeout(
+            f"could not lock runtime cache {path}: the lock file {lock_file} was held by another "
+            f"process for more than {timeout:g} s; the cache stays in memory, retry later"
+        ) from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CacheError(
+                f"refusing runtime cache {path}: the lock path {lock_file} is a symbolic link"
+            ) from exc
+        raise CacheError(
+            f"could not lock runtime cache {path} ({lock_file}): {describe_os_error(exc)}"
+        ) from exc
+    try:
+        yield
+    finally:
+        lock.release()
+

@@ -1,0 +1,87 @@
+"""``trt-runtime bench FILE``: per-call latency and throughput of one engine on backends.
+
+Each backend gets ``--warmup`` untimed calls, then ``--iterations`` timed ones, on the
+same random inputs; the harness is :mod:`trt_runtime.bench`. ``--backend all`` measures
+every available backend that can load the file and says which it skipped and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from typing import Any
+
+from trt_runtime.cli.arrays import make_inputs
+from trt_runtime.cli.engine_files import backend_reason, check_engine_file
+from trt_runtime.cli.output import CliError, Output, UsageError
+from trt_runtime.cli.run import settings_dict, settings_overrides
+
+__all__ = ["bench_command"]
+
+
+def bench_command(args: argparse.Namespace, out: Output) -> int:
+    """``trt-runtime bench``."""
+    import trt_runtime
+    from trt_runtime import bench
+
+    if args.iterations < 1:
+        raise UsageError(f"--iterations must be >= 1; got {args.iterations}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be >= 0; got {args.warmup}")
+    check_engine_file(args.file, force=args.force, out=out)
+    from trt_runtime.errors import TrtRuntimeError
+
+
+    names: list[str | None] = list(args.backend) or [None]
+    every = "all" in names
+    if every:
+        names = list(trt_runtime.available_backends())
+        if not names:
+            raise CliError(f"no backend can run here: {backend_reason(None)}")
+    for name in names:
+        reason = backend_reason(name)
+        if reason:
+            raise CliError(f"cannot benchmark on {name or 'the default backend'}: {reason}")
+    overrides = settings_overrides(args)
+    results = []
+    inputs: list[Any] | None = None
+    for name in names:
+        try:
+            engine = trt_runtime.load(args.file, backend=name, device=args.device, settings=overrides)
+        except TrtRuntimeError as exc:
+            if not every:
+                raise
+            # 'all' includes backends for other engine kinds (the test backend 'memory').
+            out.notice(f"skipped the {name!r} backend: it cannot load {args.file}: {exc}")
+            continue
+        with contextlib.closing(engine):
+            if inputs is None:
+                inputs = make_inputs(engine.inputs, None, args.seed)
+            label = engine.backend.name
+            with out.status(f"benchmarking on {label!r}: {args.warmup} warmup + {args.iterations} calls..."):
+                results.append(bench.bench_engine(
+                    engine, inputs, iterations=args.iterations, warmup=args.warmup, label=label,
+                    metadata={"settings": settings_dict(engine)},
+                ))
+    if not results:
+        raise CliError(f"no available backend could load {args.file}")
+    meta = {"file": os.fspath(args.file), "iterations": args.iterations, "warmup": args.warmup}
+    if args.json_path is not None:
+        bench.write_json(results, args.json_path, meta)
+        out.info(f"wrote {args.json_path}")
+    if args.plot is not None:
+        bench.plot_results(results, args.plot, title=f"{args.file.name}")
+        out.info(f"wrote {args.plot}")
+    summary = [{k: v for k, v in r.to_dict().items() if k not in ("latencies_us", "gpu_times_us")}
+               for r in results]
+    out.emit({**meta, "results": summary})
+    out.table(
+        f"{args.file.name}: latency per call (µs)",
+        ["backend", "median", "p90", "p99", "calls/s", "GPU median"],
+        [[r.label, r.median_us, r.p90_us, r.p99_us, r.throughput, r.gpu_median_us] for r in results],
+    )
+    for r in results:
+        if r.gpu_times_us is None:
+            out.info(f"{r.label}: no GPU time ({r.gpu_note})")
+    return 0

@@ -1,0 +1,185 @@
+"""``trt-runtime demo``: build a small engine, write it three ways, inspect it, run it cold and warm.
+
+The build (TensorRT-RTX builder) and the files need no GPU. When a backend can run
+here, the plan is run twice with ``trt-runtime run``, each time in a fresh Python
+process (a process that already compiled the kernels would hide the cache's effect):
+cold, with no runtime cache, then warm, with the cache the cold run saved. Outputs are
+checked against the builder's float64 numpy reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trt_runtime.cli.engine_files import backend_reason, spec_dict
+from trt_runtime.cli.inspect import inspect_file, render_inspect
+from trt_runtime.cli.output import PROG, CliError, Output, human_size, new_dir
+
+__all__ = ["demo_command", "write_pte"]
+
+
+def write_pte(built: Any, target: Path) -> str:
+    """Write ``built`` as a single-delegate ``.pte``; return '' or why it was not written."""
+    try:
+        from trt_runtime.executorch import to_pte
+    except ImportError as exc:
+        return f"the .pte writer is not available ({exc})"
+    try:
+        to_pte(built.plan, (*built.inputs, *built.outputs), target)
+    except ImportError as exc:
+        return f"{exc}"
+    return ""
+
+
+def _run_in_subprocess(args: Sequence[str]) -> dict[str, Any]:
+    """``trt-runtime --json ARGS`` in a fresh interpreter (a fresh process has no JIT state)."""
+    command = [sys.executable, "-m", "trt_runtime.cli", "--json", *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+        last = lines[-1] if lines else f"exit code {done.returncode}"
+        raise CliError(f"'trt-runtime {' '.join(args)}' failed: {last.removeprefix(PROG + ': error: ')}")
+    # The document is the last thing printed; a library may have logged to stdout before it.
+    lines = done.stdout.splitlines()
+    start = max((i for i, ln in enumerate(lines) if ln == "{"), default=0)
+    try:
+        document: dict[str, Any] = json.loads("\n".join(lines[start:]))
+    except json.JSONDecodeError as exc:
+        raise CliError(f"'trt-runtime {' '.join(args)}' printed no JSON: {exc}") from exc
+    return document
+
+
+def _check_against_reference(built: Any, run_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare the outputs a ``run`` wrote with the builder's float64 numpy reference."""
+    import numpy as np
+
+    outdir = Path(run_doc["output_dir"])
+    inputs = [np.load(outdir / "inputs" / f"{s.name}.npy") for s in built.inputs]
+    expected = built.reference(*inputs)
+    rtol, atol = built.tolerance
+    checks = []
+    for spec, want in zip(built.outputs, expected, strict=True):
+        got = np.load(outdir / f"{spec.name}.npy").astype(np.float64)
+        want = np.asarray(want, np.float64)
+        same_shape = got.shape == want.shape
+        err = float(np.max(np.abs(got - want))) if same_shape and got.size else float("nan")
+        checks.append({
+            "output": spec.name,
+            "max_abs_error": err,
+            "ok": bool(same_shape and np.allclose(got, want, rtol=rtol, atol=atol)),
+            "rtol": rtol,
+            "atol": atol,
+        })
+    return {"ok": all(c["ok"] for c in checks), "outputs": checks}
+
+
+def _cold_and_warm(
+    built: Any, plan_path: Path, outdir: Path, backend: str | None, out: Output
+) -> dict[str, Any]:
+    """Run ``plan_path`` cold, then with the runtime cache the cold run saved; check both."""
+    cache_path = outdir / "demo.runtime-cache"
+    cache_path.unlink(missing_ok=True)
+    backend_args = ["--backend", backend] if backend else []
+    runs = {}
+    for label, note in (("cold", "empty runtime cache: kernels are JIT-compiled"),
+                        ("warm", "runtime cache loaded from the cold run")):
+        with out.status(f"{label} run in a fresh process ({note})..."):
+            runs[label] = _run_in_subprocess([
+                # --force: the demo wrote this plan itself; a builder newer than this
+                # trt-runtime may start it with a magic it does not know yet.
+                "run", os.fspath(plan_path), "--force", *backend_args,
+                "--runtime-cache", os.fspath(cache_path),
+                "--output-dir", os.fspath(outdir / label),
+            ])
+        runs[label]["check"] = _check_against_reference(built, runs[label])
+    out.info("")
+    out.table(
+        f"first inference on the {runs['cold']['backend']!r} backend (each in a fresh process)",
+        ["run", "first call (ms)", "second call (ms)", "cache bytes after", "matches numpy", "max abs error"],
+        [[label, f"{r['first_call_ms']:.2f}", f"{r['second_call_ms']:.3f}", r["runtime_cache"]["bytes_after"],
+          r["check"]["ok"], f"{max(c['max_abs_error'] for c in r['check']['outputs']):.2e}"]
+         for label, r in runs.items()],
+    )
+    cold_ms, warm_ms = runs["cold"]["first_call_ms"], runs["warm"]["first_call_ms"]
+    if warm_ms > 0:
+        out.info(f"warm runtime cache: first inference {cold_ms / warm_ms:.1f}x faster than cold")
+    return {"ran": True, "backend": runs["cold"]["backend"], "runs": runs,
+            "runtime_cache": os.fspath(cache_path)}
+
+
+def demo_command(args: argparse.Namespace, out: Output) -> int:
+    """``trt-runtime demo``."""
+    from trt_runtime import builders
+    from trt_runtime.formats import write_plan, write_tr01
+
+    outdir, fresh = new_dir(args.out, "trt-runtime-demo-")
+    out.notice(f"demo output directory: {outdir}" + (" (new temporary directory)" if fresh else ""))
+    document: dict[str, Any] = {"output_dir": os.fspath(outdir), "files": {}, "inspect": {}, "gpu": {}}
+
+    # 1. build ---------------------------------------------------------------------
+    with out.status("building a ResNet-style conv net with the TensorRT-RTX builder...") as update:
+        t0 = time.perf_counter()
+        built = builders.build_convnet(
+            batch=None, max_batch=8,
+            progress=lambda phase, step, total: update(f"building engine: {phase} {step}/{total}"),
+        )
+        build_s = time.perf_counter() - t0
+    document["engine"] = {
+        "name": built.name,
+        "build_seconds": build_s,
+        "plan_bytes": len(built.plan),
+        "inputs": [spec_dict(s) for s in built.inputs],
+        "outputs": [spec_dict(s) for s in built.outputs],
+    }
+    out.info(f"built {built.name} in {build_s:.2f} s ({human_size(len(built.plan))}); "
+             "TensorRT-RTX compiles its kernels at the first inference")
+
+    # 2. write -----------------------------------------------------------------------
+    plan_path = outdir / f"{built.name}.plan"
+    tr01_path = outdir / f"{built.name}.tr01"
+    pte_path = outdir / f"{built.name}.pte"
+    write_plan(plan_path, built.plan)
+    write_tr01(tr01_path, built.plan, (*built.inputs, *built.outputs))
+    document["files"]["plan"] = os.fspath(plan_path)
+    document["files"]["tr01"] = os.fspath(tr01_path)
+    pte_reason = write_pte(built, pte_path)
+    document["files"]["pte"] = None if pte_reason else os.fspath(pte_path)
+    document["pte_skipped"] = pte_reason or None
+    out.info(f"wrote {plan_path.name}, {tr01_path.name}" + ("" if pte_reason else f", {pte_path.name}"))
+    if pte_reason:
+        out.notice(f"skipped the .pte: {pte_reason}")
+
+    # 3. inspect ---------------------------------------------------------------------
+    gpu_reason = backend_reason(args.backend)
+    written = [p for p in (plan_path, tr01_path, pte_path) if p.exists()]
+    for path in written:
+        # force: these are the files just written (see the run below).
+        report = inspect_file(path, backend=args.backend, load=not gpu_reason, force=True)
+        document["inspect"][path.name] = report
+        if not out.json_mode and not out.quiet:
+            out.info("")
+            render_inspect(report, out)
+
+    # 4. GPU: cold and warm runtime cache, each in a fresh process ------------------------
+    if gpu_reason:
+        document["gpu"] = {"ran": False, "reason": gpu_reason}
+        out.info("")
+        out.notice(f"GPU part skipped: could not run the engine here: {gpu_reason}")
+        out.notice("the CPU part (build, write, inspect) succeeded; on a machine with an NVIDIA GPU "
+                   "this demo also runs the engine cold and with a warm runtime cache")
+        out.emit(document)
+        return 0
+
+    document["gpu"] = _cold_and_warm(built, plan_path, outdir, args.backend, out)
+    out.emit(document)
+    if not all(r["check"]["ok"] for r in document["gpu"]["runs"].values()):
+        raise CliError("engine outputs do not match the numpy reference (see the table above)")
+    return 0

@@ -1,0 +1,43 @@
+"""``main()``: the console script ``trt-runtime``: parse, dispatch, map failures to exit codes.
+
+Exit codes: 0 success, 1 runtime error, 2 usage error, 130 interrupted. An error is one
+line on stderr (``trt-runtime: error: ...``); ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from trt_runtime.cli.output import PROG, CliError, Output, UsageError, describe_exception, print_error
+from trt_runtime.cli.parser import COMMANDS, build_parser
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_list
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(args_list)
+        except SystemExit as exc:  # --help and --version
+            return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+        debug = args.debug
+        if args.command is None:
+            raise UsageError(f"a command is required: one of {', '.join(COMMANDS)}")
+        out = Output(quiet=args.quiet, json_mode=args.json)
+        code = args.handler(args, out)
+        return int(code or 0)
+    except KeyboardInterrupt:
+        print_error("interrupted", debug)
+        return 130
+    except CliError as exc:
+        hint = f" (see '{PROG} --help')" if isinstance(exc, UsageError) else ""
+        print_error(f"{exc}{hint}", debug)
+        return exc.exit_code
+    except Exception as exc:
+        print_error(describe_exception(exc), debug)
+        return 1
