@@ -1,14 +1,11 @@
-"""The torchbind backend on the CPU, against doubles of torch and torch-tensorrt's runtime.
-
-The doubles model what the C++ side does (serialized-info checks, lazy execution
-contexts, ``update_runtime_settings``, the ``RuntimeCacheHandle`` stash and drain) for
-three releases: torch-tensorrt-rtx 2.11 (ABI 8, Engine only), 2.13 (ABI 9, serialize
-before materialization returns nothing) and 2.14 (ABI 10).
+"""The torchbind backend on the CPU, against doubles of torch and torch-tensorrt's runtime
+(tests/_torchbind_doubles.py): discovery, the serialized-info layout, capabilities by
+version, settings and contexts, runtime caches and IO metadata. The device contract is in
+tests/test_torchbind_contract.py, the outer CUDA graph in tests/test_torchbind_outer_graph.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
@@ -18,6 +15,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from _torchbind_doubles import (
+    DYNAMIC_X,
+    DYNAMIC_Y,
+    LIB,
+    RELEASES,
+    TWO_PROFILES,
+    FakeBridge,
+    FakeOps,
+    FakeTensor,
+    X,
+    Y,
+    inputs,
+    make_backend,
+    source,
+)
 from trt_runtime_backends.torchbind import (
     SerializedLayout,
     TorchbindBackend,
@@ -27,7 +39,6 @@ from trt_runtime_backends.torchbind import (
     runtime,
 )
 from trt_runtime_backends.torchbind.bindings import _read_io, io_from_source
-from trt_runtime_backends.torchbind.bridge import TensorInfo
 from trt_runtime_backends.torchbind.library import RuntimeLibrary
 
 from trt_runtime.errors import (
@@ -39,381 +50,6 @@ from trt_runtime.errors import (
 )
 from trt_runtime.protocols import EngineSource, RuntimeCacheHandle, TensorSpec
 from trt_runtime.settings import RuntimeSettings
-
-FIELDS_2_11 = [
-    "ABI_TARGET", "NAME", "DEVICE", "ENGINE", "INPUT_BINDING_NAMES", "OUTPUT_BINDING_NAMES",
-    "HW_COMPATIBLE", "SERIALIZED_METADATA", "TARGET_PLATFORM", "REQUIRES_OUTPUT_ALLOCATOR",
-    "RESOURCE_ALLOCATION_STRATEGY",
-]  # fmt: skip
-RELEASES = {
-    "2.11.0": {"abi": "8", "fields": FIELDS_2_11, "cache": False, "pending_serialize": False},
-    "2.13.0": {
-        "abi": "9",
-        "fields": [*FIELDS_2_11, "REQUIRES_NATIVE_MULTIDEVICE"],
-        "cache": True,
-        "pending_serialize": False,
-    },
-    "2.14.0": {
-        "abi": "10",
-        "fields": [*FIELDS_2_11, "REQUIRES_NATIVE_MULTIDEVICE", "ALIASED_IO"],
-        "cache": True,
-        "pending_serialize": True,
-    },
-}
-
-
-# -- doubles: tensors, streams, torch.ops.tensorrt, torch.classes.tensorrt -------------------
-class FakeTensor:
-    def __init__(self, array: Any, device: str = "cuda:0") -> None:
-        self.array = np.asarray(array)
-        self.device = device
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:  # what .cpu().numpy() gives
-        return self.array if dtype is None else self.array.astype(dtype)
-
-
-class FakeStream:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.syncs = 0
-
-    def synchronize(self) -> None:
-        self.syncs += 1
-
-
-class FakeCacheHandle:
-    """Models core/runtime/RuntimeSettings.cpp: stash before materialization, drain once."""
-
-    def __init__(self, path: str, release: dict[str, Any]) -> None:
-        self.path = path
-        self.release = release
-        self.live: dict[str, str] | None = None
-        self.pending = b""
-        self.drained = 0
-        self.loads: list[bytes] = []
-
-    def _has_method(self, name: str) -> bool:
-        return name in ("serialize", "deserialize", "has_cache")
-
-    def _type(self) -> Any:
-        return _QualifiedType("__torch__.torch.classes.tensorrt.RuntimeCacheHandle")
-
-    def has_cache(self) -> bool:
-        return self.live is not None
-
-    def serialize(self) -> FakeTensor:
-        if self.live is None:
-            data = self.pending if self.release["pending_serialize"] else b""
-        else:
-            data = b"KC" + json.dumps(self.live, sort_keys=True).encode()
-        return FakeTensor(np.frombuffer(data, dtype=np.uint8), "cpu")
-
-    def deserialize(self, tensor: FakeTensor) -> None:
-        data = tensor.array.tobytes()
-        if self.live is None:
-            self.pending = data
-        else:
-            self.live = _parse_kernels(data)  # TensorRT-RTX replaces, it does not merge
-            self.loads.append(data)
-
-    def materialize(self) -> None:  # what the C++ ensure_materialized does
-        if self.live is None:
-            self.live = {}
-            if self.pending:
-                self.live = _parse_kernels(self.pending)
-                self.loads.append(self.pending)
-                self.drained += 1
-                self.pending = b""
-
-
-def _parse_kernels(data: bytes) -> dict[str, str]:
-    assert data.startswith(b"KC"), f"cache bytes must start with KC; got {data[:8]!r}"
-    return json.loads(data[2:])
-
-
-class _QualifiedType:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def qualified_name(self) -> str:
-        return self.name
-
-
-class FakeEngine:
-    """Models TRTEngine: checks the serialized info, lazy IExecutionContext, settings."""
-
-    def __init__(self, info: list[Any], release: dict[str, Any], ops: FakeOps) -> None:
-        layout = {name: i for i, name in enumerate(release["fields"])}
-        if len(info) != len(layout):
-            raise RuntimeError("Program to be deserialized targets an incompatible Torch-TensorRT ABI")
-        if info[layout["ABI_TARGET"]] != release["abi"]:
-            raise RuntimeError("Program to be deserialized targets a different Torch-TensorRT ABI Version")
-        engine = info[layout["ENGINE"]]
-        if not isinstance(engine, bytes):
-            raise RuntimeError(f"engine field must arrive as bytes; got {type(engine).__name__}")
-        if not engine.startswith(b"PLAN"):
-            raise RuntimeError("Unable to deserialize the TensorRT engine")
-        self.info = list(info)
-        self.layout = layout
-        self.release = release
-        self.ops = ops
-        self.inputs = info[layout["INPUT_BINDING_NAMES"]].split("%")
-        self.outputs = info[layout["OUTPUT_BINDING_NAMES"]].split("%")
-        self.device = info[layout["DEVICE"]]
-        first_ctx = {"settings": (0, 0, None), "profile": 0}
-        self.ctx: dict[str, Any] | None = None if release["cache"] else first_ctx
-        self.ctx_created = 0 if release["cache"] else 1
-        self.settings: tuple[int, int, Any] = (0, 0, None)
-        self.updates: list[tuple[int, int, Any]] = []
-        # Optimization profiles (2.14): batch ranges per profile; like TRTEngine, the
-        # active index is NOT reset when the IExecutionContext is recreated.
-        self.profile_ranges: list[tuple[int, int]] = list(ops.profile_ranges)
-        self._active_profile_index = 0
-        self.shape_key: Any = None
-        if release["abi"] == "10":
-            self.num_optimization_profiles = max(1, len(self.profile_ranges))
-            self._auto_select_profiles = False
-
-    def set_active_profile(self, index: int) -> None:
-        if index == self._active_profile_index:
-            return
-        self.exec_ctx()["profile"] = index
-        self._active_profile_index = index
-        self.shape_key = None
-
-    def run_profiles(self, inputs: list[FakeTensor]) -> None:
-        """What execute_engine does with profiles; raises like inferShapes on a misfit."""
-        if not self.profile_ranges:
-            return
-        batch = inputs[0].array.shape[0]
-        key = tuple(t.array.shape for t in inputs)
-        if key != self.shape_key and getattr(self, "_auto_select_profiles", False):
-            lo, hi = self.profile_ranges[self._active_profile_index]
-            if not lo <= batch <= hi:
-                for i, (lo, hi) in enumerate(self.profile_ranges):
-                    if lo <= batch <= hi:
-                        self.exec_ctx()["profile"] = i
-                        self._active_profile_index = i
-                        break
-        self.shape_key = key
-        lo, hi = self.profile_ranges[self.exec_ctx()["profile"]]
-        if not lo <= batch <= hi:
-            raise RuntimeError("Expected nbNames == 0 to be true but got false")
-
-    def _has_method(self, name: str) -> bool:
-        if name in ("update_runtime_settings", "num_execution_contexts_created"):
-            return bool(self.release["cache"])
-        if name == "set_active_profile":
-            return self.release["abi"] == "10"
-        return name in ("disable_profiling", "get_engine_layer_info")
-
-    def update_runtime_settings(self, ds: int, cg: int, handle: Any) -> None:
-        if not 0 <= ds <= 2 or not 0 <= cg <= 1:
-            raise RuntimeError(f"Invalid strategy int: {ds}, {cg}")
-        self.updates.append((ds, cg, handle))
-        new = (ds, cg, handle)
-        if new[:2] != self.settings[:2] or new[2] is not self.settings[2]:
-            self.settings = new
-            self.ctx = None
-
-    def num_execution_contexts_created(self) -> int:
-        return self.ctx_created
-
-    def disable_profiling(self) -> None:
-        if self.release["cache"]:
-            self.ctx = None
-
-    def exec_ctx(self) -> dict[str, Any]:
-        if self.ctx is None:
-            handle = self.settings[2]
-            if handle is not None:
-                handle.materialize()
-            self.ctx = {"settings": self.settings, "profile": 0}
-            self.ctx_created += 1
-        return self.ctx
-
-
-class FakeOps:
-    def __init__(self, release: dict[str, Any]) -> None:
-        self.release = release
-        self.calls: list[tuple[list[Any], FakeEngine]] = []
-        self.profile_ranges: list[tuple[int, int]] = []
-        for i, name in enumerate(release["fields"]):
-            setattr(self, f"{name}_IDX", lambda i=i: i)
-
-    def ABI_VERSION(self) -> str:
-        return str(self.release["abi"])
-
-    def SERIALIZATION_LEN(self) -> int:
-        return len(self.release["fields"])
-
-    def SERIALIZED_ENGINE_BINDING_DELIM(self) -> str:
-        return "%"
-
-    def SERIALIZED_RT_DEVICE_DELIM(self) -> str:
-        return "%"
-
-    def get_current_platform(self) -> str:
-        return "linux_x86_64"
-
-    def execute_engine(self, inputs: list[FakeTensor], engine: FakeEngine) -> list[FakeTensor]:
-        self.calls.append((inputs, engine))
-        ctx = engine.exec_ctx()
-        engine.run_profiles(inputs)
-        handle = ctx["settings"][2]
-        if handle is not None:
-            shapes = ",".join("x".join(map(str, t.array.shape)) for t in inputs)
-            handle.live[f"{engine.info[engine.layout['NAME']]}|{shapes}|cg{ctx['settings'][1]}"] = "k"
-        total = sum(t.array.astype(np.float32) for t in inputs)
-        return [
-            FakeTensor((total * (k + 2)).astype(inputs[0].array.dtype)) for k in range(len(engine.outputs))
-        ]
-
-
-class FakeBridge:
-    """A TorchBridge double: FakeTensor for tensors, numpy for host arrays."""
-
-    def __init__(self, version: str = "2.14.0", *, devices: int = 1, registered: bool = False) -> None:
-        self.release = RELEASES[version]
-        self.devices = devices
-        self.ops = FakeOps(self.release)
-        self.registered = registered
-        self.loaded: list[str] = []
-        self.synced: list[Any] = []
-        self.current = 0
-        self.fast_checks = 0
-
-    def engine_class(self) -> Any:
-        if not self.registered:
-            raise RuntimeError("Class tensorrt.Engine not registered!")
-        return lambda info: FakeEngine(info, self.release, self.ops)
-
-    def cache_handle_class(self) -> Any:
-        if not self.registered or not self.release["cache"]:
-            return None
-        return lambda path: FakeCacheHandle(path, self.release)
-
-    def is_registered(self) -> bool:
-        return self.registered
-
-    def load_library(self, path: str) -> None:
-        self.loaded.append(path)
-        self.registered = True
-
-    @staticmethod
-    def has_method(obj: Any, name: str) -> bool:
-        probe = getattr(obj, "_has_method", None)
-        return bool(probe(name)) if probe is not None else callable(getattr(obj, name, None))
-
-    @staticmethod
-    def qualified_name(obj: Any) -> str:
-        return obj._type().qualified_name() if hasattr(obj, "_type") else type(obj).__name__
-
-    def cuda_available(self) -> bool:
-        return self.devices > 0
-
-    def device_count(self) -> int:
-        return self.devices
-
-    def current_device(self) -> int:
-        return self.current
-
-    def device_properties(self, index: int) -> tuple[int, int, str]:
-        return 9, 0, f"NVIDIA H200 #{index}"
-
-    def device_scope(self, index: int) -> Any:
-        return contextlib.nullcontext()
-
-    def describe(self, value: Any) -> TensorInfo | None:
-        if isinstance(value, FakeTensor):
-            kind, _, idx = value.device.partition(":")
-            return TensorInfo(
-                dtype=str(value.array.dtype),
-                shape=tuple(value.array.shape),
-                device_type=kind,
-                device_index=int(idx) if idx else None,
-                contiguous=bool(value.array.flags.c_contiguous),
-            )
-        return None
-
-    def torch_dtype(self, name: str) -> Any:
-        try:
-            return np.dtype(name)
-        except TypeError:
-            return None
-
-    def fast_shape(self, value: Any, dtype: Any, index: int) -> Any:
-        self.fast_checks += 1
-        ok = (
-            isinstance(value, FakeTensor)
-            and value.array.dtype == dtype
-            and value.device == f"cuda:{index}"
-            and bool(value.array.flags.c_contiguous)
-        )
-        return value.array.shape if ok else None
-
-    def current_stream(self, index: int) -> FakeStream:
-        return FakeStream(f"current:{index}")
-
-    def as_tensor(self, value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            return FakeTensor(value, "cpu")
-        return None
-
-    def to_device(self, tensor: FakeTensor, index: int) -> FakeTensor:
-        return FakeTensor(tensor.array.copy(), f"cuda:{index}")
-
-    def bytes_to_tensor(self, data: bytes) -> FakeTensor:
-        return FakeTensor(np.frombuffer(bytearray(data), dtype=np.uint8), "cpu")
-
-    def tensor_to_bytes(self, tensor: FakeTensor) -> bytes:
-        return tensor.array.tobytes()
-
-    def resolve_stream(self, stream: Any, index: int) -> Any:
-        return stream if stream is not None else FakeStream(f"current:{index}")
-
-    def stream_scope(self, stream: Any, index: int) -> Any:
-        return contextlib.nullcontext(stream)
-
-    def synchronize(self, stream: Any) -> None:
-        self.synced.append(stream)
-        stream.synchronize()
-
-    def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
-        return self.ops.execute_engine(inputs, engine)
-
-
-# -- fixtures -----------------------------------------------------------------------------
-LIB = RuntimeLibrary(Path("/fake/torch_tensorrt/lib/libtorchtrt_runtime.so"), "torch-tensorrt-rtx", "2.14.0")
-
-
-def make_backend(version: str = "2.14.0", **bridge_options: Any) -> tuple[TorchbindBackend, FakeBridge]:
-    bridge = FakeBridge(version, **bridge_options)
-    lib = RuntimeLibrary(LIB.path, LIB.distribution, version)
-    original = runtime.find_runtime_library
-    runtime.find_runtime_library = lambda: lib  # type: ignore[assignment]
-    try:
-        loaded = runtime.load_runtime(bridge)  # type: ignore[arg-type]
-    finally:
-        runtime.find_runtime_library = original  # type: ignore[assignment]
-    return TorchbindBackend(runtime=loaded), bridge
-
-
-X = TensorSpec("x", "float16", (2, 4), True)
-Y = TensorSpec("y", "float16", (2, 4), True)
-OUT = TensorSpec("out", "float16", (2, 4), False)
-
-
-def source(*, bindings: tuple[TensorSpec, ...] = (X, Y, OUT), **kw: Any) -> EngineSource:
-    return EngineSource(data=kw.pop("data", b"PLAN" + bytes(range(256))), name="mlp", bindings=bindings, **kw)
-
-
-def cuda(array: Any, device: str = "cuda:0") -> FakeTensor:
-    return FakeTensor(np.asarray(array, dtype=np.float16), device)
-
-
-def inputs() -> list[FakeTensor]:
-    return [cuda(np.ones((2, 4))), cuda(np.full((2, 4), 2.0))]
 
 
 # -- discovery and availability -------------------------------------------------------------
@@ -583,8 +219,13 @@ def test_torchbind_capabilities_full_on_2_14() -> None:
     caps = backend.capabilities
     assert caps.supports_runtime_cache and caps.supports_cuda_graph_strategy
     assert caps.supports_dynamic_shapes_strategy and caps.supports_host_io
+    assert caps.supports_preallocated_outputs and caps.supports_outer_cuda_graph
     assert not caps.cache_deserialize_merges
-    assert [k for k in caps.notes if k.startswith("supports_")] == []
+    # what 2.14 cannot do is said, and only that
+    missing = sorted(k for k in caps.notes if k.startswith("supports_"))
+    assert missing == ["supports_multiple_contexts", "supports_profile_selection"]
+    assert not caps.supports_multiple_contexts and not caps.supports_profile_selection
+    assert "_auto_select_profiles" in caps.notes["supports_profile_selection"]
     assert "replaces" in caps.notes["cache_deserialize_merges"]
 
 
@@ -682,22 +323,6 @@ def test_torchbind_invalidate_context_drops_the_native_context_too() -> None:
     assert engine.context_creations == 2 == engine.native_context_creations
 
 
-def test_torchbind_engine_outputs_and_call() -> None:
-    backend, bridge = make_backend("2.14.0")
-    spec2 = TensorSpec("out2", "float16", (2, 4), False)
-    engine = backend.load_engine(source(bindings=(X, Y, OUT, spec2)))
-    first, second = engine(*inputs())
-    assert bridge.fast_checks == 2  # static CUDA inputs take the hot-path check
-    np.testing.assert_array_equal(first.array, np.full((2, 4), 6.0, np.float16))
-    np.testing.assert_array_equal(second.array, np.full((2, 4), 9.0, np.float16))
-    engine.synchronize()
-    assert bridge.synced[-1].name == "current:0"  # torch's current stream on the engine's device
-    stream = FakeStream("mine")
-    engine.execute(*inputs(), stream=stream)
-    engine.synchronize()
-    assert stream.syncs == 1
-
-
 def test_torchbind_engine_close_is_idempotent_and_final() -> None:
     backend, _bridge = make_backend("2.14.0")
     with backend.load_engine(source()) as engine:
@@ -706,69 +331,6 @@ def test_torchbind_engine_close_is_idempotent_and_final() -> None:
     engine.close()
     with pytest.raises(EngineError, match="is closed"):
         engine.execute(*inputs())
-
-
-# -- input validation: bad input never reaches execute_engine -----------------------------------
-@pytest.mark.parametrize(
-    ("make", "message"),
-    [
-        (lambda: [cuda(np.ones((2, 4)))], r"takes 2 input\(s\) \['x', 'y'\]; got 1"),
-        (
-            lambda: [FakeTensor(np.ones((2, 4), np.float32)), cuda(np.ones((2, 4)))],
-            "must have dtype float16; got float32",
-        ),
-        (
-            lambda: [cuda(np.ones((3, 4))), cuda(np.ones((2, 4)))],
-            r"must have shape \[2, 4\] \(2x4\); got \[3, 4\]",
-        ),
-        (
-            lambda: [cuda(np.ones((2, 4)), "cuda:1"), cuda(np.ones((2, 4)))],
-            "is on cuda:1; the engine runs on cuda:0",
-        ),
-        (lambda: [cuda(np.ones((4, 2))).array.T, cuda(np.ones((2, 4)))], "must be contiguous"),
-        (
-            lambda: ["text", cuda(np.ones((2, 4)))],
-            "must be a torch tensor, a numpy array or a DLPack array; got str",
-        ),
-    ],
-)
-def test_torchbind_bad_input_is_refused_before_the_op(make: Any, message: str) -> None:
-    backend, bridge = make_backend("2.14.0", devices=2)
-    engine = backend.load_engine(source())
-    with pytest.raises(InputError, match=message):
-        engine.execute(*make())
-    assert bridge.ops.calls == []
-    assert engine.context_creations == 0 and engine.native.updates == []  # no context for bad input
-
-
-def test_torchbind_dynamic_input_outside_profile_is_refused() -> None:
-    backend, bridge = make_backend("2.14.0")
-    dyn = TensorSpec("x", "float16", (-1, 4), True, (((1, 4), (4, 4), (8, 4)),))
-    engine = backend.load_engine(source(bindings=(dyn, TensorSpec("o", "float16", (-1, 4), False))))
-    engine.execute(cuda(np.ones((8, 4))))
-    assert bridge.fast_checks == 1  # inside the profile: the hot-path check was enough
-    with pytest.raises(InputError, match=r"must have shape \[-1, 4\] \(\?x4\); got \[8, 4, 1\]"):
-        engine.execute(cuda(np.ones((8, 4, 1))))
-    with pytest.raises(InputError, match=r"must have shape \[-1, 4\] \(\?x4\); got \[8, 5\]"):
-        engine.execute(cuda(np.ones((8, 5))))
-    with pytest.raises(
-        InputError, match=r"shape \[9, 4\] outside every optimization profile \(\[1, 4\]\.\.\[8, 4\]\)"
-    ):
-        engine.execute(cuda(np.ones((9, 4))))
-    assert len(bridge.ops.calls) == 1
-
-
-def test_torchbind_host_inputs_are_staged_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    backend, bridge = make_backend("2.14.0")
-    engine = backend.load_engine(source())
-    with caplog.at_level(logging.INFO, logger="trt_runtime.torchbind"):
-        for _ in range(3):
-            out = engine.execute(np.ones((2, 4), np.float16), np.full((2, 4), 2.0, np.float16))
-    staged = [r for r in caplog.records if "host input copied to cuda:0" in r.getMessage()]
-    assert len(staged) == 1
-    sent = bridge.ops.calls[-1][0]
-    assert all(t.device == "cuda:0" for t in sent)
-    np.testing.assert_array_equal(out[0].array, np.full((2, 4), 6.0, np.float16))
 
 
 # -- the runtime cache handle ----------------------------------------------------------------------
@@ -926,9 +488,6 @@ def test_torchbind_package_import_is_light() -> None:
 # -- the core conformance suite, against the doubles ---------------------------------------------
 from trt_runtime.testing.conformance import BackendConformance  # noqa: E402
 
-DYNAMIC_X = TensorSpec("x", "float32", (-1, 4), True, (((1, 4), (2, 4), (8, 4)),))
-DYNAMIC_Y = TensorSpec("y", "float32", (-1, 4), False)
-
 
 class _FakeTorchbindConformance(BackendConformance):
     version = "2.14.0"
@@ -951,13 +510,22 @@ class _FakeTorchbindConformance(BackendConformance):
 
     @pytest.fixture
     def reference(self) -> Any:
-        return lambda inputs: [2.0 * inputs[0].array.astype(np.float64)]  # the double computes 2 * sum
+        # the double computes 2 * sum; inputs may be FakeTensors or host arrays
+        return lambda inputs: [2.0 * np.asarray(_array(inputs[0]), dtype=np.float64)]
 
     def as_backend_input(self, array: Any, like: Any) -> Any:
         return FakeTensor(np.ascontiguousarray(array), like.device)
 
     def output_to_numpy(self, value: Any) -> Any:
-        return value.array
+        return np.asarray(_array(value))
+
+    def input_to_numpy(self, value: Any) -> Any:
+        return np.asarray(_array(value))
+
+
+def _array(value: Any) -> Any:
+    """The numpy array of a FakeTensor (a CPU or CUDA torch tensor of the doubles), else the value."""
+    return value.array if isinstance(value, FakeTensor) else value
 
 
 class TestFakeTorchbind214Conformance(_FakeTorchbindConformance):
@@ -968,9 +536,6 @@ class TestFakeTorchbind211Conformance(_FakeTorchbindConformance):
     version = "2.11.0"
 
 
-TWO_PROFILES = TensorSpec(
-    "x", "float32", (-1, 4), True, (((1, 4), (4, 4), (8, 4)), ((9, 4), (16, 4), (32, 4)))
-)
 
 
 def test_torchbind_profiles_selected_automatically_on_2_14() -> None:
@@ -990,7 +555,9 @@ def test_torchbind_only_first_profile_before_profile_selection(caplog: pytest.Lo
     assert engine.inputs[0].profiles == TWO_PROFILES.profiles[:1]
     assert not hasattr(engine.native, "_auto_select_profiles")
     with pytest.raises(
-        InputError, match=r"shape \[20, 4\] outside every optimization profile \(\[1, 4\]\.\.\[8, 4\]\)"
+        InputError,
+        match=r"input 'x' has shape \(20, 4\), outside every optimization profile .*: "
+        r"profile 0: min \(1, 4\), max \(8, 4\)$",
     ):
         engine.execute(FakeTensor(np.ones((20, 4), np.float32)))
     assert bridge.ops.calls == []
@@ -1027,78 +594,6 @@ def test_torchbind_incomplete_container_bindings_read_from_the_engine(
     assert engine.outputs[0].data_dependent and engine.has_data_dependent_outputs
     layout = backend.runtime.layout
     assert engine.native.info[layout.indices["REQUIRES_OUTPUT_ALLOCATOR"]] == "1"
-
-
-# -- TorchBridge against a minimal torch stand-in ---------------------------------------------------------
-class _Dev:
-    def __init__(self, kind: str, index: int | None) -> None:
-        self.type, self.index = kind, index
-
-
-class _T:
-    def __init__(self, array: Any, device: _Dev) -> None:
-        self.array, self.device = np.asarray(array), device
-        self.dtype = f"torch.{self.array.dtype}"
-        self.shape = self.array.shape
-
-    def is_contiguous(self) -> bool:
-        return bool(self.array.flags.c_contiguous)
-
-
-class _Stream:
-    def __init__(self, handle: int = 0) -> None:
-        self.handle = handle
-
-
-class _ExternalStream(_Stream):
-    def __init__(self, handle: int, device: str) -> None:
-        super().__init__(handle)
-        self.device = device
-
-
-class _Cuda:
-    Stream = _Stream
-    ExternalStream = _ExternalStream
-
-    def current_stream(self, index: int) -> _Stream:
-        return _Stream(1000 + index)
-
-
-class _TorchStandIn:
-    Tensor = _T
-    uint8 = "uint8"
-    cuda = _Cuda()
-
-    @staticmethod
-    def from_numpy(a: Any) -> _T:
-        return _T(a, _Dev("cpu", None))
-
-    @staticmethod
-    def frombuffer(buf: bytearray, dtype: str) -> _T:
-        return _T(np.frombuffer(buf, dtype=np.uint8), _Dev("cpu", None))
-
-
-def test_torchbind_bridge_describes_tensors_and_streams() -> None:
-    from trt_runtime_backends.torchbind.bridge import TorchBridge
-
-    bridge = TorchBridge(_TorchStandIn())
-    info = bridge.describe(_T(np.ones((2, 3), np.float16), _Dev("cuda", 1)))
-    assert info == TensorInfo("float16", (2, 3), "cuda", 1, True)
-    assert bridge.describe(np.ones(3)) is None
-    host = bridge.as_tensor(np.ones((4, 2), np.float32).T)
-    assert bridge.describe(host) == TensorInfo("float32", (2, 4), "cpu", None, False)
-    assert bridge.as_tensor("text") is None
-    assert bridge.resolve_stream(None, 0).handle == 1000
-    mine = _Stream(7)
-    assert bridge.resolve_stream(mine, 0) is mine
-    assert bridge.resolve_stream(1234, 1).handle == 1234
-    assert bridge.resolve_stream(type("CoreStream", (), {"handle": 99})(), 0).handle == 99
-    proto = type("Proto", (), {"__cuda_stream__": lambda self: (0, 55)})()
-    assert bridge.resolve_stream(proto, 0).handle == 55
-    with pytest.raises(TypeError, match=r"stream must be None, a torch\.cuda\.Stream"):
-        bridge.resolve_stream(1.5, 0)
-    blob = bytes(range(200))
-    assert bytes(bridge.bytes_to_tensor(blob).array.tobytes()) == blob
 
 
 @pytest.mark.parametrize("drop", ["invalidate", "settings"])

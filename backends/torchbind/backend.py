@@ -93,6 +93,8 @@ class TorchbindBackend:
                         "supports_dynamic_shapes_strategy",
                         "supports_output_allocator",
                         "supports_host_io",
+                        "supports_preallocated_outputs",
+                        "supports_outer_cuda_graph",
                     )
                 }
             )

@@ -6,13 +6,17 @@ machine without torch or a GPU: the CPU tests hand the backend a bridge double.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["TensorInfo", "TorchBridge"]
+
+#: DLPack device types of CUDA memory (kDLCUDA, kDLCUDAManaged).
+_KDLCUDA = 2
+_KDLCUDA_MANAGED = 13
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -24,6 +28,7 @@ class TensorInfo:
     device_type: str  # "cuda" or "cpu"
     device_index: int | None
     contiguous: bool
+    strides: tuple[int, ...] = ()  # in elements
 
 
 class TorchBridge:
@@ -101,15 +106,27 @@ class TorchBridge:
     def current_device(self) -> int:
         return int(self.torch.cuda.current_device())
 
+    def current_device_fn(self) -> Callable[[], int]:
+        """A cheap callable returning the current device index (``torch._C._cuda_getDevice``
+        when torch has it; torch.cuda is initialized by then, engines exist)."""
+        raw = getattr(getattr(self.torch, "_C", None), "_cuda_getDevice", None)
+        return raw if callable(raw) else self.current_device  # type: ignore[no-any-return]
+
     def device_properties(self, index: int) -> tuple[int, int, str]:
         """``(major, minor, name)`` of CUDA device ``index``."""
         props = self.torch.cuda.get_device_properties(index)
         return int(props.major), int(props.minor), str(props.name)
 
-    def device_scope(self, index: int) -> contextlib.AbstractContextManager[Any]:
-        return self.torch.cuda.device(index)  # type: ignore[no-any-return,unused-ignore]
+    def device_scope(self, index: int) -> Any:
+        """A context manager making device ``index`` current for the block."""
+        return self.torch.cuda.device(index)
 
     # -- tensors -------------------------------------------------------------------------
+    @property
+    def tensor_type(self) -> Any:
+        """``torch.Tensor`` (the hot path compares ``type(x) is`` it)."""
+        return self._tensor_type
+
     def describe(self, value: Any) -> TensorInfo | None:
         """Describe a torch tensor; None for anything else."""
         torch = self.torch
@@ -125,6 +142,7 @@ class TorchBridge:
             device_type=str(device.type),
             device_index=device.index,
             contiguous=bool(value.is_contiguous()),
+            strides=tuple(int(s) for s in value.stride()),
         )
 
     def torch_dtype(self, name: str) -> Any | None:
@@ -134,38 +152,59 @@ class TorchBridge:
                 return dtype
         return None
 
-    def fast_shape(self, value: Any, dtype: Any, index: int) -> Any:
-        """The hot-path check: the shape of a contiguous CUDA tensor on ``index`` with exactly
-        ``dtype``; None for anything else (it then goes through the full check and its
-        messages)."""
-        if (
-            isinstance(value, self._tensor_type)
-            and value.dtype is dtype
-            and value.is_cuda
-            and value.get_device() == index
-            and value.is_contiguous()
-        ):
-            return value.shape
+    def device_view(self, value: Any) -> Any | None:
+        """A zero-copy torch view of a CUDA array (DLPack on a CUDA device, or
+        ``__cuda_array_interface__``); None when ``value`` is not a CUDA array.
+
+        DLPack is preferred: ``torch.from_dlpack`` hands the producer torch's current
+        stream, so work queued there by the producer is ordered before ours. A CUDA
+        array interface object is taken on the device its pointer is on (never copied to
+        another device; the device check then names both).
+        """
+        device = getattr(value, "__dlpack_device__", None)
+        if device is not None and hasattr(value, "__dlpack__"):
+            kind, _index = device()
+            if int(kind) in (_KDLCUDA, _KDLCUDA_MANAGED):
+                return self.torch.from_dlpack(value)
+        if hasattr(value, "__cuda_array_interface__"):
+            return self.torch.as_tensor(value)
         return None
 
-    def as_tensor(self, value: Any) -> Any | None:
-        """A torch view of a numpy array or a DLPack / CUDA-array-interface object, or None."""
-        torch = self.torch
-        np: Any
-        try:
-            import numpy as np
-        except ImportError:
-            np = None
-        if np is not None and isinstance(value, np.ndarray):
-            return torch.from_numpy(value)  # shares memory; staged to the GPU later
-        if hasattr(value, "__dlpack__"):
-            return torch.from_dlpack(value)
-        if hasattr(value, "__cuda_array_interface__"):
-            return torch.as_tensor(value, device="cuda")
-        return None
+    def from_numpy(self, array: Any) -> Any:
+        """A CPU tensor sharing the memory of a numpy array (read-only arrays included:
+        the backend only ever reads host inputs, so torch's warning about them is muted)."""
+        if array.flags.writeable:
+            return self.torch.from_numpy(array)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return self.torch.from_numpy(array)
 
     def to_device(self, tensor: Any, index: int) -> Any:
+        """Copy a host tensor to CUDA device ``index`` on the current stream."""
         return tensor.to(device=f"cuda:{index}", non_blocking=False)
+
+    def to_host(self, tensor: Any) -> Any:
+        """Copy a CUDA tensor to a new CPU tensor; returns when the copy is done (it waits
+        for the work queued before it on the current stream)."""
+        return tensor.cpu()
+
+    @staticmethod
+    def to_numpy(tensor: Any) -> Any:
+        """A numpy array over a CPU tensor's memory."""
+        return tensor.numpy()
+
+    @staticmethod
+    def copy_(dst: Any, src: Any) -> None:
+        """``dst.copy_(src)`` on the current stream (host to device included)."""
+        dst.copy_(src)
+
+    @staticmethod
+    def clone(tensor: Any) -> Any:
+        return tensor.clone()
+
+    def zeros(self, shape: tuple[int, ...], dtype: str, index: int) -> Any:
+        """A new zero-filled tensor of canonical ``dtype`` on CUDA device ``index``."""
+        return self.torch.zeros(shape, dtype=self.torch_dtype(dtype), device=f"cuda:{index}")
 
     def bytes_to_tensor(self, data: bytes) -> Any:
         """A CPU uint8 tensor over a private copy of ``data`` (the C++ handle copies it again)."""
@@ -210,17 +249,85 @@ class TorchBridge:
             stream = self._streams[key] = self.torch.cuda.current_stream(index)
         return stream
 
-    @contextlib.contextmanager
-    def stream_scope(self, stream: Any, index: int) -> Iterator[Any]:
-        cuda = self.torch.cuda
-        with cuda.device(index), cuda.stream(stream):
-            yield stream
+    @staticmethod
+    def stream_handle(stream: Any) -> int:
+        """The ``cudaStream_t`` of a torch stream."""
+        return int(stream.cuda_stream)
+
+    def stream_scope(self, stream: Any) -> Any:
+        """A context manager making ``stream`` current (and its device, for the block)."""
+        return self.torch.cuda.stream(stream)
+
+    def new_stream(self, index: int) -> Any:
+        """A new non-default stream on device ``index`` (never the legacy default stream)."""
+        return self.torch.cuda.Stream(device=index)
+
+    @staticmethod
+    def wait_stream(waiter: Any, producer: Any) -> None:
+        """Make ``waiter`` wait for the work queued so far on ``producer`` (an event)."""
+        waiter.wait_stream(producer)
 
     def synchronize(self, stream: Any) -> None:
         stream.synchronize()
 
-    def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
+    def synchronize_device(self, index: int) -> None:
+        self.torch.cuda.synchronize(index)
+
+    # -- CUDA graphs -------------------------------------------------------------------------
+    def cuda_graphs_available(self) -> bool:
+        """Whether this torch can capture CUDA graphs (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``)."""
+        cuda = getattr(self.torch, "cuda", None)
+        return cuda is not None and hasattr(cuda, "CUDAGraph") and hasattr(cuda, "graph")
+
+    def capture(self, fn: Callable[[], Any], stream: Any) -> tuple[Any, Any]:
+        """Capture what ``fn()`` queues into a new ``torch.cuda.CUDAGraph`` on ``stream``;
+        return the graph and what ``fn`` returned (tensors in the graph's private pool).
+
+        ``capture_error_mode="thread_local"``: TensorRT-RTX compiles kernels on its own
+        threads; their CUDA calls must not invalidate this thread's capture.
+        """
+        cuda = self.torch.cuda
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            result = fn()
+        return graph, result
+
+    @staticmethod
+    def replay(graph: Any) -> None:
+        """Launch ``graph`` on the current stream."""
+        graph.replay()
+
+    @staticmethod
+    def reset_graph(graph: Any) -> None:
+        graph.reset()
+
+    def poison(self, tensor: Any) -> bool:
+        """Fill a floating-point tensor with NaN (on the current stream); False for other dtypes."""
+        if not tensor.is_floating_point():
+            return False
+        tensor.fill_(float("nan"))
+        return True
+
+    def unwritten(self, tensor: Any, reference: Any) -> bool:
+        """Whether ``tensor`` still holds NaN where ``reference`` does not (waits for the
+        current stream): the poisoned buffer was not overwritten."""
+        torch = self.torch
+        return bool((torch.isnan(tensor) & ~torch.isnan(reference)).any().item())
+
+    # -- the op ----------------------------------------------------------------------------
+    def execute_op(self) -> Callable[[Sequence[Any], Any], list[Any]]:
+        """The callable behind ``torch.ops.tensorrt.execute_engine``.
+
+        That is the overload packet's C++ operation (``_op``): calling the packet itself
+        first walks the arguments in Python looking for fake script objects (tracing
+        only), a few microseconds per call; the C++ operation checks the schema itself.
+        """
         op = self._execute_op
         if op is None:
-            op = self._execute_op = self.ops.execute_engine
-        return list(op(inputs, engine))
+            packet = self.ops.execute_engine
+            raw = getattr(packet, "_op", None)
+            op = self._execute_op = raw if callable(raw) else packet
+        return op  # type: ignore[no-any-return]
+
+    def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
+        return self.execute_op()(inputs, engine)

@@ -13,13 +13,14 @@ torchbind method that invalidates it), so both sides count the same creations.
 
 Inputs and outputs
 ------------------
-Inputs are torch tensors on the engine's CUDA device (zero-copy). numpy arrays and CPU
-tensors are host inputs: they are copied to the device on the caller's stream, and the
-first time an engine does so it logs at INFO. Any other object exposing ``__dlpack__``
-or ``__cuda_array_interface__`` is viewed through torch without a copy. Outputs are
-CUDA torch tensors allocated by torch-tensorrt, ordered on the caller's stream.
-Count, dtype, shape (against each :class:`~trt_runtime.TensorSpec` and its profiles),
-contiguity and device are checked before the C++ op runs.
+The device contract of every backend (docs/device-contract.md, enforced in
+:mod:`.contract`): CUDA torch tensors in, CUDA torch tensors out; host arrays in, host
+arrays out (staged through the device on the caller's stream, logged once per engine);
+other CUDA arrays in, device arrays out (torch CUDA tensors). ``outputs=`` are written
+with a device-to-device copy on the caller's stream. Everything is checked before the
+C++ op runs. The common call (torch CUDA tensors on torch's current stream, no
+``outputs=``) takes a hot path: a few attribute reads per input, a lookup of the shapes
+among those already validated, and the op itself.
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ from typing import TYPE_CHECKING, Any
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CacheError, CapabilityError, EngineError, InputError, TrtRuntimeError
 from trt_runtime.protocols import Backend, TensorSpec
-from trt_runtime.settings import RuntimeSettings, SettingsLike
+from trt_runtime.settings import (
+    CudaGraphStrategy,
+    DynamicShapesKernelSpecializationStrategy,
+    RuntimeSettings,
+    SettingsLike,
+)
+
+from .contract import KIND_HOST, Call, Contract
+from .graphs import OuterGraphs
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -58,6 +67,7 @@ def translate_errors(engine: str, what: str) -> Iterator[None]:
 
 #: ``_last_stream`` value meaning "torch's current stream on the engine's device".
 _CURRENT = object()
+_LAZY = DynamicShapesKernelSpecializationStrategy.LAZY
 
 
 @dataclasses.dataclass
@@ -71,7 +81,7 @@ class NativeState:
 
 
 class TorchbindEngine(EngineBase):
-    """An engine run by torch-tensorrt's C++ runtime. Outputs are CUDA torch tensors."""
+    """An engine run by torch-tensorrt's C++ runtime; outputs follow the kind of the inputs."""
 
     def __init__(
         self,
@@ -88,19 +98,31 @@ class TorchbindEngine(EngineBase):
         self._runtime = runtime
         self._native = native
         self.device = device
-        bridge = runtime.bridge
+        bridge = self._bridge = runtime.bridge
         self._can_update = runtime.has_runtime_settings and bridge.has_method(
             native, "update_runtime_settings"
         )
         self._lazy_native_context = bridge.has_method(native, "num_execution_contexts_created")
         self._switches_profiles = False
         inputs = self._select_profiles(name, inputs)
-        # Per input, what the hot-path check needs (see _fast_spec); None: full check only.
-        self._fast = [_fast_spec(spec, bridge.torch_dtype(spec.dtype)) for spec in inputs]
+        self._contract = Contract(name, inputs, outputs, device, bridge)
+        # What the hot path reads (see _fast): all of it fixed for the engine's life.
+        self._op = bridge.execute_op()
+        self._tensor_type = bridge.tensor_type
+        self._torch_dtypes = tuple(bridge.torch_dtype(s.dtype) for s in inputs)
+        self._good_shapes = self._contract.good_shapes
+        self._n_in = len(inputs)
+        self._dynamic_inputs = any(s.is_dynamic for s in inputs)
+        self._n_out = len(outputs)
         self._single_device = bridge.device_count() == 1
-        self._checked: tuple[Sequence[Any], list[Any], bool] | None = None
+        self._get_device = bridge.current_device_fn()
         self._last_stream: Any = None
         self._staged = False
+        self._strategy_warned = False
+        self._lazy_noted = False
+        self._graphs = OuterGraphs(
+            name, device, bridge, self._raw_execute, tuple(o.name for o in outputs)
+        )
         self._serial = 0
         #: How many times ``update_runtime_settings`` was called (diagnostics, tests).
         self.native_updates = 0
@@ -137,6 +159,36 @@ class TorchbindEngine(EngineBase):
         if self._native is None or not self._lazy_native_context:
             return None
         return int(self._native.num_execution_contexts_created())
+
+    def static_inputs(self, *shapes: Sequence[int], profile: int | None = None,
+                      as_torch: bool = True) -> list[Any]:
+        """The engine's static input tensors for inputs of these shapes, under the outer graph.
+
+        Passing these very tensors as the inputs of a call skips the copy into them: the call
+        is then one graph launch. They are torch CUDA tensors (``as_torch`` is accepted for
+        the python backend's signature). They stay the engine's until the graphs are dropped
+        (a settings change, ``outer_graph`` changing, ``reset_graphs()``, ``close()``); ask
+        again after. Raises :class:`~trt_runtime.EngineError` when ``outer_graph`` is not
+        set, :class:`~trt_runtime.InputError` for shapes the engine does not take.
+        """
+        with self._lock:
+            self._check_open()
+            if profile is not None:
+                self.backend.capabilities.require("supports_profile_selection", self.backend.name)
+            if self._outer_graph is None:
+                raise EngineError(
+                    f"engine {self.name!r}: static_inputs() needs the outer CUDA-graph wrap "
+                    "(engine.outer_graph, or trt_runtime.enable_cudagraphs(engine, outer=True)); "
+                    "its tensors are dropped whenever the wrap changes"
+                )
+            if len(shapes) != self._n_in:
+                raise InputError(
+                    f"engine {self.name!r} takes {self._n_in} input(s) "
+                    f"({', '.join(s.name for s in self._inputs)}); static_inputs() got {len(shapes)} shape(s)"
+                )
+            key = tuple(tuple(int(d) for d in shape) for shape in shapes)
+            self._contract.check_shapes(key)
+            return self._graphs.static_inputs(key, [s.dtype for s in self._inputs])
 
     # -- EngineBase hooks ---------------------------------------------------------------
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> NativeState:
@@ -188,188 +240,204 @@ class TorchbindEngine(EngineBase):
             with translate_errors(self.name, "dropping the execution context"):
                 self._native.disable_profiling()
 
-    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
-        """Check every input before a context exists (EngineBase calls this first)."""
-        tensors, host = self._check(inputs)
-        self._checked = (inputs, tensors, host)
+    # -- execution ----------------------------------------------------------------------
+    def execute(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> list[Any]:
+        """Run the engine; one output per :attr:`outputs` entry, of the kind the inputs ask for.
 
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Any = None) -> list[Any]:
-        bridge = self._runtime.bridge
-        checked, self._checked = self._checked, None
-        if checked is not None and checked[0] is inputs:
-            _, tensors, host = checked
-        else:
-            tensors, host = self._check(inputs)
-        if stream is None and (self._single_device or bridge.current_device() == self.device):
-            # The common case, kept lean: torch's current stream on the engine's device
-            # needs no device or stream switch.
-            if host:
-                tensors = self._stage(tensors)
-            try:
-                outputs = bridge.execute(tensors, self._native)
-            except Exception as exc:
-                raise EngineError(
-                    f"engine {self.name!r}: execute_engine failed in torch-tensorrt's runtime: {exc}"
-                ) from exc
-            self._last_stream = _CURRENT
-        else:
+        ``stream``: the caller's stream (``None``: torch's current stream on the engine's
+        device; a ``torch.cuda.Stream``, a ``cudaStream_t`` int, or an object with
+        ``__cuda_stream__`` / ``.handle``); the work is queued on it. ``outputs``: CUDA
+        arrays to write into (returned as given); they are checked before the op runs.
+        """
+        with self._lock:
+            if stream is None and outputs is None:
+                results = self._fast(inputs)
+                if results is not None:
+                    return results
+            return self._execute(inputs, stream, outputs)
+
+    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any:
+        """Like :meth:`execute`, but a single output is returned bare, several as a tuple."""
+        with self._lock:
+            results = self._fast(inputs) if stream is None and outputs is None else None
+            if results is None:
+                results = self._execute(inputs, stream, outputs)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _fast(self, inputs: tuple[Any, ...]) -> list[Any] | None:
+        """The hot path: contiguous CUDA torch tensors of the right dtypes, on the engine's
+        device and current there, with shapes validated before, no outer graph and a live
+        context. None sends the call down :meth:`_execute` (which says what is wrong)."""
+        if self._context is None or self._outer_graph is not None or len(inputs) != self._n_in:
+            return None
+        tensor_type = self._tensor_type
+        for x, dtype in zip(inputs, self._torch_dtypes):  # noqa: B905 - lengths checked above
+            if type(x) is not tensor_type or x.dtype is not dtype or not x.is_cuda or not x.is_contiguous():
+                return None
+        if not self._single_device:
+            device = self.device
+            if self._get_device() != device or any(x.get_device() != device for x in inputs):
+                return None
+        key = (inputs[0].shape,) if self._n_in == 1 else tuple([x.shape for x in inputs])
+        if key not in self._good_shapes:
+            return None
+        try:
+            # Tensor[] takes the tuple as it is (the C++ argument parser accepts any sequence).
+            results = self._op(inputs, self._native)
+        except Exception as exc:
+            raise EngineError(
+                f"engine {self.name!r}: execute_engine failed in torch-tensorrt's runtime: {exc}"
+            ) from exc
+        self._last_stream = _CURRENT
+        return results  # type: ignore[no-any-return]
+
+    def _execute(self, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        """Every call the hot path does not take: check everything, then run."""
+        self._check_open()
+        call = self._contract.inspect(inputs)
+        views = None if outputs is None else self._contract.check_outputs(outputs, call.shapes)
+        self.ensure_context()
+        return self._run_call(call, stream, outputs, views)
+
+    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
+        """Check every input before a context exists (EngineBase.execute's hook)."""
+        self._contract.inspect(inputs)
+
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None = None
+             ) -> list[Any]:
+        call = self._contract.inspect(inputs)
+        views = None if outputs is None else self._contract.check_outputs(outputs, call.shapes)
+        return self._run_call(call, stream, outputs, views)
+
+    def _run_call(self, call: Call, stream: Any, outputs: Sequence[Any] | None, views: list[Any] | None
+                  ) -> list[Any]:
+        """Run a checked call on the caller's stream: torch's current stream (switching to
+        the engine's device if another is current) or ``stream``."""
+        bridge = self._bridge
+        try:
+            if stream is None and (self._single_device or self._get_device() == self.device):
+                result = self._dispatch(call, outputs, views, caller_stream=False)
+                self._last_stream = _CURRENT
+                return result
             with translate_errors(self.name, "resolving the stream"):
                 torch_stream = bridge.resolve_stream(stream, self.device)
-            with bridge.stream_scope(torch_stream, self.device):
-                if host:
-                    tensors = self._stage(tensors)
-                with translate_errors(self.name, "execute_engine"):
-                    outputs = bridge.execute(tensors, self._native)
-            self._last_stream = torch_stream
-        if len(outputs) != len(self._outputs):
+            with bridge.stream_scope(torch_stream):
+                result = self._dispatch(call, outputs, views, caller_stream=stream is not None)
+        except TrtRuntimeError:
+            raise
+        except Exception as exc:  # staging, copies, stream switches: torch's own errors
+            raise EngineError(f"engine {self.name!r}: the call failed in torch: {exc}") from exc
+        self._last_stream = torch_stream
+        return result
+
+    def _dispatch(self, call: Call, outputs: Sequence[Any] | None, views: list[Any] | None, *,
+                  caller_stream: bool) -> list[Any]:
+        """Run ``call`` on the current stream (eagerly or under the outer graph) and hand the
+        results over in the kind the contract says."""
+        bridge = self._bridge
+        graph = self._outer_graph
+        if call.host:
+            self._log_staging(call)
+        if graph is not None and self._graph_capturable():
+            # outputs= are filled straight from the static outputs: nothing is allocated
+            results, captured = self._graphs.run(call, view=views is not None or graph.outputs == "view")
+            if captured:
+                self._graph_captures += 1
+        else:
+            tensors = call.tensors
+            if call.host:
+                tensors = list(tensors)
+                for i in call.host:
+                    tensors[i] = bridge.to_device(tensors[i], self.device)
+            results = self._execute_now(tensors)
+            if len(results) != self._n_out:
+                raise EngineError(
+                    f"engine {self.name!r}: torch-tensorrt returned {len(results)} output(s); "
+                    f"expected {self._n_out} {[o.name for o in self._outputs]}"
+                )
+            if self._contract.learns_output_shapes:
+                self._contract.learn(call.shapes, results)
+        if views is not None:
+            assert outputs is not None
+            self._contract.check_results(results, views)
+            for view, result in zip(views, results, strict=True):
+                bridge.copy_(view, result)
+            if call.kind == KIND_HOST and not caller_stream:  # host inputs promise ready results
+                bridge.synchronize(bridge.current_stream(self.device))
+            return list(outputs)
+        if call.kind == KIND_HOST:
+            host = [bridge.to_host(r) for r in results]  # waits for the copies
+            return host if call.torch_host else [bridge.to_numpy(t) for t in host]
+        return results
+
+    def _execute_now(self, tensors: list[Any]) -> list[Any]:
+        """One ``execute_engine`` call on the current stream; errors become EngineError."""
+        try:
+            return self._op(tensors, self._native)  # type: ignore[no-any-return]
+        except Exception as exc:
             raise EngineError(
-                f"engine {self.name!r}: torch-tensorrt returned {len(outputs)} output(s); "
-                f"expected {len(self._outputs)} {[o.name for o in self._outputs]}"
+                f"engine {self.name!r}: execute_engine failed in torch-tensorrt's runtime: {exc}"
+            ) from exc
+
+    def _raw_execute(self, tensors: list[Any]) -> list[Any]:
+        """``execute_engine`` on the current stream, errors untouched (the outer graph's own)."""
+        return self._op(tensors, self._native)  # type: ignore[no-any-return]
+
+    def _log_staging(self, call: Call) -> None:
+        if not self._staged:
+            self._staged = True
+            names = ", ".join(repr(self._inputs[i].name) for i in call.host)
+            logger.info(
+                "engine %r: host input(s) %s copied to cuda:%d on the caller's stream "
+                "(pass CUDA tensors to stay zero-copy)", self.name, names, self.device,
             )
-        return outputs
+
+    def _graph_capturable(self) -> bool:
+        """Whether calls go through the outer graph.
+
+        With TensorRT-RTX's own capture on (``cuda_graph_strategy``) they run eagerly with
+        it instead: torch-tensorrt turns its engine's strategy off for good when it meets
+        an outer capture.
+        """
+        settings = self._settings
+        if settings.cuda_graph_strategy is CudaGraphStrategy.DISABLED:
+            if (
+                not self._lazy_noted
+                and self._dynamic_inputs
+                and settings.dynamic_shapes_kernel_specialization_strategy is _LAZY
+            ):
+                self._lazy_noted = True
+                logger.info(
+                    "engine %r: dynamic input shapes with dynamic_shapes_kernel_specialization_strategy="
+                    "'lazy': each outer graph keeps the kernels TensorRT-RTX ran when it was captured "
+                    "(shape-specialized kernels compiled later are not picked up; torch-tensorrt's own "
+                    "wrapper refuses this combination); 'eager' compiles them before the capture",
+                    self.name,
+                )
+            return True
+        if not self._strategy_warned:
+            self._strategy_warned = True
+            logger.warning(
+                "engine %r: cuda_graph_strategy=%r is TensorRT-RTX's own CUDA graph capture, which "
+                "torch-tensorrt cannot run inside an outer graph; calls run eagerly with it "
+                "(enable_cudagraphs(engine, outer=True) sets 'disabled')",
+                self.name, str(settings.cuda_graph_strategy),
+            )
+        return False
+
+    def _drop_graphs(self) -> None:
+        self._graphs.drop()
 
     def synchronize(self) -> None:
         """Wait for the work this engine queued on the last stream it ran on."""
         stream = self._last_stream
         if stream is None:
             return
-        bridge = self._runtime.bridge
+        bridge = self._bridge
         if stream is _CURRENT:
             stream = bridge.current_stream(self.device)
         bridge.synchronize(stream)
 
     def _release(self) -> None:
+        self._graphs.drop()  # static inputs handed out before any capture
         self._native = None  # the C++ engine is freed with its last reference
-
-    # -- input validation -------------------------------------------------------------
-    def _check(self, inputs: Sequence[Any]) -> tuple[list[Any], bool]:
-        """Validate ``inputs``; return the tensors to pass and whether any is host memory
-        (host inputs are returned as host tensors and staged by :meth:`_stage`)."""
-        if len(inputs) != len(self._inputs):
-            raise InputError(
-                f"engine {self.name!r} takes {len(self._inputs)} input(s) "
-                f"{[s.name for s in self._inputs]}; got {len(inputs)}"
-            )
-        fast_shape = self._runtime.bridge.fast_shape
-        tensors = list(inputs)
-        host = False
-        for i, value in enumerate(tensors):
-            fast = self._fast[i]
-            if fast is not None:
-                # A contiguous CUDA tensor of the right dtype on our device: only its shape
-                # is left to check, against precomputed ranges.
-                shape = fast_shape(value, fast[0], self.device)
-                if shape is not None and _shape_fits(shape, fast[1], fast[2]):
-                    continue
-            tensors[i], on_host = self._check_one(self._inputs[i], value)
-            host = host or on_host
-        return tensors, host
-
-    def _check_one(self, spec: TensorSpec, value: Any) -> tuple[Any, bool]:
-        bridge = self._runtime.bridge
-        tensor = value
-        info = bridge.describe(value)
-        if info is None:
-            try:
-                tensor = bridge.as_tensor(value)
-            except Exception as exc:
-                raise InputError(f"{self._where(spec)} could not be viewed as a tensor: {exc}") from exc
-            info = None if tensor is None else bridge.describe(tensor)
-        if info is None:
-            raise InputError(
-                f"{self._where(spec)} must be a torch tensor, a numpy array or a DLPack array; "
-                f"got {type(value).__name__}"
-            )
-        if info.dtype != spec.dtype:
-            raise InputError(f"{self._where(spec)} must have dtype {spec.dtype}; got {info.dtype}")
-        check_shape(self.name, spec, info.shape)
-        if not info.contiguous:
-            raise InputError(
-                f"{self._where(spec)} must be contiguous (C order); "
-                f"got strided data of shape {list(info.shape)}"
-            )
-        if info.device_type == "cuda":
-            if info.device_index != self.device:
-                raise InputError(
-                    f"{self._where(spec)} is on cuda:{info.device_index}; "
-                    f"the engine runs on cuda:{self.device}"
-                )
-            return tensor, False
-        if info.device_type == "cpu":
-            return tensor, True
-        raise InputError(
-            f"{self._where(spec)} is on device {info.device_type!r}; "
-            f"expected cuda:{self.device} or host memory"
-        )
-
-    def _where(self, spec: TensorSpec) -> str:
-        return f"input {spec.name!r} of engine {self.name!r}"
-
-    def _stage(self, tensors: list[Any]) -> list[Any]:
-        """Copy host tensors to the engine's device (on the current stream); log once."""
-        bridge = self._runtime.bridge
-        staged = []
-        for tensor in tensors:
-            info = bridge.describe(tensor)
-            if info is not None and info.device_type == "cpu":
-                if not self._staged:
-                    self._staged = True
-                    logger.info(
-                        "engine %r: host input copied to cuda:%d (pass CUDA tensors to stay zero-copy)",
-                        self.name,
-                        self.device,
-                    )
-                tensor = bridge.to_device(tensor, self.device)
-            staged.append(tensor)
-        return staged
-
-
-def _fast_spec(
-    spec: TensorSpec, dtype: Any
-) -> tuple[Any, tuple[int, ...], tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]] | None:
-    """``(torch dtype, shape, ((min, max), ...))`` of an input for the hot-path check."""
-    if dtype is None:
-        return None
-    if not spec.is_dynamic:
-        return dtype, spec.shape, ()
-    if not spec.profiles:
-        return None  # only rank and static dims are known: the full check says it
-    return dtype, spec.shape, tuple((lo, hi) for lo, _opt, hi in spec.profiles)
-
-
-def _shape_fits(
-    shape: Sequence[int],
-    expected: tuple[int, ...],
-    ranges: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
-) -> bool:
-    if not ranges:
-        return shape == expected
-    if len(shape) != len(expected):
-        return False
-    for d, s in zip(expected, shape, strict=True):
-        if d >= 0 and d != s:
-            return False
-    for lo, hi in ranges:
-        for a, s, b in zip(lo, shape, hi, strict=True):
-            if not a <= s <= b:
-                break
-        else:
-            return True
-    return False
-
-
-def check_shape(engine: str, spec: TensorSpec, shape: tuple[int, ...]) -> None:
-    """Refuse ``shape`` unless it matches ``spec`` (rank, static dims, some profile's range)."""
-    where = f"input {spec.name!r} of engine {engine!r}"
-    mismatch = len(shape) != len(spec.shape) or any(
-        d >= 0 and d != s for d, s in zip(spec.shape, shape, strict=False)
-    )
-    if mismatch:
-        expected = "x".join("?" if d < 0 else str(d) for d in spec.shape) or "scalar"
-        raise InputError(f"{where} must have shape {list(spec.shape)} ({expected}); got {list(shape)}")
-    if spec.profiles:
-        for lo, _opt, hi in spec.profiles:
-            if all(a <= s <= b for a, s, b in zip(lo, shape, hi, strict=True)):
-                return
-        ranges = "; ".join(f"{list(lo)}..{list(hi)}" for lo, _o, hi in spec.profiles)
-        raise InputError(f"{where} has shape {list(shape)} outside every optimization profile ({ranges})")

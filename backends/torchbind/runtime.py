@@ -78,12 +78,27 @@ class TorchbindRuntime:
             ):
                 notes[flag] = note
             settings = cache = False
+        graphs = self.bridge.cuda_graphs_available()
+        if not graphs:
+            notes["supports_outer_cuda_graph"] = "this torch has no torch.cuda.CUDAGraph / torch.cuda.graph"
+        notes["supports_profile_selection"] = (
+            "torch-tensorrt picks the optimization profile itself (Engine._auto_select_profiles, "
+            "2.14+); a per-call profile= is not offered"
+        )
+        notes["supports_multiple_contexts"] = (
+            "torch.classes.tensorrt.Engine owns one IExecutionContext; load the engine once per "
+            "concurrent caller instead"
+        )
         return BackendCapabilities(
             supports_runtime_cache=cache,
             supports_cuda_graph_strategy=settings,
             supports_dynamic_shapes_strategy=settings,
             supports_output_allocator=True,
             supports_host_io=True,
+            supports_preallocated_outputs=True,
+            supports_profile_selection=False,
+            supports_outer_cuda_graph=graphs,
+            supports_multiple_contexts=False,
             cache_deserialize_merges=False,
             notes=notes,
         )

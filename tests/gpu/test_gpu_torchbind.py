@@ -1,5 +1,9 @@
 """The torchbind backend on a GPU: capability detection, conformance, agreement with the
-python backend, and runtime caches moving between the two backends.
+python backend, runtime caches moving between the two backends, the device contract (output
+kind per input kind, caller-stream ordering, ``outputs=``), the outer CUDA graph (equal to
+eager on the tiny engine, the MLP, the conv net and the dynamic engine across shape and
+settings changes, with capture counts) and the call overhead over the bare
+``execute_engine`` op.
 
 Runs on either staged stack: ``PROFILE=torchbind`` (torch 2.14 + torch-tensorrt-rtx 2.14,
 full capability) or ``PROFILE=torchbind211`` (torch 2.11 + torch-tensorrt-rtx 2.11, Engine
@@ -80,11 +84,14 @@ def test_gpu_torchbind_capabilities_match_installed_version(
     print("torchbind runtime:", info)
     assert info["serialization_len"] == len(info["fields"])
     assert "torch_tensorrt" not in sys.modules, "only the runtime library may be loaded, not the package"
+    assert caps.supports_preallocated_outputs and caps.supports_host_io
+    assert caps.supports_outer_cuda_graph  # torch has torch.cuda.CUDAGraph
     if version >= (2, 13):
         assert runtime.has_cache_handle and runtime.has_runtime_settings
         assert caps.supports_runtime_cache and caps.supports_cuda_graph_strategy
         assert caps.supports_dynamic_shapes_strategy
-        assert not [k for k in caps.notes if k.startswith("supports_")]
+        missing = sorted(k for k in caps.notes if k.startswith("supports_"))
+        assert missing == ["supports_multiple_contexts", "supports_profile_selection"]
         engine = load_torchbind("mlp_fp16")
         assert engine.native_context_creations == 0  # lazy in 2.13+
     else:
@@ -130,22 +137,29 @@ def test_gpu_torchbind_mlp_matches_float64_reference(load_torchbind: Any, engine
     np.testing.assert_allclose(
         _host([out])[0].astype(np.float64), built.reference(*host)[0], rtol=rtol, atol=atol
     )
-    # numpy (host) inputs are staged to the device and give the same result
+    # numpy (host) inputs are staged to the device and give the same result, on the host
     (staged,) = engine.execute(*host)
-    assert torch.equal(staged, out)
+    assert isinstance(staged, np.ndarray)
+    np.testing.assert_array_equal(staged, _host([out])[0])
 
 
 def test_gpu_torchbind_bad_input_refused_before_the_op(load_torchbind: Any, torch: Any) -> None:
     engine = load_torchbind("mlp_fp16")
     x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
-    with pytest.raises(InputError, match="must have dtype float16; got float32"):
+    with pytest.raises(InputError, match="input 'x' must have dtype float16; got float32"):
         engine.execute(x.float())
-    with pytest.raises(InputError, match=r"must have shape \[8, 256\]"):
+    with pytest.raises(InputError, match=r"input 'x' must have shape \(8, 256\); got \(4, 256\)"):
         engine.execute(x[:4])
-    with pytest.raises(InputError, match="must be contiguous"):
+    with pytest.raises(InputError, match=r"input 'x' is not contiguous \(strides \(1, 8\)\)"):
         engine.execute(x.t().contiguous().t())
-    with pytest.raises(InputError, match=r"takes 1 input\(s\)"):
+    with pytest.raises(InputError, match=r"takes 1 input\(s\) \(x\); got 2"):
         engine.execute(x, x)
+    with pytest.raises(InputError, match="input 'x' must have dtype float16; got float32"):
+        engine.execute(x.float().cpu().numpy())
+    with pytest.raises(InputError, match=r"outputs= must hold CUDA arrays; output 'y' is a cpu tensor"):
+        engine.execute(x, outputs=[torch.empty(8, 256, dtype=torch.float16)])
+    with pytest.raises(InputError, match=r"output 'y' must have shape \(8, 256\); got \(8, 255\)"):
+        engine.execute(x, outputs=[torch.empty(8, 255, dtype=torch.float16, device="cuda")])
     assert engine.context_creations == 0  # nothing reached torch-tensorrt
 
 
@@ -397,3 +411,423 @@ def test_gpu_torchbind_distribution_version_is_what_was_probed(torchbind_backend
     name = runtime.library.distribution
     assert importlib.metadata.version(name) == runtime.library.version
     assert runtime.library.path.is_file()
+
+
+# -- the device contract: output kind follows input kind -------------------------------------------------
+class _CudaArrayInterface:
+    """A CUDA array that is not a torch tensor (as CuPy's or Numba's): ``__cuda_array_interface__`` only."""
+
+    def __init__(self, tensor: Any) -> None:
+        self._tensor = tensor
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self._tensor.__cuda_array_interface__  # type: ignore[no-any-return]
+
+
+class _DLPackArray:
+    """A CUDA array seen through DLPack only."""
+
+    def __init__(self, tensor: Any) -> None:
+        self._tensor = tensor
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._tensor.__dlpack_device__()
+
+
+@pytest.fixture(scope="module")
+def tiny_plans(python_backend: Any) -> dict[bool, Any]:
+    """The tiny engine (``y = 2x + 1``, 8x16 fp16) built with and without
+    BuilderFlag.REQUIRE_USER_ALLOCATION (what makes a TensorRT-RTX context capturable)."""
+    import functools
+
+    from trt_runtime import builders
+
+    original = builders._build
+    plans = {}
+    try:
+        for flag in (True, False):
+            builders._build = functools.partial(original, capturable=flag)  # type: ignore[assignment]
+            plans[flag] = builders.build_tiny(16, 8, "float16", logger=python_backend.logger)
+    finally:
+        builders._build = original  # type: ignore[assignment]
+    return plans
+
+
+@pytest.fixture
+def open_torchbind(torchbind_backend: Any, engines: Any, tiny_plans: dict[bool, Any]) -> Any:
+    """``open_torchbind(name, **kwargs) -> (engine, built)`` for conftest's engines plus
+    ``tiny`` and ``tiny_uncapturable``; closed after the test."""
+    opened: list[Any] = []
+
+    def _open(name: str, **kwargs: Any) -> tuple[Any, Any]:
+        built = {"tiny": tiny_plans[True], "tiny_uncapturable": tiny_plans[False]}.get(name) or engines(name)
+        engine = torchbind_backend.load_engine(EngineSource(built.plan, name=name), **kwargs)
+        opened.append(engine)
+        return engine, built
+
+    yield _open
+    for engine in opened:
+        engine.close()
+
+
+def _input(torch: Any, built: Any, batch: int | None = None, seed: int = 0) -> Any:
+    return torch.from_numpy(built.random_inputs(batch=batch, seed=seed)[0]).cuda()
+
+
+def _same(torch: Any, got: Any, want: Any) -> None:
+    torch.cuda.synchronize()
+    assert tuple(got.shape) == tuple(want.shape) and got.dtype == want.dtype
+    assert torch.equal(got, want), f"max abs diff {float((got.float() - want.float()).abs().max())}"
+
+
+def _close(torch: Any, got: Any, want: Any, bitwise: list[bool]) -> None:
+    """Close within float32 rounding of different kernels; records whether bitwise equal."""
+    torch.cuda.synchronize()
+    assert tuple(got.shape) == tuple(want.shape) and got.dtype == want.dtype
+    bitwise.append(bool(torch.equal(got, want)))
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_gpu_torchbind_output_kind_follows_input_kind(open_torchbind: Any, torch: Any) -> None:
+    engine, built = open_torchbind("mlp_fp16")
+    host = built.random_inputs(seed=21)[0]
+    x = torch.from_numpy(host).cuda()
+    out = engine(x)
+    assert isinstance(out, torch.Tensor) and out.is_cuda and out.device.index == engine.device
+    assert out.dtype == torch.float16 and tuple(out.shape) == (8, 256)
+    want = out.cpu().numpy()
+    got = engine(host)  # numpy in: numpy out, ready
+    assert type(got) is np.ndarray and got.dtype == np.float16
+    np.testing.assert_array_equal(got, want)
+    got = engine(torch.from_numpy(host))  # CPU tensor in: CPU tensor out
+    assert isinstance(got, torch.Tensor) and got.device.type == "cpu" and got.dtype == torch.float16
+    np.testing.assert_array_equal(got.numpy(), want)
+    for wrap in (_CudaArrayInterface, _DLPackArray):  # other CUDA arrays in: a device array out
+        got = engine(wrap(x))
+        assert hasattr(got, "__cuda_array_interface__") and hasattr(got, "__dlpack__")
+        assert got.is_cuda and got.device.index == engine.device
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
+    with pytest.raises(InputError, match=r"input 'x' is not contiguous"):
+        engine(_CudaArrayInterface(x.t().contiguous().t()))  # refused, never copied
+
+
+def test_gpu_torchbind_hot_path_taken_for_cuda_tensors(
+    open_torchbind: Any, torch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With real torch tensors (torch.Size keys, torch dtypes) the common call skips the full check."""
+    engine, built = open_torchbind("mlp_fp16")
+    x = _input(torch, built, seed=1)
+    want = engine(x).clone()
+    slow: list[Any] = []
+    original = engine._execute
+    monkeypatch.setattr(engine, "_execute", lambda *a: slow.append(a) or original(*a))
+    for _ in range(5):
+        _same(torch, engine(x), want)
+    assert slow == []
+
+
+def test_gpu_torchbind_orders_with_the_callers_stream(open_torchbind: Any, torch: Any) -> None:
+    """A result read on the caller's stream right after the call, behind a long kernel queued
+    there, is correct: the engine waits for the caller's work and the caller for the engine's."""
+    engine, built = open_torchbind("mlp_fp16")
+    x = _input(torch, built, seed=9)
+    want = engine(x).clone()
+    side = torch.cuda.Stream()
+    for stream in (side, torch.cuda.default_stream()):
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)  # ~25 ms: the input below is late
+            late = x * 1
+            got = engine(late) * 1
+        stream.synchronize()
+        assert torch.equal(got, want)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        late = x * 1
+    (got,) = engine.execute(late, stream=side)
+    with torch.cuda.stream(side):
+        got = got * 1
+    side.synchronize()
+    assert torch.equal(got, want)
+    host_x = x.cpu().numpy()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        host = engine(host_x)  # staged and run behind the sleep; ready when returned
+    np.testing.assert_array_equal(host, want.cpu().numpy())
+
+
+def test_gpu_torchbind_preallocated_outputs(open_torchbind: Any, torch: Any) -> None:
+    engine, built = open_torchbind("mlp_fp16")
+    x = _input(torch, built, seed=2)
+    want = engine(x).clone()
+    y = torch.empty_like(want)
+    assert engine.execute(x, outputs=[y])[0] is y
+    _same(torch, y, want)
+    z = torch.zeros_like(want)
+    through = _CudaArrayInterface(z)
+    assert engine.execute(x, outputs=[through])[0] is through
+    _same(torch, z, want)
+    ready = torch.zeros_like(want)
+    engine.execute(x.cpu().numpy(), outputs=[ready])  # host inputs: ready when returned
+    assert torch.equal(ready, want)
+    dynamic, _ = open_torchbind("mlp_dynamic")
+    x3 = torch.randn(3, 64, device="cuda")
+    wrong = torch.zeros(4, 64, device="cuda")
+    with pytest.raises(InputError, match=r"output 'y' must have shape \(3, 64\); got \(4, 64\)"):
+        dynamic.execute(x3, outputs=[wrong])
+    assert not bool(wrong.any()), "a refused output is never written"
+    right = torch.empty(3, 64, device="cuda")
+    dynamic.execute(x3, outputs=[right])
+    _same(torch, right, dynamic(x3))
+
+
+# -- the outer CUDA graph ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tiny", "mlp_fp16", "convnet_fp16"])
+@pytest.mark.parametrize("mode", ["copy", "view"])
+def test_gpu_torchbind_outer_graph_equals_eager(
+    open_torchbind: Any, torch: Any, name: str, mode: str
+) -> None:
+    from trt_runtime import enable_cudagraphs
+
+    engine, built = open_torchbind(name)
+    xs = [_input(torch, built, seed=seed) for seed in range(4)]
+    eager = [engine(x).clone() for x in xs]
+    with enable_cudagraphs(engine, outer=mode):
+        for _ in range(2):
+            for x, want in zip(xs, eager, strict=True):
+                _same(torch, engine(x), want)
+    assert engine.graph_captures == 1
+    assert engine.context_creations == 1
+    assert engine.native_context_creations in (None, 1)  # None: before 2.13
+
+
+def _needs_strategies(engine_or_backend: Any) -> None:
+    backend = getattr(engine_or_backend, "backend", engine_or_backend)
+    if not backend.capabilities.supports_dynamic_shapes_strategy:
+        pytest.skip(f"torch-tensorrt-rtx {_torchbind_version()} has no dynamic-shapes strategy (2.13+)")
+
+
+@pytest.mark.parametrize("strategy", ["lazy", "eager"])
+def test_gpu_torchbind_outer_graph_dynamic_engine_one_capture_per_shape(
+    open_torchbind: Any, torchbind_backend: Any, torch: Any, strategy: str, report_measurement: Any
+) -> None:
+    """Graphs of both optimization profiles (batches 1..8 and 9..32) replayed in any order."""
+    from trt_runtime import enable_cudagraphs
+
+    settings = RuntimeSettings(dynamic_shapes_kernel_specialization_strategy=strategy)
+    if strategy != "lazy":
+        _needs_strategies(torchbind_backend)
+    engine, built = open_torchbind("dynamic", settings=settings)
+    batches = (3, 8, 20, 3, 8, 20, 1, 3)
+    xs = [_input(torch, built, batch=b, seed=i) for i, b in enumerate(batches)]
+    eager = [engine(x).clone() for x in xs]
+    bitwise: list[bool] = []
+    with enable_cudagraphs(engine, outer=True):
+        for x, want in zip(xs, eager, strict=True):
+            _close(torch, engine(x), want, bitwise)
+        assert engine.graph_captures == 4  # batches 3, 8, 20 (profile 1) and 1
+        for x, want in reversed(list(zip(xs, eager, strict=True))):
+            _close(torch, engine(x), want, bitwise)
+        assert engine.graph_captures == 4
+        engine.reset_graphs()
+        _close(torch, engine(xs[0]), eager[0], bitwise)
+        assert engine.graph_captures == 5
+    report_measurement(f"torchbind outer graph, dynamic engine, {strategy}: bitwise equal to eager",
+                       f"{sum(bitwise)}/{len(bitwise)}")
+
+
+def test_gpu_torchbind_outer_graph_recaptures_on_settings_change(open_torchbind: Any, torch: Any) -> None:
+    from trt_runtime import enable_cudagraphs, runtime_config
+
+    engine, built = open_torchbind("mlp_dynamic")
+    _needs_strategies(engine)
+    x = _input(torch, built, batch=8, seed=0)
+    want = engine(x).clone()
+    bitwise: list[bool] = []
+    with enable_cudagraphs(engine, outer=True):
+        _close(torch, engine(x), want, bitwise)
+        _close(torch, engine(x), want, bitwise)
+        assert engine.graph_captures == 1
+        creations = engine.context_creations
+        with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
+            _close(torch, engine(x), want, bitwise)
+            _close(torch, engine(x), want, bitwise)
+            assert engine.graph_captures == 2 and engine.context_creations == creations + 1
+        _close(torch, engine(x), want, bitwise)  # settings restored: a new context, a new graph
+        assert engine.graph_captures == 3 and engine.context_creations == creations + 2
+    assert engine.outer_graph is None
+    _close(torch, engine(x), want, bitwise)  # eager again
+    assert engine.context_creations == engine.native_context_creations
+
+
+def test_gpu_torchbind_outer_graph_host_inputs_static_inputs_and_outputs(
+    open_torchbind: Any, torch: Any
+) -> None:
+    from trt_runtime import enable_cudagraphs
+
+    engine, built = open_torchbind("mlp_fp16")
+    host = built.random_inputs(seed=4)[0]
+    want = engine(host)
+    with enable_cudagraphs(engine, outer="view"):
+        for _ in range(3):
+            got = engine(host)
+            assert isinstance(got, np.ndarray)
+            np.testing.assert_array_equal(got, want)
+        cpu = engine(torch.from_numpy(host))
+        assert isinstance(cpu, torch.Tensor) and not cpu.is_cuda
+        np.testing.assert_array_equal(cpu.numpy(), want)
+        y = torch.empty(8, 256, dtype=torch.float16, device="cuda")
+        assert engine.execute(torch.from_numpy(host).cuda(), outputs=[y])[0] is y
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(y.cpu().numpy(), want)
+        (static,) = engine.static_inputs((8, 256))
+        static.copy_(torch.from_numpy(host))
+        np.testing.assert_array_equal(engine(static).cpu().numpy(), want)
+    assert engine.graph_captures == 1
+
+
+@pytest.mark.parametrize("mode", ["copy", "view"])
+def test_gpu_torchbind_outer_graph_orders_with_the_callers_stream(
+    open_torchbind: Any, torch: Any, mode: str
+) -> None:
+    from trt_runtime import enable_cudagraphs
+
+    engine, built = open_torchbind("mlp_fp16")
+    x = _input(torch, built, seed=5)
+    want = engine(x).clone()
+    side = torch.cuda.Stream()
+    with enable_cudagraphs(engine, outer=mode):
+        engine(x)  # captured
+        for stream in (side, torch.cuda.default_stream(), side):
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(50_000_000)  # ~25 ms: the input below is late
+                late = x * 1
+                got = engine(late) * 1  # read on the caller's stream right away
+            stream.synchronize()
+            assert torch.equal(got, want)
+    assert engine.graph_captures == 1
+
+
+def test_gpu_torchbind_outer_graph_engine_without_user_allocation(
+    open_torchbind: Any, python_backend: Any, tiny_plans: dict[bool, Any], torch: Any, report_measurement: Any
+) -> None:
+    """Never a wrong result: either TensorRT-RTX captures the context and replays match eager,
+    or the call is a CapabilityError naming REQUIRE_USER_ALLOCATION."""
+    from trt_runtime import CapabilityError, enable_cudagraphs
+
+    x = _input(torch, tiny_plans[False], seed=7)
+    reference = python_backend.load_engine(EngineSource(tiny_plans[False].plan, name="tiny_uncapturable"))
+    try:
+        reference(x)
+        context = getattr(getattr(reference, "_context", None), "trt_context", None)
+        stream = torch.cuda.Stream()
+        capturable = "unknown" if context is None else str(context.is_stream_capturable(stream.cuda_stream))
+    finally:
+        reference.close()
+    engine, _ = open_torchbind("tiny_uncapturable")
+    want = engine(x).clone()
+    with enable_cudagraphs(engine, outer=True):
+        try:
+            first, second = engine(x), engine(x)
+        except CapabilityError as exc:
+            outcome = "CapabilityError"
+            assert "REQUIRE_USER_ALLOCATION" in str(exc)
+            assert engine.graph_captures == 0
+        else:
+            outcome = "captured, replays equal eager"
+            _same(torch, first, want)
+            _same(torch, second, want)
+    report_measurement("torchbind outer graph, tiny without REQUIRE_USER_ALLOCATION",
+                       f"is_stream_capturable={capturable}; {outcome}")
+    _same(torch, engine(x), want)  # eager again
+
+
+@pytest.mark.parametrize("name", ["mlp_fp16", "dynamic"])
+def test_gpu_torchbind_outer_graph_agrees_with_python_backend(
+    open_torchbind: Any,
+    torchbind_backend: Any,
+    python_backend: Any,
+    torch: Any,
+    name: str,
+    report_measurement: Any,
+) -> None:
+    from trt_runtime import enable_cudagraphs
+
+    settings = RuntimeSettings(dynamic_shapes_kernel_specialization_strategy="eager")
+    _needs_strategies(torchbind_backend)
+    engine, built = open_torchbind(name, settings=settings)
+    python = python_backend.load_engine(EngineSource(built.plan, name=name), settings=settings)
+    try:
+        batches = (None,) if name == "mlp_fp16" else (3, 20)
+        xs = [_input(torch, built, batch=b, seed=30 + i) for i, b in enumerate(batches)]
+        wants = [python(x).clone() for x in xs]
+        bitwise: list[bool] = []
+        with enable_cudagraphs(engine, outer=True):
+            for _ in range(2):
+                for x, want in zip(xs, wants, strict=True):
+                    _close(torch, engine(x), want, bitwise)
+    finally:
+        python.close()
+    report_measurement(f"torchbind outer graph vs python backend eager, {name}: bitwise equal",
+                       f"{sum(bitwise)}/{len(bitwise)}")
+    if name == "mlp_fp16":
+        assert all(bitwise), "same engine, same kernels, same GPU: outputs must be bitwise equal"
+
+
+# -- call overhead ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tiny", "mlp_fp16"])
+def test_gpu_torchbind_call_overhead_over_the_bare_op(
+    open_torchbind: Any, torch: Any, name: str, report_measurement: Any
+) -> None:
+    """``engine(x)`` against ``torch.ops.tensorrt.execute_engine([x], engine.native)`` on the same
+    engine, alternating batches of calls (CPU time per call, no synchronize between calls).
+    The figures are reported, never asserted: speed goals are judged by the benchmark
+    (benchmarks/) as ratios within one run. What is asserted is that both calls agree."""
+    import statistics
+    import time
+
+    from trt_runtime import enable_cudagraphs
+
+    engine, built = open_torchbind(name)
+    x = _input(torch, built, seed=11)
+    op, native = torch.ops.tensorrt.execute_engine, engine.native
+    calls = 2000
+
+    def bare() -> None:
+        for _ in range(calls):
+            op([x], native)
+
+    def ours() -> None:
+        for _ in range(calls):
+            engine(x)
+
+    def timed(fn: Callable[[], None]) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+        return elapsed / calls
+
+    for fn in (bare, ours):
+        fn()  # warm: kernels compiled, allocator primed
+    samples: dict[str, list[float]] = {"op": [], "engine": [], "graph": []}
+    for rep in range(9):
+        pair = [("op", bare), ("engine", ours)]
+        for key, fn in pair if rep % 2 else reversed(pair):
+            samples[key].append(timed(fn))
+    with enable_cudagraphs(engine, outer=True):
+        ours()
+        samples["graph"] = [timed(ours) for _ in range(5)]
+    med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    ratio = med["engine"] / med["op"]
+    report_measurement(
+        f"torchbind call overhead, {name} (median µs/call, no sync)",
+        f"engine(x) {med['engine']:.1f}, execute_engine op {med['op']:.1f}: {ratio:.3f}x (target <= 1.10x); "
+        f"outer graph replay engine(x) {med['graph']:.1f} ({med['graph'] / med['op']:.2f}x the op)",
+    )
+    expected = op([x], native)[0]
+    assert torch.equal(engine(x), expected), "engine(x) and the bare op disagree on the same engine"

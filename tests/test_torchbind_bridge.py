@@ -1,0 +1,225 @@
+"""``TorchBridge`` (everything the torchbind backend asks of torch) against a minimal torch
+stand-in: the calls it makes into torch, with the arguments torch expects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from trt_runtime_backends.torchbind.bridge import TensorInfo, TorchBridge
+
+
+class _Dev:
+    def __init__(self, kind: str, index: int | None) -> None:
+        self.type, self.index = kind, index
+
+
+class _T:
+    def __init__(self, array: Any, device: _Dev) -> None:
+        self.array, self.device = np.asarray(array), device
+        self.dtype = f"torch.{self.array.dtype}"
+        self.shape = self.array.shape
+
+    def is_contiguous(self) -> bool:
+        return bool(self.array.flags.c_contiguous)
+
+    def stride(self) -> tuple[int, ...]:
+        return tuple(s // self.array.itemsize for s in self.array.strides)
+
+    def is_floating_point(self) -> bool:
+        return bool(np.issubdtype(self.array.dtype, np.floating))
+
+    def fill_(self, value: float) -> None:
+        self.array[...] = value
+
+    def __and__(self, other: _T) -> _T:
+        return _T(self.array & other.array, self.device)
+
+    def __invert__(self) -> _T:
+        return _T(~self.array, self.device)
+
+    def any(self) -> _T:
+        return _T(np.any(self.array), self.device)
+
+    def item(self) -> Any:
+        return self.array.item()
+
+
+class _Stream:
+    def __init__(self, handle: int = 0, device: Any = None) -> None:
+        self.handle = handle
+        self.device = device
+
+
+class _ExternalStream(_Stream):
+    pass
+
+
+class _GraphContext:
+    def __init__(self, graph: Any, stream: Any = None, capture_error_mode: str = "global") -> None:
+        graph.options = {"stream": stream, "capture_error_mode": capture_error_mode}
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _CUDAGraph:
+    options: dict[str, Any]
+
+
+class _Cuda:
+    Stream = _Stream
+    ExternalStream = _ExternalStream
+    CUDAGraph = _CUDAGraph
+    graph = _GraphContext
+
+    def current_stream(self, index: int) -> _Stream:
+        return _Stream(1000 + index)
+
+    @staticmethod
+    def stream(stream: Any) -> tuple[str, Any]:
+        return ("stream-context", stream)
+
+
+class _Packet:
+    """What ``torch.ops.tensorrt.execute_engine`` is: a packet whose ``_op`` is the C++ op."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self._op = lambda inputs, engine: self.calls.append("raw") or ["out"]
+
+    def __call__(self, inputs: Any, engine: Any) -> list[str]:
+        self.calls.append("packet")
+        return ["out"]
+
+
+class _Ops:
+    def __init__(self) -> None:
+        self.tensorrt = type("tensorrt", (), {"execute_engine": _Packet()})()
+
+
+class _C:
+    @staticmethod
+    def _cuda_getDevice() -> int:
+        return 3
+
+
+class _TorchStandIn:
+    Tensor = _T
+    uint8 = "uint8"
+    float16 = "torch.float16"
+    cuda = _Cuda()
+    ops = _Ops()
+    _C = _C
+
+    @staticmethod
+    def from_numpy(a: Any) -> _T:
+        return _T(a, _Dev("cpu", None))
+
+    @staticmethod
+    def frombuffer(buf: bytearray, dtype: str) -> _T:
+        return _T(np.frombuffer(buf, dtype=np.uint8), _Dev("cpu", None))
+
+    @staticmethod
+    def from_dlpack(value: Any) -> tuple[str, Any]:
+        return ("dlpack", value)
+
+    @staticmethod
+    def as_tensor(value: Any, **kw: Any) -> tuple[str, Any, dict[str, Any]]:
+        return ("cai", value, kw)
+
+    @staticmethod
+    def isnan(t: _T) -> _T:
+        return _T(np.isnan(t.array), t.device)
+
+
+def test_torchbind_bridge_describes_tensors_with_strides() -> None:
+    bridge = TorchBridge(_TorchStandIn())
+    info = bridge.describe(_T(np.ones((2, 3), np.float16), _Dev("cuda", 1)))
+    assert info == TensorInfo("float16", (2, 3), "cuda", 1, True, (3, 1))
+    assert bridge.describe(np.ones(3)) is None
+    host = bridge.from_numpy(np.ones((4, 2), np.float32).T)
+    assert bridge.describe(host) == TensorInfo("float32", (2, 4), "cpu", None, False, (1, 2))
+    assert bridge.torch_dtype("float16") == "torch.float16" and bridge.torch_dtype("int8") is None
+    assert bridge.tensor_type is _T
+
+
+def test_torchbind_bridge_views_cuda_arrays_only() -> None:
+    bridge = TorchBridge(_TorchStandIn())
+
+    class Dl:
+        def __init__(self, kind: int) -> None:
+            self.kind = kind
+
+        def __dlpack__(self, stream: Any = None) -> None: ...
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (self.kind, 0)
+
+    class Cai:
+        @property
+        def __cuda_array_interface__(self) -> dict[str, Any]:
+            return {"shape": (2,), "typestr": "<f4", "data": (1, False), "version": 3}
+
+    cuda_dl = Dl(2)
+    assert bridge.device_view(cuda_dl) == ("dlpack", cuda_dl)
+    assert bridge.device_view(Dl(1)) is None  # a host DLPack array is a host array
+    assert bridge.device_view(np.ones(3)) is None  # numpy has __dlpack__ too: on the host
+    cai = Cai()
+    # never as_tensor(..., device=...): torch would copy an array of another device
+    assert bridge.device_view(cai) == ("cai", cai, {})
+    assert bridge.device_view("text") is None
+
+
+def test_torchbind_bridge_streams() -> None:
+    bridge = TorchBridge(_TorchStandIn())
+    assert bridge.resolve_stream(None, 0).handle == 1000
+    mine = _Stream(7)
+    assert bridge.resolve_stream(mine, 0) is mine
+    assert bridge.resolve_stream(1234, 1).handle == 1234
+    assert bridge.resolve_stream(type("CoreStream", (), {"handle": 99})(), 0).handle == 99
+    proto = type("Proto", (), {"__cuda_stream__": lambda self: (0, 55)})()
+    assert bridge.resolve_stream(proto, 0).handle == 55
+    with pytest.raises(TypeError, match=r"stream must be None, a torch\.cuda\.Stream"):
+        bridge.resolve_stream(1.5, 0)
+    assert bridge.stream_scope(mine) == ("stream-context", mine)
+    assert bridge.new_stream(2).device == 2
+    assert bridge.current_device_fn()() == 3  # torch._C._cuda_getDevice, no Python layer
+    blob = bytes(range(200))
+    assert bytes(bridge.bytes_to_tensor(blob).array.tobytes()) == blob
+
+
+def test_torchbind_bridge_calls_the_ops_cpp_operation() -> None:
+    torch = _TorchStandIn()
+    bridge = TorchBridge(torch)
+    packet = torch.ops.tensorrt.execute_engine
+    assert bridge.execute([], object()) == ["out"]
+    assert packet.calls == ["raw"]  # the packet's Python-side fake-object scan is skipped
+    del packet._op
+    fresh = TorchBridge(torch)
+    assert fresh.execute_op() is packet
+
+
+def test_torchbind_bridge_captures_on_the_given_stream_thread_local() -> None:
+    bridge = TorchBridge(_TorchStandIn())
+    assert bridge.cuda_graphs_available()
+    side = _Stream(5)
+    graph, result = bridge.capture(lambda: ["static"], side)
+    assert result == ["static"]
+    assert graph.options == {"stream": side, "capture_error_mode": "thread_local"}
+
+
+def test_torchbind_bridge_poisons_floating_outputs_only() -> None:
+    bridge = TorchBridge(_TorchStandIn())
+    out = _T(np.zeros(3, np.float32), _Dev("cuda", 0))
+
+    assert bridge.poison(out) and np.isnan(out.array).all()
+    reference = _T(np.ones(3, np.float32), _Dev("cuda", 0))
+    assert bridge.unwritten(out, reference)
+    out.array[...] = 1.0
+    assert not bridge.unwritten(out, reference)
+    assert not bridge.poison(_T(np.zeros(3, np.int32), _Dev("cuda", 0)))
