@@ -18,7 +18,8 @@ def _install(session: nox.Session, extras: str, *extra: str) -> None:
 def tests(session: nox.Session) -> None:
     """CPU test suite (GPU tests skip with their reason)."""
     _install(session, "rtx,cuda,cli,test")
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.install(*CONSTRAINTS, "--no-deps", "executorch")
+    session.run("python", "-m", "pytest", *session.posargs, env={"TRT_RUNTIME_REQUIRE_EXECUTORCH": "1"})
 
 
 @nox.session

@@ -6,12 +6,14 @@ import io
 import mmap
 import struct
 
+import _executorch_schema
 import pytest
 
 from trt_runtime import DataDependentShapeError, FormatError, TensorSpec
 from trt_runtime.executorch import delegates, read_program, to_pte
-from trt_runtime.formats import describe, pack_tr01, parse_tr01, read_engine_source
-from trt_runtime.formats import pte as pte_format
+from trt_runtime.formats import describe, pack_tr01, parse_tr01, pte_writer, read_engine_source
+from trt_runtime.formats import flatbuffer as fb
+from trt_runtime.formats.pte import Delegate
 
 ENGINE = bytes(range(256)) * 3
 BINDINGS = (
@@ -134,7 +136,7 @@ def test_formats_pte_fills_dtypes_of_torch_tensorrt_blob_from_program() -> None:
     untyped = tuple(TensorSpec(s.name, "", (), s.is_input) for s in BINDINGS)
     blob = pack_tr01(ENGINE, untyped)
     out = io.BytesIO()
-    pte_format.write_program(out, [blob], BINDINGS)
+    pte_writer.write_program(out, [blob], BINDINGS)
     source = read_engine_source(out.getvalue())
     assert source.bindings == BINDINGS
     assert source.metadata["dtypes_recorded"] is True
@@ -161,7 +163,7 @@ def test_formats_pte_bad_flatbuffer_offsets_are_format_errors() -> None:
 # A program the writer does not produce: several delegates, kernels between them and a
 # foreign backend, assembled from the writer's own building blocks.
 def _program(methods: list[tuple[str, list[tuple[str, bytes]], bool]]) -> bytes:
-    T, V, S, B = pte_format._T, pte_format._V, pte_format._S, pte_format._B
+    T, V, S, B = fb.Table, fb.Vector, fb.String, fb.Bytes
     inline_data, plans = [], []
     for name, members, with_kernel in methods:
         delegate_tables, instructions = [], []
@@ -195,7 +197,7 @@ def _program(methods: list[tuple[str, list[tuple[str, bytes]], bool]]) -> bytes:
             )
         )
     root = T([("<I", 0), ("off", V("off", plans)), None, ("off", V("off", inline_data))])
-    writer = pte_format._Writer(b"\x00\x00\x00\x00ET12")
+    writer = fb.Writer(b"\x00\x00\x00\x00ET12")
     struct.pack_into("<I", writer.buf, 0, writer.place(root))
     return bytes(writer.buf)
 
@@ -265,16 +267,15 @@ def test_formats_pte_bad_delegate_blob_is_rejected() -> None:
 
 
 def test_formats_pte_executorch_deserializer_agrees(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip(
-        "executorch", reason="executorch not installed: cannot cross-check with its deserializer"
-    )
-    from trt_runtime.executorch import load_program
-
+    # ExecuTorch's own deserializer (without torch, see tests/_executorch_schema.py);
+    # tests/test_executorch_interop.py checks every field.
+    et = _executorch_schema.load_or_skip()
     path = tmp_path / "model.pte"
     to_pte(ENGINE, BINDINGS, path, device_id=1)
-    program = load_program(path)
+    program = et.deserialize_pte_binary(path.read_bytes()).program
     (delegate,) = program.execution_plan[0].delegates
     assert delegate.id == "TensorRTBackend"
+    assert [(c.key, c.value) for c in delegate.compile_specs] == [("target_device", b"cuda:1")]
     inline = program.backend_delegate_data[delegate.processed.index].data
     assert parse_tr01(bytes(inline)).device_id == 1
 
@@ -334,3 +335,130 @@ def test_formats_pte_device_id_of_a_missing_gpu_is_an_error(tmp_path) -> None:  
         trt_runtime.load(path, backend="python")
     engine = trt_runtime.load(path, backend="python", device=0)  # an explicit device wins
     engine.close()
+
+
+# -- target_device, device tags, dynamic shapes --------------------------------------------
+
+_IMAGES = ((1, 3, 64, 64), (4, 3, 64, 64), (8, 3, 64, 64))
+DYNAMIC = (
+    TensorSpec("x", "float16", (-1, 3, 64, 64), True, profiles=(_IMAGES,)),
+    TensorSpec("logits", "float16", (-1, 10), False),
+)
+
+
+def _delegate(data: bytes) -> Delegate:
+    (delegate,) = read_program(data).delegates
+    return delegate
+
+
+def test_formats_pte_target_device_follows_device_id() -> None:
+    for device_id in (0, 3):
+        delegate = _delegate(_pte(device_id=device_id))
+        assert delegate.compile_specs == {"target_device": f"cuda:{device_id}".encode()}
+        assert delegate.target_device == f"cuda:{device_id}"
+        assert {t.device for t in delegate.tensors} == {f"cuda:{device_id}"}
+        assert all(t.device_recorded and not t.planned for t in delegate.tensors)
+        assert delegate.warnings == ()
+    source = read_engine_source(_pte(device_id=3))
+    assert source.metadata["compile_specs"] == {"target_device": "cuda:3"}
+    assert source.metadata["warnings"] == []
+
+
+def test_formats_pte_explicit_target_device_is_written_verbatim_and_warned_about() -> None:
+    delegate = _delegate(_pte(device_id=0, target_device="CUDA:2"))
+    assert delegate.compile_specs == {"target_device": b"CUDA:2"}
+    assert {t.device for t in delegate.tensors} == {"cuda:2"}
+    source = read_engine_source(_pte(device_id=0, target_device="CUDA:2"))
+    assert source.device_id == 0  # the blob decides
+    warnings = source.metadata["warnings"]
+    assert len(warnings) == 2
+    assert "target_device 'CUDA:2' disagrees with the blob; the blob's device_id 0 decides" in warnings[0]
+    assert "records this delegate's tensors on cuda:2" in warnings[1]
+    assert _delegate(_pte(device_id=1, target_device="cuda")).target_device == "cuda"
+
+
+@pytest.mark.parametrize("bad", ["cpu", "cuda:", "cuda:x", "gpu:0", "cuda:0:1", "cuda:128", ""])
+def test_formats_pte_target_device_must_name_a_cuda_device(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"target_device .*(must be 'cuda' or 'cuda:N'|0\.\.127)"):
+        to_pte(ENGINE, BINDINGS, io.BytesIO(), target_device=bad)
+
+
+def test_formats_pte_device_id_beyond_a_device_index_needs_target_device() -> None:
+    with pytest.raises(ValueError, match=r"device_id 200 cannot be a target_device.*0\.\.127"):
+        to_pte(ENGINE, BINDINGS, io.BytesIO(), device_id=200)
+    delegate = _delegate(_pte(device_id=200, target_device="cuda:0"))
+    assert delegate.device_id == 200 and delegate.target_device == "cuda:0"
+
+
+def test_formats_pte_default_target_device_needs_exactly_one_engine() -> None:
+    assert pte_writer.default_target_device([5]) == "cuda:5"
+    assert pte_writer.default_target_device([]) == "cuda:0"
+    assert pte_writer.default_target_device([1, 2]) == "cuda:0"
+
+
+def test_formats_pte_reader_warns_about_a_target_device_that_is_no_gpu() -> None:
+    data = bytearray(_pte(device_id=0, location="inline"))
+    at = data.index(b"cuda:0")
+    data[at : at + 6] = b"cpu:00"
+    source = read_engine_source(bytes(data))
+    assert source.metadata["compile_specs"] == {"target_device": "cpu:00"}
+    assert any("target_device 'cpu:00' names no CUDA device" in w for w in source.metadata["warnings"])
+
+
+def test_formats_pte_dynamic_inputs_and_outputs_record_the_same_upper_bound() -> None:
+    out = io.BytesIO()
+    to_pte(ENGINE, DYNAMIC, out)
+    x, logits = _delegate(out.getvalue()).tensors
+    assert (x.sizes, x.dynamism) == ((8, 3, 64, 64), "dynamic_bound")
+    assert (logits.sizes, logits.dynamism) == ((8, 10), "dynamic_bound")
+    assert x.dtype == logits.dtype == "float16"
+    source = read_engine_source(out.getvalue())
+    assert [b.shape for b in source.bindings] == [(-1, 3, 64, 64), (-1, 10)]
+    assert source.metadata["program_tensors"][1]["sizes"] == [8, 10]
+    assert source.metadata["warnings"] == []
+
+
+def test_formats_pte_upper_bounds_override_and_are_validated() -> None:
+    out = io.BytesIO()
+    to_pte(ENGINE, DYNAMIC, out, upper_bounds={"logits": (16, 10), "x": (4, 3, 64, 64)})
+    x, logits = _delegate(out.getvalue()).tensors
+    assert x.sizes == (4, 3, 64, 64) and logits.sizes == (16, 10)
+    with pytest.raises(ValueError, match=r"upper_bounds names \['y'\], which are not bindings"):
+        to_pte(ENGINE, DYNAMIC, io.BytesIO(), upper_bounds={"y": (1,)})
+    with pytest.raises(ValueError, match=r"upper bound for 'logits' must be 2 non-negative ints"):
+        to_pte(ENGINE, DYNAMIC, io.BytesIO(), upper_bounds={"logits": (16,)})
+    with pytest.raises(ValueError, match=r"changes its static dimension\(s\) \[1\]"):
+        to_pte(ENGINE, DYNAMIC, io.BytesIO(), upper_bounds={"logits": (16, 11)})
+    with pytest.raises(ValueError, match=r"exceeds its profiles' maximum \[8, 3, 64, 64\]"):
+        to_pte(ENGINE, DYNAMIC, io.BytesIO(), upper_bounds={"x": (9, 3, 64, 64)})
+
+
+def test_formats_pte_unknown_bounds_are_unbound_and_reported(caplog: pytest.LogCaptureFixture) -> None:
+    # A second dynamic dimension defeats the dynamic-batch rule: no bound is guessed.
+    bindings = (
+        TensorSpec("x", "float32", (-1, -1), True, profiles=(((1, 1), (2, 2), (4, 8)),)),
+        TensorSpec("y", "float32", (-1, 5), False),
+    )
+    out = io.BytesIO()
+    with caplog.at_level("WARNING", logger="trt_runtime.formats"):
+        to_pte(ENGINE, bindings, out)
+    assert "writing ['y'] as DYNAMIC_UNBOUND" in caplog.text
+    x, y = _delegate(out.getvalue()).tensors
+    assert (x.sizes, x.dynamism) == ((4, 8), "dynamic_bound")
+    assert y.dynamism == "dynamic_unbound"
+    (warning,) = read_engine_source(out.getvalue()).metadata["warnings"]
+    assert "tensor(s) 'y' are DYNAMIC_UNBOUND: ExecuTorch's runtime refuses" in warning
+
+
+def test_formats_pte_program_layout_matches_executorch() -> None:
+    # Segment 0 is ExecuTorch's empty constant segment; the blob is segment 1.
+    data = _pte()
+    length, program_size, base, segment_size = struct.unpack_from("<IQQQ", data, 12)
+    assert length == 32 and base >= program_size
+    assert segment_size == len(data) - base
+    program = read_program(data)
+    assert program.has_extended_header and program.version == 0
+    assert _delegate(data).location == "segment"
+    inline = _pte(location="inline")
+    assert inline[8:12] != b"eh00"  # an empty segment needs no extended header
+    assert _delegate(inline).location == "inline"

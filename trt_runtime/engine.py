@@ -198,6 +198,8 @@ class EngineBase(abc.ABC):
             if outputs is not None:
                 self._backend.capabilities.require("supports_preallocated_outputs", self._backend.name)
             self._validate_inputs(inputs)
+            if outputs is not None:
+                self._validate_outputs(outputs)
             context = self.ensure_context()
             if outputs is None:
                 return self._run(context, inputs, stream)
@@ -272,6 +274,10 @@ class EngineBase(abc.ABC):
         context override this, so bad input never creates a context or materializes a
         cache; checks that need the context stay in :meth:`_run`.
         """
+
+    def _validate_outputs(self, outputs: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """Check preallocated ``outputs`` (count, dtype, device, contiguity) before any context
+        exists; checks that need output shapes from the context stay in :meth:`_run`."""
 
     def _release(self) -> None:  # noqa: B027 - optional hook
         """Release the engine itself (after the context)."""

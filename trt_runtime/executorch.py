@@ -1,29 +1,46 @@
 """ExecuTorch ``.pte`` helpers: write a program around a prebuilt engine, list its delegates.
 
-Nothing here needs the ``executorch`` package: the program flatbuffer is read and
-written by :mod:`trt_runtime.formats.pte`. When ``executorch`` is installed,
-:func:`load_program` hands a file to its own deserializer for full inspection.
+Nothing here needs the ``executorch`` package: the program flatbuffer is read by
+:mod:`trt_runtime.formats.pte` and written by :mod:`trt_runtime.formats.pte_writer`.
+:func:`load_program` hands a file to ExecuTorch's own deserializer for inspection
+(``executorch`` and torch needed).
 
 The delegate blob :func:`to_pte` writes is the TR01/TR02 blob of torch-tensorrt's
 ExecuTorch backend (id ``"TensorRTBackend"``), so torch-tensorrt's C++ runtime
-backend can load it; see docs/formats.md.
+backend can load it; the program around it is what ExecuTorch's own exporter writes
+for a CUDA delegate (see docs/formats.md).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.errors import DataDependentShapeError
-from trt_runtime.formats.pte import BACKEND_ID, SCALAR_TYPES, Delegate, Program, parse_pte, write_program
+from trt_runtime.formats.pte import (
+    BACKEND_ID,
+    SCALAR_TYPES,
+    TARGET_DEVICE_KEY,
+    Delegate,
+    Program,
+    parse_pte,
+)
+from trt_runtime.formats.pte_writer import (
+    LOCATIONS,
+    MAX_DEVICE_INDEX,
+    check_target_device,
+    default_target_device,
+    write_program,
+)
 from trt_runtime.formats.source import EngineData, open_buffer, output_stream
 from trt_runtime.formats.tr01 import AliasedIO, blob_parts
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
     "BACKEND_ID",
+    "TARGET_DEVICE_KEY",
     "delegates",
     "executorch_available",
     "load_program",
@@ -33,7 +50,7 @@ __all__ = [
 
 
 def executorch_available() -> bool:
-    """Whether the optional ``executorch`` package can be imported."""
+    """Whether ExecuTorch's deserializer imports (``executorch`` with torch)."""
     try:
         import executorch.exir._serialize._program  # noqa: F401
     except ImportError:
@@ -48,6 +65,8 @@ def to_pte(
     *,
     aliased_io: AliasedIO = (),
     device_id: int = 0,
+    target_device: str | None = None,
+    upper_bounds: Mapping[str, Sequence[int]] | None = None,
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
@@ -62,6 +81,14 @@ def to_pte(
     become the method's inputs, outputs its outputs, in order). A path is written
     atomically. ``location`` is where the blob goes: ``"segment"`` (default, like
     ExecuTorch's exporter), ``"inline"`` or ``"named_data"``. Returns the file size.
+
+    ``device_id`` goes into the blob and decides where the engine runs. The delegate's
+    ``target_device`` compile spec (and the device recorded on its tensors) is
+    ``f"cuda:{device_id}"`` unless ``target_device`` is given, which is written
+    verbatim after validation (``"cuda"`` or ``"cuda:N"``); a reader warns when the
+    two disagree. ``upper_bounds`` maps binding names to the largest shape a dynamic
+    binding takes (see :func:`trt_runtime.formats.pte_writer.resolve_bounds` for the
+    bounds found without it).
 
     Engines with data-dependent outputs raise :class:`DataDependentShapeError` naming
     them, as torch-tensorrt's exporter refuses them: the ExecuTorch runtime cannot
@@ -87,6 +114,17 @@ def to_pte(
             raise ValueError(
                 f"binding {spec.name!r} has dtype {spec.dtype!r}, which ExecuTorch cannot express"
             )
+    if location not in LOCATIONS:
+        raise ValueError(f"location must be one of {', '.join(map(repr, LOCATIONS))}; got {location!r}")
+    if target_device is None:
+        valid = isinstance(device_id, int) and not isinstance(device_id, bool)
+        if not valid or not 0 <= device_id <= MAX_DEVICE_INDEX:
+            raise ValueError(
+                f"device_id {device_id!r} cannot be a target_device: ExecuTorch records CUDA device "
+                f"indices 0..{MAX_DEVICE_INDEX}; pass target_device= to write another one"
+            )
+        target_device = default_target_device([device_id])
+    check_target_device(target_device)
     # Bindings go into the blob in delegate-argument order: inputs, then outputs.
     ordered = [s for s in specs if s.is_input] + [s for s in specs if not s.is_input]
     parts = blob_parts(
@@ -99,7 +137,15 @@ def to_pte(
         target_platform=target_platform,
     )
     with parts as (prefix, view), output_stream(path) as out:
-        return write_program(out, [prefix, view], ordered, method=method, location=location)
+        return write_program(
+            out,
+            [prefix, view],
+            ordered,
+            method=method,
+            location=location,
+            target_device=target_device,
+            upper_bounds=upper_bounds,
+        )
 
 
 def read_program(source: Any) -> Program:
@@ -114,16 +160,18 @@ def delegates(source: Any) -> tuple[Delegate, ...]:
 
 
 def load_program(path: str | os.PathLike[str]) -> Any:
-    """The ``executorch`` package's own ``Program`` object for ``path`` (needs ``executorch``).
+    """ExecuTorch's own ``Program`` dataclass for ``path`` (needs ``executorch`` and torch).
 
-    It copies the whole file into Python objects: use it to inspect small programs,
-    not to load engines (use :func:`trt_runtime.load`).
+    Segments are moved back into the program, as ExecuTorch's
+    ``deserialize_pte_binary`` does. It copies the whole file into Python objects: use
+    it to inspect small programs, not to load engines (use :func:`trt_runtime.load`).
     """
     try:
         from executorch.exir._serialize._program import deserialize_pte_binary
     except ImportError as exc:
         raise ImportError(
-            "load_program needs the executorch package: pip install 'trt-runtime[executorch]'"
+            "load_program needs ExecuTorch's deserializer, which imports torch "
+            f"({exc}): pip install 'trt-runtime[executorch]'"
         ) from exc
     with open(os.fspath(path), "rb") as f:
         data = f.read()

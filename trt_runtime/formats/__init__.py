@@ -167,11 +167,9 @@ def read_engine_source(source: Source, **options: Any) -> EngineSource:
             metadata={
                 **blob.metadata(),
                 "plan": plan,
-                "blob_magic": blob.magic,
-                "method": delegate.method,
-                "delegate_index": delegate.index,
-                "location": delegate.location,
-                "fully_delegated": delegate.fully_delegated,
+                # blob_magic, method, delegate_index, location, fully_delegated,
+                # compile_specs (str -> str), target_device, program_tensors, warnings
+                **delegate.metadata(),
                 "delegate_count": len(program.delegates),
             },
         )
@@ -231,14 +229,7 @@ def describe(source: Source) -> dict[str, Any]:
         program = parse_pte(view, what=f".pte program {name!r}")
         delegates = []
         for d in program.delegates:
-            entry = {
-                "index": d.index,
-                "method": d.method,
-                "method_delegate_index": d.method_delegate_index,
-                "location": d.location,
-                "fully_delegated": d.fully_delegated,
-                **_blob_dict(d.blob),
-            }
+            entry = {"index": d.index, **d.metadata(), **_blob_dict(d.blob)}
             delegates.append(entry)
         result.update(
             {

@@ -1,4 +1,4 @@
-"""ExecuTorch ``.pte`` programs: find TensorRT delegates, and write a one-delegate program.
+"""ExecuTorch ``.pte`` programs: find TensorRT delegates and what the program says about them.
 
 A ``.pte`` file is an ExecuTorch ``Program`` flatbuffer (file identifier ``ET12``,
 schema ``schema/program.fbs`` in pytorch/executorch), optionally with an extended
@@ -6,7 +6,13 @@ header ``eh00`` right after the identifier that points at data segments appended
 the flatbuffer. A delegate's blob lives inline (``Program.backend_delegate_data``),
 in a segment (``Program.segments``), or in a named-data entry whose key the delegate
 names. This module reads the flatbuffer directly with bounds checks on every offset,
-so no ``executorch`` install is needed and blobs stay slices of the mapped file.
+so no ``executorch`` install is needed and blobs stay slices of the mapped file. The
+writer is :mod:`trt_runtime.formats.pte_writer`.
+
+Besides the blob, each delegate reports its compile specs (``target_device`` among
+them), how the program records its argument tensors (sizes, dynamism, device,
+memory planning) and warnings where those disagree with the blob: the blob's
+``device_id`` decides where the engine runs.
 """
 
 from __future__ import annotations
@@ -14,27 +20,34 @@ from __future__ import annotations
 import dataclasses
 import re
 import struct
-from collections.abc import Sequence
-from typing import IO, Any
+from typing import Any
 
-from trt_runtime.dtypes import itemsize, normalize_dtype
 from trt_runtime.errors import FormatError
-from trt_runtime.formats.source import write_chunks
+from trt_runtime.formats.flatbuffer import Reader, TableView
 from trt_runtime.formats.tr01 import MAGIC_TR01, MAGIC_TR02, Tr01Blob, parse_tr01
-from trt_runtime.protocols import TensorSpec
 
 __all__ = [
     "BACKEND_ID",
+    "DEVICE_TYPES",
+    "DYNAMISM",
+    "SCALAR_TYPES",
+    "TARGET_DEVICE_KEY",
     "Delegate",
     "Program",
+    "ProgramTensor",
+    "cuda_index",
     "is_pte",
     "parse_pte",
-    "write_program",
+    "spec_text",
 ]
 
 #: The id torch-tensorrt's ExecuTorch backend registers (``TensorRTBackend.cpp``).
 BACKEND_ID = "TensorRTBackend"
+#: The compile spec ExecuTorch's ``PropagateDevicePass`` reads to tag a delegate's
+#: tensors with a device, and torch-tensorrt's partitioner writes (``b"cuda:N"``).
+TARGET_DEVICE_KEY = "target_device"
 _IDENT = re.compile(rb"ET[0-9a-zA-Z]{2}")
+_CUDA_DEVICE = re.compile(r"cuda(?::([0-9]+))?", re.IGNORECASE)
 EH_MAGIC = b"eh00"
 EH_LENGTH = 32
 EH_MIN_LENGTH = 24
@@ -57,7 +70,12 @@ SCALAR_TYPES: dict[str, int] = {
     "float8_e4m3fn": 24,
 }
 _DTYPE_OF_SCALAR = {code: name for name, code in SCALAR_TYPES.items()}
-_STATIC, _DYNAMIC_BOUND, _DYNAMIC_UNBOUND = 0, 1, 2
+#: ``TensorShapeDynamism`` codes, by the names :class:`ProgramTensor` uses.
+DYNAMISM: dict[str, int] = {"static": 0, "dynamic_bound": 1, "dynamic_unbound": 2}
+_DYNAMISM_NAME = {code: name for name, code in DYNAMISM.items()}
+#: ``DeviceType`` codes of ``ExtraTensorInfo`` (ExecuTorch 1.5+).
+DEVICE_TYPES: dict[str, int] = {"cpu": 0, "cuda": 1}
+_DEVICE_NAME = {code: name for name, code in DEVICE_TYPES.items()}
 
 
 def is_pte(view: memoryview) -> bool:
@@ -65,101 +83,53 @@ def is_pte(view: memoryview) -> bool:
     return len(view) >= 8 and _IDENT.fullmatch(bytes(view[4:8])) is not None
 
 
-# ----------------------------------------------------------------------------- reading
+def cuda_index(target_device: str) -> int | None:
+    """The CUDA device a ``target_device`` value names, or ``None`` if it names none.
+
+    ``"cuda"`` and ``"cuda:N"`` (any case, surrounding blanks ignored) are what
+    torch-tensorrt's partitioner accepts; ``"cuda"`` is device 0, as ExecuTorch reads it.
+    """
+    match = _CUDA_DEVICE.fullmatch(target_device.strip())
+    if match is None:
+        return None
+    return int(match.group(1) or 0)
 
 
-class _Reader:
-    """Bounds-checked access to a flatbuffer; every failure is a FormatError."""
-
-    def __init__(self, view: memoryview, limit: int) -> None:
-        self.view = view
-        self.limit = limit  # the flatbuffer occupies [0, limit)
-
-    def _unpack(self, fmt: str, pos: int, what: str) -> Any:
-        width = struct.calcsize(fmt)
-        if pos < 0 or pos + width > self.limit:
-            raise FormatError(
-                f".pte {what} at offset {pos} lies outside the program flatbuffer (0..{self.limit})"
-            )
-        return struct.unpack_from(fmt, self.view, pos)[0]
-
-    def uoffset(self, pos: int, what: str) -> int:
-        return pos + self._unpack("<I", pos, what)
-
-    def table(self, pos: int, what: str) -> _Table:
-        vtable = pos - self._unpack("<i", pos, what)
-        vt_size = self._unpack("<H", vtable, f"{what} vtable")
-        if vt_size < 4 or vt_size % 2:
-            raise FormatError(f".pte {what} vtable at offset {vtable} has invalid size {vt_size}")
-        self._unpack("<H", vtable + vt_size - 2, f"{what} vtable")
-        return _Table(self, pos, vtable, vt_size, what)
-
-    def vector(self, pos: int, elem_size: int, what: str) -> tuple[int, int]:
-        """(first element position, count) of the vector referenced at ``pos``."""
-        start = self.uoffset(pos, what)
-        count = self._unpack("<I", start, what)
-        end = start + 4 + count * elem_size
-        if end > self.limit:
-            raise FormatError(
-                f".pte {what} of {count} elements ends at offset {end}, past the program "
-                f"flatbuffer (0..{self.limit})"
-            )
-        return start + 4, count
+def spec_text(value: bytes) -> str:
+    """A compile spec value as text: its UTF-8 if printable, else ``0x`` and hex digits."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + value.hex()
+    return text if text.isprintable() else "0x" + value.hex()
 
 
 @dataclasses.dataclass(frozen=True)
-class _Table:
-    r: _Reader
-    pos: int
-    vtable: int
-    vt_size: int
-    what: str
+class ProgramTensor:
+    """How a program records one argument tensor of a delegate call.
 
-    def field(self, index: int) -> int | None:
-        slot = 4 + 2 * index
-        if slot + 2 > self.vt_size:
-            return None
-        offset = self.r._unpack("<H", self.vtable + slot, f"{self.what} vtable")
-        return self.pos + offset if offset else None
+    ``device`` is ``"cpu"`` or ``"cuda:N"`` from ``ExtraTensorInfo``; a tensor without
+    that table is on the CPU as ExecuTorch reads it (``device_recorded`` is then false).
+    ``planned`` says the tensor has ``allocation_info`` (memory planned by the program).
+    """
 
-    def scalar(self, index: int, fmt: str, default: Any = 0) -> Any:
-        pos = self.field(index)
-        return default if pos is None else self.r._unpack(fmt, pos, self.what)
+    dtype: str | None  # None for a scalar type TensorRT bindings cannot have
+    scalar_type: int
+    sizes: tuple[int, ...]
+    dynamism: str
+    device: str
+    device_recorded: bool
+    planned: bool
 
-    def child(self, index: int, what: str) -> _Table | None:
-        pos = self.field(index)
-        return None if pos is None else self.r.table(self.r.uoffset(pos, what), what)
-
-    def tables(self, index: int, what: str) -> list[_Table]:
-        pos = self.field(index)
-        if pos is None:
-            return []
-        first, count = self.r.vector(pos, 4, what)
-        return [self.r.table(self.r.uoffset(first + 4 * i, what), f"{what}[{i}]") for i in range(count)]
-
-    def scalars(self, index: int, fmt: str, what: str) -> list[Any]:
-        pos = self.field(index)
-        if pos is None:
-            return []
-        width = struct.calcsize(fmt)
-        first, count = self.r.vector(pos, width, what)
-        return [struct.unpack_from(fmt, self.r.view, first + width * i)[0] for i in range(count)]
-
-    def bytes_view(self, index: int, what: str) -> memoryview | None:
-        pos = self.field(index)
-        if pos is None:
-            return None
-        first, count = self.r.vector(pos, 1, what)
-        return self.r.view[first : first + count]
-
-    def string(self, index: int, what: str) -> str | None:
-        raw = self.bytes_view(index, what)
-        if raw is None:
-            return None
-        try:
-            return str(raw, "utf-8")
-        except UnicodeDecodeError as exc:
-            raise FormatError(f".pte {what} is not valid UTF-8 (byte {exc.start})") from exc
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "sizes": list(self.sizes),
+            "dynamism": self.dynamism,
+            "device": self.device,
+            "device_recorded": self.device_recorded,
+            "planned": self.planned,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +143,39 @@ class Delegate:
     blob: Tr01Blob
     compile_specs: dict[str, bytes]
     fully_delegated: bool  # the method is exactly one call of this delegate
+    #: The call's argument tensors (inputs then outputs), when a call was found.
+    tensors: tuple[ProgramTensor, ...] = ()
+    #: Where the program disagrees with the blob, or ExecuTorch would refuse it.
+    warnings: tuple[str, ...] = ()
 
     @property
     def device_id(self) -> int:
         return self.blob.device_id
+
+    @property
+    def target_device(self) -> str | None:
+        """The ``target_device`` compile spec as written, or ``None``."""
+        value = self.compile_specs.get(TARGET_DEVICE_KEY)
+        return None if value is None else spec_text(value)
+
+    def metadata(self) -> dict[str, Any]:
+        """The ``.pte`` facts an :class:`~trt_runtime.EngineSource` carries for this delegate.
+
+        ``compile_specs`` maps each key to its value as text (:func:`spec_text`);
+        ``warnings`` is a list of sentences (empty when the program is consistent).
+        """
+        return {
+            "blob_magic": self.blob.magic,
+            "method": self.method,
+            "delegate_index": self.index,
+            "method_delegate_index": self.method_delegate_index,
+            "location": self.location,
+            "fully_delegated": self.fully_delegated,
+            "compile_specs": {key: spec_text(value) for key, value in self.compile_specs.items()},
+            "target_device": self.target_device,
+            "program_tensors": [t.as_dict() for t in self.tensors],
+            "warnings": list(self.warnings),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +233,7 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
         limit = program_size
     else:
         limit = size
-    reader = _Reader(view, limit)
+    reader = Reader(view, limit)
     root = reader.table(reader.uoffset(0, "root offset"), "Program")
     version = root.scalar(0, "<I")
     plans = root.tables(1, "Program.execution_plan")
@@ -245,10 +244,10 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
     def segment(index: int, where: str) -> memoryview:
         if index >= len(segments):
             raise FormatError(f"{where} refers to segment {index}; the program has {len(segments)}")
-        if eh is None:
-            raise FormatError(f"{where} refers to segment {index} but the program has no extended header")
         seg = segments[index]
         offset, length = seg.scalar(0, "<Q"), seg.scalar(1, "<Q")
+        if eh is None and length:
+            raise FormatError(f"{where} refers to segment {index} but the program has no extended header")
         start = base + offset
         end = start + length
         if end > size:
@@ -311,15 +310,20 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
                 location = "named_data"
             blob = parse_tr01(raw, what=f"{where} blob")
             fully = calls == [d] and len(plan_delegates) == 1
+            tensors = _call_tensors(plan, d, method)
+            if fully:
+                blob = _with_program_types(blob, tensors)
             delegates.append(
                 Delegate(
                     index=len(delegates),
                     method=method,
                     method_delegate_index=d,
                     location=location,
-                    blob=_with_program_types(blob, plan, d) if fully else blob,
+                    blob=blob,
                     compile_specs=specs,
                     fully_delegated=fully,
+                    tensors=tensors,
+                    warnings=_warnings(blob, specs, tensors, plan, d, method),
                 )
             )
     return Program(
@@ -343,303 +347,149 @@ def _as_key(raw: memoryview) -> str | None:
         return None
 
 
-def _delegate_calls(plan: _Table, method: str) -> list[int] | None:
-    """Delegate indices the method calls, in order; None if it also runs kernels."""
-    result: list[int] = []
+def _instructions(plan: TableView, method: str) -> list[TableView]:
+    result = []
     for c, chain in enumerate(plan.tables(5, f"{method}.chains")):
-        for i, instruction in enumerate(chain.tables(2, f"{method}.chains[{c}].instructions")):
-            kind = instruction.scalar(0, "<B")
-            if kind != _DELEGATE_CALL:
-                return None
-            call = instruction.child(1, f"{method}.chains[{c}].instructions[{i}]")
-            if call is None:
-                return None
-            result.append(call.scalar(0, "<i"))
+        result.extend(chain.tables(2, f"{method}.chains[{c}].instructions"))
     return result
 
 
-def _with_program_types(blob: Tr01Blob, plan: _Table, delegate: int) -> Tr01Blob:
+def _delegate_calls(plan: TableView, method: str) -> list[int] | None:
+    """Delegate indices the method calls, in order; None if it also runs kernels."""
+    result: list[int] = []
+    for i, instruction in enumerate(_instructions(plan, method)):
+        if instruction.scalar(0, "<B") != _DELEGATE_CALL:
+            return None
+        call = instruction.child(1, f"{method} instruction {i}")
+        if call is None:
+            return None
+        result.append(call.scalar(0, "<i"))
+    return result
+
+
+def _call_args(plan: TableView, delegate: int, method: str) -> list[int] | None:
+    """The value indices the first call of ``delegate`` passes, or None without one."""
+    for i, instruction in enumerate(_instructions(plan, method)):
+        if instruction.scalar(0, "<B") != _DELEGATE_CALL:
+            continue
+        call = instruction.child(1, f"{method} instruction {i}")
+        if call is not None and call.scalar(0, "<i") == delegate:
+            return call.scalars(1, "<i", f"{method} instruction {i} DelegateCall.args")
+    return None
+
+
+def _call_tensors(plan: TableView, delegate: int, method: str) -> tuple[ProgramTensor, ...]:
+    """How the program records the tensors a delegate call passes (non-tensors skipped)."""
+    args = _call_args(plan, delegate, method)
+    if args is None:
+        return ()
+    values = plan.tables(2, f"{method}.values")
+    result = []
+    for arg in args:
+        if not 0 <= arg < len(values):
+            raise FormatError(
+                f".pte method {method!r} delegate {delegate} argument {arg} is not a value index "
+                f"(the method has {len(values)} values)"
+            )
+        if values[arg].scalar(0, "<B") != _TENSOR:
+            continue
+        tensor = values[arg].child(1, f"{method}.values[{arg}] Tensor")
+        if tensor is None:
+            continue
+        code = tensor.scalar(0, "<b")
+        extra = tensor.child(9, f"{method}.values[{arg}] ExtraTensorInfo")
+        device = "cpu"
+        if extra is not None:
+            kind = _DEVICE_NAME.get(extra.scalar(3, "<b"), f"device_type {extra.scalar(3, '<b')}")
+            device = kind if kind == "cpu" else f"{kind}:{extra.scalar(4, '<b')}"
+        result.append(
+            ProgramTensor(
+                dtype=_DTYPE_OF_SCALAR.get(code),
+                scalar_type=code,
+                sizes=tuple(tensor.scalars(2, "<i", f"{method}.values[{arg}] Tensor.sizes")),
+                dynamism=_DYNAMISM_NAME.get(tensor.scalar(8, "<b"), f"unknown {tensor.scalar(8, '<b')}"),
+                device=device,
+                device_recorded=extra is not None,
+                planned=tensor.field(6) is not None,
+            )
+        )
+    return tuple(result)
+
+
+def _warnings(
+    blob: Tr01Blob,
+    specs: dict[str, bytes],
+    tensors: tuple[ProgramTensor, ...],
+    plan: TableView,
+    delegate: int,
+    method: str,
+) -> tuple[str, ...]:
+    """Sentences for what a reader should know: the blob's device_id decides at run time."""
+    found = []
+    expected = f"cuda:{blob.device_id}"
+    decides = (
+        f"the blob's device_id {blob.device_id} decides where the engine runs "
+        "(load(..., device=N) overrides it)"
+    )
+    if TARGET_DEVICE_KEY in specs:
+        text = spec_text(specs[TARGET_DEVICE_KEY])
+        index = cuda_index(text)
+        if index is None:
+            found.append(f"compile spec target_device {text!r} names no CUDA device; {decides}")
+        elif index != blob.device_id:
+            found.append(f"compile spec target_device {text!r} disagrees with the blob; {decides}")
+    names = [s.name for s in blob.bindings] if len(blob.bindings) == len(tensors) else []
+
+    def label(i: int) -> str:
+        return repr(names[i]) if names else f"argument {i}"
+
+    devices = sorted({t.device for t in tensors if t.device_recorded})
+    if devices and devices != [expected]:
+        found.append(
+            f"the program records this delegate's tensors on {', '.join(devices)} (ExtraTensorInfo); "
+            f"{decides}"
+        )
+    unbound = [label(i) for i, t in enumerate(tensors) if t.dynamism == "dynamic_unbound"]
+    if unbound:
+        found.append(
+            f"tensor(s) {', '.join(unbound)} are DYNAMIC_UNBOUND: ExecuTorch's runtime refuses to load "
+            "the method ('Fully dynamic tensor shapes not yet supported'); trt-runtime reads it"
+        )
+    inputs = set(plan.scalars(3, "<i", f"{method}.inputs"))
+    args = _call_args(plan, delegate, method) or []
+    planned_device_inputs = [
+        label(i)
+        for i, (arg, t) in enumerate(zip(args, tensors, strict=False))
+        if arg in inputs and t.planned and t.device != "cpu"
+    ]
+    if planned_device_inputs:
+        found.append(
+            f"method input(s) {', '.join(planned_device_inputs)} are memory-planned and recorded on a "
+            "CUDA device: ExecuTorch's set_input refuses to copy into them ('Planned-buffer copy needs "
+            "host memory on both sides')"
+        )
+    return tuple(found)
+
+
+def _with_program_types(blob: Tr01Blob, tensors: tuple[ProgramTensor, ...]) -> Tr01Blob:
     """Fill bindings whose dtype the blob leaves empty from the program's tensors.
 
     torch-tensorrt writes ``"dtype":""`` and ``"shape":[]``; in a fully delegated
     method the delegate's arguments are its inputs then its outputs, in binding order.
     """
-    if blob.dtypes_recorded:
-        return blob
-    chain = plan.tables(5, "chains")[0]
-    call = chain.tables(2, "instructions")[0].child(1, "DelegateCall")
-    assert call is not None
-    args = call.scalars(1, "<i", "DelegateCall.args")
-    values = plan.tables(2, "values")
-    if len(args) != len(blob.bindings):
+    if blob.dtypes_recorded or len(tensors) != len(blob.bindings):
         return blob
     specs = []
-    for spec, arg in zip(blob.bindings, args, strict=True):
-        if spec.dtype or not 0 <= arg < len(values) or values[arg].scalar(0, "<B") != _TENSOR:
+    for spec, tensor in zip(blob.bindings, tensors, strict=True):
+        if spec.dtype:
             specs.append(spec)
             continue
-        tensor = values[arg].child(1, "Tensor")
-        if tensor is None:
-            specs.append(spec)
-            continue
-        dtype = _DTYPE_OF_SCALAR.get(tensor.scalar(0, "<b"))
-        if dtype is None:
+        if tensor.dtype is None:
             raise FormatError(
                 f".pte tensor for binding {spec.name!r} has ExecuTorch scalar type "
-                f"{tensor.scalar(0, '<b')}, which TensorRT bindings do not support"
+                f"{tensor.scalar_type}, which TensorRT bindings do not support"
             )
-        sizes = tuple(tensor.scalars(2, "<i", "Tensor.sizes"))
-        static = tensor.scalar(8, "<b") == _STATIC
-        shape = spec.shape or (sizes if static else tuple(-1 for _ in sizes))
-        specs.append(dataclasses.replace(spec, dtype=dtype, shape=shape))
+        static = tensor.dynamism == "static"
+        shape = spec.shape or (tensor.sizes if static else tuple(-1 for _ in tensor.sizes))
+        specs.append(dataclasses.replace(spec, dtype=tensor.dtype, shape=shape))
     return dataclasses.replace(blob, bindings=tuple(specs), dtypes_recorded=all(s.dtype for s in specs))
-
-
-# ----------------------------------------------------------------------------- writing
-
-
-class _Obj:
-    """A flatbuffer object to place: a table, a vector or a string."""
-
-
-@dataclasses.dataclass
-class _T(_Obj):
-    # One (format, value) per field id; value None leaves the field out. Format "off"
-    # holds a child object.
-    fields: list[tuple[str, Any] | None]
-
-
-@dataclasses.dataclass
-class _V(_Obj):
-    fmt: str  # element format ("off" for objects)
-    items: Sequence[Any]
-    align: int = 4
-
-
-@dataclasses.dataclass
-class _B(_Obj):
-    """A [ubyte] vector written from a buffer; placed last when ``tail`` is set."""
-
-    data: memoryview
-    align: int = 16
-
-
-@dataclasses.dataclass
-class _S(_Obj):
-    text: str
-
-
-class _Writer:
-    """Lays out a flatbuffer front to back: every child follows its parent, so each
-    uoffset is positive, as the format requires."""
-
-    def __init__(self, prefix: bytes) -> None:
-        self.buf = bytearray(prefix)
-
-    def _pad(self, alignment: int, extra: int = 0) -> None:
-        while (len(self.buf) + extra) % alignment:
-            self.buf.append(0)
-
-    def place(self, obj: _Obj) -> int:
-        if isinstance(obj, _S):
-            raw = obj.text.encode("utf-8")
-            self._pad(4)
-            pos = len(self.buf)
-            self.buf += struct.pack("<I", len(raw)) + raw + b"\x00"
-            return pos
-        if isinstance(obj, _B):
-            self._pad(max(obj.align, 4), 4)
-            pos = len(self.buf)
-            self.buf += struct.pack("<I", len(obj.data))
-            self.buf += obj.data
-            return pos
-        if isinstance(obj, _V):
-            width = 4 if obj.fmt == "off" else struct.calcsize(obj.fmt)
-            self._pad(max(obj.align, width, 4), 4)
-            pos = len(self.buf)
-            self.buf += struct.pack("<I", len(obj.items))
-            if obj.fmt != "off":
-                for item in obj.items:
-                    self.buf += struct.pack(obj.fmt, item)
-                return pos
-            slots = []
-            for _ in obj.items:
-                slots.append(len(self.buf))
-                self.buf += b"\x00\x00\x00\x00"
-            for slot, item in zip(slots, obj.items, strict=True):
-                self._patch(slot, self.place(item))
-            return pos
-        assert isinstance(obj, _T)
-        return self._table(obj)
-
-    def _patch(self, slot: int, target: int) -> None:
-        struct.pack_into("<I", self.buf, slot, target - slot)
-
-    def _table(self, table: _T) -> int:
-        # Inline layout: soffset, then fields largest first so each is naturally aligned.
-        present = [(i, f) for i, f in enumerate(table.fields) if f is not None]
-        widths = {i: (4 if f[0] == "off" else struct.calcsize(f[0])) for i, f in present}
-        order = sorted(present, key=lambda item: -widths[item[0]])
-        offsets: dict[int, int] = {}
-        cursor = 4
-        for i, _ in order:
-            cursor = (cursor + widths[i] - 1) // widths[i] * widths[i]
-            offsets[i] = cursor
-            cursor += widths[i]
-        obj_size = cursor
-        vt_size = 4 + 2 * len(table.fields)
-        self._pad(2)
-        vtable = len(self.buf)
-        self.buf += struct.pack("<HH", vt_size, obj_size)
-        for i in range(len(table.fields)):
-            self.buf += struct.pack("<H", offsets.get(i, 0))
-        self._pad(8)
-        pos = len(self.buf)
-        self.buf += b"\x00" * obj_size
-        struct.pack_into("<i", self.buf, pos, pos - vtable)
-        children = []
-        for i, (fmt, value) in present:
-            if fmt == "off":
-                children.append((pos + offsets[i], value))
-            else:
-                struct.pack_into(fmt, self.buf, pos + offsets[i], value)
-        for slot, child in children:
-            self._patch(slot, self.place(child))
-        return pos
-
-
-def _tensor(spec: TensorSpec, planned: tuple[int, int] | None) -> _T:
-    dtype = normalize_dtype(spec.dtype)
-    if dtype not in SCALAR_TYPES:
-        raise ValueError(f"binding {spec.name!r} has dtype {dtype!r}, which ExecuTorch cannot express")
-    if not spec.is_dynamic:
-        sizes, dynamism = list(spec.shape), _STATIC
-    elif spec.profiles:
-        sizes, dynamism = (
-            [max(p[2][i] for p in spec.profiles) for i in range(len(spec.shape))],
-            _DYNAMIC_BOUND,
-        )
-    else:
-        sizes, dynamism = [max(d, 1) for d in spec.shape], _DYNAMIC_UNBOUND
-    allocation = None
-    if planned is not None:
-        memory_id, offset = planned
-        allocation = _T([("<I", memory_id), ("<I", offset & 0xFFFFFFFF), ("<I", offset >> 32)])
-    return _T(
-        [
-            ("<b", SCALAR_TYPES[dtype]),  # scalar_type
-            ("<i", 0),  # storage_offset
-            ("off", _V("<i", sizes)),  # sizes
-            ("off", _V("<B", list(range(len(sizes))))),  # dim_order
-            ("<B", 0),  # requires_grad
-            ("<I", 0),  # data_buffer_idx
-            ("off", allocation) if allocation is not None else None,  # allocation_info
-            ("<b", 0),  # layout
-            ("<b", dynamism),  # shape_dynamism
-            None,  # extra_tensor_info
-        ]
-    )
-
-
-def write_program(
-    out: IO[bytes],
-    blob_parts: Sequence[bytes | memoryview],
-    bindings: Sequence[TensorSpec],
-    *,
-    method: str = "forward",
-    location: str = "segment",
-    segment_alignment: int = 128,
-) -> int:
-    """Write a one-method program whose only instruction calls one TensorRT delegate.
-
-    ``blob_parts`` concatenated are the TR01/TR02 blob. ``location`` says where it goes:
-    ``"segment"`` (the default, what ExecuTorch's exporter does) appends it after the
-    flatbuffer as a data segment, streamed, so its size is not limited by the
-    flatbuffer's 32-bit offsets; ``"inline"`` stores it in ``backend_delegate_data``
-    (under 2 GiB only); ``"named_data"`` puts it in a segment named by
-    ``Program.named_data`` and stores that key as the delegate's processed bytes.
-    Static-shape outputs are memory-planned in buffer 1; inputs come from the caller.
-    Returns the number of bytes written.
-    """
-    blob_size = sum(len(p) for p in blob_parts)
-    specs = list(bindings)
-    inputs = [s for s in specs if s.is_input]
-    outputs = [s for s in specs if not s.is_input]
-    ordered = inputs + outputs
-    planned_bytes = 0
-    values = []
-    for spec in ordered:
-        plan_slot = None
-        if not spec.is_input and not spec.is_dynamic:
-            count = 1
-            for d in spec.shape:
-                count *= d
-            plan_slot = (1, planned_bytes)
-            planned_bytes += (count * itemsize(spec.dtype) + 15) // 16 * 16
-        values.append(_T([("<B", _TENSOR), ("off", _tensor(spec, plan_slot))]))
-    value_ids = list(range(len(ordered)))
-    in_ids, out_ids = value_ids[: len(inputs)], value_ids[len(inputs) :]
-    call = _T([("<i", 0), ("off", _V("<i", value_ids))])
-    chain = _T(
-        [
-            ("off", _V("<i", in_ids)),
-            ("off", _V("<i", out_ids)),
-            ("off", _V("off", [_T([("<B", _DELEGATE_CALL), ("off", call)])])),
-            None,
-        ]
-    )
-    if location not in ("segment", "inline", "named_data"):
-        raise ValueError(f"location must be one of 'segment', 'inline', 'named_data'; got {location!r}")
-    inline = location == "inline"
-    if inline and blob_size >= 2**31:
-        raise FormatError(f"a {blob_size}-byte blob cannot be inline; flatbuffer offsets are 32-bit")
-    processed = _T([("<B", SEGMENT if location == "segment" else INLINE), ("<I", 0)])
-    delegate = _T([("off", _S(BACKEND_ID)), ("off", processed), ("off", _V("off", []))])
-    plan = _T(
-        [
-            ("off", _S(method)),  # name
-            ("off", _T([("off", _S("")), ("off", _S(""))])),  # container_meta_type
-            ("off", _V("off", values)),  # values
-            ("off", _V("<i", in_ids)),  # inputs
-            ("off", _V("<i", out_ids)),  # outputs
-            ("off", _V("off", [chain])),  # chains
-            ("off", _V("off", [])),  # operators
-            ("off", _V("off", [delegate])),  # delegates
-            ("off", _V("<q", [0, planned_bytes] if planned_bytes else [0])),  # non_const_buffer_sizes
-        ]
-    )
-    inline_data = []
-    named_data = None
-    if inline:
-        inline_data = [_T([("off", _B(memoryview(b"".join(blob_parts)), 16))])]
-    elif location == "named_data":
-        key = f"{BACKEND_ID}/{method}/0"
-        inline_data = [_T([("off", _B(memoryview(key.encode("utf-8")), 16))])]
-        named_data = ("off", _V("off", [_T([("off", _S(key)), ("<I", 0)])]))
-    root = _T(
-        [
-            ("<I", 0),  # version
-            ("off", _V("off", [plan])),  # execution_plan
-            None,  # constant_buffer
-            ("off", _V("off", inline_data)),  # backend_delegate_data
-            ("off", _V("off", [] if inline else [_T([("<Q", 0), ("<Q", blob_size)])])),  # segments
-            ("off", _T([("<I", 0), ("off", _V("<Q", [0]))])),  # constant_segment: no constants
-            None,  # mutable_data_segments
-            named_data,
-        ]
-    )
-    header = b"\x00" * EH_LENGTH if not inline else b""
-    writer = _Writer(b"\x00\x00\x00\x00ET12" + header)
-    struct.pack_into("<I", writer.buf, 0, writer.place(root))
-    writer._pad(16)
-    program_size = len(writer.buf)
-    if inline:
-        out.write(writer.buf)
-        return program_size
-    base = (program_size + segment_alignment - 1) // segment_alignment * segment_alignment
-    struct.pack_into("<4sIQQQ", writer.buf, 8, EH_MAGIC, EH_LENGTH, program_size, base, blob_size)
-    out.write(writer.buf)
-    out.write(b"\x00" * (base - program_size))
-    for part in blob_parts:
-        write_chunks(out, memoryview(part))
-    return base + blob_size
