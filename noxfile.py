@@ -52,6 +52,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks on a GPU: both backends, the raw loop, torch-tensorrt, cold vs warm cache."""
+    """Benchmarks on a GPU (docs/benchmarks.md): every row on every workload, issue 10's
+    targets, cold vs warm cache; results in $OUT or ./bench-out (``-- --quick`` for a smoke run)."""
     _install(session, "rtx,cuda,cli,torch,plot")
-    session.run("python", "benchmarks/bench_all.py", *session.posargs)
+    session.run("python", "-m", "benchmarks", *session.posargs)

@@ -1,13 +1,26 @@
-"""The conformance suite run against the in-memory backend (replace, merge, reduced)."""
+"""The conformance suite run against the in-memory backend, and proof that it catches
+backends that break the device contract or the outer CUDA-graph rules."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trt_runtime import EngineSource, RuntimeCache, TensorSpec
+from trt_runtime import (
+    CapabilityError,
+    EngineSource,
+    InputError,
+    RuntimeCache,
+    TensorSpec,
+    enable_cudagraphs,
+)
+from trt_runtime.testing import array_kinds
 from trt_runtime.testing.conformance import BackendConformance
-from trt_runtime.testing.memory import AffineOutput, MemoryBackend
+from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryEngine
+
+pytest_plugins = ["pytester"]
 
 ENGINE = MemoryBackend.build_engine(
     [
@@ -21,12 +34,35 @@ ENGINE = MemoryBackend.build_engine(
     ],
     name="affine",
 )
+#: The same engine without its data-dependent output: the outer graph can wrap it.
+STATIC_OUT = MemoryBackend.build_engine(
+    [
+        TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),)),
+        TensorSpec("b", "int32", (3,), True),
+    ],
+    [
+        AffineOutput("y", "x", scale=2.0, bias=1.0),
+        AffineOutput("z", "b", scale=-0.5, bias=3.0, dtype="float32"),
+    ],
+    name="affine_static",
+)
 
 
 class _MemoryConformance(BackendConformance):
+    # The memory backend has no device: outputs= and the outer graph's static buffers are
+    # numpy arrays, and host inputs are used where they are (nothing is staged).
+    preallocated_output_kinds = (array_kinds.NUMPY,)
+    static_output_kinds = (array_kinds.NUMPY,)
+    host_staging_logged = False
+
     @pytest.fixture
     def engine_source(self):
         return EngineSource(ENGINE)
+
+    @pytest.fixture
+    def input_kinds(self):
+        # numpy is the backend's only array kind: it takes no torch tensors by design.
+        return {array_kinds.NUMPY: array_kinds.converter(array_kinds.NUMPY)}
 
     @pytest.fixture
     def make_inputs(self):
@@ -48,6 +84,18 @@ class _MemoryConformance(BackendConformance):
         return ref
 
 
+class _StaticConformance(_MemoryConformance):
+    """The engine without a data-dependent output: every outer-graph test runs."""
+
+    @pytest.fixture
+    def engine_source(self):
+        return EngineSource(STATIC_OUT)
+
+    @pytest.fixture
+    def reference(self):
+        return lambda inputs: [2 * inputs[0] + 1, 3.0 - inputs[1] / 2]
+
+
 class TestMemoryReplace(_MemoryConformance):
     @pytest.fixture
     def backend(self):
@@ -61,11 +109,186 @@ class TestMemoryMerge(_MemoryConformance):
 
 
 class TestMemoryReduced(_MemoryConformance):
-    """No cache, no CUDA graphs: the suite's capability preconditions and refusals."""
+    """No cache, no CUDA graphs, no outputs=: the suite's preconditions and refusals."""
+
+    @pytest.fixture
+    def backend(self):
+        return MemoryBackend(
+            without=(
+                "supports_runtime_cache",
+                "supports_cuda_graph_strategy",
+                "supports_preallocated_outputs",
+                "supports_outer_cuda_graph",
+            )
+        )
+
+
+class TestMemoryStatic(_StaticConformance):
+    @pytest.fixture
+    def backend(self):
+        return MemoryBackend()
+
+
+class TestMemoryStaticReduced(_StaticConformance):
+    """The outer graph with only the dynamic-shapes setting to change inside it."""
 
     @pytest.fixture
     def backend(self):
         return MemoryBackend(without=("supports_runtime_cache", "supports_cuda_graph_strategy"))
+
+
+# -- the kit catches broken backends -------------------------------------------------------------
+
+
+class _WrongKind(MemoryEngine):
+    """Right values, wrong kind: lists instead of numpy arrays."""
+
+    def _run(self, context, inputs, stream, outputs=None):
+        results = super()._run(context, inputs, stream, outputs)
+        return results if outputs is not None else [r.tolist() for r in results]
+
+
+class _IgnoresOutputs(MemoryEngine):
+    """Returns new arrays and leaves the ``outputs=`` arrays untouched."""
+
+    def _run(self, context, inputs, stream, outputs=None):
+        return super()._run(context, inputs, stream)
+
+
+class _StaleReplays(MemoryEngine):
+    """Replays a graph without copying the new inputs into its static buffers."""
+
+    def _run_graph(self, context, arrays, *, view):
+        graph = self.graphs.get(tuple(tuple(a.shape) for a in arrays))
+        if graph is None:
+            return super()._run_graph(context, arrays, view=view)
+        return list(graph.outputs) if view else [o.copy() for o in graph.outputs]
+
+
+class _Recaptures(MemoryEngine):
+    """Captures a new graph on every call (replays nothing)."""
+
+    def _run_graph(self, context, arrays, *, view):
+        self.graphs.clear()
+        return super()._run_graph(context, arrays, view=view)
+
+
+class _RemembersBindings(MemoryEngine):
+    """Remembers each call's results by the identities of its arrays (a stale fast path)."""
+
+    def _run(self, context, inputs, stream, outputs=None):
+        memo = self.__dict__.setdefault("memo", {})
+        key = tuple(map(id, inputs)) + tuple(map(id, outputs or ()))
+        if key not in memo:
+            memo[key] = [r.copy() for r in super()._run(context, inputs, stream, outputs)]
+        if outputs is None:
+            return [r.copy() for r in memo[key]]
+        for given, result in zip(outputs, memo[key], strict=True):
+            np.copyto(given, result)
+        return list(outputs)
+
+
+class _ConvertsDtype(MemoryEngine):
+    """Silently converts inputs of the wrong dtype."""
+
+    def _validate(self, inputs):
+        fixed = [np.asarray(x).astype(s.dtype) for s, x in zip(self._inputs, inputs, strict=False)]
+        return super()._validate(fixed + list(inputs[len(fixed) :]))
+
+
+class _Racy(MemoryEngine):
+    """Not thread-safe: keeps a call's inputs in one shared slot, outside the lock."""
+
+    def execute(self, *inputs, stream=None, outputs=None):
+        import time
+
+        self._validate(inputs)
+        self.shared = list(inputs)
+        time.sleep(0.001)
+        return self._compute(self.shared)
+
+
+BROKEN = {
+    "wrong_kind": _WrongKind,
+    "ignores_outputs": _IgnoresOutputs,
+    "stale_replays": _StaleReplays,
+    "recaptures": _Recaptures,
+    "remembers_bindings": _RemembersBindings,
+    "converts_dtype": _ConvertsDtype,
+    "racy": _Racy,
+    "correct": MemoryEngine,
+}
+
+
+def broken_backend(name: str) -> MemoryBackend:
+    """A memory backend whose engines are ``BROKEN[name]``."""
+    backend = MemoryBackend()
+    backend.engine_class = BROKEN[name]
+    return backend
+
+
+def _run_kit(pytester, broken: str, select: str):
+    pytester.syspathinsert(Path(__file__).parent)
+    pytester.makepyfile(
+        test_broken=f"""
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from test_conformance_memory import _StaticConformance, broken_backend
+
+
+class TestBroken(_StaticConformance):
+    # Enough to find each break; no shrinking (the failure, not its minimal form, is the point).
+    state_machine_settings = settings(
+        max_examples=25, stateful_step_count=20, deadline=None, database=None, derandomize=True,
+        phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
+    )
+
+    @pytest.fixture
+    def backend(self):
+        return broken_backend({broken!r})
+"""
+    )
+    return pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-k", select)
+
+
+@pytest.mark.parametrize(
+    ("broken", "select", "message"),
+    [
+        ("wrong_kind", "test_output_kind_follows_input", "*inputs of kind 'numpy' must give outputs*"),
+        ("wrong_kind", "test_state_machine", "*must give outputs of kind 'numpy'*"),
+        (
+            "ignores_outputs",
+            "test_preallocated_outputs_written_and_returned",
+            "*not returned as the array given*",
+        ),
+        (
+            "remembers_bindings",
+            "test_preallocated_outputs_written_and_returned",
+            "*differs from the reference*",
+        ),
+        ("stale_replays", "test_outer_graph_equals_eager", "*differs from the reference*"),
+        ("stale_replays", "test_outer_graph_output_modes", "*differs from the reference*"),
+        ("recaptures", "test_outer_graph_equals_eager", "*a replay is not a capture*"),
+        ("recaptures", "test_state_machine", "*the model expects*one per input shapes and context*"),
+        ("converts_dtype", "test_bad_input_dtype_rejected", "*DID NOT RAISE*"),
+        ("racy", "test_threads_share_one_engine and not outer", "*threads got wrong results or errors*"),
+    ],
+)
+def test_conformance_memory_kit_catches_broken_backend(pytester, broken, select, message):
+    result = _run_kit(pytester, broken, select)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([message])
+
+
+def test_conformance_memory_kit_passes_the_unbroken_engine(pytester):
+    select = (
+        "test_output_kind or test_preallocated or test_outer_graph or test_bad_input_dtype "
+        "or (test_threads_share_one_engine and not outer)"
+    )
+    result = _run_kit(pytester, "correct", select)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 8, result.stdout.str()[-3000:]
 
 
 # -- memory-specific behaviour the suite cannot know --------------------------------------
@@ -130,6 +353,64 @@ def test_conformance_memory_context_records_settings():
     assert graphs == ["disabled", "whole_graph_capture"]
     assert engine.contexts[0].destroyed and not engine.contexts[1].destroyed
     assert engine.current_context.config.cuda_graph_strategy == "whole_graph_capture"
+
+
+def test_conformance_memory_outer_graph_simulation():
+    engine = MemoryBackend().load_engine(EngineSource(STATIC_OUT))
+    x, b = np.ones((2, 4), np.float32), np.arange(3, dtype=np.int32)
+    with enable_cudagraphs(engine, outer="view"):
+        y1, z1 = engine.execute(x, b)
+        (graph,) = engine.graphs.values()
+        assert graph.context is engine.current_context and graph.replays == 0
+        assert y1 is graph.outputs[0] and z1 is graph.outputs[1]
+        y2, _ = engine.execute(x * 3, b)
+        assert y2 is y1 and graph.replays == 1
+        np.testing.assert_allclose(y1, 2 * (x * 3) + 1)  # the static buffer was overwritten
+        # The static input buffers themselves skip the copy and are read as they are.
+        graph.inputs[0][:] = 5
+        (y3, _) = engine.execute(*graph.inputs)
+        np.testing.assert_allclose(y3, np.full((2, 4), 11.0))
+        assert engine.current_context.captures == 1 and engine.graph_captures == 1
+    assert engine.graphs == {} and engine.outer_graph is None
+    assert engine.context_creations == 1
+
+
+def test_conformance_memory_outer_graph_refusals():
+    with pytest.raises(CapabilityError, match=r"\['positive'\] have data-dependent shapes"):
+        MemoryBackend().load_engine(EngineSource(ENGINE)).outer_graph = True
+    reduced = MemoryBackend(without=("supports_outer_cuda_graph",))
+    engine = reduced.load_engine(EngineSource(STATIC_OUT))
+    with pytest.raises(CapabilityError, match="outer_cuda_graph: turned off in MemoryBackend"):
+        engine.outer_graph = "copy"
+
+
+def test_conformance_memory_preallocated_outputs():
+    engine = MemoryBackend().load_engine(EngineSource(STATIC_OUT))
+    x, b = np.ones((2, 4), np.float32), np.arange(3, dtype=np.int32)
+    y, z = np.empty((2, 4), np.float32), np.empty(3, np.float32)
+    got = engine.execute(x, b, outputs=[y, z])
+    assert got[0] is y and got[1] is z
+    np.testing.assert_allclose(y, 3.0)
+    cases = [
+        ([y], r"has 2 output\(s\) \['y', 'z'\]; outputs= has 1"),
+        ([y.astype(np.float64), z], "'y' .* must have dtype float32; got float64"),
+        ([np.empty((3, 4), np.float32), z], r"'y' .* must have shape \[2, 4\]; got \[3, 4\]"),
+        ([y.tolist(), z], "outputs= must hold numpy arrays .* 'y' .* is list"),
+        ([np.empty((4, 2), np.float32).T, z], "'y' .* C-contiguous, writeable"),
+    ]
+    for outputs, message in cases:
+        with pytest.raises(InputError, match=message):
+            engine.execute(x, b, outputs=outputs)
+    dd = MemoryBackend().load_engine(EngineSource(ENGINE))
+    with pytest.raises(InputError, match=r"'positive' .* data-dependent shape"):
+        dd.execute(x, b, outputs=[y, z, np.empty(8, np.float32)])
+
+
+def test_conformance_memory_without_host_io_refuses_numpy():
+    engine = MemoryBackend(without=("supports_host_io",)).load_engine(EngineSource(STATIC_OUT))
+    with pytest.raises(InputError, match=r"'x' .* without supports_host_io"):
+        engine.execute(np.ones((1, 4), np.float32), np.zeros(3, np.int32))
+    assert not engine.has_context()
 
 
 # -- the memory engine format and input validation --------------------------------------------
@@ -223,15 +504,14 @@ def test_conformance_memory_engine_metadata_and_device():
         ([np.ones((9, 4), np.float32), np.zeros(3, np.int32)], r"'x' .* outside every optimization profile"),
         ([np.ones((1, 4), np.float32), np.zeros((1, 3), np.int32)], r"'b' .* got \[1, 3\]"),
         ([[1.0, 2.0, 3.0, 4.0], np.zeros(3, np.int32)], "'x' .* must be a numpy array; got list"),
+        ([np.ones((1, 8), np.float32)[:, ::2], np.zeros(3, np.int32)], "'x' .* not C-contiguous"),
     ],
 )
 def test_conformance_memory_bad_inputs_named(inputs, message):
-    from trt_runtime import InputError
-
     engine = MemoryBackend().load_engine(EngineSource(ENGINE))
     with pytest.raises(InputError, match=message):
         engine.execute(*inputs)
-    assert engine.runs == 0
+    assert engine.runs == 0 and not engine.has_context()
 
 
 def test_conformance_memory_cache_handle_rejects_garbage():

@@ -4,7 +4,6 @@ execution path driven with test doubles for TensorRT and the CUDA runtime."""
 from __future__ import annotations
 
 import ctypes
-import enum
 import gc
 import logging
 import re
@@ -13,6 +12,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _python_doubles import (
+    _CAI,
+    FakeTorch,
+    _CudaGraphStrategy,
+    _DynamicShapes,
+    _fake_backend,
+    _fake_engine,
+    _FakeBuffer,
+    _FakeConfig,
+    _FakeLogger,
+    _FakeRuntime,
+    _FakeState,
+    _FakeTrt,
+    _Mode,
+    _trt_calls,
+)
 from trt_runtime_backends.python import CUDA_HINT, RTX_HINT, PythonBackend
 from trt_runtime_backends.python import backend as backend_module
 from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array
@@ -217,6 +232,16 @@ def test_python_backend_capabilities_per_flavour(monkeypatch) -> None:
         engine.runtime_settings = RuntimeSettings(runtime_cache=RuntimeCache())
 
 
+@pytest.mark.parametrize("flavour", ["tensorrt_rtx", "tensorrt"])
+def test_python_backend_capabilities_declare_outputs_profiles_and_outer_graphs(monkeypatch, flavour) -> None:
+    monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), flavour))
+    caps = PythonBackend().capabilities
+    assert caps.supports_preallocated_outputs and caps.supports_profile_selection
+    assert caps.supports_outer_cuda_graph and not caps.supports_multiple_contexts
+    with pytest.raises(CapabilityError, match="multiple_contexts: one execution context per engine"):
+        caps.require("supports_multiple_contexts", "python")
+
+
 # -- stream handles and device arrays ------------------------------------------------------------------
 
 
@@ -235,12 +260,6 @@ def test_python_backend_stream_handle_accepts_every_stream_kind() -> None:
         stream_handle("default")
 
 
-class _CAI:
-    def __init__(self, shape: tuple[int, ...], typestr: str, strides: Any = None, ptr: int = 4096) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": shape, "typestr": typestr, "data": (ptr, False), "strides": strides, "version": 3,
-        }
-
 
 def test_python_backend_describes_cuda_array_interface() -> None:
     assert describe_device_array(_CAI((2, 3), "<f2")) == (4096, (2, 3), "float16", None, True)
@@ -248,14 +267,6 @@ def test_python_backend_describes_cuda_array_interface() -> None:
     assert describe_device_array(_CAI((2, 3), "<f4", strides=(4, 8)))[4] is False
     assert describe_device_array(_CAI((2,), "<i8"))[2] == "int64"
 
-
-class _FakeBuffer:
-    _next = 1 << 20
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.handle = _FakeBuffer._next
-        _FakeBuffer._next += max(size, 256)
 
 
 def test_python_backend_device_array_exports_cai_and_dlpack() -> None:
@@ -303,38 +314,6 @@ def test_python_backend_device_array_dlpack_layout_is_consumable() -> None:
 # -- the runtime cache handle ---------------------------------------------------------------------
 
 
-class _FakeNative:
-    def __init__(self) -> None:
-        self.loaded: list[bytes] = []
-        self.accept = True
-
-    def serialize(self) -> bytes:
-        return b"native" + b"".join(self.loaded)
-
-    def deserialize(self, data: bytes) -> bool:
-        if not self.accept:
-            return False
-        self.loaded.append(data)
-        return True
-
-
-class _FakeConfig:
-    def __init__(self) -> None:
-        self.created = 0
-        self.cache: Any = None
-        self.cuda_graph_strategy: Any = None
-        self.dynamic_shapes_kernel_specialization_strategy: Any = None
-
-    def create_runtime_cache(self) -> _FakeNative:
-        self.created += 1
-        return _FakeNative()
-
-    def set_runtime_cache(self, cache: Any) -> None:
-        self.cache = cache
-
-    def get_runtime_cache(self) -> Any:
-        return self.cache
-
 
 def test_python_backend_cache_handle_materializes_once() -> None:
     handle = IRuntimeCacheHandle()
@@ -360,201 +339,6 @@ def test_python_backend_cache_handle_materializes_once() -> None:
 # -- the execution path with doubles for TensorRT and the CUDA runtime -----------------------------
 
 
-class _DataType:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-class _Mode(enum.Enum):
-    INPUT = 1
-    OUTPUT = 2
-
-
-class _CudaGraphStrategy(enum.IntEnum):
-    DISABLED = 0
-    WHOLE_GRAPH_CAPTURE = 1
-
-
-class _DynamicShapes(enum.IntEnum):
-    LAZY = 0
-    EAGER = 1
-    NONE = 2
-
-
-class _FakeOutputAllocatorBase:
-    def __init__(self) -> None:
-        pass
-
-
-class _FakeTrt:
-    IOutputAllocator = _FakeOutputAllocatorBase
-    TensorIOMode = _Mode
-    CudaGraphStrategy = _CudaGraphStrategy
-    DynamicShapesKernelSpecializationStrategy = _DynamicShapes
-    __version__ = "1.6.1.120"
-
-
-class _FakeContext:
-    def __init__(self, engine: _FakeTrtEngine) -> None:
-        self.engine = engine
-        self.calls: list[tuple[Any, ...]] = []
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.ok = True
-        self.allocators: dict[str, Any] = {}
-
-    def set_output_allocator(self, name: str, allocator: Any) -> None:
-        self.allocators[name] = allocator
-
-    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
-        self.calls.append(("shape", name, tuple(shape)))
-        self.shapes[name] = tuple(shape)
-        return True
-
-    def set_tensor_address(self, name: str, ptr: int) -> None:
-        self.calls.append(("address", name, ptr))
-
-    def set_optimization_profile_async(self, index: int, stream: int) -> bool:
-        self.calls.append(("profile", index))
-        return True
-
-    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-        self.calls.append(("get_shape", name))
-        shape = self.engine.tensors[name][1]
-        batch = self.shapes.get("x", (shape[0],))[0]
-        return tuple(batch if d < 0 else d for d in shape)
-
-    def execute_async_v3(self, stream: int) -> bool:
-        self.calls.append(("execute", stream))
-        for name, allocator in self.allocators.items():  # what TensorRT does with allocators
-            shape = self.get_tensor_shape(name)
-            allocator.reallocate_output_async(name, 0, 4 * shape[0] * shape[1], 256, stream)
-            allocator.notify_shape(name, shape)
-        return self.ok
-
-
-class _FakeTrtEngine:
-    """An engine ``y = f(x)`` with float32 x (batch, 4) and two batch profiles."""
-
-    def __init__(self, batch: int = -1) -> None:
-        self.tensors = {
-            "x": ("FLOAT", (batch, 4), _Mode.INPUT),
-            "y": ("FLOAT", (batch, 4), _Mode.OUTPUT),
-        }
-        self.num_io_tensors = 2
-        self.num_optimization_profiles = 2 if batch < 0 else 1
-        self.contexts: list[_FakeContext] = []
-        self.configs: list[_FakeConfig] = []
-
-    def get_tensor_name(self, i: int) -> str:
-        return list(self.tensors)[i]
-
-    def get_tensor_dtype(self, name: str) -> _DataType:
-        return _DataType(self.tensors[name][0])
-
-    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-        return self.tensors[name][1]
-
-    def get_tensor_mode(self, name: str) -> _Mode:
-        return self.tensors[name][2]
-
-    def get_tensor_profile_shape(self, name: str, p: int) -> list[tuple[int, ...]]:
-        return [[(1, 4), (2, 4), (8, 4)], [(9, 4), (16, 4), (32, 4)]][p]
-
-    def create_runtime_config(self) -> _FakeConfig:
-        self.configs.append(_FakeConfig())
-        return self.configs[-1]
-
-    def create_execution_context(self, config: Any = None) -> _FakeContext:
-        self.contexts.append(_FakeContext(self))
-        return self.contexts[-1]
-
-
-class _FakeRuntime:
-    """Records cuda.bindings.runtime calls; every call succeeds."""
-
-    cudaEventDisableTiming = 2
-
-    class cudaMemcpyKind(enum.IntEnum):
-        cudaMemcpyHostToDevice = 1
-        cudaMemcpyDeviceToHost = 2
-        cudaMemcpyDeviceToDevice = 3
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self._events = iter(range(900, 1000))
-
-    def cudaEventCreateWithFlags(self, flags: int) -> tuple[int, int]:
-        return (0, next(self._events))
-
-    def cudaEventDestroy(self, event: int) -> tuple[int]:
-        self.calls.append(("destroy", event))
-        return (0,)
-
-    def cudaEventRecord(self, event: int, stream: int) -> tuple[int]:
-        self.calls.append(("record", event, stream))
-        return (0,)
-
-    def cudaStreamWaitEvent(self, stream: int, event: int, flags: int) -> tuple[int]:
-        self.calls.append(("wait", stream, event))
-        return (0,)
-
-    def cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: Any, stream: int) -> tuple[int]:
-        self.calls.append(("memcpy", int(kind), n, stream))
-        return (0,)
-
-    def cudaStreamSynchronize(self, stream: int) -> tuple[int]:
-        self.calls.append(("sync", stream))
-        return (0,)
-
-
-class _FakeStream:
-    handle = 4242
-
-    def close(self) -> None:
-        pass
-
-
-class _FakeState:
-    index = 0
-    compute_capability = "9.0"
-
-    def activate(self) -> None:
-        pass
-
-    def create_stream(self) -> _FakeStream:
-        return _FakeStream()
-
-    def allocate(self, nbytes: int, stream: Any) -> _FakeBuffer:
-        return _FakeBuffer(max(nbytes, 1))
-
-
-class _FakeLogger:
-    def mark(self) -> int:
-        return -1
-
-    def errors_since(self, mark: Any) -> list[str]:
-        return ["[TRT] fake error"]
-
-
-def _fake_backend() -> PythonBackend:
-    backend = PythonBackend()
-    backend._trt, backend._flavour, backend._logger = _FakeTrt, "tensorrt_rtx", _FakeLogger()
-    backend.cache_key = lambda device=None: __import__("trt_runtime").CacheKey(  # type: ignore[method-assign]
-        "tensorrt_rtx", "1.6.1.120", "9.0", "13000"
-    )
-    return backend
-
-
-def _fake_engine(batch: int = -1, backend: PythonBackend | None = None, settings: Any = None) -> PythonEngine:
-    engine = PythonEngine.__new__(PythonEngine)
-    engine._init(backend or _fake_backend(), _FakeTrtEngine(batch), _FakeState(),
-                 EngineSource(b"", name="fake"), settings, runtime=_FakeRuntime())
-    return engine
-
-
-def _trt_calls(engine: PythonEngine) -> list[tuple[Any, ...]]:
-    contexts = engine.trt_engine.contexts
-    return contexts[-1].calls if contexts else []
 
 
 def test_python_backend_engine_metadata_from_tensorrt() -> None:
@@ -813,3 +597,143 @@ def test_python_backend_cycled_views_skip_checks_and_shape_inference() -> None:
     calls.clear()
     engine.execute(xs[1], outputs=[ys[1]], stream=engine.stream)
     assert calls == [("shape", "x", (5, 4)), ("execute", 4242)]
+
+
+# -- the natural call path (engine(x) with torch tensors) and the device contract ------------------
+
+
+@pytest.fixture
+def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
+    fake = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return fake
+
+
+def test_python_backend_natural_call_remembers_shapes_not_tensors(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    first = engine(torch.cuda_tensor((2, 4)))
+    assert isinstance(first, torch.Tensor) and first.get_device() == 0 and first.shape == (2, 4)
+    assert list(engine._natural) == [((2, 4),)]
+    calls = _trt_calls(engine)
+    calls.clear()
+    torch.empty_calls.clear()
+    x = torch.cuda_tensor((2, 4))  # another tensor of a remembered shape
+    out = engine(x)
+    # no shape inference, no output-shape query: bind the new addresses and run
+    assert [c[0] for c in calls] == ["address", "address", "execute"]
+    assert torch.empty_calls == [((2, 4), "new_empty", 0)]  # like x: no dtype/device parsing
+    assert out.data_ptr() != first.data_ptr()
+    assert [c[0] for c in engine._rt.calls if c[0] in ("record", "wait")] == []  # legacy stream
+    calls.clear()
+    engine(torch.cuda_tensor((3, 4)))  # a new shape: the full path once
+    assert ("get_shape", "y") in calls and len(engine._natural) == 2
+    calls.clear()
+    engine(x)  # back to (2, 4): only the shape is set again
+    assert [c for c in calls if c[0] == "shape"] == [("shape", "x", (2, 4))]
+    assert not [c for c in calls if c[0] == "get_shape"]
+
+
+def test_python_backend_natural_call_orders_other_streams_and_checks_inputs(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    x = torch.cuda_tensor((2, 4))
+    engine(x)
+    torch.current_stream = 55  # inside torch.cuda.stream(side)
+    engine._rt.calls.clear()
+    engine(x)
+    ev_in, ev_out = engine._event_in, engine._event_out
+    assert [c for c in engine._rt.calls if c[0] in ("record", "wait")] == [
+        ("record", ev_in, 55), ("wait", 4242, ev_in), ("record", ev_out, 4242), ("wait", 55, ev_out)]
+    engine._rt.calls.clear()
+    engine(x, stream=engine.stream)
+    assert not [c for c in engine._rt.calls if c[0] in ("record", "wait")]
+    with pytest.raises(InputError, match=r"input 'x' must have dtype float32; got torch\.float16"):
+        engine(torch.cuda_tensor((2, 4), torch.float16))
+    with pytest.raises(InputError, match=r"input 'x' is not contiguous \(strides"):
+        engine(torch.cuda_tensor((2, 4), contiguous=False))
+    with pytest.raises(InputError, match=r"input 'x' is on cuda:1; the engine runs on cuda:0"):
+        engine(torch.Tensor((2, 4), torch.float32, 1))
+    with pytest.raises(InputError, match=r"takes 1 input\(s\) \(x\); got 2"):
+        engine(x, x)
+
+
+def test_python_backend_events_mode_orders_the_legacy_stream_too(torch: FakeTorch) -> None:
+    engine = _fake_engine(ordering="events")
+    assert not engine._state.streams[0].blocking
+    x = torch.cuda_tensor((2, 4))
+    engine(x)
+    engine._rt.calls.clear()
+    engine(x)
+    assert [c[0] for c in engine._rt.calls if c[0] in ("record", "wait")] == ["record", "wait"] * 2
+    implicit = _fake_engine()
+    assert implicit._state.streams[0].blocking  # what lets the legacy stream skip events
+    with pytest.raises(ValueError, match="stream ordering mode must be one of 'implicit', 'events'; got 'x'"):
+        _fake_engine(ordering="x")
+
+
+def test_python_backend_output_kind_follows_input_kind(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    assert isinstance(engine(np.ones((2, 4), np.float32)), np.ndarray)
+    cpu = engine(torch.Tensor((2, 4), torch.float32, -1))
+    assert isinstance(cpu, torch.Tensor) and cpu.get_device() == -1  # CPU torch in, CPU torch out
+    cuda_out = engine(torch.cuda_tensor((2, 4)))
+    assert isinstance(cuda_out, torch.Tensor) and cuda_out.get_device() == 0
+    assert isinstance(engine(_CAI((2, 4), "<f4", ptr=8192)), DeviceArray)
+    with pytest.raises(InputError, match=r"input 'x' is not contiguous \(strides"):
+        engine(torch.Tensor((2, 4), torch.float32, -1, contiguous=False))
+    with pytest.raises(InputError, match=r"input 'x' must have dtype float32; got torch\.float64"):
+        engine(torch.Tensor((2, 4), torch.float64, -1))
+
+
+def test_python_backend_cpu_torch_tensors_of_any_dtype_are_staged(torch: FakeTorch) -> None:
+    engine = _fake_engine(dtype="BF16")
+    host = torch.Tensor((2, 4), torch.bfloat16, -1)
+    out = engine(host)  # no numpy round trip: bfloat16 works
+    assert isinstance(out, torch.Tensor) and out.dtype is torch.bfloat16 and out.get_device() == -1
+    copies = engine._rt.copies
+    assert [(k, n) for k, _, _, n, _ in copies] == [(1, 16), (2, 16)]
+    assert copies[0][2] == host.data_ptr() and copies[1][1] == out.data_ptr()
+
+
+def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:
+    class Strategies:
+        USER_MANAGED = "user_managed"
+
+    class Trt(_FakeTrt):
+        ExecutionContextAllocationStrategy = Strategies
+
+    backend = _fake_backend()
+    backend._trt = Trt
+    engine = _fake_engine(backend=backend)
+    engine.trt_engine.device_memory_size_v2 = 0
+    engine.execute(np.ones((2, 4), np.float32))
+    config = engine.runtime_config
+    assert config.allocation_strategy == "user_managed"
+    calls = _trt_calls(engine)
+    # the profile is selected explicitly, then the memory sized for the shapes
+    assert [c[0] for c in calls[:4]] == ["device_memory", "profile", "shape", "memory_size"]
+    assert calls[4] == ("device_memory", engine._context.device_memory.handle, 2 * 256)
+    first = engine._context.device_memory
+    engine.execute(np.ones((1, 4), np.float32))  # smaller: the same buffer
+    assert engine._context.device_memory is first
+    engine.outer_graph = True
+    engine.execute(np.ones((2, 4), np.float32))
+    assert engine.graph_captures == 1 and engine._res.graph_execs
+    engine.execute(np.ones((8, 4), np.float32))  # larger: a new buffer, the old graphs dropped
+    assert engine._context.device_memory is not first
+    assert engine.graph_captures == 2 and len(engine._res.graph_execs) == 1
+
+
+def test_python_backend_makes_its_device_current_once_per_thread() -> None:
+    import threading
+
+    engine = _fake_engine()
+    engine.execute(np.ones((2, 4), np.float32))
+    state = engine._state
+    before = state.activations
+    engine.execute(np.ones((2, 4), np.float32))
+    assert state.activations == before  # the same thread: nothing to do
+    threads = [threading.Thread(target=engine.execute, args=(np.ones((2, 4), np.float32),)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+        thread.join()
+    assert state.activations == before + 3  # a thread has no current context until made so

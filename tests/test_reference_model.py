@@ -204,6 +204,125 @@ def test_reference_model_one_context_per_settings_change(ops):
     assert m.context_creations == expected
 
 
+# -- the outer CUDA-graph wrap -------------------------------------------------------------------
+
+
+def test_reference_model_outer_graph_captures_once_per_shape_and_context():
+    m = EngineModel(FULL)
+    m.execute((1,))
+    assert m.set_outer_graph(True) and m.context_creations == 1 and m.has_context
+    for key in [(1,), (1,), (2,), (1,), (2,)]:
+        m.execute(key)
+    assert m.graph_captures == 2 and m.context_creations == 1
+    m.set_settings({"dynamic_shapes_kernel_specialization_strategy": "eager"})
+    assert m.graphs == set() and m.outer_graph is not None
+    m.execute((1,))
+    assert m.graph_captures == 3 and m.context_creations == 2
+    m.invalidate_context()
+    m.execute((1,))
+    m.reset_graphs()
+    m.execute((1,))
+    assert m.graph_captures == 5 and m.context_creations == 3
+
+
+def test_reference_model_outer_graph_toggle_never_touches_the_context():
+    m = EngineModel(FULL)
+    m.execute((3,))
+    m.set_outer_graph("copy")
+    m.execute((3,))
+    assert m.set_outer_graph(True) and m.graphs == {(3,)}, "an equal value keeps the graphs"
+    assert m.set_outer_graph("view") and m.graphs == set()
+    assert m.set_outer_graph(None) and m.outer_graph is None
+    m.execute((3,))
+    assert m.context_creations == 1 and m.graph_captures == 1
+
+
+def test_reference_model_outer_graph_refusals():
+    assert EngineModel(NONE).outer_refusal(True) == "supports_outer_cuda_graph"
+    assert EngineModel(FULL, data_dependent=True).outer_refusal("view") == "data_dependent"
+    assert EngineModel(NONE).outer_refusal(None) is None
+    m = EngineModel(FULL, data_dependent=True)
+    m.set_settings({"cuda_graph_strategy": "whole_graph_capture"})
+    m.execute()
+    assert not m.set_outer_graph(True) and m.outer_graph is None
+    # enable_cudagraphs applies its settings, then the wrap is refused and they are restored.
+    assert not m.enter_cudagraphs(outer=True)
+    assert m.depth == 0 and m.settings.cuda_graph_strategy is CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+    assert not m.has_context
+    assert not EngineModel(NONE).enter_cudagraphs(outer="copy")
+
+
+def test_reference_model_enable_cudagraphs_outer_applies_settings_first():
+    m = EngineModel(FULL)
+    m.set_settings({"cuda_graph_strategy": "whole_graph_capture"})
+    m.execute()
+    assert m.enter_cudagraphs(outer="view")
+    assert m.settings.cuda_graph_strategy is CudaGraphStrategy.DISABLED and not m.has_context
+    m.execute((4,))
+    assert m.enter_config(dynamic_shapes_kernel_specialization_strategy="eager")
+    m.execute((4,))
+    m.exit_config()
+    m.execute((4,))
+    assert (m.context_creations, m.graph_captures) == (4, 3)
+    m.exit_config()
+    assert m.outer_graph is None and m.graphs == set()
+    assert m.settings.cuda_graph_strategy is CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+
+
+def _replay_outer(ops):
+    backend = MemoryBackend()
+    engine = backend.load_engine(EngineSource(DYNAMIC))
+    model = EngineModel(backend.capabilities)
+    stack = []
+    for kind, arg in ops:
+        if kind == "enter":
+            assert model.enter_cudagraphs(outer=arg)
+            cm = enable_cudagraphs(engine, outer=arg)
+            cm.__enter__()
+            stack.append(cm)
+        elif kind == "exit" and stack:
+            stack.pop().__exit__(None, None, None)
+            model.exit_config()
+        elif kind == "settings":
+            value = {"dynamic_shapes_kernel_specialization_strategy": arg}
+            model.set_settings(value)
+            engine.runtime_settings = value
+        elif kind == "execute":
+            x = np.full(arg, 1.5, np.float32)
+            np.testing.assert_allclose(engine.execute(x)[0], 2 * x)
+            model.execute(((arg,),))
+        elif kind == "reset":
+            engine.reset_graphs()
+            model.reset_graphs()
+        assert engine.graph_captures == model.graph_captures
+        assert engine.context_creations == model.context_creations
+        assert engine.outer_graph == model.outer_graph
+    while stack:
+        stack.pop().__exit__(None, None, None)
+
+
+DYNAMIC = MemoryBackend.build_engine(
+    [TensorSpec("x", "float32", (-1,), True, profiles=(((1,), (2,), (4,)),))], [AffineOutput("y", "x", 2.0)]
+)
+
+
+@settings(max_examples=60)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("enter"), st.sampled_from([True, "copy", "view"])),
+            st.tuples(st.just("exit"), st.none()),
+            st.tuples(st.just("settings"), st.sampled_from(["lazy", "eager"])),
+            st.tuples(st.just("execute"), st.integers(1, 4)),
+            st.tuples(st.just("reset"), st.none()),
+        ),
+        max_size=20,
+    )
+)
+def test_reference_model_outer_graph_matches_memory_engine(ops):
+    _replay_outer(ops)
+
+
 def test_reference_model_operations_rejects_unknown_kinds():
     with pytest.raises(ValueError, match=r"unknown operation kind\(s\) \['jump'\]"):
         tst.operations(kinds=("execute", "jump"))

@@ -513,6 +513,14 @@ class _FakeTorchbindConformance(BackendConformance):
         # the double computes 2 * sum; inputs may be FakeTensors or host arrays
         return lambda inputs: [2.0 * np.asarray(_array(inputs[0]), dtype=np.float64)]
 
+    @pytest.fixture
+    def input_kinds(self) -> Any:
+        # The doubles emulate torch with FakeTensor: real torch tensors (where torch is
+        # installed) would reach the fake runtime, so only host numpy input is offered.
+        from trt_runtime.testing import array_kinds
+
+        return {"numpy": array_kinds.converter("numpy")}
+
     def as_backend_input(self, array: Any, like: Any) -> Any:
         return FakeTensor(np.ascontiguousarray(array), like.device)
 

@@ -1,9 +1,19 @@
 """A backend-agnostic latency harness: per-call wall time, percentiles, throughput, GPU time.
 
-Wall time is measured around each call with :func:`time.perf_counter_ns` after the
-work is synchronized, so it is what a caller waits for. GPU time comes from a pair of
-CUDA events recorded on the stream the engine runs on, when ``cuda.core`` and a GPU
-are present; it is ``None`` otherwise.
+Two layers:
+
+* :func:`bench_engine` / :func:`benchmark` (what ``trt-runtime bench`` uses): wall time
+  around each call with :func:`time.perf_counter_ns` after the work is synchronized, so
+  it is what a caller waits for; GPU time from a pair of CUDA events on the engine's
+  stream where ``cuda.core`` and a GPU are present (``None`` otherwise).
+* the three per-call metrics of ``benchmarks/`` (any callables, nothing imported):
+  :func:`time_enqueue` (CPU cost of a call with no synchronize), :func:`time_latency`
+  (call + synchronize) and :func:`time_gpu` (CUDA events between consecutive calls,
+  through a :class:`GpuTimer`), summarized by :func:`summarize`.
+
+Calls are given as a sequence and call ``i`` is ``calls[(start + i) % len(calls)]``, so
+a workload that cycles input shapes cycles them in every metric alike. Nothing here
+imports torch, TensorRT or CUDA at import time.
 """
 
 from __future__ import annotations
@@ -16,15 +26,21 @@ import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "BenchResult",
     "CudaEventTimer",
+    "GpuTimer",
+    "Stats",
     "bench_engine",
     "benchmark",
     "percentile",
     "plot_results",
+    "summarize",
+    "time_enqueue",
+    "time_gpu",
+    "time_latency",
     "write_json",
 ]
 
@@ -43,6 +59,148 @@ def percentile(values: Sequence[float], q: float) -> float:
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stats:
+    """Summary of per-call samples, in microseconds (percentiles as :func:`percentile`)."""
+
+    n: int
+    median: float
+    p10: float
+    p90: float
+    p99: float
+    mean: float
+    min: float
+    max: float
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def summarize(samples_us: Sequence[float]) -> Stats:
+    """Median, p10, p90, p99, mean, min and max of ``samples_us`` (ValueError if empty)."""
+    if not samples_us:
+        raise ValueError("cannot summarize an empty list of samples")
+    values = [float(v) for v in samples_us]
+    return Stats(
+        n=len(values),
+        median=percentile(values, 50),
+        p10=percentile(values, 10),
+        p90=percentile(values, 90),
+        p99=percentile(values, 99),
+        mean=math.fsum(values) / len(values),
+        min=min(values),
+        max=max(values),
+    )
+
+
+def _check_calls(calls: Sequence[Callable[[], Any]], **counts: int) -> None:
+    if not calls:
+        raise ValueError("nothing to time: no calls")
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+
+
+def time_latency(
+    calls: Sequence[Callable[[], Any]], sync: Callable[[], Any], iterations: int, *, start: int = 0
+) -> list[float]:
+    """Microseconds of each of ``iterations`` calls, each followed by ``sync()`` inside
+    the timed region: what a caller that waits for every result sees."""
+    _check_calls(calls, iterations=iterations)
+    k = len(calls)
+    clock = time.perf_counter_ns
+    samples: list[float] = []
+    for i in range(start, start + iterations):
+        call = calls[i % k]
+        t0 = clock()
+        call()
+        sync()
+        samples.append((clock() - t0) / 1000.0)
+    return samples
+
+
+def time_enqueue(
+    calls: Sequence[Callable[[], Any]],
+    sync: Callable[[], Any],
+    chunks: int,
+    chunk: int,
+    *,
+    start: int = 0,
+) -> tuple[list[float], list[float]]:
+    """Per-call CPU cost with no synchronize: ``chunks`` times, ``chunk`` calls back to
+    back are timed, then ``sync()`` drains the GPU outside the timed region.
+
+    Returns ``(enqueue, drained)``: per chunk, µs per call without the synchronize (the
+    enqueue-side cost) and with it (calls per second once the GPU has finished). Keep
+    ``chunk`` small enough that a chunk's launches fit CUDA's launch queue (about a
+    thousand entries), or the enqueue figure includes waiting for the GPU.
+    """
+    _check_calls(calls, chunks=chunks, chunk=chunk)
+    k = len(calls)
+    clock = time.perf_counter_ns
+    enqueue: list[float] = []
+    drained: list[float] = []
+    sync()
+    for c in range(chunks):
+        first = start + c * chunk
+        t0 = clock()
+        for i in range(first, first + chunk):
+            calls[i % k]()
+        t1 = clock()
+        sync()
+        t2 = clock()
+        enqueue.append((t1 - t0) / 1000.0 / chunk)
+        drained.append((t2 - t0) / 1000.0 / chunk)
+    return enqueue, drained
+
+
+class GpuTimer(Protocol):
+    """CUDA events on the stream a row's work is ordered on (see :func:`time_gpu`)."""
+
+    def gate(self, us: float) -> bool:
+        """Queue about ``us`` µs of GPU waiting on the stream, so the calls that follow are
+        all queued before the GPU reaches them; False where it cannot (no gate)."""
+        ...
+
+    def record(self, index: int) -> None:
+        """Record event ``index`` on the stream."""
+        ...
+
+    def elapsed_us(self, first: int, second: int) -> float:
+        """GPU microseconds between two recorded events (after :meth:`synchronize`)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for the last recorded event."""
+        ...
+
+
+def time_gpu(
+    calls: Sequence[Callable[[], Any]],
+    timer: GpuTimer,
+    chunk: int,
+    *,
+    gate_us: float = 0.0,
+    start: int = 0,
+) -> tuple[list[float], bool]:
+    """GPU microseconds of each of ``chunk`` calls: events recorded before the first call
+    and after every call on the row's stream, behind a gate of ``gate_us`` µs.
+
+    Without a gate the GPU may wait for the CPU between calls and that wait is counted;
+    with one (long enough for the chunk to be queued) the figure is the GPU's own time
+    per call. Returns ``(samples, gated)``.
+    """
+    _check_calls(calls, chunk=chunk)
+    k = len(calls)
+    gated = timer.gate(gate_us) if gate_us > 0 else False
+    timer.record(0)
+    for j in range(chunk):
+        calls[(start + j) % k]()
+        timer.record(j + 1)
+    timer.synchronize()
+    return [timer.elapsed_us(j, j + 1) for j in range(chunk)], gated
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

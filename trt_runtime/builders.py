@@ -148,13 +148,15 @@ def _build(
     progress: ProgressCallback | None,
     what: str,
     *,
-    capturable: bool = True,
+    require_user_allocation: bool = False,
 ) -> bytes:
+    # BuilderFlag.REQUIRE_USER_ALLOCATION is off by default: TensorRT-RTX 1.6.1 crashes at
+    # the first execute of a dynamic-shape engine built with it, and it forbids the default
+    # (STATIC) execution contexts that torch-tensorrt and raw loops create. The python
+    # backend's USER_MANAGED contexts are stream-capturable without it (GPU-measured).
     config = builder.create_builder_config()
     flag = getattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION", None)
-    if capturable and flag is not None:
-        # TensorRT-RTX contexts are stream-capturable (the outer CUDA-graph wrap) only
-        # when every input and output is allocated by the user.
+    if require_user_allocation and flag is not None:
         config.set_flag(flag)
     for ranges in profiles:
         profile = builder.create_optimization_profile()

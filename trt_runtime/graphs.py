@@ -31,11 +31,12 @@ class OuterGraph:
     captured again when the execution context changes (a settings change), when the
     shapes of a call have no graph yet, and after :meth:`EngineBase.reset_graphs`. Inputs
     are copied into the engine's static input buffers unless the caller passes those very
-    buffers (see ``static_inputs`` of the backend's engine). An execution context that
-    TensorRT says cannot be captured (``IExecutionContext.is_stream_capturable`` false:
-    TensorRT-RTX engines need ``BuilderFlag.REQUIRE_USER_ALLOCATION``) and engines with
+    buffers (``engine.static_inputs(*shapes)``). An execution context that TensorRT says
+    cannot be captured (``IExecutionContext.is_stream_capturable`` false) and engines with
     data-dependent output shapes are refused with :class:`~trt_runtime.CapabilityError`
-    at the first call; nothing is ever captured on the legacy default stream.
+    at the first call; nothing is ever captured on the legacy default stream. (The python
+    backend creates TensorRT-RTX contexts with USER_MANAGED memory, which TensorRT-RTX
+    reports capturable; see docs/python-backend.md.)
     """
 
     outputs: str = "copy"

@@ -48,7 +48,8 @@ class BackendCapabilities:
     supports_profile_selection: bool = False
     #: The runtime's own CUDA-graph wrap (:class:`~trt_runtime.graphs.OuterGraph`).
     supports_outer_cuda_graph: bool = False
-    #: ``load_engine(..., contexts=N)``: several execution contexts serve concurrent callers.
+    #: ``trt_runtime.load(..., contexts=N)``: several execution contexts of one engine serve
+    #: concurrent callers; its engines implement ``clone()`` (see :class:`Engine`).
     supports_multiple_contexts: bool = False
     #: ``deserialize`` into a cache that already has entries keeps them (merges).
     cache_deserialize_merges: bool = False
@@ -163,7 +164,17 @@ class RuntimeCacheHandle(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """A deserialized engine with a lazily created execution context."""
+    """A deserialized engine with a lazily created execution context.
+
+    Optional method, required of the engines of a backend with
+    ``supports_multiple_contexts`` (not part of the structural check):
+    ``clone() -> Engine`` returns a new engine object over the *same* deserialized
+    engine (weights shared, nothing deserialized again) with its own lazily created
+    execution context, stream and buffers, the same device, and the same
+    :attr:`runtime_settings` and :attr:`outer_graph` as the original at the time of the
+    call. Closing either leaves the other usable. :class:`~trt_runtime.pool.EnginePool`
+    calls it to give each concurrent caller its own context.
+    """
 
     name: str
 
@@ -200,14 +211,25 @@ class Engine(Protocol):
         ...
 
     @outer_graph.setter
-    def outer_graph(self, value: OuterGraph | None) -> None: ...
+    def outer_graph(self, value: OuterGraph | bool | str | None) -> None: ...
+
+    def reset_graphs(self) -> None:
+        """Drop every captured outer graph; the next call under the wrap captures again."""
+        ...
+
+    @property
+    def data_dependent_outputs(self) -> list[str]:
+        """Names of outputs whose shapes are only known after execution."""
+        ...
 
     @property
     def graph_captures(self) -> int:
         """How many CUDA graphs the outer wrap has captured so far."""
         ...
 
-    def execute(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> list[Any]: ...
+    def execute(
+        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None
+    ) -> list[Any]: ...
 
     def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any: ...
 

@@ -25,14 +25,22 @@ CUDA_HINT = "the 'python' backend needs cuda-python: pip install 'trt-runtime[cu
 _log = logging.getLogger("trt_runtime.python")
 _trt_log = logging.getLogger("trt_runtime.python.tensorrt")
 
+_ONE_CONTEXT = "one execution context per engine; calls on an engine are serialized"
 _RTX_CAPS = BackendCapabilities(
     supports_runtime_cache=True,
     supports_cuda_graph_strategy=True,
     supports_dynamic_shapes_strategy=True,
     supports_output_allocator=True,
     supports_host_io=True,
+    supports_preallocated_outputs=True,
+    supports_profile_selection=True,
+    supports_outer_cuda_graph=True,
+    supports_multiple_contexts=False,
     cache_deserialize_merges=False,
-    notes={"cache_deserialize_merges": "IRuntimeCache.deserialize replaces the cache's contents"},
+    notes={
+        "cache_deserialize_merges": "IRuntimeCache.deserialize replaces the cache's contents",
+        "supports_multiple_contexts": _ONE_CONTEXT,
+    },
 )
 _TRT_NOTE = "needs TensorRT-RTX (tensorrt-rtx); only full TensorRT is installed"
 _TRT_CAPS = BackendCapabilities(
@@ -41,8 +49,14 @@ _TRT_CAPS = BackendCapabilities(
     supports_dynamic_shapes_strategy=False,
     supports_output_allocator=True,
     supports_host_io=True,
+    supports_preallocated_outputs=True,
+    supports_profile_selection=True,
+    # The outer wrap is the only CUDA-graph mechanism of full TensorRT.
+    supports_outer_cuda_graph=True,
+    supports_multiple_contexts=False,
     cache_deserialize_merges=False,
     notes={
+        "supports_multiple_contexts": _ONE_CONTEXT,
         "supports_runtime_cache": _TRT_NOTE,
         "supports_cuda_graph_strategy": _TRT_NOTE,
         "supports_dynamic_shapes_strategy": _TRT_NOTE,

@@ -88,9 +88,14 @@ class DeviceState:
     def activate(self) -> None:
         self.device.set_current()
 
-    def create_stream(self) -> Any:
-        """A new non-blocking cuda.core stream owned by the caller."""
-        return self.device.create_stream()
+    def create_stream(self, blocking: bool = False) -> Any:
+        """A new cuda.core stream owned by the caller: non-blocking, or with ``blocking``
+        one that CUDA orders with the legacy default stream."""
+        if not blocking:
+            return self.device.create_stream()
+        from cuda.core import StreamOptions
+
+        return self.device.create_stream(options=StreamOptions(nonblocking=False))
 
     def allocate(self, nbytes: int, stream: Any) -> Any:
         """A device buffer of at least one byte (stream-ordered allocation on ``stream``)."""

@@ -43,7 +43,7 @@ MAX_GRAPHS = 32
 
 _NOT_CAPTURABLE = (
     "TensorRT-RTX captures an execution context only when the engine was built with "
-    "BuilderFlag.REQUIRE_USER_ALLOCATION (trt_runtime.builders sets it) and "
+    "BuilderFlag.REQUIRE_USER_ALLOCATION and "
     "IExecutionContext.is_stream_capturable is true; run the engine without the outer "
     "graph, or with cuda_graph_strategy='whole_graph_capture' (TensorRT-RTX's own capture)"
 )

@@ -2,9 +2,13 @@
 
 * :mod:`trt_runtime.testing.memory`: ``MemoryBackend``, a numpy-only backend for tests.
 * :mod:`trt_runtime.testing.model`: the pure-Python reference model.
+* :mod:`trt_runtime.testing.array_kinds`: the array kinds of the device contract.
+* :mod:`trt_runtime.testing.cuda_arrays`: ``CudaArray``, a CUDA array made with cuda-python.
 * :mod:`trt_runtime.testing.strategies`: Hypothesis strategies (needs ``hypothesis``).
 * :mod:`trt_runtime.testing.stateful`: the ``RuleBasedStateMachine`` (needs ``hypothesis``).
-* :mod:`trt_runtime.testing.conformance`: ``BackendConformance`` (needs ``pytest``, ``hypothesis``).
+* :mod:`trt_runtime.testing.conformance`: ``BackendConformance`` (needs ``pytest``,
+  ``hypothesis``), with its parts in ``conformance_base``, ``conformance_contract`` and
+  ``conformance_graphs``.
 
 Importing this package imports none of them: the ``memory`` entry point loads
 :mod:`trt_runtime.testing.memory` without pulling in pytest or hypothesis. Names are
@@ -22,6 +26,7 @@ __all__ = [
     "BackendHarness",
     "BackendStateMachine",
     "CacheModel",
+    "CudaArray",
     "EngineModel",
     "MemoryBackend",
 ]
@@ -34,6 +39,7 @@ _LAZY = {
     "BackendHarness": "stateful",
     "BackendStateMachine": "stateful",
     "BackendConformance": "conformance",
+    "CudaArray": "cuda_arrays",
 }
 
 

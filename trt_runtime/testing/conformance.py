@@ -26,159 +26,58 @@ then runs against your backend::
             return lambda inputs: [2.0 * np.asarray(inputs[0]) + 1.0]
 
 Tests that need a capability skip with a reason naming it when the backend lacks it;
-``test_capability_missing_refused`` checks the opposite side. Override the hooks
-(:meth:`BackendConformance.as_backend_input`, :meth:`BackendConformance.output_to_numpy`)
-when the backend's tensors are not numpy arrays, and ``state_machine_settings`` to run
-fewer examples on slow hardware.
+the ``*_refused`` tests check the opposite side. The device contract
+(docs/device-contract.md) is checked for every array kind the ``input_kinds`` fixture
+gives (numpy, CPU and CUDA torch tensors, other CUDA arrays; each kind whose library or
+device is missing here skips with the reason). Override the hooks
+(:meth:`~.ConformanceBase.as_backend_input`, :meth:`~.ConformanceBase.output_to_numpy`,
+:meth:`~.ConformanceBase.allocate_output`) when the backend's tensors are none of these,
+the class attributes ``preallocated_output_kinds`` / ``static_output_kinds`` /
+``host_staging_logged`` when the backend has no device, and ``state_machine_settings``
+to run fewer examples on slow hardware.
+
+The tests live in three classes: the device contract in
+:class:`~.conformance_contract.DeviceContractTests`, the outer CUDA-graph wrap in
+:class:`~.conformance_graphs.OuterGraphTests`, and loading, settings, contexts, caches
+and the state machine here.
 """
 
 from __future__ import annotations
 
-import re
 import warnings
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck
-from hypothesis import settings as hypothesis_settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from trt_runtime.contexts import enable_cudagraphs, runtime_config
 from trt_runtime.dtypes import DTYPE_NAMES, normalize_dtype
-from trt_runtime.errors import CapabilityError, InputError
+from trt_runtime.errors import CapabilityError
 from trt_runtime.protocols import Backend, Engine, EngineSource, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
     DynamicShapesKernelSpecializationStrategy,
     RuntimeSettings,
 )
-from trt_runtime.testing.stateful import (
-    BackendHarness,
-    BackendStateMachine,
-    assert_outputs_close,
-    to_numpy,
-)
+from trt_runtime.testing.conformance_contract import DeviceContractTests
+from trt_runtime.testing.conformance_graphs import OuterGraphTests
+from trt_runtime.testing.stateful import BackendHarness, BackendStateMachine
 
 __all__ = ["BackendConformance"]
 
-_SETTINGS_CAPABILITIES = (
-    ("supports_cuda_graph_strategy", {"cuda_graph_strategy": "whole_graph_capture"}),
-    ("supports_dynamic_shapes_strategy", {"dynamic_shapes_kernel_specialization_strategy": "eager"}),
-)
 
-
-class BackendConformance:
+class BackendConformance(DeviceContractTests, OuterGraphTests):
     """Base class of a backend's conformance tests.
 
     Abstract fixtures (a subclass must define them): ``backend``, ``engine_source``,
     ``make_inputs`` (``rng -> list of inputs`` in the backend's tensor type, from a
     ``numpy.random.Generator``) and ``reference`` (``inputs -> expected outputs``).
     ``tolerance`` returns ``(rtol, atol)`` from the class attributes ``rtol`` and
-    ``atol`` unless overridden. The engine's inputs must have static shapes or
-    optimization profiles, and ``make_inputs`` must return shapes inside them.
+    ``atol`` unless overridden; ``input_kinds`` returns the converters of every array
+    kind the backend takes (see :class:`~.conformance_base.ConformanceBase`). The
+    engine's inputs must have static shapes or optimization profiles, and ``make_inputs``
+    must return shapes inside them.
     """
-
-    #: Relative and absolute tolerance of output comparisons.
-    rtol: float = 1e-5
-    atol: float = 1e-6
-    #: Hypothesis settings of :meth:`test_state_machine` (lower them on slow devices).
-    state_machine_settings: hypothesis_settings = hypothesis_settings(
-        max_examples=25,
-        stateful_step_count=25,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-
-    # -- abstract fixtures ------------------------------------------------------------------
-    @pytest.fixture
-    def backend(self) -> Backend:
-        raise NotImplementedError(f"{type(self).__name__} must define the 'backend' fixture")
-
-    @pytest.fixture
-    def engine_source(self) -> EngineSource:
-        raise NotImplementedError(f"{type(self).__name__} must define the 'engine_source' fixture")
-
-    @pytest.fixture
-    def make_inputs(self) -> Callable[[Any], Sequence[Any]]:
-        raise NotImplementedError(f"{type(self).__name__} must define the 'make_inputs' fixture")
-
-    @pytest.fixture
-    def reference(self) -> Callable[[Sequence[Any]], Sequence[Any]]:
-        raise NotImplementedError(f"{type(self).__name__} must define the 'reference' fixture")
-
-    # -- concrete fixtures and hooks ----------------------------------------------------------
-    @pytest.fixture
-    def tolerance(self) -> tuple[float, float]:
-        return (self.rtol, self.atol)
-
-    @pytest.fixture
-    def engine(self, backend: Backend, engine_source: EngineSource) -> Any:
-        engine = backend.load_engine(engine_source)
-        yield engine
-        engine.close()
-
-    @pytest.fixture
-    def harness(
-        self,
-        backend: Backend,
-        engine_source: EngineSource,
-        make_inputs: Callable[[Any], Sequence[Any]],
-        reference: Callable[[Sequence[Any]], Sequence[Any]],
-        tolerance: tuple[float, float],
-    ) -> BackendHarness:
-        rtol, atol = tolerance
-        return BackendHarness(
-            backend,
-            engine_source,
-            make_inputs,
-            reference,
-            rtol=rtol,
-            atol=atol,
-            convert_output=self.output_to_numpy,
-        )
-
-    def as_backend_input(self, array: Any, like: Any) -> Any:
-        """Turn the numpy ``array`` into the backend's input type, modelled on ``like``
-        (an input ``make_inputs`` returned). Default: unchanged (numpy backends)."""
-        return array
-
-    def output_to_numpy(self, value: Any) -> Any:
-        """A host numpy array of one output (default handles numpy and torch)."""
-        return to_numpy(value)
-
-    def input_to_numpy(self, value: Any) -> Any:
-        """A host numpy array of one input ``make_inputs`` returned (default as outputs)."""
-        return to_numpy(value)
-
-    def run_and_check(self, engine: Engine, harness: BackendHarness, seed: int = 0) -> None:
-        """Execute once with inputs of ``seed`` and compare with the reference."""
-        import numpy as np
-
-        inputs = list(harness.make_inputs(np.random.default_rng(seed)))
-        assert_outputs_close(
-            engine.execute(*inputs),
-            harness.reference(inputs),
-            rtol=harness.rtol,
-            atol=harness.atol,
-            convert=self.output_to_numpy,
-        )
-
-    @staticmethod
-    def _skip_unless(backend: Backend, capability: str) -> None:
-        if not getattr(backend.capabilities, capability):
-            pytest.skip(f"backend {backend.name!r} lacks {capability}")
-
-    def _settings_variant(self, backend: Backend) -> dict[str, Any]:
-        """Overrides that differ from the defaults and that the backend accepts."""
-        for capability, overrides in _SETTINGS_CAPABILITIES:
-            if getattr(backend.capabilities, capability):
-                return overrides
-        if backend.capabilities.supports_runtime_cache:
-            from trt_runtime.cache import RuntimeCache
-
-            return {"runtime_cache": RuntimeCache()}
-        pytest.skip(f"backend {backend.name!r} supports no settings but the defaults")
 
     # -- loading and metadata -------------------------------------------------------------------
     def test_backend_is_available(self, backend: Backend) -> None:
@@ -356,52 +255,6 @@ class BackendConformance:
             assert other.context_creations == 1
         finally:
             other.close()
-
-    # -- inputs ----------------------------------------------------------------------------------
-    def _valid_inputs(self, harness: BackendHarness) -> list[Any]:
-        import numpy as np
-
-        return list(harness.make_inputs(np.random.default_rng(7)))
-
-    def test_bad_input_count_rejected(self, engine: Engine, harness: BackendHarness) -> None:
-        inputs = self._valid_inputs(harness)
-        names = [s.name for s in engine.inputs]
-        with pytest.raises(InputError, match=re.escape(names[0])):
-            engine.execute(*inputs, inputs[0])
-        with pytest.raises(InputError, match=re.escape(names[0])):
-            engine.execute(*inputs[:-1])
-        self.run_and_check(engine, harness)
-
-    def test_bad_input_dtype_rejected(self, engine: Engine, harness: BackendHarness) -> None:
-        inputs = self._valid_inputs(harness)
-        spec = engine.inputs[0]
-        wrong = next(d for d in ("float32", "int32", "float16") if d != spec.dtype)
-        array = self.input_to_numpy(inputs[0]).astype(wrong)
-        bad = [self.as_backend_input(array, inputs[0]), *inputs[1:]]
-        with pytest.raises(InputError, match=re.escape(spec.name)):
-            engine.execute(*bad)
-        self.run_and_check(engine, harness)
-
-    def test_bad_input_shape_rejected(self, engine: Engine, harness: BackendHarness) -> None:
-        import numpy as np
-
-        inputs = self._valid_inputs(harness)
-        spec = engine.inputs[0]
-        good = self.input_to_numpy(inputs[0])
-        shapes: list[tuple[int, ...]] = [(1, *good.shape)]  # wrong rank
-        static = [i for i, d in enumerate(spec.shape) if d >= 0]
-        if static:
-            wrong = list(good.shape)
-            wrong[static[0]] += 1
-            shapes.append(tuple(wrong))
-        elif spec.profiles:  # one past the largest max of every profile
-            shapes.append(tuple(max(p[2][i] for p in spec.profiles) + 1 for i in range(len(spec.shape))))
-        for bad_shape in shapes:
-            array = np.zeros(bad_shape, dtype=good.dtype)
-            bad = [self.as_backend_input(array, inputs[0]), *inputs[1:]]
-            with pytest.raises(InputError, match=re.escape(spec.name)):
-                engine.execute(*bad)
-        self.run_and_check(engine, harness)
 
     # -- the state machine -------------------------------------------------------------------------
     def test_state_machine(self, harness: BackendHarness) -> None:

@@ -1,10 +1,20 @@
 """MemoryBackend: a small but complete backend that runs on any machine (numpy only).
 
-Engines are a tiny serialized format of this module's own: the magic ``b"TRTMEM1\\0"``
-followed by UTF-8 JSON naming the engine, its inputs (:class:`~trt_runtime.TensorSpec`
-fields) and one affine output per entry, ``y = scale * x + bias`` of one input. An
-output may be *data dependent*: it then keeps only the elements whose input is > 0,
-flattened, so its shape is only known after the run.
+Engines are a tiny serialized format (:mod:`.memory_format`): the magic
+``b"TRTMEM1\\0"`` followed by UTF-8 JSON naming the engine, its inputs and one affine
+output per entry, ``y = scale * x + bias`` of one input. An output may be *data
+dependent*: it then keeps only the elements whose input is > 0, flattened, so its shape
+is only known after the run.
+
+It honours the whole device contract (docs/device-contract.md) for the one array kind
+it has, numpy: host arrays in, new numpy arrays out, dtypes never converted,
+non-contiguous arrays refused, every check before an execution context exists;
+``outputs=`` numpy arrays written and returned as given; and a simulated outer CUDA
+graph: the first call of an input-shape key in a context "captures" (counted in
+``graph_captures``) static input and output buffers, later calls copy the inputs into
+the static inputs and compute from those, and return copies (``"copy"``) or the static
+output arrays themselves (``"view"``). It has no device and no stream: ``stream=`` is
+accepted and ignored, and nothing is staged.
 
 The runtime cache is an in-memory native object holding "kernel" entries. Every run
 with a cache adds an entry for the input shapes and settings seen (as TensorRT-RTX
@@ -13,8 +23,9 @@ adds JIT-compiled kernels), so :meth:`RuntimeCache.serialize` changes after a ru
 depending on ``MemoryBackend(cache_merges=...)``; the capability
 ``cache_deserialize_merges`` says which.
 
-The backend is registered as the ``memory`` entry point of ``trt_runtime.backends``;
-it is never chosen unless named (``get_backend("memory")``).
+Thread-safety: calls on one engine are serialized by :class:`~trt_runtime.EngineBase`'s
+lock. The backend is registered as the ``memory`` entry point of
+``trt_runtime.backends``; it is never chosen unless named (``get_backend("memory")``).
 """
 
 from __future__ import annotations
@@ -22,14 +33,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime.dtypes import DTYPE_NAMES, normalize_dtype
 from trt_runtime.engine import EngineBase
-from trt_runtime.errors import CacheError, FormatError, InputError
+from trt_runtime.errors import CacheError, EngineError, InputError
 from trt_runtime.protocols import Availability, BackendCapabilities, CacheKey, EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings, SettingsLike
+from trt_runtime.testing.memory_format import ENGINE_MAGIC, AffineOutput, build_engine, parse_engine
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -42,11 +53,11 @@ __all__ = [
     "MemoryCacheHandle",
     "MemoryContext",
     "MemoryEngine",
+    "MemoryGraph",
     "MemoryNativeCache",
     "MemoryRuntimeConfig",
 ]
 
-ENGINE_MAGIC = b"TRTMEM1\0"
 CACHE_MAGIC = b"TRTMEMC1"
 
 _CAPABILITY_FLAGS = (
@@ -55,23 +66,9 @@ _CAPABILITY_FLAGS = (
     "supports_dynamic_shapes_strategy",
     "supports_output_allocator",
     "supports_host_io",
+    "supports_preallocated_outputs",
+    "supports_outer_cuda_graph",
 )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AffineOutput:
-    """One output of a memory engine: ``scale * inputs[input] + bias``.
-
-    ``dtype`` defaults to the input's dtype. ``data_dependent`` keeps only the
-    elements whose input value is > 0, flattened to 1-D.
-    """
-
-    name: str
-    input: str
-    scale: float = 1.0
-    bias: float = 0.0
-    dtype: str | None = None
-    data_dependent: bool = False
 
 
 # -- the native cache ------------------------------------------------------------------
@@ -176,11 +173,23 @@ class MemoryContext:
     settings: RuntimeSettings
     config: MemoryRuntimeConfig
     runs: int = 0
+    captures: int = 0
     destroyed: bool = False
 
 
+@dataclasses.dataclass
+class MemoryGraph:
+    """A simulated outer CUDA graph: the static buffers of one input-shape key in one context."""
+
+    key: tuple[tuple[int, ...], ...]
+    context: MemoryContext
+    inputs: list[Any]
+    outputs: list[Any]
+    replays: int = 0
+
+
 class MemoryEngine(EngineBase):
-    """An engine of the memory backend. Outputs are numpy arrays."""
+    """An engine of the memory backend: numpy arrays in, numpy arrays out."""
 
     def __init__(
         self,
@@ -199,6 +208,8 @@ class MemoryEngine(EngineBase):
         self.contexts: list[MemoryContext] = []
         #: How many times :meth:`_run` reached the numeric work (after validation).
         self.runs = 0
+        #: Outer graphs of the current context by input-shape key.
+        self.graphs: dict[tuple[tuple[int, ...], ...], MemoryGraph] = {}
         super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
 
     @property
@@ -232,12 +243,34 @@ class MemoryEngine(EngineBase):
     def _destroy_context(self, context: Any) -> None:
         context.destroyed = True
 
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Any = None) -> list[Any]:
-        import numpy as np
+    def _drop_graphs(self) -> None:
+        self.graphs.clear()
 
-        arrays = self._validate(inputs)
+    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
+        self._validate(inputs)
+
+    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Any = None) -> list[Any]:
+        # EngineBase.execute validated the inputs (before any context existed).
+        if outputs is not None:
+            self._check_outputs(inputs, outputs)
         self.runs += 1
         context.runs += 1
+        if self._outer_graph is None:
+            results = self._compute(inputs)
+        else:
+            results = self._run_graph(context, inputs, view=self._outer_graph.outputs == "view")
+        self._record_kernels(context, inputs)
+        if outputs is None:
+            return results
+        import numpy as np
+
+        for given, result in zip(outputs, results, strict=True):
+            np.copyto(given, result, casting="no")
+        return list(outputs)
+
+    def _compute(self, arrays: Sequence[Any]) -> list[Any]:
+        import numpy as np
+
         by_name = {spec.name: arr for spec, arr in zip(self._inputs, arrays, strict=True)}
         results = []
         for op, spec in zip(self._ops, self._outputs, strict=True):
@@ -246,14 +279,43 @@ class MemoryEngine(EngineBase):
             if op.data_dependent:
                 y = y[x > 0].reshape(-1)
             results.append(y)
+        return results
+
+    def _run_graph(self, context: MemoryContext, arrays: Sequence[Any], *, view: bool) -> list[Any]:
+        """The simulated outer graph: capture on the first call of a key, replay after."""
+        import numpy as np
+
+        key = tuple(tuple(a.shape) for a in arrays)
+        graph = self.graphs.get(key)
+        if graph is None:
+            static_in = [np.empty_like(a) for a in arrays]
+            static_out = [np.empty_like(y) for y in self._compute(arrays)]
+            graph = MemoryGraph(key, context, static_in, static_out)
+            self.graphs[key] = graph
+            self._graph_captures += 1
+            context.captures += 1
+        elif graph.context is not context:  # the core drops graphs with their context
+            raise EngineError(f"engine {self.name!r}: an outer graph outlived the context it was captured in")
+        else:
+            graph.replays += 1
+        for static, array in zip(graph.inputs, arrays, strict=True):
+            if static is not array:  # the caller may pass the static buffers themselves
+                np.copyto(static, array)
+        for static, result in zip(graph.outputs, self._compute(graph.inputs), strict=True):
+            np.copyto(static, result)
+        return list(graph.outputs) if view else [o.copy() for o in graph.outputs]
+
+    def _record_kernels(self, context: MemoryContext, arrays: Sequence[Any]) -> None:
         native = context.config.runtime_cache
         if native is not None:
-            shapes = ",".join(f"{n}={'x'.join(map(str, a.shape))}" for n, a in by_name.items())
+            shapes = ",".join(
+                f"{spec.name}={'x'.join(map(str, a.shape))}"
+                for spec, a in zip(self._inputs, arrays, strict=True)
+            )
             native.add_kernel(
                 f"{self.name}|{shapes}|{context.config.cuda_graph_strategy}"
                 f"|{context.config.dynamic_shapes_kernel_specialization_strategy}"
             )
-        return results
 
     def _validate(self, inputs: Sequence[Any]) -> list[Any]:
         import numpy as np
@@ -263,21 +325,53 @@ class MemoryEngine(EngineBase):
             raise InputError(
                 f"engine {self.name!r} takes {len(self._inputs)} input(s) {names}; got {len(inputs)}"
             )
+        host_io = self._backend.capabilities.supports_host_io
         arrays = []
         for spec, value in zip(self._inputs, inputs, strict=True):
+            where = f"input {spec.name!r} of engine {self.name!r}"
             if not isinstance(value, np.ndarray):
+                raise InputError(f"{where} must be a numpy array; got {type(value).__name__}")
+            if not host_io:
                 raise InputError(
-                    f"input {spec.name!r} of engine {self.name!r} must be a numpy array; "
-                    f"got {type(value).__name__}"
+                    f"{where} is a host array; the {self._backend.name!r} backend was made without "
+                    "supports_host_io and has no other memory"
                 )
             dtype = str(value.dtype)
             if dtype != spec.dtype:
-                raise InputError(
-                    f"input {spec.name!r} of engine {self.name!r} must have dtype {spec.dtype}; got {dtype}"
-                )
+                raise InputError(f"{where} must have dtype {spec.dtype}; got {dtype}")
             _check_shape(self.name, spec, tuple(value.shape))
+            if not value.flags.c_contiguous:
+                raise InputError(f"{where} is not C-contiguous; use numpy.ascontiguousarray")
             arrays.append(value)
         return arrays
+
+    def _check_outputs(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        """Count, kind, dtype, shape and layout of ``outputs=``, before anything runs."""
+        import numpy as np
+
+        names = [s.name for s in self._outputs]
+        if len(outputs) != len(self._outputs):
+            raise InputError(
+                f"engine {self.name!r} has {len(names)} output(s) {names}; outputs= has {len(outputs)}"
+            )
+        shapes = {spec.name: tuple(a.shape) for spec, a in zip(self._inputs, inputs, strict=True)}
+        for op, spec, given in zip(self._ops, self._outputs, outputs, strict=True):
+            where = f"output {spec.name!r} of engine {self.name!r}"
+            if spec.data_dependent:
+                raise InputError(f"{where} has a data-dependent shape; it cannot be preallocated")
+            if not isinstance(given, np.ndarray):
+                raise InputError(
+                    f"outputs= must hold numpy arrays (the memory backend has no device); "
+                    f"{where} is {type(given).__name__}"
+                )
+            if str(given.dtype) != spec.dtype:
+                raise InputError(f"{where} must have dtype {spec.dtype}; got {given.dtype}")
+            if tuple(given.shape) != shapes[op.input]:
+                raise InputError(
+                    f"{where} must have shape {list(shapes[op.input])}; got {list(given.shape)}"
+                )
+            if not (given.flags.c_contiguous and given.flags.writeable):
+                raise InputError(f"{where} must be a C-contiguous, writeable array")
 
 
 def _check_shape(engine: str, spec: TensorSpec, shape: tuple[int, ...]) -> None:
@@ -312,8 +406,11 @@ class MemoryBackend:
 
     ``cache_merges`` picks the cache ``deserialize`` semantics (replace, like
     TensorRT-RTX, or merge). ``without`` names capability flags to turn off, to test
-    how callers behave when a capability is missing.
+    how callers behave when a capability is missing. :attr:`engine_class` is the engine
+    type :meth:`load_engine` makes (tests subclass it to break the contract on purpose).
     """
+
+    engine_class: type[MemoryEngine] = MemoryEngine
 
     def __init__(
         self, *, cache_merges: bool = False, without: Iterable[str] = (), name: str = "memory"
@@ -351,7 +448,7 @@ class MemoryBackend:
         device: int | None = None,
         settings: RuntimeSettings | None = None,
     ) -> MemoryEngine:
-        name, inputs, ops = _parse_engine(source.data)
+        name, inputs, ops = parse_engine(source.data)
         by_name = {s.name: s for s in inputs}
         outputs = [
             TensorSpec(
@@ -363,7 +460,7 @@ class MemoryBackend:
             )
             for op in ops
         ]
-        return MemoryEngine(
+        return self.engine_class(
             self,
             name=source.name if source.name != "engine" else name,
             inputs=inputs,
@@ -386,140 +483,7 @@ class MemoryBackend:
         inputs: Sequence[TensorSpec], outputs: Sequence[AffineOutput], *, name: str = "memory_engine"
     ) -> bytes:
         """Serialize an engine; the bytes load with :meth:`load_engine` (validated both ways)."""
-        doc = {
-            "name": name,
-            "inputs": [
-                {
-                    "name": s.name,
-                    "dtype": s.dtype,
-                    "shape": list(s.shape),
-                    "profiles": [[list(lo), list(opt), list(hi)] for lo, opt, hi in s.profiles],
-                }
-                for s in inputs
-            ],
-            "outputs": [dataclasses.asdict(op) for op in outputs],
-        }
-        data = ENGINE_MAGIC + json.dumps(doc).encode()
-        _parse_engine(data)  # refuse to write what cannot be read back
-        return data
+        return build_engine(inputs, outputs, name=name)
 
     def __repr__(self) -> str:
         return f"<MemoryBackend name={self.name!r} cache_merges={self.cache_merges}>"
-
-
-def _parse_engine(data: bytes | bytearray | memoryview) -> tuple[str, list[TensorSpec], list[AffineOutput]]:
-    raw = bytes(data)
-    if not raw.startswith(ENGINE_MAGIC):
-        raise FormatError(f"not a memory engine: expected magic {ENGINE_MAGIC!r}; got {raw[:8]!r}")
-    try:
-        doc = json.loads(raw[len(ENGINE_MAGIC) :].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"memory engine JSON is malformed: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise FormatError(f"memory engine JSON must be an object; got {type(doc).__name__}")
-    name = doc.get("name")
-    if not isinstance(name, str) or not name:
-        raise FormatError(f"memory engine 'name' must be a non-empty string; got {name!r}")
-    raw_inputs = _field(doc, "inputs", list)
-    raw_outputs = _field(doc, "outputs", list)
-    if not raw_inputs or not raw_outputs:
-        raise FormatError(
-            f"memory engine needs at least one input and one output; got "
-            f"{len(raw_inputs)} input(s), {len(raw_outputs)} output(s)"
-        )
-    inputs = [_parse_input(item) for item in raw_inputs]
-    input_names = [s.name for s in inputs]
-    ops = [_parse_output(item, input_names) for item in raw_outputs]
-    all_names = input_names + [op.name for op in ops]
-    duplicates = sorted({n for n in all_names if all_names.count(n) > 1})
-    if duplicates:
-        raise FormatError(f"memory engine tensor names must be unique; repeated: {duplicates}")
-    return name, inputs, ops
-
-
-def _field(doc: Mapping[str, Any], key: str, kind: type) -> Any:
-    value = doc.get(key)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise FormatError(f"memory engine field {key!r} must be a {kind.__name__}; got {value!r}")
-    return value
-
-
-def _dtype(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise FormatError(f"{where} dtype must be a string; got {value!r}")
-    try:
-        return normalize_dtype(value)
-    except ValueError:
-        raise FormatError(
-            f"{where} dtype {value!r} is unknown; expected one of {', '.join(DTYPE_NAMES)}"
-        ) from None
-
-
-def _shape(value: Any, where: str, *, dynamic: bool) -> tuple[int, ...]:
-    lowest = -1 if dynamic else 0
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= lowest for d in value
-    ):
-        raise FormatError(f"{where} must be a list of integers >= {lowest}; got {value!r}")
-    return tuple(value)
-
-
-def _parse_input(item: Any) -> TensorSpec:
-    if not isinstance(item, dict):
-        raise FormatError(f"memory engine input must be an object; got {item!r}")
-    name = item.get("name")
-    if not isinstance(name, str) or not name:
-        raise FormatError(f"memory engine input name must be a non-empty string; got {name!r}")
-    where = f"input {name!r}"
-    dtype = _dtype(item.get("dtype"), where)
-    shape = _shape(item.get("shape"), f"{where} shape", dynamic=True)
-    raw_profiles = item.get("profiles", [])
-    if not isinstance(raw_profiles, list):
-        raise FormatError(f"{where} profiles must be a list; got {raw_profiles!r}")
-    profiles = []
-    for triple in raw_profiles:
-        if not isinstance(triple, list) or len(triple) != 3:
-            raise FormatError(f"{where} profile must be [min, opt, max]; got {triple!r}")
-        lo, opt, hi = (_shape(s, f"{where} profile shape", dynamic=False) for s in triple)
-        if not len(lo) == len(opt) == len(hi) == len(shape):
-            raise FormatError(f"{where} profile {triple!r} must have rank {len(shape)}")
-        for d, a, o, b in zip(shape, lo, opt, hi, strict=True):
-            if not a <= o <= b or (d >= 0 and not a == o == b == d):
-                raise FormatError(
-                    f"{where} profile {triple!r} must satisfy min <= opt <= max and match "
-                    f"the static dims of {list(shape)}"
-                )
-        profiles.append((lo, opt, hi))
-    if any(d < 0 for d in shape) and not profiles:
-        raise FormatError(f"{where} has dynamic shape {list(shape)} but no optimization profile")
-    return TensorSpec(name=name, dtype=dtype, shape=shape, is_input=True, profiles=tuple(profiles))
-
-
-def _parse_output(item: Any, input_names: list[str]) -> AffineOutput:
-    if not isinstance(item, dict):
-        raise FormatError(f"memory engine output must be an object; got {item!r}")
-    name = item.get("name")
-    if not isinstance(name, str) or not name:
-        raise FormatError(f"memory engine output name must be a non-empty string; got {name!r}")
-    where = f"output {name!r}"
-    source = item.get("input")
-    if source not in input_names:
-        raise FormatError(f"{where} reads input {source!r}; the engine's inputs are {input_names}")
-    numbers = {}
-    for key, default in (("scale", 1.0), ("bias", 0.0)):
-        value = item.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise FormatError(f"{where} {key} must be a number; got {value!r}")
-        numbers[key] = float(value)
-    dtype = item.get("dtype")
-    flag = item.get("data_dependent", False)
-    if not isinstance(flag, bool):
-        raise FormatError(f"{where} data_dependent must be true or false; got {flag!r}")
-    return AffineOutput(
-        name=name,
-        input=source,
-        scale=numbers["scale"],
-        bias=numbers["bias"],
-        dtype=None if dtype is None else _dtype(dtype, where),
-        data_dependent=flag,
-    )

@@ -17,6 +17,16 @@ The model knows nothing of TensorRT. It states the rules every backend shares th
   context is created for settings that hold it. Materializing drains non-empty pending
   bytes into the native cache exactly once; ``serialize()`` before materialization
   returns the pending bytes, after it the native cache's bytes (not modelled).
+* The outer CUDA-graph wrap (``outer_graph``) needs ``supports_outer_cuda_graph`` and an
+  engine without data-dependent outputs. Setting it never creates or drops a context;
+  changing it to a different value drops the captured graphs. Under it, a call captures
+  a graph the first time its input-shape key is seen in the current context (counted by
+  ``graph_captures``); later calls of that key replay it. Anything that drops the context
+  (a settings change, ``invalidate_context``) drops the graphs too, so the next call of
+  every key captures again; so does ``reset_graphs``. ``enable_cudagraphs(outer=...)``
+  applies its settings first (strategy ``disabled`` unless given), then the wrap, and
+  restores both on exit. The model assumes TensorRT-RTX's own ``cuda_graph_strategy`` is
+  ``disabled`` while the wrap is on (a graph inside a graph is backend-defined).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import dataclasses
 from collections.abc import Hashable
 from typing import Any
 
+from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import BackendCapabilities
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -34,6 +45,9 @@ from trt_runtime.settings import (
 )
 
 __all__ = ["CacheModel", "EngineModel", "missing_capability"]
+
+#: Stack entry of a ``runtime_config`` block: it saved no outer-graph value.
+_NO_OUTER = object()
 
 
 def missing_capability(settings: RuntimeSettings, capabilities: BackendCapabilities) -> str | None:
@@ -96,15 +110,37 @@ class EngineModel:
     model runs on the same :class:`~trt_runtime.RuntimeSettings` values as the engine.
     """
 
-    def __init__(self, capabilities: BackendCapabilities, settings: SettingsLike = None) -> None:
+    def __init__(
+        self,
+        capabilities: BackendCapabilities,
+        settings: SettingsLike = None,
+        *,
+        data_dependent: bool = False,
+    ) -> None:
         self.capabilities = capabilities
+        #: Whether the engine has outputs with data-dependent shapes (no outer graph then).
+        self.data_dependent = data_dependent
         self.settings = RuntimeSettings()
-        self.has_context = False
+        self._has_context = False
         self.context_creations = 0
         self.closed = False
+        self.outer_graph: OuterGraph | None = None
+        self.graph_captures = 0
+        #: Input-shape keys with a captured graph in the current context.
+        self.graphs: set[Hashable] = set()
         self._caches: dict[int, tuple[Any, CacheModel]] = {}
-        self._stack: list[RuntimeSettings] = []
+        self._stack: list[tuple[RuntimeSettings, Any]] = []
         self.set_settings(settings)
+
+    @property
+    def has_context(self) -> bool:
+        return self._has_context
+
+    @has_context.setter
+    def has_context(self, value: bool) -> None:
+        if not value:
+            self.graphs.clear()  # graphs hold the context's addresses and kernels
+        self._has_context = value
 
     # -- caches -------------------------------------------------------------------
     def track_cache(self, cache: Hashable | Any, pending: bytes = b"") -> CacheModel:
@@ -148,21 +184,75 @@ class EngineModel:
         merged = self.settings.merge(**overrides)
         if self.refusal(merged) is not None:
             return False
-        self._stack.append(self.settings)
+        self._stack.append((self.settings, _NO_OUTER))
         self.set_settings(merged)
         return True
 
     def enter_cudagraphs(
-        self, strategy: str | CudaGraphStrategy = CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        self,
+        strategy: str | CudaGraphStrategy | None = None,
+        *,
+        outer: OuterGraph | bool | str | None = False,
     ) -> bool:
-        """``enable_cudagraphs(engine, strategy).__enter__()``."""
-        return self.enter_config(cuda_graph_strategy=strategy)
+        """``enable_cudagraphs(engine, strategy, outer=outer).__enter__()``; return whether
+        it was accepted. The strategy defaults to ``whole_graph_capture``, or ``disabled``
+        with the outer wrap. A refused enter changes nothing and opens no block, except
+        that an engine with data-dependent outputs has had the settings applied and
+        restored (the wrap is refused after them), which drops a context if they differed.
+        """
+        graph = OuterGraph.coerce(outer)
+        if strategy is None:
+            strategy = CudaGraphStrategy.DISABLED if graph else CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        if graph is not None and not self.capabilities.supports_outer_cuda_graph:
+            return False  # checked before any settings change
+        saved = self.settings
+        if not self.enter_config(cuda_graph_strategy=strategy):
+            return False
+        if graph is None:
+            return True
+        if self.outer_refusal(graph) is not None:
+            self._stack.pop()
+            self.set_settings(saved)
+            return False
+        self._stack[-1] = (saved, self.outer_graph)
+        self.set_outer_graph(graph)
+        return True
 
     def exit_config(self) -> None:
-        """Leave the innermost block: the settings saved on its enter come back."""
+        """Leave the innermost block: the outer wrap (for ``enable_cudagraphs``) and the
+        settings saved on its enter come back, in that order."""
         if not self._stack:
             raise IndexError("no runtime_config block is open in the model")
-        self.set_settings(self._stack.pop())
+        settings, outer = self._stack.pop()
+        if outer is not _NO_OUTER:
+            self.set_outer_graph(outer)
+        self.set_settings(settings)
+
+    # -- the outer CUDA-graph wrap ------------------------------------------------------------
+    def outer_refusal(self, value: OuterGraph | bool | str | None) -> str | None:
+        """Why setting the outer wrap to ``value`` must raise ``CapabilityError`` (the missing
+        flag, or ``"data_dependent"``), else ``None``."""
+        if OuterGraph.coerce(value) is None:
+            return None
+        if not self.capabilities.supports_outer_cuda_graph:
+            return "supports_outer_cuda_graph"
+        if self.data_dependent:
+            return "data_dependent"
+        return None
+
+    def set_outer_graph(self, value: OuterGraph | bool | str | None) -> bool:
+        """``engine.outer_graph = value``; return whether it was accepted. Never touches the
+        context; a different value drops the graphs."""
+        if self.outer_refusal(value) is not None:
+            return False
+        graph = OuterGraph.coerce(value)
+        if graph != self.outer_graph:
+            self.outer_graph = graph
+            self.graphs.clear()
+        return True
+
+    def reset_graphs(self) -> None:
+        self.graphs.clear()
 
     @property
     def depth(self) -> int:
@@ -170,8 +260,9 @@ class EngineModel:
         return len(self._stack)
 
     # -- context --------------------------------------------------------------------
-    def execute(self) -> None:
-        """A successful execute: creates the context if there is none."""
+    def execute(self, shape_key: Hashable = ()) -> None:
+        """A successful execute with inputs of ``shape_key``: creates the context if there
+        is none, and under the outer wrap captures a graph for a key not seen in it yet."""
         if self.closed:
             raise ValueError("the modelled engine is closed")
         if not self.has_context:
@@ -180,6 +271,9 @@ class EngineModel:
             cache = self.settings.runtime_cache
             if cache is not None and id(cache) in self._caches:
                 self._caches[id(cache)][1].materialize()
+        if self.outer_graph is not None and shape_key not in self.graphs:
+            self.graphs.add(shape_key)
+            self.graph_captures += 1
 
     def invalidate_context(self) -> None:
         self.has_context = False

@@ -1,0 +1,101 @@
+"""The execution context of a python-backend engine, and what its finalizer releases.
+
+:class:`ExecutionContext` wraps an ``IExecutionContext`` with the state the hot paths
+compare instead of asking TensorRT: the bound addresses, the input shapes and profile in
+force, output shapes per input-shape signature, the output allocators, and the scratch
+memory the runtime owns for contexts created ``USER_MANAGED``. :class:`Resources` is
+what an engine's ``weakref.finalize`` releases when an engine is collected unclosed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trt_runtime_backends.python import cuda
+
+__all__ = ["ExecutionContext", "Resources", "drop_context", "finalize", "trt_enum"]
+
+
+class ExecutionContext:
+    """An execution context and the bindings it currently holds."""
+
+    __slots__ = (
+        "allocators",
+        "bound",
+        "bound_ptrs",
+        "config",
+        "device_memory",
+        "native_cache",
+        "out_shape_cache",
+        "out_shapes",
+        "profile",
+        "shape_key",
+        "trt_context",
+        "user_managed",
+    )
+
+    def __init__(self, trt_context: Any, config: Any, native_cache: Any) -> None:
+        self.trt_context = trt_context
+        self.config = config
+        self.native_cache = native_cache
+        self.bound: dict[str, int] = {}
+        #: The addresses bound, inputs then outputs (compared whole by the fast path;
+        #: ``()`` when only ``bound`` is up to date).
+        self.bound_ptrs: tuple[int, ...] = ()
+        self.shape_key: tuple[Any, ...] | None = None
+        self.out_shapes: list[tuple[int, ...]] = []
+        self.out_shape_cache: dict[Any, list[tuple[int, ...]]] = {}
+        self.profile = 0
+        self.allocators: dict[str, Any] = {}
+        #: Whether the context's scratch memory is ours (USER_MANAGED), and that memory.
+        self.user_managed = False
+        self.device_memory: Any = None
+
+
+def trt_enum(enum_type: Any, member: Any) -> Any:
+    """The TensorRT enum value of one of our settings enums (by name, else by code)."""
+    value = getattr(enum_type, member.name, None)
+    return value if value is not None else enum_type(member.code)
+
+
+class Resources:
+    """What the finalizer of an engine releases (it must not reference the engine)."""
+
+    __slots__ = ("context", "events", "graph_execs", "rt", "stream_handle")
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        self.stream_handle = 0
+        self.events: tuple[Any, ...] = ()
+        self.context: ExecutionContext | None = None
+        #: Instantiated outer CUDA graphs (destroyed before the context).
+        self.graph_execs: list[Any] = []
+
+
+def drop_context(context: ExecutionContext) -> None:
+    context.allocators.clear()
+    context.trt_context = None
+    context.device_memory = None  # after the context: it used the memory until now
+    context.config = None
+    context.native_cache = None
+
+
+def finalize(res: Resources) -> None:
+    try:
+        res.rt.cudaStreamSynchronize(res.stream_handle)
+    except Exception:  # a dying process; nothing to report to
+        pass
+    destroy = getattr(res.rt, "cudaGraphExecDestroy", None)
+    for graph_exec in res.graph_execs:
+        try:
+            if destroy is not None:
+                destroy(graph_exec)
+        except Exception:
+            pass
+    res.graph_execs.clear()
+    if res.context is not None:
+        drop_context(res.context)
+        res.context = None
+    for event in res.events:
+        cuda.destroy_event(event, res.rt)
+    res.events = ()

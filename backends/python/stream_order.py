@@ -1,0 +1,88 @@
+"""Ordering an engine's own stream after and before a caller's stream.
+
+An engine queues its work on its own stream (TensorRT-RTX's ``whole_graph_capture``
+cannot run on the legacy default stream, and one execution context must not run on two
+streams at once). A caller's stream is ordered with two events: before the work the
+engine's stream waits for what the caller queued so far (``cudaEventRecord`` on the
+caller's stream, ``cudaStreamWaitEvent`` on ours); after it the caller's stream waits
+for the engine's work (the same the other way round).
+
+Modes (:data:`DEFAULT_MODE`, read when an engine is created):
+
+* ``"implicit"`` (default): the engine's stream is a *blocking* stream, which CUDA
+  orders with the legacy default stream by itself: a caller on the legacy default
+  stream (torch's default stream) needs no event at all, other caller streams get the
+  four event operations. Measured on an H100 this saves about 4 µs per call (each
+  cuda-python call costs about 1 µs), see docs/python-backend.md.
+* ``"events"``: a non-blocking engine stream; every caller stream gets the events.
+
+Doing the same four operations with torch's C-level ``Event``/``ExternalStream``
+objects was measured too and was slower than cuda-python (about 0.8 µs per call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trt_runtime_backends.python import cuda
+
+__all__ = ["DEFAULT_MODE", "LEGACY_STREAMS", "MODES", "StreamOrder"]
+
+MODES = ("implicit", "events")
+
+#: The ordering engines use (see the module docstring).
+DEFAULT_MODE = "implicit"
+
+#: Handles of the legacy default stream: 0 as torch reports it, 1 as ``cudaStreamLegacy``.
+LEGACY_STREAMS = (0, 1)
+
+
+class StreamOrder:
+    """Orders an engine's stream ``ours`` with a caller's stream (see the module docstring).
+
+    ``skip`` holds the caller handles that need no event (the legacy default stream when
+    ``ours`` is a blocking stream). The events belong to the engine's finalizer.
+    """
+
+    __slots__ = ("event_in", "event_out", "mode", "ours", "rt", "skip")
+
+    def __init__(self, rt: Any, ours: int, mode: str = DEFAULT_MODE) -> None:
+        if mode not in MODES:
+            allowed = ", ".join(map(repr, MODES))
+            raise ValueError(f"stream ordering mode must be one of {allowed}; got {mode!r}")
+        self.rt = rt
+        self.ours = ours
+        self.mode = mode
+        self.event_in = cuda.create_event(rt)
+        self.event_out = cuda.create_event(rt)
+        self.skip: tuple[int, ...] = LEGACY_STREAMS if mode == "implicit" else ()
+
+    @staticmethod
+    def blocking(mode: str) -> bool:
+        """Whether an engine stream for ``mode`` must be created blocking (synchronizing
+        with the legacy default stream)."""
+        return mode == "implicit"
+
+    def before(self, caller: int) -> None:
+        """Make our stream wait for the work queued so far on ``caller``."""
+        rt = self.rt
+        (err,) = rt.cudaEventRecord(self.event_in, caller)
+        if err:
+            cuda.check((err,), "cudaEventRecord")
+        (err,) = rt.cudaStreamWaitEvent(self.ours, self.event_in, 0)
+        if err:
+            cuda.check((err,), "cudaStreamWaitEvent")
+
+    def after(self, caller: int) -> None:
+        """Make ``caller`` wait for the work queued so far on our stream."""
+        rt = self.rt
+        (err,) = rt.cudaEventRecord(self.event_out, self.ours)
+        if err:
+            cuda.check((err,), "cudaEventRecord")
+        (err,) = rt.cudaStreamWaitEvent(caller, self.event_out, 0)
+        if err:
+            cuda.check((err,), "cudaStreamWaitEvent")
+
+    def events(self) -> tuple[Any, ...]:
+        """The events, for the engine's finalizer."""
+        return (self.event_in, self.event_out)

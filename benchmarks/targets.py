@@ -1,0 +1,132 @@
+"""Ratios between rows of one workload, and issue 10's targets as PASS / FAIL / n/a.
+
+Every ratio is a median over a median, both from the same run and workload. Targets
+compare per-call CPU cost with no synchronize (``enqueue``), the figure the issue's
+numbers are; latency and GPU ratios are reported beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .runner import METRICS, RowResult
+
+__all__ = ["CACHE_TARGET", "REFERENCES", "TARGETS", "Target", "compute_ratios", "evaluate"]
+
+#: Reference row -> suffix of the ratio keys against it (``enqueue_vs_bind_alloc``...).
+REFERENCES = {"raw-bind-alloc": "bind_alloc", "raw-prebound": "prebound", "execute-engine-op": "op"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """``row / reference`` of ``metric`` medians must be ``<= limit`` on each workload."""
+
+    key: str
+    title: str
+    row: str
+    reference: str
+    metric: str
+    limit: float
+    workloads: tuple[str, ...]
+
+
+TARGETS = (
+    Target("natural", "python engine(x) <= 1.10x raw bind+alloc loop",
+           "python-natural", "raw-bind-alloc", "enqueue", 1.10, ("tiny", "mlp")),
+    Target("prebound", "python execute(x, outputs=[y], stream=engine.stream) <= 1.10x raw pre-bound loop",
+           "python-prebound", "raw-prebound", "enqueue", 1.10, ("tiny", "mlp")),
+    Target("outer-replay", "outer-graph replay <= 0.60x raw pre-bound loop",
+           "python-outer-replay", "raw-prebound", "enqueue", 0.60, ("tiny", "mlp")),
+    Target("torchbind", "torchbind engine(x) <= 1.10x bare execute_engine op",
+           "torchbind", "execute-engine-op", "enqueue", 1.10, ("tiny", "mlp")),
+)
+#: Warm runtime cache first inference must be at least this many times faster than cold
+#: (median of the fresh-process pairs' ratios).
+CACHE_TARGET = 20.0
+
+
+def compute_ratios(results: Iterable[RowResult]) -> None:
+    """Fill each measured row's ``ratios``: ``<metric>_vs_<suffix>`` against every
+    measured reference row of :data:`REFERENCES` in the same workload."""
+    results = list(results)
+    anchors = {(r.workload, r.row): r for r in results if r.ok and r.row in REFERENCES}
+    for result in results:
+        result.ratios.clear()
+        if not result.ok:
+            continue
+        for reference, suffix in REFERENCES.items():
+            anchor = anchors.get((result.workload, reference))
+            if anchor is None:
+                continue
+            for metric in METRICS:
+                mine, theirs = result.median(metric), anchor.median(metric)
+                if mine is not None and theirs:
+                    result.ratios[f"{metric}_vs_{suffix}"] = mine / theirs
+
+
+def _find(results: Sequence[RowResult], workload: str, row: str) -> RowResult | None:
+    return next((r for r in results if r.workload == workload and r.row == row), None)
+
+
+def _why_missing(result: RowResult | None, workload: str, row: str) -> str:
+    if result is None:
+        return f"{row} was not run on {workload}"
+    return f"{row} {result.note}" if not result.ok else f"{row} has no {workload} figure"
+
+
+def _verdict(passed: bool | None) -> str:
+    return "n/a" if passed is None else ("PASS" if passed else "FAIL")
+
+
+def evaluate(results: Sequence[RowResult], cold_warm: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """One entry per (target, workload) and one for the cache, each with ``value``,
+    ``verdict`` (PASS / FAIL / n/a) and a ``detail`` naming the figures or what is missing."""
+    out: list[dict[str, Any]] = []
+    for target in TARGETS:
+        for workload in target.workloads:
+            row = _find(results, workload, target.row)
+            ref = _find(results, workload, target.reference)
+            entry: dict[str, Any] = {
+                "key": target.key, "title": target.title, "workload": workload, "row": target.row,
+                "reference": target.reference, "metric": target.metric, "comparison": "<=",
+                "limit": target.limit, "value": None,
+            }
+            mine = None if row is None or not row.ok else row.median(target.metric)
+            theirs = None if ref is None or not ref.ok else ref.median(target.metric)
+            if mine is None:
+                entry["detail"] = "not measured: " + _why_missing(row, workload, target.row)
+            elif not theirs:
+                entry["detail"] = "not measured: " + _why_missing(ref, workload, target.reference)
+            else:
+                value = mine / theirs
+                entry["value"] = value
+                entry["detail"] = f"{mine:.2f} / {theirs:.2f} us = {value:.2f}x"
+            passed = None if entry["value"] is None else entry["value"] <= target.limit
+            entry["verdict"] = _verdict(passed)
+            out.append(entry)
+    out.append(_cache_entry(cold_warm))
+    return out
+
+
+def _cache_entry(cold_warm: Mapping[str, Any] | None) -> dict[str, Any]:
+    record = dict(cold_warm or {})
+    entry: dict[str, Any] = {
+        "key": "warm-cache", "title": "warm runtime cache first inference >= 20x faster than cold",
+        "workload": record.get("workload", "convnet"), "row": "python (fresh processes)",
+        "reference": "cold", "metric": "first inference", "comparison": ">=", "limit": CACHE_TARGET,
+        "value": None,
+    }
+    ratio = record.get("median_ratio")
+    if ratio is None:
+        entry["detail"] = "not measured: " + str(record.get("skipped", "not run"))
+    else:
+        entry["value"] = float(ratio)
+        entry["detail"] = (
+            f"median of {len(record.get('pairs', []))} pair ratios {float(ratio):.1f}x "
+            f"(median cold {record['median_cold_ms']:.1f} ms, warm {record['median_warm_ms']:.1f} ms)"
+        )
+    passed = None if entry["value"] is None else entry["value"] >= CACHE_TARGET
+    entry["verdict"] = _verdict(passed)
+    return entry

@@ -1,0 +1,283 @@
+"""The python backend's outer CUDA-graph wrap, driven with test doubles for TensorRT, the CUDA
+runtime and torch: capture once per shape key, replay, re-capture, copy vs view outputs,
+static input buffers, refusals."""
+
+from __future__ import annotations
+
+import gc
+import re
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from _python_doubles import _CAI, FakeTorch, _fake_engine, _FakeBuffer, _trt_calls
+from trt_runtime_backends.python.arrays import DeviceArray
+
+from trt_runtime import (
+    CapabilityError,
+    EngineError,
+    InputError,
+    RuntimeSettings,
+    enable_cudagraphs,
+    runtime_config,
+)
+
+H2D, D2H, D2D = 1, 2, 3
+
+
+def _count(calls: list[tuple[Any, ...]], kind: str) -> int:
+    return sum(1 for c in calls if c[0] == kind)
+
+
+def _device(batch: int = 2) -> DeviceArray:
+    return DeviceArray(_FakeBuffer(batch * 16), (batch, 4), "float32", 0)
+
+
+@pytest.fixture
+def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
+    fake = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return fake
+
+
+def test_python_outer_graph_captures_once_per_shape_and_replays() -> None:
+    engine = _fake_engine()
+    engine.outer_graph = True
+    rt, calls = engine._rt, None
+    out = engine.execute(np.ones((2, 4), np.float32))[0]
+    assert isinstance(out, np.ndarray) and out.shape == (2, 4)
+    calls = _trt_calls(engine)
+    capture_stream = engine._capture_stream.handle
+    assert capture_stream != 4242
+    # one eager warm-up run on our stream, then the capture on the private stream
+    assert [c for c in calls if c[0] == "execute"] == [("execute", 4242), ("execute", capture_stream)]
+    assert ("capturable", capture_stream) in calls
+    assert ("begin_capture", capture_stream, 1) in rt.calls  # cudaStreamCaptureModeThreadLocal
+    assert engine.graph_captures == 1
+    calls.clear()
+    rt.calls.clear()
+    engine.execute(np.ones((2, 4), np.float32))
+    assert calls == []  # a replay calls no TensorRT function
+    assert _count(rt.calls, "launch") == 1 and _count(rt.calls, "begin_capture") == 0
+    engine.execute(np.ones((3, 4), np.float32))  # a new shape: a new graph
+    assert engine.graph_captures == 2
+    calls.clear()
+    rt.calls.clear()
+    engine.execute(np.ones((2, 4), np.float32))  # back: replayed, the shapes put back first
+    assert engine.graph_captures == 2 and _count(rt.calls, "launch") == 1
+    assert calls == [("shape", "x", (2, 4))]
+    engine.execute(np.ones((20, 4), np.float32))  # another profile
+    assert engine.graph_captures == 3
+    engine.execute(np.ones((2, 4), np.float32))
+    assert ("profile", 0) in calls and engine.graph_captures == 3
+
+
+def test_python_outer_graph_host_inputs_are_copied_straight_into_static_buffers() -> None:
+    engine = _fake_engine()
+    engine.outer_graph = "view"
+    engine.execute(np.ones((2, 4), np.float32))
+    rt = engine._rt
+    rt.copies.clear()
+    out = engine.execute(np.ones((2, 4), np.float32))[0]
+    assert isinstance(out, np.ndarray)  # host in, host out, also in view mode
+    (slot,) = engine._slots.values()
+    assert [(k, dst) for k, dst, *_ in rt.copies] == [(H2D, slot.in_ptrs[0]), (D2H, out.ctypes.data)]
+    assert rt.calls[-1] == ("sync", 4242)
+
+
+def test_python_outer_graph_copy_mode_returns_new_arrays() -> None:
+    engine = _fake_engine()
+    x = _device()
+    with enable_cudagraphs(engine, outer=True):
+        first = engine.execute(x)[0]
+        second = engine.execute(x)[0]
+    assert isinstance(first, DeviceArray) and isinstance(second, DeviceArray)
+    assert first.ptr != second.ptr
+    (slot,) = engine._slots.values() if engine._slots else (None,)
+    assert slot is None  # leaving the wrap dropped the graphs
+    copies = [c for c in engine._rt.copies if c[0] == D2D]
+    # per call: x into the static input, the static output into a new array
+    assert [c[2] for c in copies[-2:]] == [x.ptr, copies[-1][2]]
+    assert copies[-1][1] == second.ptr
+    assert second.stream == 4242  # no caller stream: consumers wait on our stream
+
+
+def test_python_outer_graph_view_mode_returns_the_static_buffers() -> None:
+    engine = _fake_engine()
+    engine.outer_graph = "view"
+    first = engine.execute(_device())[0]
+    second = engine.execute(_device())[0]
+    assert first is second
+    (slot,) = engine._slots.values()
+    assert first is slot.outputs[0]
+    assert not [c for c in engine._rt.copies if c[2] == first.ptr]  # nothing copied out
+
+
+def test_python_outer_graph_static_inputs_skip_the_copy() -> None:
+    engine = _fake_engine()
+    with pytest.raises(EngineError, match=r"static_inputs\(\) needs the outer CUDA-graph wrap"):
+        engine.static_inputs((2, 4))
+    engine.outer_graph = "view"
+    with pytest.raises(InputError, match=r"takes 1 input\(s\) \(x\); static_inputs\(\) got 2"):
+        engine.static_inputs((2, 4), (2, 4))
+    with pytest.raises(InputError, match="outside every optimization profile"):
+        engine.static_inputs((99, 4))
+    (static,) = engine.static_inputs((2, 4))
+    assert isinstance(static, DeviceArray) and static.shape == (2, 4)
+    engine.execute(static)
+    engine._rt.copies.clear()
+    engine.execute(static)
+    engine.execute(_CAI((2, 4), "<f4", ptr=static.ptr))  # any array at that address
+    assert engine._rt.copies == []
+    other = _device()
+    engine.execute(other)
+    assert [(c[0], c[1], c[2]) for c in engine._rt.copies] == [(D2D, static.ptr, other.ptr)]
+    assert engine.static_inputs((2, 4))[0] is static
+    assert engine.graph_captures == 1
+
+
+def test_python_outer_graph_refused_when_not_capturable() -> None:
+    engine = _fake_engine()
+    engine.ensure_context().trt_context.capturable = False
+    engine.outer_graph = True
+    message = (
+        "engine 'fake': TensorRT says its execution context cannot be captured into a CUDA graph "
+        "(IExecutionContext.is_stream_capturable returned False). TensorRT-RTX captures only contexts "
+        "whose memory the application provides (this backend creates them USER_MANAGED, which engines "
+        "built with BuilderFlag.REQUIRE_USER_ALLOCATION need)"
+    )
+    with pytest.raises(CapabilityError, match=re.escape(message)):
+        engine.execute(_device())
+    assert engine.graph_captures == 0
+    assert _count(engine._rt.calls, "begin_capture") == 0
+    engine.outer_graph = None
+    assert engine.execute(_device())[0].shape == (2, 4)  # eager still works
+
+
+def test_python_outer_graph_refuses_output_allocators() -> None:
+    engine = _fake_engine()
+    engine.output_allocator = "always"
+    engine.outer_graph = True
+    with pytest.raises(CapabilityError, match=r"outputs \['y'\] go through an IOutputAllocator"):
+        engine.execute(_device())
+
+
+def test_python_outer_graph_failed_capture_ends_the_capture() -> None:
+    engine = _fake_engine()
+    engine.outer_graph = True
+    ctx = engine.ensure_context()
+    ctx.trt_context.fail_streams.add(engine._capture_handle())
+    with pytest.raises(EngineError, match=r"capturing execute_async_v3 into a CUDA graph failed: \[TRT\]"):
+        engine.execute(_device())
+    rt = engine._rt.calls
+    assert _count(rt, "begin_capture") == _count(rt, "end_capture") == 1
+    assert _count(rt, "graph_destroy") == 1 and engine.graph_captures == 0
+
+
+def test_python_outer_graph_dropped_on_settings_change_and_recaptured() -> None:
+    engine = _fake_engine()
+    x = _device()
+    with enable_cudagraphs(engine, outer=True):
+        engine.execute(x)
+        engine.execute(x)
+        assert engine.graph_captures == 1
+        (first_exec,) = engine._res.graph_execs
+        with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
+            assert ("exec_destroy", first_exec) in engine._rt.calls
+            assert engine._slots == {}
+            engine.execute(x)
+            engine.execute(x)
+            assert engine.graph_captures == 2
+        engine.execute(x)
+        assert engine.graph_captures == 3
+        engine.runtime_settings = RuntimeSettings(cuda_graph_strategy="disabled",
+                                                  dynamic_shapes_kernel_specialization_strategy="none")
+        engine.execute(x)
+        assert engine.graph_captures == 4
+        engine.reset_graphs()
+        engine.execute(x)
+        assert engine.graph_captures == 5
+        creations = engine.context_creations
+        engine.outer_graph = "view"  # another mode: graphs dropped, context kept
+        engine.execute(x)
+        assert engine.graph_captures == 6 and engine.context_creations == creations
+    assert engine.outer_graph is None and engine._res.graph_execs == []
+
+
+def test_python_outer_graph_preallocated_outputs_are_written() -> None:
+    engine = _fake_engine()
+    engine.outer_graph = "view"
+    x, y = _device(), _device()
+    assert engine.execute(x, outputs=[y])[0] is y
+    engine._rt.copies.clear()
+    assert engine.execute(x, outputs=[y])[0] is y
+    (slot,) = engine._slots.values()
+    assert (D2D, y.ptr, slot.out_ptrs[0]) in [c[:3] for c in engine._rt.copies]
+    with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(3, 4\)"):
+        engine.execute(x, outputs=[_device(3)])
+
+
+def test_python_outer_graph_orders_the_callers_stream() -> None:
+    engine = _fake_engine()
+    engine.outer_graph = True
+    engine.execute(_device(), stream=77)
+    engine._rt.calls.clear()
+    engine.execute(_device(), stream=77)
+    kinds = [c[0] for c in engine._rt.calls if c[0] in ("record", "wait", "launch")]
+    assert kinds == ["record", "wait", "launch", "record", "wait"]
+
+
+def test_python_outer_graph_torch_replay_shortcut(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    x = torch.cuda_tensor((2, 4))
+    engine(x)  # eager: no graph
+    assert engine.graph_captures == 0
+    with enable_cudagraphs(engine, outer=True):
+        first = engine(x)
+        assert engine.graph_captures == 1 and first.get_device() == 0
+        assert engine._graph_shortcuts
+        rt = engine._rt
+        rt.calls.clear()
+        again = engine(torch.cuda_tensor((2, 4)))  # another tensor of the same shape
+        assert again.shape == (2, 4) and again.data_ptr() != first.data_ptr()
+        # torch's legacy default stream: CUDA orders our blocking stream with it, no event
+        assert [c[0] for c in rt.calls] == ["memcpy", "launch", "memcpy"]
+        torch.current_stream = 55  # a side stream: events before and after
+        rt.calls.clear()
+        engine(torch.cuda_tensor((2, 4)))
+        assert [c[0] for c in rt.calls] == ["record", "wait", "memcpy", "launch", "memcpy", "record", "wait"]
+        with pytest.raises(InputError, match=r"input 'x' must have dtype float32; got torch\.float16"):
+            engine(torch.cuda_tensor((2, 4), torch.float16))
+        with pytest.raises(InputError, match="input 'x' is not contiguous"):
+            engine(torch.cuda_tensor((2, 4), contiguous=False))
+    with enable_cudagraphs(engine, outer="view"):
+        (static,) = engine.static_inputs((2, 4), as_torch=True)
+        y1 = engine(static)
+        engine._rt.calls.clear()
+        y2 = engine(static)
+        assert y1 is y2  # the same torch view of the static output, every call
+        assert [c[0] for c in engine._rt.calls] == ["record", "wait", "launch", "record", "wait"]
+        torch.current_stream = 0
+        engine._rt.calls.clear()
+        engine(static)
+        assert [c[0] for c in engine._rt.calls] == ["launch"]  # one graph launch, nothing else
+
+
+def test_python_outer_graph_destroyed_with_the_engine() -> None:
+    engine = _fake_engine()
+    engine.outer_graph = True
+    engine.execute(_device())
+    rt = engine._rt
+    (graph_exec,) = engine._res.graph_execs
+    engine.close()
+    assert ("exec_destroy", graph_exec) in rt.calls
+    assert engine._capture_stream is None
+    collected = _fake_engine()
+    collected.outer_graph = True
+    collected.execute(_device())
+    rt = collected._rt
+    (graph_exec,) = collected._res.graph_execs
+    del collected
+    gc.collect()
+    assert ("exec_destroy", graph_exec) in rt.calls
