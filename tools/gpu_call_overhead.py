@@ -78,7 +78,7 @@ def _builds(logger: Any) -> dict[str, Any]:
         "mlp": builders.build_mlp(256, 8, batch=8, dtype="float16", logger=logger),
     }
     original = builders._build
-    builders._build = functools.partial(original, capturable=False)  # type: ignore[assignment]
+    builders._build = functools.partial(original, require_user_allocation=False)  # type: ignore[assignment]
     try:
         built["dynamic"] = builders.build_dynamic(16, "float32", logger=logger)
     finally:
@@ -455,7 +455,7 @@ def _probe_dynamic_all(backend: Any, out_dir: str) -> dict[str, Any]:
 
     original = builders._build
     for flag in (True, False):
-        builders._build = functools.partial(original, capturable=flag)  # type: ignore[assignment]
+        builders._build = functools.partial(original, require_user_allocation=flag)  # type: ignore[assignment]
         try:
             plan = builders.build_dynamic(16, "float32", logger=backend.logger).plan
         finally:

@@ -450,7 +450,7 @@ def tiny_plans(python_backend: Any) -> dict[bool, Any]:
     plans = {}
     try:
         for flag in (True, False):
-            builders._build = functools.partial(original, capturable=flag)  # type: ignore[assignment]
+            builders._build = functools.partial(original, require_user_allocation=flag)  # type: ignore[assignment]
             plans[flag] = builders.build_tiny(16, 8, "float16", logger=python_backend.logger)
     finally:
         builders._build = original  # type: ignore[assignment]
@@ -464,7 +464,9 @@ def open_torchbind(torchbind_backend: Any, engines: Any, tiny_plans: dict[bool, 
     opened: list[Any] = []
 
     def _open(name: str, **kwargs: Any) -> tuple[Any, Any]:
-        built = {"tiny": tiny_plans[True], "tiny_uncapturable": tiny_plans[False]}.get(name) or engines(name)
+        # torch-tensorrt creates default (STATIC) contexts, which TensorRT-RTX refuses for
+        # engines built with REQUIRE_USER_ALLOCATION: both names use the default build.
+        built = {"tiny": tiny_plans[False], "tiny_uncapturable": tiny_plans[False]}.get(name) or engines(name)
         engine = torchbind_backend.load_engine(EngineSource(built.plan, name=name), **kwargs)
         opened.append(engine)
         return engine, built
