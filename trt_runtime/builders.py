@@ -227,8 +227,8 @@ def build_tiny(
     shift = np.full((1, width), 1.0, dtype=np_dtype)
     mul = net.add_elementwise(x, net.add_constant(scale.shape, trt.Weights(scale)).get_output(0),
                               trt.ElementWiseOperation.PROD)
-    add = net.add_elementwise(mul.get_output(0), net.add_constant(shift.shape, trt.Weights(shift)).get_output(0),
-                              trt.ElementWiseOperation.SUM)
+    shift_t = net.add_constant(shift.shape, trt.Weights(shift)).get_output(0)
+    add = net.add_elementwise(mul.get_output(0), shift_t, trt.ElementWiseOperation.SUM)
     y = add.get_output(0)
     y.name = "y"
     net.mark_output(y)
