@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda, stream_order
-from trt_runtime_backends.python.arrays import KIND_DEVICE, KIND_HOST, KIND_TORCH, DeviceArray
+from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.execution_context import (
     ExecutionContext,
     Resources,
@@ -25,10 +25,11 @@ from trt_runtime_backends.python.execution_context import (
     trt_enum,
 )
 from trt_runtime_backends.python.fast_path import FastPaths
-from trt_runtime_backends.python.inspection import InputInspection, Inspection, TensorInfo, fmt_shape
+from trt_runtime_backends.python.inspection import InputInspection, Inspection, TensorInfo
 from trt_runtime_backends.python.outer_graph import OuterGraphExecution
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape, stream_handle
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
@@ -129,8 +130,8 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         self._output_allocator = "auto"
         self._cache_key: Any = None
         self._context_timings: dict[str, float] = {}
-        #: Validated (input shapes, requested profile) -> the profile they run in.
-        self._checked: dict[tuple[Any, int | None], int] = {}
+        #: Validates input shapes and picks their profile (remembers what it checked).
+        self._shapes = ShapeChecker(source.name, inputs, self._num_profiles)
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
     # -- metadata ------------------------------------------------------------------------
@@ -230,7 +231,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
     @profile.setter
     def profile(self, value: int | None) -> None:
         if value is not None:
-            self._check_profile_index(value)
+            self._shapes.check_profile_index(value)
         with self._lock:
             self._profile = value
             self._forget_fast_paths()
@@ -417,7 +418,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         elif stream is self._last_stream_obj:
             caller = self._last_stream_handle
         else:
-            caller = cuda.stream_handle(stream)
+            caller = stream_handle(stream)
             self._last_stream_obj, self._last_stream_handle = stream, caller
         if caller == self._stream_handle or caller in self._order.skip:
             return None

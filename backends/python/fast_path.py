@@ -23,8 +23,10 @@ import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime_backends.python.arrays import KIND_TORCH, DeviceArray
+from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.inspection import TensorInfo
+
+from trt_runtime.contract import KIND_TORCH
 
 __all__ = ["FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall"]
 

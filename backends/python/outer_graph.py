@@ -34,11 +34,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda
-from trt_runtime_backends.python.arrays import KIND_HOST, KIND_TORCH, DeviceArray, torch_module
-from trt_runtime_backends.python.inspection import Inspection, TensorInfo, numel
+from trt_runtime_backends.python.arrays import DeviceArray, torch_module
+from trt_runtime_backends.python.inspection import Inspection, TensorInfo
 from trt_runtime_backends.python.output_binding import host_memory
 
-from trt_runtime.errors import CapabilityError, EngineError, InputError
+from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel, require_outer_graph
+from trt_runtime.errors import CapabilityError, EngineError
 
 __all__ = ["GraphSlot", "OuterGraphExecution"]
 
@@ -121,12 +122,12 @@ class OuterGraphExecution:
     _res: Any
     _logger: Any
     _threads: Any
+    _shapes: Any
 
     if TYPE_CHECKING:  # from PythonEngine and the other mixins
         def _check_open(self) -> None: ...
         def ensure_context(self) -> Any: ...
         def _inspect(self, inputs: Sequence[Any], profile: int | None) -> Inspection: ...
-        def _check_shapes(self, shapes: tuple[Any, ...], profile: int | None) -> int: ...
         def _apply_shapes(self, ctx: Any, shapes: tuple[Any, ...], profile: int) -> None: ...
         def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None: ...
         def _check_outputs(self, ctx: Any, outputs: Sequence[Any]) -> tuple[list[Any], list[int]]: ...
@@ -154,19 +155,11 @@ class OuterGraphExecution:
             self._check_open()
             if not hasattr(self._threads, "ready"):
                 self._activate_thread()
-            if self._outer_graph is None:
-                raise EngineError(
-                    f"engine {self.name!r}: static_inputs() needs the outer CUDA-graph wrap "
-                    "(engine.outer_graph, or trt_runtime.enable_cudagraphs(engine, outer=True)); "
-                    "its buffers are dropped whenever the wrap changes"
-                )
+            require_outer_graph(self.name, self._outer_graph)
             if len(shapes) != self._n_in:
-                raise InputError(
-                    f"engine {self.name!r} takes {self._n_in} input(s) "
-                    f"({', '.join(io.name for io in self._in)}); static_inputs() got {len(shapes)} shape(s)"
-                )
+                self._shapes.check_count(len(shapes), "static_inputs()")
             key_shapes = tuple(tuple(int(d) for d in s) for s in shapes)
-            chosen = self._check_shapes(key_shapes, self._profile if profile is None else profile)
+            chosen = self._shapes.select(key_shapes, self._profile if profile is None else profile)
             slot = self._slot((key_shapes, chosen))
             if not as_torch:
                 return list(slot.inputs)

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda
-from trt_runtime_backends.python.arrays import KIND_DEVICE, KIND_TORCH, DeviceArray, torch_module
-from trt_runtime_backends.python.inspection import TensorInfo, fmt_shape, numel
+from trt_runtime_backends.python.arrays import DeviceArray, torch_module
+from trt_runtime_backends.python.inspection import TensorInfo
 
+from trt_runtime.contract import KIND_DEVICE, KIND_TORCH, fmt_shape, numel
 from trt_runtime.errors import DataDependentShapeError, InputError
 
 __all__ = ["OutputBinding", "host_memory", "make_output_allocator"]

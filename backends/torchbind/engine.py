@@ -31,8 +31,9 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trt_runtime.contract import KIND_HOST, require_outer_graph
 from trt_runtime.engine import EngineBase
-from trt_runtime.errors import CacheError, CapabilityError, EngineError, InputError, TrtRuntimeError
+from trt_runtime.errors import CacheError, CapabilityError, EngineError, TrtRuntimeError
 from trt_runtime.protocols import Backend, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -41,7 +42,7 @@ from trt_runtime.settings import (
     SettingsLike,
 )
 
-from .contract import KIND_HOST, Call, Contract
+from .contract import Call, Contract
 from .graphs import OuterGraphs
 
 if TYPE_CHECKING:
@@ -175,17 +176,9 @@ class TorchbindEngine(EngineBase):
             self._check_open()
             if profile is not None:
                 self.backend.capabilities.require("supports_profile_selection", self.backend.name)
-            if self._outer_graph is None:
-                raise EngineError(
-                    f"engine {self.name!r}: static_inputs() needs the outer CUDA-graph wrap "
-                    "(engine.outer_graph, or trt_runtime.enable_cudagraphs(engine, outer=True)); "
-                    "its tensors are dropped whenever the wrap changes"
-                )
+            require_outer_graph(self.name, self._outer_graph, "tensors")
             if len(shapes) != self._n_in:
-                raise InputError(
-                    f"engine {self.name!r} takes {self._n_in} input(s) "
-                    f"({', '.join(s.name for s in self._inputs)}); static_inputs() got {len(shapes)} shape(s)"
-                )
+                self._contract.shapes.check_count(len(shapes), "static_inputs()")
             key = tuple(tuple(int(d) for d in shape) for shape in shapes)
             self._contract.check_shapes(key)
             return self._graphs.static_inputs(key, [s.dtype for s in self._inputs])
