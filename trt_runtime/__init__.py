@@ -6,7 +6,7 @@ them on first use.
 
 from __future__ import annotations
 
-from trt_runtime.cache import RuntimeCache
+from trt_runtime.cache import CacheKey, RuntimeCache
 from trt_runtime.contexts import (
     enable_cudagraphs,
     runtime_cache,
@@ -37,7 +37,6 @@ from trt_runtime.protocols import (
     Availability,
     Backend,
     BackendCapabilities,
-    CacheKey,
     Engine,
     EngineSource,
     RuntimeCacheHandle,

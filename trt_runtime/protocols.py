@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from trt_runtime.cache.key import CacheKey
     from trt_runtime.graphs import OuterGraph
     from trt_runtime.settings import RuntimeSettings
 
@@ -14,7 +15,6 @@ __all__ = [
     "Availability",
     "Backend",
     "BackendCapabilities",
-    "CacheKey",
     "Engine",
     "EngineSource",
     "RuntimeCacheHandle",
@@ -56,6 +56,34 @@ class BackendCapabilities:
     #: A human-readable note on why a capability is missing (e.g. which version adds it).
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def flags(cls) -> tuple[str, ...]:
+        """Every flag, in declaration order: the one list the core, the backends, the kit
+        and docs/backends.md's table (checked by a test) follow."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "notes")
+
+    @classmethod
+    def all_on(cls) -> BackendCapabilities:
+        """Every flag on; turn off what a backend lacks with :meth:`without`."""
+        on: dict[str, Any] = dict.fromkeys(cls.flags(), True)
+        return dataclasses.replace(cls(), **on)
+
+    @classmethod
+    def all_off(cls, reason: str) -> BackendCapabilities:
+        """Nothing supported, every flag noted with ``reason`` (a backend that cannot run)."""
+        return cls(notes={flag: reason for flag in cls.flags()})
+
+    def without(self, *flags: str, note: str = "") -> BackendCapabilities:
+        """A copy with ``flags`` turned off (each noted with ``note`` when given)."""
+        unknown = sorted(set(flags) - set(self.flags()))
+        if unknown:
+            raise ValueError(f"unknown capability flag(s) {unknown}; expected some of {list(self.flags())}")
+        notes = dict(self.notes)
+        if note:
+            notes.update(dict.fromkeys(flags, note))
+        off: dict[str, Any] = dict.fromkeys(flags, False)
+        return dataclasses.replace(self, notes=notes, **off)
+
     def require(self, capability: str, backend: str) -> None:
         """Raise :class:`CapabilityError` naming the missing capability and why."""
         from trt_runtime.errors import CapabilityError
@@ -66,33 +94,6 @@ class BackendCapabilities:
                 f"the {backend!r} backend does not support {capability.removeprefix('supports_')}"
                 + (f": {note}" if note else "")
             )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CacheKey:
-    """What a runtime cache was made for; a cache is only fed to a matching stack."""
-
-    flavour: str  # "tensorrt_rtx" or "tensorrt"
-    version: str
-    compute_capability: str  # "9.0"
-    driver: str  # CUDA driver version as reported by the driver, e.g. "13000"
-
-    def slug(self) -> str:
-        """A file-name-safe form: ``tensorrt_rtx-1.6.1.120-sm90-drv13000``."""
-        cc = self.compute_capability.replace(".", "")
-        raw = f"{self.flavour}-{self.version}-sm{cc}-drv{self.driver}"
-        return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in raw)
-
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CacheKey:
-        fields = [f.name for f in dataclasses.fields(cls)]
-        missing = [f for f in fields if not isinstance(data.get(f), str)]
-        if missing:
-            raise ValueError(f"cache key lacks string field(s) {missing}; got {dict(data)!r}")
-        return cls(**{f: data[f] for f in fields})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,11 +7,11 @@ import importlib.metadata
 import importlib.util
 import threading
 
+from trt_runtime.cache import CacheKey
 from trt_runtime.errors import BackendUnavailableError, EngineError
 from trt_runtime.protocols import (
     Availability,
     BackendCapabilities,
-    CacheKey,
     EngineSource,
 )
 from trt_runtime.settings import (
@@ -83,21 +83,7 @@ class TorchbindBackend:
         try:
             return self.runtime.capabilities()
         except Exception as exc:
-            reason = str(exc)
-            return BackendCapabilities(
-                notes={
-                    flag: reason
-                    for flag in (
-                        "supports_runtime_cache",
-                        "supports_cuda_graph_strategy",
-                        "supports_dynamic_shapes_strategy",
-                        "supports_output_allocator",
-                        "supports_host_io",
-                        "supports_preallocated_outputs",
-                        "supports_outer_cuda_graph",
-                    )
-                }
-            )
+            return BackendCapabilities.all_off(str(exc))
 
     # -- engines --------------------------------------------------------------------------
     def load_engine(

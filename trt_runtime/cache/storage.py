@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trt_runtime.cache.key import CacheKey
 from trt_runtime.errors import CacheError, CacheLockTimeout
-from trt_runtime.protocols import CacheKey
 
 __all__ = [
     "STALE_TEMP_SECONDS",

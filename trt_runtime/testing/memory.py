@@ -36,9 +36,10 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trt_runtime.cache.key import CacheKey
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CacheError, EngineError, InputError
-from trt_runtime.protocols import Availability, BackendCapabilities, CacheKey, EngineSource, TensorSpec
+from trt_runtime.protocols import Availability, BackendCapabilities, EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings, SettingsLike
 from trt_runtime.testing.memory_format import ENGINE_MAGIC, AffineOutput, build_engine, parse_engine
 
@@ -60,15 +61,9 @@ __all__ = [
 
 CACHE_MAGIC = b"TRTMEMC1"
 
-_CAPABILITY_FLAGS = (
-    "supports_runtime_cache",
-    "supports_cuda_graph_strategy",
-    "supports_dynamic_shapes_strategy",
-    "supports_output_allocator",
-    "supports_host_io",
-    "supports_preallocated_outputs",
-    "supports_outer_cuda_graph",
-)
+#: What the memory backend does not do (every other flag it supports).
+_UNSUPPORTED = ("supports_profile_selection", "supports_multiple_contexts", "cache_deserialize_merges")
+_CAPABILITY_FLAGS = tuple(f for f in BackendCapabilities.flags() if f not in _UNSUPPORTED)
 
 
 # -- the native cache ------------------------------------------------------------------
