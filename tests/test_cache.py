@@ -512,7 +512,8 @@ class _Engine(EngineBase):
     def _destroy_context(self, context: object) -> None:
         pass
 
-    def _run(self, context: object, inputs: Sequence[object], stream: object) -> list[object]:
+    def _run(self, context: object, inputs: Sequence[object], stream: object, outputs: object = None
+             ) -> list[object]:
         return [context["native"]]  # type: ignore[index]
 
 

@@ -236,9 +236,8 @@ def test_python_backend_capabilities_declare_outputs_profiles_and_outer_graphs(m
     monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), flavour))
     caps = PythonBackend().capabilities
     assert caps.supports_preallocated_outputs and caps.supports_profile_selection
-    assert caps.supports_outer_cuda_graph and not caps.supports_multiple_contexts
-    with pytest.raises(CapabilityError, match="multiple_contexts: one execution context per engine"):
-        caps.require("supports_multiple_contexts", "python")
+    assert caps.supports_outer_cuda_graph and caps.supports_multiple_contexts
+    caps.require("supports_multiple_contexts", "python")  # N contexts of one ICudaEngine
 
 
 # -- stream handles and device arrays ------------------------------------------------------------------

@@ -223,8 +223,8 @@ def test_torchbind_capabilities_full_on_2_14() -> None:
     assert not caps.cache_deserialize_merges
     # what 2.14 cannot do is said, and only that
     missing = sorted(k for k in caps.notes if k.startswith("supports_"))
-    assert missing == ["supports_multiple_contexts", "supports_profile_selection"]
-    assert not caps.supports_multiple_contexts and not caps.supports_profile_selection
+    assert missing == ["supports_profile_selection"]
+    assert caps.supports_multiple_contexts and not caps.supports_profile_selection
     assert "_auto_select_profiles" in caps.notes["supports_profile_selection"]
     assert "replaces" in caps.notes["cache_deserialize_merges"]
 

@@ -7,6 +7,7 @@ __all__ = [
     "BackendNotFoundError",
     "BackendUnavailableError",
     "CacheError",
+    "ContextLeaseTimeout",
     "CacheLockTimeout",
     "CacheWarning",
     "CapabilityError",
@@ -42,6 +43,10 @@ class CapabilityError(BackendError, NotImplementedError):
 
 class EngineError(TrtRuntimeError):
     """An engine could not be deserialized, inspected or executed."""
+
+
+class ContextLeaseTimeout(EngineError, TimeoutError):
+    """No execution context of the engine became free within ``lease_timeout``."""
 
 
 class DataDependentShapeError(EngineError):

@@ -25,8 +25,7 @@ CUDA_HINT = "the 'python' backend needs cuda-python: pip install 'trt-runtime[cu
 _log = logging.getLogger("trt_runtime.python")
 _trt_log = logging.getLogger("trt_runtime.python.tensorrt")
 
-_ONE_CONTEXT = "one execution context per engine; calls on an engine are serialized"
-_RTX_CAPS = BackendCapabilities.all_on().without("supports_multiple_contexts", note=_ONE_CONTEXT).without(
+_RTX_CAPS = BackendCapabilities.all_on().without(
     "cache_deserialize_merges", note="IRuntimeCache.deserialize replaces the cache's contents"
 )
 _TRT_NOTE = "needs TensorRT-RTX (tensorrt-rtx); only full TensorRT is installed"

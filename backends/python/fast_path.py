@@ -14,7 +14,8 @@ profile changes or the engine closes:
   reads), binds changed addresses, makes each output with ``torch.empty`` from cached
   arguments and goes straight to ``execute_async_v3``.
 
-:class:`FastPaths` is the mixin of ``PythonEngine`` that runs them.
+:class:`FastPaths` is the mixin of ``PythonEngine`` that runs them (from its ``_call_fast``
+hook of the core pipeline).
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ class FastPaths:
         self._natural.clear()
 
     # -- outputs= with the same arrays --------------------------------------------------------
-    def _call_fast(self, inputs: tuple[Any, ...], outputs: Sequence[Any], stream: Any) -> list[Any] | None:
+    def _call_prebound(self, inputs: tuple[Any, ...], outputs: Sequence[Any], stream: Any
+                       ) -> list[Any] | None:
         """Run a call with the very arrays of a remembered :class:`FastPath` whose pointers
         and shapes are unchanged; ``None`` when there is none (the full path runs it)."""
         fast = self._fast.get((*map(id, inputs), *map(id, outputs)))

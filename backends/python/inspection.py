@@ -49,10 +49,14 @@ class Inspection:
     ``profile``: the optimization profile the shapes run in.
     """
 
-    __slots__ = ("host", "kind", "profile", "ptrs", "shapes", "torch_host")
+    __slots__ = ("host", "inputs", "kind", "profile", "ptrs", "remember", "shapes", "torch_host")
 
     def __init__(self, kind: int, ptrs: list[int], shapes: tuple[Any, ...],
-                 host: list[tuple[int, Any]] | None, torch_host: bool, profile: int) -> None:
+                 host: list[tuple[int, Any]] | None, torch_host: bool, profile: int,
+                 inputs: Sequence[Any] = (), remember: bool = False) -> None:
+        #: The inputs as given; ``remember``: whether a fast path may be recorded from it.
+        self.inputs = inputs
+        self.remember = remember
         self.kind = kind
         self.ptrs = ptrs
         self.shapes = shapes
@@ -77,7 +81,7 @@ class InputInspection:
     _current_raw_stream: Any
     _torch_empty: Any
 
-    def _inspect(self, inputs: Sequence[Any], profile: int | None) -> Inspection:
+    def _inspect(self, inputs: Sequence[Any], profile: int | None, remember: bool = False) -> Inspection:
         """Every check that needs no execution context: count, dtype, device, contiguity,
         shape and optimization profile. Raises InputError; TensorRT is not called."""
         if len(inputs) != self._n_in:
@@ -132,7 +136,8 @@ class InputInspection:
             ptrs.append(-1)
             shapes.append(arr.shape)
         key = tuple(shapes)
-        return Inspection(kind, ptrs, key, host, torch_host, self._shapes.select(key, profile))
+        chosen = self._shapes.select(key, profile)
+        return Inspection(kind, ptrs, key, host, torch_host, chosen, inputs, remember)
 
     # -- one input of each kind ------------------------------------------------------------
     def _is_torch(self, x: Any) -> bool:

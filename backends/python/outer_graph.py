@@ -38,7 +38,7 @@ from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.inspection import Inspection, TensorInfo
 from trt_runtime_backends.python.output_binding import host_memory
 
-from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel, require_outer_graph
+from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
 from trt_runtime.errors import CapabilityError, EngineError
 
 __all__ = ["GraphSlot", "OuterGraphExecution"]
@@ -95,11 +95,10 @@ class OuterGraphExecution:
     """Runs calls under the outer CUDA-graph wrap (mixin of ``PythonEngine``)."""
 
     name: str
-    _lock: Any
     _context: Any
     _outer_graph: Any
     _graph_captures: int
-    _slots: dict[tuple[Any, int], GraphSlot]
+    _slots: Any  # GraphCache[tuple[Any, int], GraphSlot]
     _graph_shortcuts: dict[tuple[Any, ...], GraphSlot]
     _capture_stream: Any
     _in: list[TensorInfo]
@@ -137,48 +136,26 @@ class OuterGraphExecution:
         def _set_device(self) -> None: ...
         def _activate_thread(self) -> None: ...
         def _fit_device_memory(self, ctx: Any) -> None: ...
-        def synchronize(self) -> None: ...
+        def _sync(self) -> None: ...
 
-    # -- public ------------------------------------------------------------------------------
-    def static_inputs(self, *shapes: Sequence[int], profile: int | None = None,
-                      as_torch: bool = False) -> list[Any]:
-        """The engine's static input buffers for inputs of these shapes, under the outer graph.
+    # -- hooks of the core pipeline ---------------------------------------------------------------
+    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
+                       ) -> list[Any]:
+        """The static buffers of the slot of (``shapes``, ``profile``): ``DeviceArray``s, or
+        torch views (through DLPack) when ``as_torch``."""
+        if not hasattr(self._threads, "ready"):
+            self._activate_thread()
+        slot = self._slot((shapes, profile))
+        if not as_torch:
+            return list(slot.inputs)
+        if slot.torch_inputs is None:
+            slot.torch_inputs = _torch_views(slot.inputs)
+        return list(slot.torch_inputs)
 
-        Passing them (or any array at the same addresses, such as ``torch.from_dlpack`` of
-        them) as the inputs of a call skips the copy into the static buffers: a call is then
-        one graph launch plus stream ordering. They are ``DeviceArray``s, or torch views when
-        ``as_torch``. They stay the engine's buffers until the graphs are dropped (a settings
-        change, ``outer_graph`` changing, ``reset_graphs()``, ``close()``); ask again after.
-        Raises :class:`~trt_runtime.EngineError` when ``outer_graph`` is not set.
-        """
-        with self._lock:
-            self._check_open()
-            if not hasattr(self._threads, "ready"):
-                self._activate_thread()
-            require_outer_graph(self.name, self._outer_graph)
-            if len(shapes) != self._n_in:
-                self._shapes.check_count(len(shapes), "static_inputs()")
-            key_shapes = tuple(tuple(int(d) for d in s) for s in shapes)
-            chosen = self._shapes.select(key_shapes, self._profile if profile is None else profile)
-            slot = self._slot((key_shapes, chosen))
-            if not as_torch:
-                return list(slot.inputs)
-            if slot.torch_inputs is None:
-                slot.torch_inputs = _torch_views(slot.inputs)
-            return list(slot.torch_inputs)
-
-    # -- one call ------------------------------------------------------------------------------
-    def _run_outer(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
-                   profile: int | None) -> list[Any]:
-        if outputs is None and profile is None and self._graph_shortcuts:
-            results = self._replay_torch(inputs, stream)
-            if results is not None:
-                return results
-        self._check_open()
-        inspection = self._inspect(inputs, self._profile if profile is None else profile)
-        ctx = self._context
-        if ctx is None:
-            ctx = self.ensure_context()
+    def _run_outer(self, ctx: Any, inspection: Inspection, stream: Any, outputs: Sequence[Any] | None
+                   ) -> list[Any]:
+        """One call under the outer graph: replay the slot of its (shapes, profile), or
+        capture it (its eager warm-up run is then this call's result)."""
         if self._multi_device:
             self._set_device()
         key = (inspection.shapes, inspection.profile)
@@ -204,7 +181,7 @@ class OuterGraphExecution:
         results = self._graph_results(ctx, slot, inspection, outputs, caller, ours)
         if caller is not None:
             self._order.after(caller)
-        if (outputs is None and profile is None and kind == KIND_TORCH and inspection.host is None
+        if (outputs is None and inspection.remember and kind == KIND_TORCH and inspection.host is None
                 and slot.exec is not None):
             if len(self._graph_shortcuts) >= _SHORTCUTS:
                 self._graph_shortcuts.clear()
@@ -234,6 +211,7 @@ class OuterGraphExecution:
             slot = self._graph_shortcuts.get(tuple([x.shape for x in inputs]))
         if slot is None:
             return None
+        self._slots.touch(slot.key)
         if self._multi_device:
             self._set_device()
         ours = self._stream_handle
@@ -292,9 +270,13 @@ class OuterGraphExecution:
 
     # -- slots, capture and launch ----------------------------------------------------------------
     def _slot(self, key: tuple[Any, int]) -> GraphSlot:
-        slot = self._slots.get(key)
+        slot = self._slots.peek(key)
         if slot is None:
-            slot = self._slots[key] = GraphSlot(key, self._in, self._state, self._stream, self._device)
+            slot = GraphSlot(key, self._in, self._state, self._stream, self._device)
+            outer = self._outer_graph
+            if outer is not None:
+                self._slots.max_graphs = outer.max_graphs
+            self._slots.add(key, slot, captured=False)
         return slot
 
     def _fill_inputs(self, slot: GraphSlot, inspection: Inspection, ours: int) -> None:
@@ -375,6 +357,7 @@ class OuterGraphExecution:
             rt.cudaGraphDestroy(graph)  # the executable graph does not need it
         self._res.graph_execs.append(slot.exec)
         self._graph_captures += 1
+        self._slots.captures += 1
 
     def _refuse_allocators(self, ctx: Any) -> None:
         if ctx.allocators:
@@ -393,7 +376,7 @@ class OuterGraphExecution:
             if not trt_context.set_optimization_profile_async(profile, self._stream_handle):
                 raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
             if ctx.user_managed:
-                self.synchronize()
+                self._sync()
             ctx.profile = profile
             ctx.bound.clear()
             ctx.bound_ptrs = ()
@@ -451,14 +434,19 @@ class OuterGraphExecution:
 
     def _drop_graphs(self) -> None:
         """Destroy every graph and let go of the static buffers (arrays handed out as views
-        keep their memory alive). Called with the lock held, after synchronize."""
+        keep their memory alive). Called after _sync, with the lane held."""
         self._graph_shortcuts.clear()
-        slots, self._slots = self._slots, {}
-        destroy = getattr(self._rt, "cudaGraphExecDestroy", None)
-        for slot in slots.values():
-            if slot.exec is not None and destroy is not None:
-                destroy(slot.exec)
-            slot.exec = None
+        self._slots.clear()
         self._res.graph_execs.clear()
 
-
+    def _release_slot(self, slot: GraphSlot) -> None:
+        """The core's graph cache let go of ``slot`` (evicted or dropped): destroy its graph."""
+        self._graph_shortcuts.clear()  # may point at it
+        if slot.exec is not None:
+            destroy = getattr(self._rt, "cudaGraphExecDestroy", None)
+            if destroy is not None:
+                destroy(slot.exec)
+            execs = self._res.graph_execs
+            if slot.exec in execs:
+                execs.remove(slot.exec)
+            slot.exec = None

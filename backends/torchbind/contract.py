@@ -39,7 +39,7 @@ _KNOWN_SHAPES = 64
 class Call:
     """One call's inputs once checked: the tensors to run, their shapes and the call's kind."""
 
-    __slots__ = ("host", "kind", "shapes", "tensors", "torch_host")
+    __slots__ = ("host", "kind", "shapes", "tensors", "torch_host", "views")
 
     def __init__(self, kind: CallKind, tensors: list[Any], shapes: tuple[tuple[int, ...], ...],
                  host: list[int], torch_host: bool) -> None:
@@ -51,6 +51,8 @@ class Call:
         self.host = host
         #: Whether a host input was a CPU torch tensor (host outputs are then CPU tensors).
         self.torch_host = torch_host
+        #: torch views of the call's ``outputs=`` once checked (None without outputs=).
+        self.views: list[Any] | None = None
 
 
 class Contract:

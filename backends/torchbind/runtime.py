@@ -85,17 +85,12 @@ class TorchbindRuntime:
             "torch-tensorrt picks the optimization profile itself (Engine._auto_select_profiles, "
             "2.14+); a per-call profile= is not offered"
         )
-        notes["supports_multiple_contexts"] = (
-            "torch.classes.tensorrt.Engine owns one IExecutionContext; load the engine once per "
-            "concurrent caller instead"
-        )
         lacking = {
             "supports_runtime_cache": not cache,
             "supports_cuda_graph_strategy": not settings,
             "supports_dynamic_shapes_strategy": not settings,
             "supports_outer_cuda_graph": not graphs,
             "supports_profile_selection": True,
-            "supports_multiple_contexts": True,
             "cache_deserialize_merges": True,
         }
         off = [flag for flag, missing in lacking.items() if missing]

@@ -198,9 +198,9 @@ class MemoryEngine(EngineBase):
         settings: SettingsLike = None,
     ) -> None:
         self._ops = tuple(ops)
-        self.device = device
+        self._device = device
         #: Every context this engine created, in order (destroyed ones included).
-        self.contexts: list[MemoryContext] = []
+        self.created_contexts: list[MemoryContext] = []
         #: How many times :meth:`_run` reached the numeric work (after validation).
         self.runs = 0
         #: Outer graphs of the current context by input-shape key.
@@ -208,9 +208,14 @@ class MemoryEngine(EngineBase):
         super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
 
     @property
+    def device(self) -> int:  # type: ignore[override]
+        """The device named at load (the memory backend runs on none); 0 when not named."""
+        return 0 if self._device is None else self._device
+
+    @property
     def context_settings(self) -> list[RuntimeSettings]:
         """The settings each context was created with, in creation order."""
-        return [c.settings for c in self.contexts]
+        return [c.settings for c in self.created_contexts]
 
     @property
     def current_context(self) -> MemoryContext | None:
@@ -231,8 +236,8 @@ class MemoryEngine(EngineBase):
                     "not the memory backend's native cache"
                 )
             config.runtime_cache = native
-        context = MemoryContext(serial=len(self.contexts), settings=settings, config=config)
-        self.contexts.append(context)
+        context = MemoryContext(serial=len(self.created_contexts), settings=settings, config=config)
+        self.created_contexts.append(context)
         return context
 
     def _destroy_context(self, context: Any) -> None:
@@ -241,19 +246,24 @@ class MemoryEngine(EngineBase):
     def _drop_graphs(self) -> None:
         self.graphs.clear()
 
-    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
-        self._validate(inputs)
+    def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> list[Any]:
+        return self._validate(inputs)
 
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Any = None) -> list[Any]:
-        # EngineBase.execute validated the inputs (before any context existed).
-        if outputs is not None:
-            self._check_outputs(inputs, outputs)
+    def _run(self, context: Any, call: Any, stream: Any, outputs: Any = None) -> list[Any]:
+        return self._finish(context, call, self._compute(call), outputs)
+
+    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Any = None) -> list[Any]:
+        assert self._outer_graph is not None
+        results = self._run_graph(context, call, view=self._outer_graph.outputs == "view")
+        return self._finish(context, call, results, outputs)
+
+    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:
+        self._check_outputs(call, outputs)
+
+    def _finish(self, context: Any, inputs: Sequence[Any], results: list[Any], outputs: Any) -> list[Any]:
+        """Count the run, record its kernels, and write ``outputs=`` if given."""
         self.runs += 1
         context.runs += 1
-        if self._outer_graph is None:
-            results = self._compute(inputs)
-        else:
-            results = self._run_graph(context, inputs, view=self._outer_graph.outputs == "view")
         self._record_kernels(context, inputs)
         if outputs is None:
             return results
