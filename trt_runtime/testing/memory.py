@@ -62,7 +62,7 @@ __all__ = [
 CACHE_MAGIC = b"TRTMEMC1"
 
 #: What the memory backend does not do (every other flag it supports).
-_UNSUPPORTED = ("supports_profile_selection", "supports_multiple_contexts", "cache_deserialize_merges")
+_UNSUPPORTED = ("supports_profile_selection", "cache_deserialize_merges")
 _CAPABILITY_FLAGS = tuple(f for f in BackendCapabilities.flags() if f not in _UNSUPPORTED)
 
 
@@ -256,6 +256,13 @@ class MemoryEngine(EngineBase):
         assert self._outer_graph is not None
         results = self._run_graph(context, call, view=self._outer_graph.outputs == "view")
         return self._finish(context, call, results, outputs)
+
+    def _clone_lane(self) -> MemoryEngine:
+        """Another "execution context" of the same engine (the core's ``contexts=N``)."""
+        return type(self)(
+            self._backend, name=self.name, inputs=self._inputs, outputs=self._outputs,  # type: ignore[arg-type]
+            ops=self._ops, device=self._device, settings=self._settings,
+        )
 
     def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:
         self._check_outputs(call, outputs)
