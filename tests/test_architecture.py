@@ -129,3 +129,40 @@ def test_architecture_docs_capability_table_matches_backend_capabilities() -> No
     documented = _documented_flags()
     assert list(documented) == fields, "docs/backends.md's capability table must list every flag, in order"
     assert all(documented.values())
+
+
+_TEMPLATE = ("execute", "__call__", "runtime_settings", "outer_graph", "contexts", "static_inputs", "close")
+
+
+def _engine_classes() -> list[type]:
+    from trt_runtime_backends.python.engine import PythonEngine
+    from trt_runtime_backends.torchbind.engine import TorchbindEngine
+
+    from trt_runtime.testing.memory import MemoryEngine
+
+    return [PythonEngine, TorchbindEngine, MemoryEngine]
+
+
+@pytest.mark.parametrize("cls", _engine_classes(), ids=lambda c: c.__name__)
+def test_architecture_no_engine_overrides_the_call_template(cls: type) -> None:
+    from trt_runtime.engine import EngineBase
+
+    overridden = [
+        name for name in _TEMPLATE
+        for klass in cls.__mro__[: cls.__mro__.index(EngineBase)]
+        if name in vars(klass)
+    ]
+    assert overridden == []
+
+
+def test_architecture_memory_backend_implements_the_documented_hooks() -> None:
+    """docs/writing-a-backend.md names the hooks the memory backend implements: exactly those."""
+    from trt_runtime.engine import EngineBase
+    from trt_runtime.testing.memory import MemoryEngine
+
+    text = (ROOT / "docs" / "writing-a-backend.md").read_text(encoding="utf-8")
+    proof = text[text.index("## The proof"):]
+    documented = set(re.findall(r"`(_\w+)`", proof))
+    hooks = {n for n in vars(EngineBase) if n.startswith("_") and not n.startswith("__") and n != "_abc_impl"}
+    implemented = {name for name in vars(MemoryEngine) if name in hooks}
+    assert implemented == documented

@@ -48,8 +48,9 @@ class BackendCapabilities:
     supports_profile_selection: bool = False
     #: The runtime's own CUDA-graph wrap (:class:`~trt_runtime.graphs.OuterGraph`).
     supports_outer_cuda_graph: bool = False
-    #: ``trt_runtime.load(..., contexts=N)``: several execution contexts of one engine serve
-    #: concurrent callers; its engines implement ``clone()`` (see :class:`Engine`).
+    #: ``trt_runtime.load(..., contexts=N)`` / ``engine.contexts = N``: N execution contexts
+    #: of one deserialized engine serve concurrent callers (its engines implement the
+    #: ``EngineBase._clone_lane`` hook).
     supports_multiple_contexts: bool = False
     #: ``deserialize`` into a cache that already has entries keeps them (merges).
     cache_deserialize_merges: bool = False
@@ -165,16 +166,12 @@ class RuntimeCacheHandle(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """A deserialized engine with a lazily created execution context.
+    """A deserialized engine with lazily created execution contexts.
 
-    Optional method, required of the engines of a backend with
-    ``supports_multiple_contexts`` (not part of the structural check):
-    ``clone() -> Engine`` returns a new engine object over the *same* deserialized
-    engine (weights shared, nothing deserialized again) with its own lazily created
-    execution context, stream and buffers, the same device, and the same
-    :attr:`runtime_settings` and :attr:`outer_graph` as the original at the time of the
-    call. Closing either leaves the other usable. :class:`~trt_runtime.pool.EnginePool`
-    calls it to give each concurrent caller its own context.
+    ``contexts`` execution contexts (default 1) serve concurrent callers: a call leases a
+    free one (FIFO among waiters; :class:`~trt_runtime.ContextLeaseTimeout` after
+    ``lease_timeout`` seconds). :class:`~trt_runtime.EngineBase` implements all of this;
+    a backend fills its hooks (docs/writing-a-backend.md).
     """
 
     name: str
@@ -228,11 +225,55 @@ class Engine(Protocol):
         """How many CUDA graphs the outer wrap has captured so far."""
         ...
 
+    @property
+    def device(self) -> int:
+        """The CUDA device every execution context of the engine is created on."""
+        ...
+
+    @property
+    def profile(self) -> int | None:
+        """The optimization profile calls use (``None``: the first holding the shapes)."""
+        ...
+
+    @profile.setter
+    def profile(self, value: int | None) -> None: ...
+
+    @property
+    def contexts(self) -> int:
+        """How many execution contexts serve concurrent calls (settable)."""
+        ...
+
+    @contexts.setter
+    def contexts(self, value: int) -> None: ...
+
+    @property
+    def lease_timeout(self) -> float | None:
+        """Seconds a call waits for a free context (``None``: no limit; settable)."""
+        ...
+
+    @lease_timeout.setter
+    def lease_timeout(self, value: float | None) -> None: ...
+
+    def memory_usage(self) -> dict[str, int]:
+        """Device bytes: ``weights``, ``activations_per_context``, ``activations_total``,
+        and the number of ``contexts``."""
+        ...
+
+    def static_inputs(
+        self, *shapes: Sequence[int], profile: int | None = None, as_torch: bool | None = None
+    ) -> list[Any]:
+        """The static input buffers of the outer graph for these shapes."""
+        ...
+
     def execute(
-        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None
+        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
     ) -> list[Any]: ...
 
-    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any: ...
+    def __call__(
+        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> Any: ...
 
     def synchronize(self) -> None: ...
 
