@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import sys
 import types
 from typing import Any
 
@@ -424,3 +425,10 @@ class FakeTorch(types.ModuleType):
     def cuda_tensor(self, shape: tuple[int, ...], dtype: Any = None, **kwargs: Any) -> Any:
         """A CUDA tensor on device 0 (a test helper, not torch API)."""
         return self.Tensor(shape, dtype, 0, **kwargs)
+
+
+def fake_torch_fixture(monkeypatch: Any) -> FakeTorch:
+    """Body of a ``torch`` fixture: a :class:`FakeTorch` installed as ``sys.modules['torch']``."""
+    fake = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return fake

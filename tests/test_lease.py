@@ -5,14 +5,13 @@ memory arithmetic)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Any
 
 import numpy as np
 import pytest
-from _python_doubles import FakeTorch, _fake_engine
+from _python_doubles import FakeTorch, _fake_engine, fake_torch_fixture
 from _torchbind_doubles import inputs as torchbind_inputs
 from _torchbind_doubles import make_backend, source
 
@@ -114,9 +113,7 @@ def test_lease_close_wakes_waiters_with_an_engine_error() -> None:
 # -- engines --------------------------------------------------------------------------------------
 @pytest.fixture
 def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
-    fake = FakeTorch()
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    return fake
+    return fake_torch_fixture(monkeypatch)
 
 
 def test_lease_python_contexts_are_lanes_of_one_trt_engine(torch: FakeTorch) -> None:

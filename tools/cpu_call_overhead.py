@@ -73,6 +73,23 @@ def _threads(make_call: Any, threads: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
+def _dynamic_rows(rows: dict[str, float], engine: Any, xs: list[Any], calls: int) -> None:
+    """``dynamic`` and ``dynamic-outer``: ``engine(x)`` cycling through ``xs`` (shapes)."""
+    for t in xs:
+        engine(t)
+    it = iter(range(1 << 62))
+
+    def alternate() -> Any:
+        return engine(xs[next(it) % len(xs)])
+
+    rows["dynamic"] = _best(alternate, calls)
+    engine.outer_graph = "view"
+    for t in xs:
+        engine(t)
+    rows["dynamic-outer"] = _best(alternate, calls)
+    engine.outer_graph = None
+
+
 class _Stream:
     """A caller stream object (``__cuda_stream__``), one per thread."""
 
@@ -103,20 +120,7 @@ def python_rows(calls: int, threads: int, seconds: float) -> dict[str, float]:
     engine.outer_graph = None
 
     dyn = d._fake_engine()
-    xs = [torch.cuda_tensor((b, 4), torch.float32) for b in (1, 8, 16)]
-    for t in xs:
-        dyn(t)
-    it = iter(range(1 << 62))
-
-    def alternate() -> Any:
-        return dyn(xs[next(it) % 3])
-
-    rows["dynamic"] = _best(alternate, calls)
-    dyn.outer_graph = "view"
-    for t in xs:
-        dyn(t)
-    rows["dynamic-outer"] = _best(alternate, calls)
-    dyn.outer_graph = None
+    _dynamic_rows(rows, dyn, [torch.cuda_tensor((b, 4), torch.float32) for b in (1, 8, 16)], calls)
 
     def make_call(i: int) -> Any:
         xi = torch.cuda_tensor((8, 4), torch.float32)
@@ -154,19 +158,7 @@ def torchbind_rows(calls: int, threads: int, seconds: float) -> dict[str, float]
 
     eager = RuntimeSettings(dynamic_shapes_kernel_specialization_strategy="eager")
     dyn = backend.load_engine(d.source(bindings=(d.DYNAMIC_X, d.DYNAMIC_Y)), settings=eager)
-    xs = [d.FakeTensor(np.ones((n, 4), np.float32)) for n in (1, 4, 8)]
-    for t in xs:
-        dyn(t)
-    it = iter(range(1 << 62))
-
-    def alternate() -> Any:
-        return dyn(xs[next(it) % 3])
-
-    rows["dynamic"] = _best(alternate, calls)
-    dyn.outer_graph = "view"
-    for t in xs:
-        dyn(t)
-    rows["dynamic-outer"] = _best(alternate, calls)
+    _dynamic_rows(rows, dyn, [d.FakeTensor(np.ones((n, 4), np.float32)) for n in (1, 4, 8)], calls)
 
     def make_call(i: int) -> Any:
         ai, bi = d.inputs()

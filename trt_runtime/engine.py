@@ -387,9 +387,9 @@ class EngineBase(abc.ABC):
         """The general path of one call on this lane: validate, context, outer graph or eager."""
         self._check_open()
         caps = self._caps
-        if outputs is not None:
+        if outputs is not None and not caps.supports_preallocated_outputs:
             caps.require("supports_preallocated_outputs", self._backend.name)
-        if profile is not None:
+        if profile is not None and not caps.supports_profile_selection:
             caps.require("supports_profile_selection", self._backend.name)
         call = self._validate_inputs(inputs, profile)
         if outputs is not None:
