@@ -207,7 +207,7 @@ class _FakeRuntime:
         self.calls: list[tuple[Any, ...]] = []
         #: Every cudaMemcpyAsync as (kind, dst, src, nbytes, stream).
         self.copies: list[tuple[int, int, int, int, int]] = []
-        self._events = iter(range(900, 1000))
+        self._events = itertools.count(900)
 
     def cudaEventCreateWithFlags(self, flags: int) -> tuple[int, int]:
         return (0, next(self._events))
