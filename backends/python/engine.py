@@ -2,9 +2,9 @@
 
 The call pipeline is :class:`~trt_runtime.EngineBase`'s; this engine fills its hooks
 (``_call_fast``, ``_validate_inputs``, ``_run``, ``_run_outer``, ``_clone_lane``...). Its
-concerns live in one module each: :mod:`.inspection` (input checks), :mod:`.fast_path`
+concerns live in one module each: :mod:`.contract` (input checks), :mod:`.fast_path`
 (repeat calls that skip them), :mod:`.output_binding` (outputs and host staging),
-:mod:`.outer_graph` (capture and replay of the outer CUDA graph) and :mod:`.stream_order`
+:mod:`.graphs` (capture and replay of the outer CUDA graph) and :mod:`.stream_order`
 (ordering with the caller's stream). One ``PythonEngine`` object is one *lane*: one
 execution context with its stream, events, bindings and caches; ``contexts=N`` makes
 N-1 clones over the same ``ICudaEngine``.
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda, stream_order
 from trt_runtime_backends.python.arrays import DeviceArray
+from trt_runtime_backends.python.contract import InputInspection, Inspection, TensorInfo
 from trt_runtime_backends.python.execution_context import (
     ExecutionContext,
     Resources,
@@ -28,8 +29,7 @@ from trt_runtime_backends.python.execution_context import (
     trt_enum,
 )
 from trt_runtime_backends.python.fast_path import FastPaths
-from trt_runtime_backends.python.inspection import InputInspection, Inspection, TensorInfo
-from trt_runtime_backends.python.outer_graph import OuterGraphExecution
+from trt_runtime_backends.python.graphs import OuterGraphExecution
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 
 from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape, stream_handle

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python.arrays import DeviceArray
-from trt_runtime_backends.python.inspection import TensorInfo
+from trt_runtime_backends.python.contract import TensorInfo
 
 from trt_runtime.contract import KIND_TORCH
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
-from trt_runtime_backends.python.inspection import TensorInfo
+from trt_runtime_backends.python.contract import TensorInfo
 
 from trt_runtime.contract import KIND_DEVICE, KIND_TORCH, fmt_shape, numel
 from trt_runtime.errors import DataDependentShapeError, InputError

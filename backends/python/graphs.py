@@ -1,4 +1,4 @@
-"""The outer CUDA-graph wrap of the python backend: capture a call once, replay it after.
+"""The outer CUDA graphs of the python backend: capture a call once, replay it after.
 
 Under ``engine.outer_graph`` (see :mod:`trt_runtime.graphs`) each (input shapes,
 optimization profile) gets a :class:`GraphSlot`: static input and output buffers owned
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
-from trt_runtime_backends.python.inspection import Inspection, TensorInfo
+from trt_runtime_backends.python.contract import Inspection, TensorInfo
 from trt_runtime_backends.python.output_binding import host_memory
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel

@@ -1,4 +1,4 @@
-"""Input inspection for the python backend: what a call's inputs are, checked before TensorRT.
+"""The python backend's side of the device contract: what a call's inputs are, checked before TensorRT.
 
 :class:`InputInspection` (a mixin of ``PythonEngine``) checks count, kind, dtype,
 device, contiguity, shape and optimization profile of a call's inputs without an
