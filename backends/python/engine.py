@@ -520,13 +520,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         """Select ``profile`` and set the input shapes on the context; read the output shapes."""
         trt_context = ctx.trt_context
         if profile != ctx.profile:
-            if not trt_context.set_optimization_profile_async(profile, self._stream_handle):
-                raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
-            if ctx.user_managed:  # the memory size is asked for next: let the switch finish
-                self._sync()
-            ctx.profile = profile
-            ctx.bound.clear()
-            ctx.bound_ptrs = ()
+            self._select_profile(ctx, profile)
         for io, shape in zip(self._in, shapes, strict=False):
             if io.spec.is_dynamic:
                 dims = tuple(int(d) for d in shape)
@@ -554,6 +548,16 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
             if len(ctx.out_shape_cache) >= 64:
                 ctx.out_shape_cache.clear()
             ctx.out_shape_cache[key] = out_shapes
+
+    def _select_profile(self, ctx: ExecutionContext, profile: int) -> None:
+        """Switch the context to optimization ``profile`` (its addresses must be set again)."""
+        if not ctx.trt_context.set_optimization_profile_async(profile, self._stream_handle):
+            raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
+        if ctx.user_managed:  # the memory size is asked for next: let the switch finish
+            self._sync()
+        ctx.profile = profile
+        ctx.bound.clear()
+        ctx.bound_ptrs = ()
 
     def _mark_data_dependent(self, io: TensorInfo) -> None:
         spec = io.spec

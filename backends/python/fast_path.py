@@ -150,6 +150,7 @@ class FastPaths:
         def _execute_failed(self) -> None: ...
         def _set_device(self) -> None: ...
         def _fit_device_memory(self, ctx: Any) -> None: ...
+        def _select_profile(self, ctx: Any, profile: int) -> None: ...
 
     def _forget_fast_paths(self) -> None:
         self._fast.clear()
@@ -189,7 +190,9 @@ class FastPaths:
         ctx = self._context
         if ctx is None:
             return False
-        if ctx.shape_key != fast.shape_key and not self._restore_shapes(ctx, fast):
+        if ctx.shape_key != fast.shape_key and not self._restore_shapes(
+            ctx, fast.shape_key, fast.dynamic_dims, fast.out_shapes
+        ):
             return False
         if ctx.bound_ptrs != fast.ptrs:
             trt_context = ctx.trt_context
@@ -202,20 +205,23 @@ class FastPaths:
         ctx.bound_ptrs = fast.ptrs
         return True
 
-    def _restore_shapes(self, ctx: Any, entry: FastPath | NaturalCall) -> bool:
-        """Set the input shapes ``entry`` was recorded with (same profile only); the output
-        shapes are known from then."""
-        if ctx.profile != entry.shape_key[1]:
-            return False
-        trt_context = ctx.trt_context
+    def _restore_shapes(self, ctx: Any, shape_key: tuple[Any, int],
+                        dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any) -> bool:
+        """Put the context back in a state a fast path or a graph was recorded in: its
+        profile (switched when it differs), its input shapes, memory that fits them; the
+        output shapes are known from then. False when TensorRT refuses a shape."""
         ctx.shape_key = None  # if setting fails halfway, the next call sets the shapes again
-        for name, dims in entry.dynamic_dims:
+        profile = shape_key[1]
+        if ctx.profile != profile:
+            self._select_profile(ctx, profile)
+        trt_context = ctx.trt_context
+        for name, dims in dynamic_dims:
             if not trt_context.set_input_shape(name, dims):
                 return False
-        if entry.dynamic_dims:
+        if dynamic_dims:
             self._fit_device_memory(ctx)
-        ctx.shape_key = entry.shape_key
-        ctx.out_shapes = entry.out_shapes
+        ctx.shape_key = shape_key
+        ctx.out_shapes = out_shapes
         return True
 
     def _remember_fast(self, ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any],
@@ -258,7 +264,8 @@ class FastPaths:
             return None
         ctx = self._context
         if ctx.shape_key is not entry.shape_key and (
-            ctx.shape_key != entry.shape_key and not self._restore_shapes(ctx, entry)
+            ctx.shape_key != entry.shape_key
+            and not self._restore_shapes(ctx, entry.shape_key, entry.dynamic_dims, entry.out_shapes)
         ):
             return None
         if self._multi_device:

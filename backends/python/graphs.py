@@ -136,6 +136,7 @@ class OuterGraphExecution:
         def _set_device(self) -> None: ...
         def _activate_thread(self) -> None: ...
         def _fit_device_memory(self, ctx: Any) -> None: ...
+        def _restore_shapes(self, ctx: Any, shape_key: Any, dynamic_dims: Any, out_shapes: Any) -> bool: ...
         def _sync(self) -> None: ...
 
     # -- hooks of the core pipeline ---------------------------------------------------------------
@@ -368,25 +369,12 @@ class OuterGraphExecution:
             )
 
     def _enter_slot(self, ctx: Any, slot: GraphSlot) -> None:
-        """Put the context's shapes back to the slot's before replaying its graph."""
-        profile = slot.key[1]
-        trt_context = ctx.trt_context
-        ctx.shape_key = None
-        if ctx.profile != profile:
-            if not trt_context.set_optimization_profile_async(profile, self._stream_handle):
-                raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
-            if ctx.user_managed:
-                self._sync()
-            ctx.profile = profile
-            ctx.bound.clear()
-            ctx.bound_ptrs = ()
-        for name, dims in slot.dynamic_dims:
-            if not trt_context.set_input_shape(name, dims):
-                raise EngineError(f"engine {self.name!r}: TensorRT rejected shape {dims} for input {name!r}")
-        if slot.dynamic_dims:
-            self._fit_device_memory(ctx)  # the same buffer: it fitted these shapes at capture
-        ctx.shape_key = slot.key
-        ctx.out_shapes = slot.out_shapes
+        """Put the context's profile and shapes back to the slot's before replaying its graph
+        (the same memory buffer: it fitted these shapes at capture)."""
+        if not self._restore_shapes(ctx, slot.key, slot.dynamic_dims, slot.out_shapes):
+            raise EngineError(
+                f"engine {self.name!r}: TensorRT rejected the shapes {slot.dynamic_dims} of a captured graph"
+            )
 
     def _launch(self, ctx: Any, slot: GraphSlot, ours: int) -> None:
         if ctx.shape_key != slot.key:
