@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array, torch_module
+from trt_runtime_backends.python.lane import LaneState
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH
 from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import InputError
 from trt_runtime.protocols import TensorSpec
@@ -65,17 +66,10 @@ class Inspection:
         self.profile = profile
 
 
-class InputInspection:
+class InputInspection(LaneState):
     """Checks of a call's inputs that need no execution context (mixin of ``PythonEngine``)."""
 
-    name: str
-    _in: list[TensorInfo]
-    _out: list[TensorInfo]
-    _n_in: int
-    _device: int
-    _multi_device: bool
-    _shapes: ShapeChecker
-    _torch_tensor: Any
+    _torch_tensor: Any  # assigned here too
     _torch_device: Any
     _in_torch_dtypes: tuple[Any, ...]
     _current_raw_stream: Any

@@ -120,7 +120,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         self._stage_in: list[Any] = [None] * self._n_in
         self._stage_out: list[Any] = [None] * self._n_out
         self._torch_device: Any = None
-        self._torch_tensor: Any = None
+        self._torch_tensor = None
         self._torch_empty: Any = None
         self._in_torch_dtypes: tuple[Any, ...] = ()
         self._current_raw_stream: Any = None
@@ -132,7 +132,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         #: replays by shapes.
         self._slots: GraphCache[tuple[Any, int], Any] = GraphCache(self._release_slot)
         self._graph_shortcuts: dict[tuple[Any, ...], Any] = {}
-        self._capture_stream: Any = None
+        self._capture_stream = None
         self._output_allocator = "auto"
         self._cache_key: Any = None
         self._context_timings: dict[str, float] = {}

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.contract import TensorInfo
+from trt_runtime_backends.python.lane import LaneState
 
 from trt_runtime.contract import KIND_TORCH
 
@@ -124,33 +125,8 @@ def _dynamic_dims(
     )
 
 
-class FastPaths:
+class FastPaths(LaneState):
     """Runs and remembers :class:`FastPath` and :class:`NaturalCall` calls (mixin of ``PythonEngine``)."""
-
-    _context: Any
-    _fast: dict[tuple[int, ...], FastPath]
-    _natural: dict[tuple[Any, ...], NaturalCall]
-    _io_names: tuple[str, ...]
-    _in_names: tuple[str, ...]
-    _n_in: int
-    _in_torch_dtypes: tuple[Any, ...]
-    _torch_tensor: Any
-    _torch_device: Any
-    _torch_empty: Any
-    _current_raw_stream: Any
-    _device: int
-    _multi_device: bool
-    _stream: Any
-    _stream_handle: int
-    _order: Any
-    _rt: Any
-
-    if TYPE_CHECKING:  # from PythonEngine
-        def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None: ...
-        def _execute_failed(self) -> None: ...
-        def _set_device(self) -> None: ...
-        def _fit_device_memory(self, ctx: Any) -> None: ...
-        def _select_profile(self, ctx: Any, profile: int) -> None: ...
 
     def _forget_fast_paths(self) -> None:
         self._fast.clear()
@@ -241,9 +217,9 @@ class FastPaths:
             self._natural.clear()
         self._natural[shapes] = NaturalCall(self, ctx)
 
-    def _call_natural(self, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
-        """Run a call whose torch inputs have shapes an earlier call validated; ``None``
-        when it does not qualify (the full path then checks and runs it)."""
+    def _torch_key(self, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The shapes of contiguous CUDA torch tensors of the right dtypes on the engine's
+        device (what the torch fast paths are keyed by); ``None`` for anything else."""
         tensor = self._torch_tensor
         device = self._device
         if len(inputs) == 1:  # most engines: no tuple building, one check
@@ -251,15 +227,30 @@ class FastPaths:
             if (type(x) is not tensor or x.dtype is not self._in_torch_dtypes[0] or x.get_device() != device
                     or not x.is_contiguous()):
                 return None
-            entry = self._natural.get((x.shape,))
-        else:
-            if len(inputs) != self._n_in:
+            return (x.shape,)
+        if len(inputs) != self._n_in:
+            return None
+        for x, dtype in zip(inputs, self._in_torch_dtypes, strict=False):
+            if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
+                    or not x.is_contiguous()):
                 return None
-            for x, dtype in zip(inputs, self._in_torch_dtypes, strict=False):
-                if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
-                        or not x.is_contiguous()):
-                    return None
-            entry = self._natural.get(tuple([x.shape for x in inputs]))
+        return tuple([x.shape for x in inputs])
+
+    def _torch_caller(self, stream: Any, ours: int) -> int | None:
+        """The caller's stream to order a torch call with: torch's current stream when
+        ``stream`` is None; ``None`` when no event is needed."""
+        if stream is None:
+            caller: int | None = self._current_raw_stream(self._device)
+            if caller in self._order.skip or caller == ours:
+                return None
+            return caller
+        return self._caller_stream(stream, True)
+
+    def _call_natural(self, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
+        """Run a call whose torch inputs have shapes an earlier call validated; ``None``
+        when it does not qualify (the full path then checks and runs it)."""
+        key = self._torch_key(inputs)
+        entry = None if key is None else self._natural.get(key)
         if entry is None:
             return None
         ctx = self._context
@@ -301,12 +292,7 @@ class FastPaths:
                 results.append(y)
         ours = self._stream_handle
         order = self._order
-        if stream is None:
-            caller: int | None = self._current_raw_stream(device)
-            if caller in order.skip or caller == ours:
-                caller = None
-        else:
-            caller = self._caller_stream(stream, True)
+        caller = self._torch_caller(stream, ours)
         if caller is not None:
             order.before(caller)
         if not trt_context.execute_async_v3(ours):

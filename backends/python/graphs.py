@@ -31,11 +31,12 @@ application: the engine creates its contexts ``USER_MANAGED`` (see ``engine.py``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection, TensorInfo
+from trt_runtime_backends.python.lane import LaneState
 from trt_runtime_backends.python.output_binding import host_memory
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
@@ -91,55 +92,15 @@ def _torch_views(arrays: Sequence[DeviceArray]) -> list[Any]:
     return [torch.from_dlpack(a) for a in arrays]
 
 
-class OuterGraphExecution:
+class OuterGraphExecution(LaneState):
     """Runs calls under the outer CUDA-graph wrap (mixin of ``PythonEngine``)."""
 
-    name: str
-    _context: Any
-    _outer_graph: Any
-    _graph_captures: int
-    _slots: Any  # GraphCache[tuple[Any, int], GraphSlot]
-    _graph_shortcuts: dict[tuple[Any, ...], GraphSlot]
-    _capture_stream: Any
-    _in: list[TensorInfo]
-    _out: list[TensorInfo]
-    _n_in: int
-    _io_names: tuple[str, ...]
-    _in_torch_dtypes: tuple[Any, ...]
-    _torch_tensor: Any
-    _torch_device: Any
-    _torch_empty: Any
-    _current_raw_stream: Any
-    _device: int
-    _multi_device: bool
-    _profile: int | None
-    _stream: Any
-    _stream_handle: int
-    _state: Any
-    _order: Any
-    _rt: Any
-    _res: Any
-    _logger: Any
-    _threads: Any
-    _shapes: Any
+    _capture_stream: Any  # assigned here too
 
-    if TYPE_CHECKING:  # from PythonEngine and the other mixins
-        def _check_open(self) -> None: ...
-        def ensure_context(self) -> Any: ...
-        def _inspect(self, inputs: Sequence[Any], profile: int | None) -> Inspection: ...
-        def _apply_shapes(self, ctx: Any, shapes: tuple[Any, ...], profile: int) -> None: ...
-        def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None: ...
-        def _check_outputs(self, ctx: Any, outputs: Sequence[Any]) -> tuple[list[Any], list[int]]: ...
-        def _to_host(self, results: list[Any], ours: int, torch_host: bool = False) -> list[Any]: ...
-        def _log_staging(self, host: list[tuple[int, Any]]) -> None: ...
-        def _execute_failed(self) -> None: ...
-        def _set_device(self) -> None: ...
-        def _activate_thread(self) -> None: ...
-        def _fit_device_memory(self, ctx: Any) -> None: ...
-        def _restore_shapes(self, ctx: Any, shape_key: Any, dynamic_dims: Any, out_shapes: Any) -> bool: ...
-        def _sync(self) -> None: ...
+
 
     # -- hooks of the core pipeline ---------------------------------------------------------------
+
     def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
                        ) -> list[Any]:
         """The static buffers of the slot of (``shapes``, ``profile``): ``DeviceArray``s, or
@@ -194,22 +155,8 @@ class OuterGraphExecution:
         does not qualify (the full path then checks and runs it). With the static inputs
         passed and ``"view"`` outputs this is one ``cudaGraphLaunch`` (plus events for a
         caller stream other than the legacy default one)."""
-        tensor = self._torch_tensor
-        device = self._device
-        if len(inputs) == 1:
-            (x,) = inputs
-            if (type(x) is not tensor or x.dtype is not self._in_torch_dtypes[0] or x.get_device() != device
-                    or not x.is_contiguous()):
-                return None
-            slot = self._graph_shortcuts.get((x.shape,))
-        else:
-            if len(inputs) != self._n_in:
-                return None
-            for x, dtype in zip(inputs, self._in_torch_dtypes, strict=False):
-                if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
-                        or not x.is_contiguous()):
-                    return None
-            slot = self._graph_shortcuts.get(tuple([x.shape for x in inputs]))
+        key = self._torch_key(inputs)
+        slot = None if key is None else self._graph_shortcuts.get(key)
         if slot is None:
             return None
         self._slots.touch(slot.key)
@@ -217,12 +164,7 @@ class OuterGraphExecution:
             self._set_device()
         ours = self._stream_handle
         order = self._order
-        if stream is None:
-            caller: int | None = self._current_raw_stream(device)
-            if caller in order.skip or caller == ours:
-                caller = None
-        else:
-            caller = self._caller_stream(stream, True)
+        caller = self._torch_caller(stream, ours)
         if caller is not None:
             order.before(caller)
         rt = self._rt
