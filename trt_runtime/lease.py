@@ -119,7 +119,10 @@ class ContextPool(Generic[T]):
         )
 
     def release(self, lane: T) -> None:
-        """Give ``lane`` back: to the oldest waiter if it has waited long enough."""
+        """Give ``lane`` back: to the oldest waiter if it has waited long enough.
+
+        (``EngineBase.execute`` inlines the uncontended case: ``_free.append`` when there is
+        no waiter; a waiter arriving just after still gets the lane within FAIR_AFTER.)"""
         if not self._waiters:
             self._free.append(lane)
             return

@@ -217,9 +217,13 @@ class FastPaths(LaneState):
             self._natural.clear()
         self._natural[shapes] = NaturalCall(self, ctx)
 
-    def _torch_key(self, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """The shapes of contiguous CUDA torch tensors of the right dtypes on the engine's
-        device (what the torch fast paths are keyed by); ``None`` for anything else."""
+    def _torch_lookup(self, inputs: tuple[Any, ...], stream: Any, table: dict[Any, Any]
+                      ) -> tuple[Any, int | None] | None:
+        """For contiguous CUDA torch tensors of the right dtypes on the engine's device: the
+        entry of ``table`` for their shapes and the caller's stream to order with (torch's
+        current stream when ``stream`` is None; ``None`` when no event is needed). ``None``
+        for anything else, or shapes ``table`` does not know (one function for both torch
+        fast paths: every call in them counts)."""
         tensor = self._torch_tensor
         device = self._device
         if len(inputs) == 1:  # most engines: no tuple building, one check
@@ -227,32 +231,32 @@ class FastPaths(LaneState):
             if (type(x) is not tensor or x.dtype is not self._in_torch_dtypes[0] or x.get_device() != device
                     or not x.is_contiguous()):
                 return None
-            return (x.shape,)
-        if len(inputs) != self._n_in:
+            entry = table.get((x.shape,))
+        else:
+            if len(inputs) != self._n_in:
+                return None
+            for x, dtype in zip(inputs, self._in_torch_dtypes, strict=False):
+                if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
+                        or not x.is_contiguous()):
+                    return None
+            entry = table.get(tuple([x.shape for x in inputs]))
+        if entry is None:
             return None
-        for x, dtype in zip(inputs, self._in_torch_dtypes, strict=False):
-            if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
-                    or not x.is_contiguous()):
-                return None
-        return tuple([x.shape for x in inputs])
-
-    def _torch_caller(self, stream: Any, ours: int) -> int | None:
-        """The caller's stream to order a torch call with: torch's current stream when
-        ``stream`` is None; ``None`` when no event is needed."""
         if stream is None:
-            caller: int | None = self._current_raw_stream(self._device)
-            if caller in self._order.skip or caller == ours:
-                return None
-            return caller
-        return self._caller_stream(stream, True)
+            caller: int | None = self._current_raw_stream(device)
+            if caller in self._order.skip or caller == self._stream_handle:
+                caller = None
+        else:
+            caller = self._caller_stream(stream, True)
+        return entry, caller
 
     def _call_natural(self, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
         """Run a call whose torch inputs have shapes an earlier call validated; ``None``
         when it does not qualify (the full path then checks and runs it)."""
-        key = self._torch_key(inputs)
-        entry = None if key is None else self._natural.get(key)
-        if entry is None:
+        found = self._torch_lookup(inputs, stream, self._natural)
+        if found is None:
             return None
+        entry, caller = found
         ctx = self._context
         if ctx.shape_key is not entry.shape_key and (
             ctx.shape_key != entry.shape_key
@@ -292,7 +296,6 @@ class FastPaths(LaneState):
                 results.append(y)
         ours = self._stream_handle
         order = self._order
-        caller = self._torch_caller(stream, ours)
         if caller is not None:
             order.before(caller)
         if not trt_context.execute_async_v3(ours):

@@ -155,16 +155,15 @@ class OuterGraphExecution(LaneState):
         does not qualify (the full path then checks and runs it). With the static inputs
         passed and ``"view"`` outputs this is one ``cudaGraphLaunch`` (plus events for a
         caller stream other than the legacy default one)."""
-        key = self._torch_key(inputs)
-        slot = None if key is None else self._graph_shortcuts.get(key)
-        if slot is None:
+        found = self._torch_lookup(inputs, stream, self._graph_shortcuts)
+        if found is None:
             return None
+        slot, caller = found
         self._slots.touch(slot.key)
         if self._multi_device:
             self._set_device()
         ours = self._stream_handle
         order = self._order
-        caller = self._torch_caller(stream, ours)
         if caller is not None:
             order.before(caller)
         rt = self._rt
@@ -176,8 +175,10 @@ class OuterGraphExecution(LaneState):
                 if err:
                     cuda.check((err,), "cudaMemcpyAsync")
         ctx = self._context
-        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key:
-            self._enter_slot(ctx, slot)
+        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key and not self._restore_shapes(
+            ctx, slot.key, slot.dynamic_dims, slot.out_shapes
+        ):
+            self._shapes_refused(slot)
         (err,) = rt.cudaGraphLaunch(slot.exec, ours)
         if err:
             self._launch_failed(err)
@@ -310,17 +311,16 @@ class OuterGraphExecution(LaneState):
                 "shapes, or output_allocator='always'); a CUDA graph cannot capture them"
             )
 
-    def _enter_slot(self, ctx: Any, slot: GraphSlot) -> None:
-        """Put the context's profile and shapes back to the slot's before replaying its graph
-        (the same memory buffer: it fitted these shapes at capture)."""
-        if not self._restore_shapes(ctx, slot.key, slot.dynamic_dims, slot.out_shapes):
-            raise EngineError(
-                f"engine {self.name!r}: TensorRT rejected the shapes {slot.dynamic_dims} of a captured graph"
-            )
+    def _shapes_refused(self, slot: GraphSlot) -> None:
+        raise EngineError(
+            f"engine {self.name!r}: TensorRT rejected the shapes {slot.dynamic_dims} of a captured graph"
+        )
 
     def _launch(self, ctx: Any, slot: GraphSlot, ours: int) -> None:
-        if ctx.shape_key != slot.key:
-            self._enter_slot(ctx, slot)
+        if ctx.shape_key != slot.key and not self._restore_shapes(
+            ctx, slot.key, slot.dynamic_dims, slot.out_shapes
+        ):  # the same memory buffer: it fitted these shapes at capture
+            self._shapes_refused(slot)
         (err,) = self._rt.cudaGraphLaunch(slot.exec, ours)
         if err:
             self._launch_failed(err)
