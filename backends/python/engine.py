@@ -371,6 +371,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         """Another execution context of the same ``ICudaEngine``: its own stream, events,
         USER_MANAGED activation memory, bindings, fast paths and outer graphs."""
         backend, trt_engine, state, source, runtime, ordering = self._made_with
+        state.activate()  # the lane's streams and events belong to the engine's device
         lane = PythonEngine.__new__(PythonEngine)
         lane._init(backend, trt_engine, state, source, self._settings, runtime, ordering)
         lane._profile = self._profile
