@@ -313,6 +313,25 @@ class EngineBase(abc.ABC):
         """How many CUDA graphs the outer wrap has captured (a replay is not a capture)."""
         return sum(lane._graph_captures for lane in self._pool.lanes)
 
+    def graph_stats(self) -> dict[str, int]:
+        """The outer graphs of every context: ``graphs`` kept, ``max_graphs`` per context,
+        and ``hits``, ``misses``, ``captures``, ``evictions`` counted by the core's
+        :class:`~trt_runtime.graphs.GraphCache` (all zero for a backend without one)."""
+        totals = {"graphs": 0, "hits": 0, "misses": 0, "captures": 0, "evictions": 0}
+        limit = 0
+        for lane in self._pool.lanes:
+            cache = lane._graph_cache()
+            if cache is not None:
+                stats = cache.stats()
+                limit = stats["max_graphs"]
+                for key in totals:
+                    totals[key] += stats[key]
+        return {**totals, "max_graphs": limit or (self._outer_graph.max_graphs if self._outer_graph else 0)}
+
+    def _graph_cache(self) -> Any:
+        """This lane's :class:`~trt_runtime.graphs.GraphCache`, if the backend keeps one."""
+        return None
+
     def reset_graphs(self) -> None:
         """Drop every captured graph; the next call under the outer wrap captures again."""
         with self._exclusive():

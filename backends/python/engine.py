@@ -381,6 +381,9 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
             mine.spec = theirs.spec  # outputs found data-dependent stay so
         return lane
 
+    def _graph_cache(self) -> GraphCache[tuple[Any, int], Any]:
+        return self._slots
+
     def _memory_usage(self) -> tuple[int, int]:
         trt_engine = self._trt_engine
         if trt_engine is None:

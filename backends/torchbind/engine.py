@@ -192,6 +192,9 @@ class TorchbindEngine(EngineBase):
             outputs=outputs, device=device, settings=self._settings, make_native=self._make_native,
         )
 
+    def _graph_cache(self) -> Any:
+        return self._graphs.cache
+
     def _memory_usage(self) -> tuple[int, int]:
         # torch-tensorrt reports neither; each lane holds a whole copy of the engine.
         return 0, 0
