@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -172,17 +173,33 @@ def torchbind_rows(calls: int, threads: int, seconds: float) -> dict[str, float]
     return rows
 
 
+def _torchbind_section(calls: int, threads: int, seconds: float) -> dict[str, float]:
+    return torchbind_rows(calls // 4, threads, seconds)
+
+
+SECTIONS = {"python": python_rows, "torchbind": _torchbind_section}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--backend", choices=("python", "torchbind"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    result = {
-        "python": python_rows(args.calls, args.threads, args.seconds),
-        "torchbind": torchbind_rows(args.calls // 4, args.threads, args.seconds),
-    }
+    if args.backend is not None:  # one section, in this process
+        rows = SECTIONS[args.backend](args.calls, args.threads, args.seconds)
+        print(json.dumps(rows))
+        return 0
+    # Each backend in a fresh process: the doubles log every call, and what one section
+    # leaves behind would slow the next one's threads.
+    result = {}
+    for name in SECTIONS:
+        argv_ = [sys.executable, __file__, "--backend", name, "--calls", str(args.calls),
+                 "--threads", str(args.threads), "--seconds", str(args.seconds)]
+        out = subprocess.run(argv_, check=True, capture_output=True, text=True).stdout
+        result[name] = json.loads(out.strip().splitlines()[-1])
     for backend, rows in result.items():
         for row, value in rows.items():
             unit = "" if "calls/s" in row else " µs"
