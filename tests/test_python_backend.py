@@ -705,6 +705,57 @@ def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:
     assert engine.graph_captures == 2 and len(engine._res.graph_execs) == 1
 
 
+def test_python_backend_user_managed_memory_sized_once_for_every_shape() -> None:
+    class Strategies:
+        USER_MANAGED = "user_managed"
+
+    class Trt(_FakeTrt):
+        ExecutionContextAllocationStrategy = Strategies
+
+    backend = _fake_backend()
+    backend._trt = Trt
+    engine = _fake_engine(backend=backend)
+    engine.trt_engine.device_memory_size_v2 = 4096  # the most any profile and shape needs
+    engine.execute(np.ones((2, 4), np.float32))
+    memory = engine._context.device_memory
+    assert memory.size == 4096 and not engine._context.per_shape
+    calls = _trt_calls(engine)
+    handed = ("device_memory", memory.handle, 4096)
+    # at creation, then again after the first (explicit) profile selection
+    assert [c for c in calls if c[0] in ("device_memory", "profile", "memory_size")][:3] == [
+        handed, ("profile", 0), handed,
+    ]
+    del calls[:]
+    for batch in (1, 8, 2, 1, 8):  # alternating shapes of one profile: only the shapes change
+        engine.execute(np.ones((batch, 4), np.float32))
+    assert not [c for c in calls if c[0] in ("device_memory", "memory_size")]
+    assert ("shape", "x", (8, 4)) in calls
+    engine.execute(np.ones((16, 4), np.float32))  # another profile: the same buffer handed again
+    assert [c for c in calls if c[0] in ("device_memory", "memory_size")] == [handed]
+    assert engine._context.device_memory is memory
+
+
+def test_python_backend_user_managed_memory_per_shape_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trt_runtime_backends.python import engine as engine_module
+
+    class Strategies:
+        USER_MANAGED = "user_managed"
+
+    class Trt(_FakeTrt):
+        ExecutionContextAllocationStrategy = Strategies
+
+    monkeypatch.setattr(engine_module, "MEMORY_PER_SHAPE", True)
+    backend = _fake_backend()
+    backend._trt = Trt
+    engine = _fake_engine(backend=backend)
+    engine.trt_engine.device_memory_size_v2 = 64
+    engine.execute(np.ones((2, 4), np.float32))
+    engine.execute(np.ones((8, 4), np.float32))
+    calls = _trt_calls(engine)
+    assert engine._context.per_shape and ("memory_size",) in calls
+    assert engine._context.device_memory.size == 8 * 256  # grown to what the shapes need
+
+
 def test_python_backend_makes_its_device_current_once_per_thread() -> None:
     import threading
 

@@ -43,7 +43,15 @@ from trt_runtime.settings import RuntimeSettings
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
 
-__all__ = ["PythonEngine"]
+__all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
+
+#: Whether a USER_MANAGED context's scratch memory is sized again after every change of
+#: input shapes (``update_device_memory_size_for_shapes`` + ``set_device_memory``, as
+#: TensorRT-RTX's sample does). False (default): one buffer of ``device_memory_size_v2``
+#: bytes, the most any profile and shape needs, handed over at creation and after a profile
+#: switch, so alternating among shapes sets only the shapes (tools/gpu_shape_switch_probe.py
+#: measures the calls skipped and checks the results without them). Read at context creation.
+MEMORY_PER_SHAPE = False
 
 
 class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
@@ -309,12 +317,15 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
 
     def _provide_device_memory(self, ctx: ExecutionContext, need: int | None = None) -> None:
         """Give a USER_MANAGED context the scratch memory TensorRT asks for: at creation
-        the engine's ``device_memory_size_v2``, after a shape change what
-        ``update_device_memory_size_for_shapes`` says (dynamic shapes). The buffer only
-        grows; growing drops the outer graphs, which hold the old address."""
+        the engine's ``device_memory_size_v2`` (the most any profile and shape needs, so a
+        change of shapes costs nothing more); with :data:`MEMORY_PER_SHAPE` (or an engine
+        that reports 0), after each shape change what ``update_device_memory_size_for_shapes``
+        says. The buffer only grows; growing drops the outer graphs, which hold the old
+        address."""
         if need is None:
             need = int(self._trt_engine.device_memory_size_v2)
             ctx.user_managed = True
+            ctx.per_shape = MEMORY_PER_SHAPE or need <= 0
             # A USER_MANAGED context sizes its memory for the profile selected explicitly
             # (TensorRT-RTX's sample does so for profile 0 too): the first call selects it.
             ctx.profile = -1
@@ -328,8 +339,9 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         ctx.trt_context.set_device_memory(int(memory.handle), int(memory.size))
 
     def _fit_device_memory(self, ctx: ExecutionContext) -> None:
-        """After the input shapes changed: make the scratch memory fit them."""
-        if ctx.user_managed:
+        """After the input shapes changed: make the scratch memory fit them (only for a
+        context sized per shape; the others have the largest size already)."""
+        if ctx.per_shape:
             self._provide_device_memory(ctx, int(ctx.trt_context.update_device_memory_size_for_shapes()))
 
     def _attach_allocator(self, ctx: ExecutionContext, name: str) -> None:
@@ -557,8 +569,11 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         """Switch the context to optimization ``profile`` (its addresses must be set again)."""
         if not ctx.trt_context.set_optimization_profile_async(profile, self._stream_handle):
             raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
-        if ctx.user_managed:  # the memory size is asked for next: let the switch finish
+        if ctx.user_managed:  # the memory is handed over (or sized) next: let the switch finish
             self._sync()
+            memory = ctx.device_memory
+            if not ctx.per_shape and memory is not None:  # as after creation, for this profile
+                ctx.trt_context.set_device_memory(int(memory.handle), int(memory.size))
         ctx.profile = profile
         ctx.bound.clear()
         ctx.bound_ptrs = ()

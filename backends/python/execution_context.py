@@ -28,6 +28,7 @@ class ExecutionContext:
         "native_cache",
         "out_shape_cache",
         "out_shapes",
+        "per_shape",
         "profile",
         "shape_key",
         "trt_context",
@@ -50,6 +51,9 @@ class ExecutionContext:
         #: Whether the context's scratch memory is ours (USER_MANAGED), and that memory.
         self.user_managed = False
         self.device_memory: Any = None
+        #: Whether that memory is sized again after each change of input shapes (see
+        #: ``engine.MEMORY_PER_SHAPE``); otherwise it fits every shape of every profile.
+        self.per_shape = False
 
 
 def trt_enum(enum_type: Any, member: Any) -> Any:
