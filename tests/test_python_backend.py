@@ -676,7 +676,9 @@ def test_python_backend_cpu_torch_tensors_of_any_dtype_are_staged(torch: FakeTor
     assert copies[0][2] == host.data_ptr() and copies[1][1] == out.data_ptr()
 
 
-def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:
+def _user_managed_engine() -> PythonEngine:
+    """A fake engine whose TensorRT offers USER_MANAGED contexts (as TensorRT-RTX does)."""
+
     class Strategies:
         USER_MANAGED = "user_managed"
 
@@ -685,7 +687,11 @@ def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:
 
     backend = _fake_backend()
     backend._trt = Trt
-    engine = _fake_engine(backend=backend)
+    return _fake_engine(backend=backend)
+
+
+def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:
+    engine = _user_managed_engine()
     engine.trt_engine.device_memory_size_v2 = 0
     engine.execute(np.ones((2, 4), np.float32))
     config = engine.runtime_config
@@ -706,15 +712,7 @@ def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:
 
 
 def test_python_backend_user_managed_memory_sized_once_for_every_shape() -> None:
-    class Strategies:
-        USER_MANAGED = "user_managed"
-
-    class Trt(_FakeTrt):
-        ExecutionContextAllocationStrategy = Strategies
-
-    backend = _fake_backend()
-    backend._trt = Trt
-    engine = _fake_engine(backend=backend)
+    engine = _user_managed_engine()
     engine.trt_engine.device_memory_size_v2 = 4096  # the most any profile and shape needs
     engine.execute(np.ones((2, 4), np.float32))
     memory = engine._context.device_memory
@@ -738,16 +736,8 @@ def test_python_backend_user_managed_memory_sized_once_for_every_shape() -> None
 def test_python_backend_user_managed_memory_per_shape_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     from trt_runtime_backends.python import engine as engine_module
 
-    class Strategies:
-        USER_MANAGED = "user_managed"
-
-    class Trt(_FakeTrt):
-        ExecutionContextAllocationStrategy = Strategies
-
     monkeypatch.setattr(engine_module, "MEMORY_PER_SHAPE", True)
-    backend = _fake_backend()
-    backend._trt = Trt
-    engine = _fake_engine(backend=backend)
+    engine = _user_managed_engine()
     engine.trt_engine.device_memory_size_v2 = 64
     engine.execute(np.ones((2, 4), np.float32))
     engine.execute(np.ones((8, 4), np.float32))
