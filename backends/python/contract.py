@@ -1,10 +1,11 @@
 """The python backend's side of the device contract: what a call's inputs are, checked before TensorRT.
 
-:class:`InputInspection` (a mixin of ``PythonEngine``) checks count, kind, dtype,
-device, contiguity, shape and optimization profile of a call's inputs without an
-execution context, and raises :class:`~trt_runtime.InputError` naming the input, the
-value given and what was expected. :class:`TensorInfo` is what the hot paths know about
-one input or output, computed once per engine.
+:class:`Contract` (a part of each ``PythonEngine`` lane, as in the torchbind backend)
+checks count, kind, dtype, device, contiguity, shape and optimization profile of a
+call's inputs without an execution context, and raises :class:`~trt_runtime.InputError`
+naming the input, the value given and what was expected; the shape and profile rules
+are the core's :class:`~trt_runtime.contract.ShapeChecker`. :class:`TensorInfo` is what
+the hot paths know about one input or output, computed once per engine.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array, torch_module
-from trt_runtime_backends.python.lane import LaneState
+from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array
+from trt_runtime_backends.python.bridge import TorchBridge
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker
 from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import InputError
 from trt_runtime.protocols import TensorSpec
 
-__all__ = ["InputInspection", "Inspection", "TensorInfo"]
+__all__ = ["Contract", "Inspection", "TensorInfo"]
 
 
 class TensorInfo:
@@ -41,7 +42,7 @@ class TensorInfo:
 
 
 class Inspection:
-    """What :meth:`InputInspection._inspect` learned about one call's inputs.
+    """What :meth:`Contract.inspect` learned about one call's inputs.
 
     ``kind``: ``KIND_TORCH`` when any input is a CUDA torch tensor, else ``KIND_DEVICE``
     when any is another CUDA array, else ``KIND_HOST``. ``ptrs``: device pointers, ``-1``
@@ -66,28 +67,37 @@ class Inspection:
         self.profile = profile
 
 
-class InputInspection(LaneState):
-    """Checks of a call's inputs that need no execution context (mixin of ``PythonEngine``)."""
+class Contract:
+    """The checks of a call's inputs (and preallocated outputs) that need no execution
+    context, for one lane: its tensors, shape checker, device and torch bridge."""
 
-    _torch_tensor: Any  # assigned here too
-    _torch_device: Any
-    _in_torch_dtypes: tuple[Any, ...]
-    _current_raw_stream: Any
-    _torch_empty: Any
+    __slots__ = ("bridge", "device", "ins", "multi_device", "n_in", "name", "shapes")
 
-    def _inspect(self, inputs: Sequence[Any], profile: int | None, remember: bool = False) -> Inspection:
+    def __init__(self, name: str, ins: Sequence[TensorInfo], shapes: ShapeChecker, device: int,
+                 multi_device: bool, bridge: TorchBridge) -> None:
+        self.name = name
+        self.ins = ins
+        self.n_in = len(ins)
+        #: Validates input shapes and picks their profile (remembers what it checked).
+        self.shapes = shapes
+        self.device = device
+        self.multi_device = multi_device
+        self.bridge = bridge
+
+    def inspect(self, inputs: Sequence[Any], profile: int | None, remember: bool = False) -> Inspection:
         """Every check that needs no execution context: count, dtype, device, contiguity,
         shape and optimization profile. Raises InputError; TensorRT is not called."""
-        if len(inputs) != self._n_in:
-            self._shapes.check_count(len(inputs))
+        if len(inputs) != self.n_in:
+            self.shapes.check_count(len(inputs))
         kind = KIND_HOST
         ptrs: list[int] = []
         shapes: list[Any] = []
         host: list[tuple[int, Any]] | None = None
-        torch_tensor = self._torch_tensor
+        bridge = self.bridge
+        torch_tensor = bridge.tensor
         torch_host = False
-        device = self._device
-        for io, x in zip(self._in, inputs, strict=False):
+        device = self.device
+        for io, x in zip(self.ins, inputs, strict=False):
             tp = type(x)
             # Fast paths: exact types with every check passing; anything else falls through
             # to the general path, which raises the precise error.
@@ -104,61 +114,46 @@ class InputInspection(LaneState):
                     ptrs.append(x.ptr)
                     shapes.append(x.shape)
                     continue
-            if self._is_torch(x):
+            if bridge.is_torch(x):
                 if x.is_cuda:
-                    self._check_torch(io, x)
+                    self.check_torch(io, x)
                     kind = KIND_TORCH
                     ptrs.append(x.data_ptr())
                     shapes.append(x.shape)
                     continue
-                arr = self._torch_host(io, x)
+                arr = self.torch_host(io, x)
                 torch_host = True
             elif hasattr(x, "__cuda_array_interface__") or (
                 hasattr(x, "__dlpack_device__") and _dl_is_cuda(x)
             ):
-                ptr, shape = self._check_device_array(io, x)
+                ptr, shape = self.check_device_array(io, x)
                 if kind == KIND_HOST:
                     kind = KIND_DEVICE
                 ptrs.append(ptr)
                 shapes.append(shape)
                 continue
             else:
-                arr = self._check_host(io, x)
+                arr = self.check_host(io, x)
             if host is None:
                 host = []
             host.append((io.index, arr))
             ptrs.append(-1)
             shapes.append(arr.shape)
         key = tuple(shapes)
-        chosen = self._shapes.select(key, profile)
+        chosen = self.shapes.select(key, profile)
         return Inspection(kind, ptrs, key, host, torch_host, chosen, inputs, remember)
 
     # -- one input of each kind ------------------------------------------------------------
-    def _is_torch(self, x: Any) -> bool:
-        torch = torch_module()
-        if torch is None or not isinstance(x, torch.Tensor):
-            return False
-        if self._torch_tensor is None:
-            self._torch_tensor = torch.Tensor
-            self._torch_device = torch.device("cuda", self._device)
-            for io in (*self._in, *self._out):
-                io.torch_dtype = torch_dtype(torch, io.dtype)
-            self._in_torch_dtypes = tuple(io.torch_dtype for io in self._in)
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            self._current_raw_stream = raw if raw is not None else _current_stream_fallback
-            self._torch_empty = torch.empty
-        return True
-
-    def _check_torch(self, io: TensorInfo, x: Any) -> None:
+    def check_torch(self, io: TensorInfo, x: Any) -> None:
         if x.dtype != io.torch_dtype:
             raise InputError(
                 f"engine {self.name!r}: input {io.name!r} must have dtype {io.dtype}; got {x.dtype}"
             )
         dev = x.get_device()
-        if dev != self._device:
+        if dev != self.device:
             raise InputError(
                 f"engine {self.name!r}: input {io.name!r} is on cuda:{dev}; the engine runs on "
-                f"cuda:{self._device}"
+                f"cuda:{self.device}"
             )
         if not x.is_contiguous():
             raise InputError(
@@ -166,7 +161,7 @@ class InputInspection(LaneState):
                 "call .contiguous() first"
             )
 
-    def _torch_host(self, io: TensorInfo, x: Any) -> Any:
+    def torch_host(self, io: TensorInfo, x: Any) -> Any:
         """A CPU torch tensor, checked; it is staged from its own memory (any dtype)."""
         if x.dtype != io.torch_dtype:
             raise InputError(
@@ -179,7 +174,7 @@ class InputInspection(LaneState):
             )
         return x
 
-    def _check_device_array(self, io: TensorInfo, x: Any) -> tuple[int, tuple[int, ...]]:
+    def check_device_array(self, io: TensorInfo, x: Any) -> tuple[int, tuple[int, ...]]:
         try:
             ptr, shape, dtype, device, contiguous = describe_device_array(x)
         except Exception as exc:
@@ -191,19 +186,19 @@ class InputInspection(LaneState):
             raise InputError(
                 f"engine {self.name!r}: input {io.name!r} must have dtype {io.dtype}; got {dtype}"
             )
-        if device is None and self._multi_device:
+        if device is None and self.multi_device:
             device = _pointer_device(ptr)
-        if device is not None and device != self._device:
+        if device is not None and device != self.device:
             where = "the host" if device < 0 else f"cuda:{device}"
             raise InputError(
                 f"engine {self.name!r}: input {io.name!r} is on {where}; "
-                f"the engine runs on cuda:{self._device}"
+                f"the engine runs on cuda:{self.device}"
             )
         if not contiguous:
             raise InputError(f"engine {self.name!r}: input {io.name!r} is not C-contiguous")
         return ptr, shape
 
-    def _check_host(self, io: TensorInfo, x: Any) -> Any:
+    def check_host(self, io: TensorInfo, x: Any) -> Any:
         import numpy as np
 
         if io.np_dtype is None:
@@ -256,23 +251,3 @@ def _pointer_device(ptr: int) -> int:
     if memory_type in (2, 3):  # cudaMemoryTypeDevice, cudaMemoryTypeManaged
         return int(attrs.device)
     return -1
-
-
-def torch_dtype(torch: Any, name: str) -> Any:
-    """The torch dtype of a dtype name (``None`` when this torch lacks it)."""
-    return {
-        "float32": torch.float32,
-        "float16": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "int64": torch.int64,
-        "int32": torch.int32,
-        "int8": torch.int8,
-        "uint8": torch.uint8,
-        "bool": torch.bool,
-        "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None),
-    }[name]
-
-
-def _current_stream_fallback(device: int) -> int:
-    torch = torch_module()
-    return int(torch.cuda.current_stream(device).cuda_stream)

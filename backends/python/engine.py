@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda, stream_order
 from trt_runtime_backends.python.arrays import DeviceArray
-from trt_runtime_backends.python.contract import InputInspection, Inspection, TensorInfo
+from trt_runtime_backends.python.bridge import TorchBridge
+from trt_runtime_backends.python.contract import Contract, Inspection, TensorInfo
 from trt_runtime_backends.python.execution_context import (
     ExecutionContext,
     Resources,
@@ -54,7 +55,7 @@ __all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
 MEMORY_PER_SHAPE = False
 
 
-class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
+class PythonEngine(FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
     """A TensorRT(-RTX) engine run by the python backend. Made by ``PythonBackend.load_engine``.
 
     Work is queued on the engine's own stream (:attr:`stream`); a caller's stream is
@@ -127,11 +128,8 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         self._staged_logged = False
         self._stage_in: list[Any] = [None] * self._n_in
         self._stage_out: list[Any] = [None] * self._n_out
-        self._torch_device: Any = None
-        self._torch_tensor = None
-        self._torch_empty: Any = None
-        self._in_torch_dtypes: tuple[Any, ...] = ()
-        self._current_raw_stream: Any = None
+        #: The parts: torch (bound on the first tensor seen) and the input checks.
+        self._torch = TorchBridge(self._device, self._in, self._out)
         #: Validated outputs= calls by the identities of their arrays (see fast_path).
         self._fast: dict[tuple[int, ...], Any] = {}
         #: Validated torch calls without outputs= by their input shapes (see fast_path).
@@ -144,8 +142,10 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         self._output_allocator = "auto"
         self._cache_key: Any = None
         self._context_timings: dict[str, float] = {}
-        #: Validates input shapes and picks their profile (remembers what it checked).
-        self._shapes = ShapeChecker(source.name, inputs, self._num_profiles)
+        self._contract = Contract(
+            source.name, self._in, ShapeChecker(source.name, inputs, self._num_profiles), self._device,
+            self._multi_device, self._torch,
+        )
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
     # -- metadata ------------------------------------------------------------------------
@@ -247,7 +247,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
     @profile.setter
     def profile(self, value: int | None) -> None:
         if value is not None:
-            self._shapes.check_profile_index(value)
+            self._contract.shapes.check_profile_index(value)
         with self._exclusive():
             for lane in self._lanes:
                 assert isinstance(lane, PythonEngine)
@@ -257,7 +257,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
 
     @property
     def _shape_checker(self) -> ShapeChecker:
-        return self._shapes
+        return self._contract.shapes
 
     # -- context lifecycle -------------------------------------------------------------------
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> Any:
@@ -427,7 +427,9 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
     def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Inspection:
         if not hasattr(self._threads, "ready"):
             self._activate_thread()
-        return self._inspect(inputs, self._profile if profile is None else profile, remember=profile is None)
+        return self._contract.inspect(
+            inputs, self._profile if profile is None else profile, remember=profile is None
+        )
 
     def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         return self._run_inspected(context, call.inputs, call, stream, outputs, remember=call.remember)
@@ -437,7 +439,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         (no stream given and no torch inputs), it is our own stream, or it needs no event
         (the legacy default stream when our stream is a blocking one)."""
         if stream is None:
-            caller = self._current_raw_stream(self._device) if torch_inputs else None
+            caller = self._torch.raw_stream(self._device) if torch_inputs else None
         elif stream is self._stream:
             return None
         else:
@@ -528,7 +530,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         if remember and host is None and not ctx.allocators:
             if outputs is not None:
                 self._remember_fast(ctx, inputs, outputs, ptrs, out_ptrs, kind)
-            elif kind == KIND_TORCH and self._torch_tensor is not None:
+            elif kind == KIND_TORCH and self._torch.tensor is not None:
                 self._remember_natural(ctx, inspection.shapes)
         return results
 

@@ -73,7 +73,7 @@ class FastPath:
         if len(kinds) != 1:
             return None
         (tp,) = kinds
-        if tp is engine._torch_tensor and tp is not None:
+        if tp is engine._torch.tensor and tp is not None:
             ptr_of = tp.data_ptr
         elif tp is DeviceArray:
             ptr_of = _ptr_attr
@@ -224,18 +224,19 @@ class FastPaths(LaneState):
         current stream when ``stream`` is None; ``None`` when no event is needed). ``None``
         for anything else, or shapes ``table`` does not know (one function for both torch
         fast paths: every call in them counts)."""
-        tensor = self._torch_tensor
+        bridge = self._torch
+        tensor = bridge.tensor
         device = self._device
         if len(inputs) == 1:  # most engines: no tuple building, one check
             (x,) = inputs
-            if (type(x) is not tensor or x.dtype is not self._in_torch_dtypes[0] or x.get_device() != device
+            if (type(x) is not tensor or x.dtype is not bridge.in_dtypes[0] or x.get_device() != device
                     or not x.is_contiguous()):
                 return None
             entry = table.get((x.shape,))
         else:
             if len(inputs) != self._n_in:
                 return None
-            for x, dtype in zip(inputs, self._in_torch_dtypes, strict=False):
+            for x, dtype in zip(inputs, bridge.in_dtypes, strict=False):
                 if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
                         or not x.is_contiguous()):
                     return None
@@ -243,7 +244,7 @@ class FastPaths(LaneState):
         if entry is None:
             return None
         if stream is None:
-            caller: int | None = self._current_raw_stream(device)
+            caller: int | None = bridge.raw_stream(device)
             if caller in self._order.skip or caller == self._stream_handle:
                 caller = None
         else:
@@ -284,8 +285,8 @@ class FastPaths(LaneState):
                     ctx.bound_ptrs = ()
                 results.append(y)
         else:
-            empty = self._torch_empty
-            torch_device = self._torch_device
+            empty = self._torch.empty
+            torch_device = self._torch.device
             for name, shape, dtype in entry.outputs:
                 y = empty(shape, dtype=dtype, device=torch_device)
                 ptr = y.data_ptr()

@@ -199,8 +199,8 @@ class OuterGraphExecution(LaneState):
             return list(slot.torch_outputs)
         rt = self._rt
         d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        empty = self._torch_empty
-        torch_device = self._torch_device
+        empty = self._torch.empty
+        torch_device = self._torch.device
         results = []
         for io, arr in zip(self._out, slot.outputs, strict=False):
             y = empty(arr.shape, dtype=io.torch_dtype, device=torch_device)

@@ -1,6 +1,7 @@
 """What one *lane* of a ``PythonEngine`` holds: one execution context and its state.
 
-``PythonEngine`` is made of one module per concern (:mod:`.contract`, :mod:`.fast_path`,
+``PythonEngine`` holds parts (:class:`.contract.Contract`, :class:`.bridge.TorchBridge`) and
+is made of one module per remaining concern (:mod:`.fast_path`,
 :mod:`.output_binding`, :mod:`.graphs`); each works on the state declared here, once,
 instead of each re-declaring what it reads. ``contexts=N`` makes N lanes (see
 :meth:`PythonEngine._clone_lane`); the core leases one to each call.
@@ -19,14 +20,13 @@ class LaneState:
 
     _capture_stream: Any
     _context: Any
-    _current_raw_stream: Any
+    _contract: Any
     _device: int
     _fast: dict[tuple[int, ...], Any]
     _graph_captures: int
     _graph_shortcuts: dict[tuple[Any, ...], Any]
     _in: list[Any]
     _in_names: tuple[str, ...]
-    _in_torch_dtypes: tuple[Any, ...]
     _io_names: tuple[str, ...]
     _logger: Any
     _multi_device: bool
@@ -39,7 +39,6 @@ class LaneState:
     _profile: int | None
     _res: Any
     _rt: Any
-    _shapes: Any
     _slots: Any
     _stage_in: list[Any]
     _stage_out: list[Any]
@@ -48,9 +47,7 @@ class LaneState:
     _stream: Any
     _stream_handle: int
     _threads: Any
-    _torch_device: Any
-    _torch_empty: Any
-    _torch_tensor: Any
+    _torch: Any
     name: str
 
     if TYPE_CHECKING:  # defined by PythonEngine, EngineBase or another concern

@@ -87,7 +87,7 @@ class OutputBinding(LaneState):
                 continue
             if kind == KIND_TORCH:
                 torch = torch_module()
-                t = torch.empty(shape, dtype=io.torch_dtype, device=self._torch_device)
+                t = torch.empty(shape, dtype=io.torch_dtype, device=self._torch.device)
                 results.append(t)
                 ptrs.append(t.data_ptr())
             elif kind == KIND_DEVICE:
@@ -111,7 +111,7 @@ class OutputBinding(LaneState):
                 f"engine {self.name!r} has {self._n_out} output(s); outputs= has {len(outputs)}"
             )
         ptrs = []
-        torch_tensor = self._torch_tensor
+        torch_tensor = self._torch.tensor
         device = self._device
         for io, shape, out in zip(self._out, ctx.out_shapes, outputs, strict=False):
             if io.name in ctx.allocators:
@@ -132,12 +132,12 @@ class OutputBinding(LaneState):
             elif tp is DeviceArray and out.dtype == io.dtype and out.device_id == device:
                 got = out.shape
                 ptr = out.ptr
-            elif self._is_torch(out) and out.is_cuda:
-                self._check_torch(io, out)
+            elif self._torch.is_torch(out) and out.is_cuda:
+                self._contract.check_torch(io, out)
                 got = tuple(out.shape)
                 ptr = out.data_ptr()
             elif hasattr(out, "__cuda_array_interface__") or hasattr(out, "__dlpack_device__"):
-                ptr, got = self._check_device_array(io, out)
+                ptr, got = self._contract.check_device_array(io, out)
             else:
                 raise InputError(
                     f"engine {self.name!r}: outputs= must hold CUDA arrays; output {io.name!r} is "
@@ -171,7 +171,7 @@ class OutputBinding(LaneState):
             nbytes = numel(shape) * io.itemsize
             if kind == KIND_TORCH:
                 torch = torch_module()
-                t = torch.empty(shape, dtype=io.torch_dtype, device=self._torch_device)
+                t = torch.empty(shape, dtype=io.torch_dtype, device=self._torch.device)
                 dst = t.data_ptr()
                 results[i] = t
             elif kind == KIND_DEVICE:
