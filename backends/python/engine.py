@@ -55,7 +55,7 @@ __all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
 MEMORY_PER_SHAPE = False
 
 
-class PythonEngine(FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
+class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
     """A TensorRT(-RTX) engine run by the python backend. Made by ``PythonBackend.load_engine``.
 
     Work is queued on the engine's own stream (:attr:`stream`); a caller's stream is
@@ -125,9 +125,6 @@ class PythonEngine(FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
         self._event_in, self._event_out = self._res.events
         #: Caller streams seen, by id: (the object, its handle); a few threads' streams.
         self._caller_streams: dict[int, tuple[Any, int]] = {}
-        self._staged_logged = False
-        self._stage_in: list[Any] = [None] * self._n_in
-        self._stage_out: list[Any] = [None] * self._n_out
         #: The parts: torch (bound on the first tensor seen) and the input checks.
         self._torch = TorchBridge(self._device, self._in, self._out)
         #: Validated outputs= calls by the identities of their arrays (see fast_path).
@@ -145,6 +142,10 @@ class PythonEngine(FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
         self._contract = Contract(
             source.name, self._in, ShapeChecker(source.name, inputs, self._num_profiles), self._device,
             self._multi_device, self._torch,
+        )
+        self._binding = OutputBinding(
+            source.name, self._in, self._out, self._rt, state, self._stream, self._device, self._contract,
+            self._torch,
         )
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
@@ -367,8 +368,7 @@ class PythonEngine(FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
         self._drop_graphs()
         self._finalizer()
         self._trt_engine = None
-        self._stage_in = [None] * self._n_in
-        self._stage_out = [None] * self._n_out
+        self._binding.release()
         for attr in ("_capture_stream", "_stream"):
             stream = getattr(self, attr)
             setattr(self, attr, None)
@@ -498,13 +498,13 @@ class PythonEngine(FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
         if caller is not None:
             self._order.before(caller)
         if host is not None:
-            self._stage_inputs(host, ptrs, ours)
+            self._binding.stage_inputs(host, ptrs, ours)
         bound = ctx.bound
         for io, ptr in zip(self._in, ptrs, strict=False):
             if bound.get(io.name) != ptr:
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
-        results, out_ptrs = self._bind_outputs(ctx, kind, outputs)
+        results, out_ptrs = self._binding.bind_outputs(ctx, kind, outputs)
         for io, ptr in zip(self._out, out_ptrs, strict=False):
             if ptr and bound.get(io.name) != ptr:
                 trt_context.set_tensor_address(io.name, ptr)
@@ -515,12 +515,12 @@ class PythonEngine(FastPaths, OutputBinding, OuterGraphExecution, EngineBase):
         if not trt_context.execute_async_v3(ours):
             self._execute_failed()
         if ctx.allocators:
-            results = self._collect_data_dependent(ctx, kind, results, ours)
+            results = self._binding.collect_data_dependent(ctx, kind, results, ours)
         if kind == KIND_HOST and outputs is not None:
             if caller is None:  # host inputs promise ready results
                 cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
         elif kind == KIND_HOST:
-            results = self._to_host(results, ours, inspection.torch_host)
+            results = self._binding.to_host(results, ours, inspection.torch_host)
         if caller is not None:
             self._order.after(caller)
         elif kind == KIND_DEVICE and outputs is None:

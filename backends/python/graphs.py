@@ -228,7 +228,7 @@ class OuterGraphExecution(LaneState):
         rt = self._rt
         host = dict(inspection.host) if inspection.host else None
         if host:
-            self._log_staging(inspection.host)  # type: ignore[arg-type]
+            self._binding.log_staging(inspection.host)  # type: ignore[arg-type]
         copies = zip(inspection.ptrs, slot.in_ptrs, slot.in_nbytes, strict=True)
         for i, (src, dst, nbytes) in enumerate(copies):
             if src == -1 and host is not None:
@@ -338,7 +338,7 @@ class OuterGraphExecution(LaneState):
         kind = inspection.kind
         d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
         if outputs is not None:
-            given, ptrs = self._check_outputs(ctx, outputs)
+            given, ptrs = self._binding.check_outputs(ctx, outputs)
             for dst, src, nbytes in zip(ptrs, slot.out_ptrs, slot.out_nbytes, strict=True):
                 if nbytes and dst != src:
                     cuda.check(rt.cudaMemcpyAsync(dst, src, nbytes, d2d, ours), "cudaMemcpyAsync")
@@ -346,7 +346,8 @@ class OuterGraphExecution(LaneState):
                 cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
             return given
         if kind == KIND_HOST:  # host in, host out: always new host arrays
-            return self._to_host([(a.ptr, a.shape) for a in slot.outputs], ours, inspection.torch_host)
+            staged = [(a.ptr, a.shape) for a in slot.outputs]
+            return self._binding.to_host(staged, ours, inspection.torch_host)
         if kind == KIND_TORCH:
             return self._torch_results(slot, ours)
         if self._outer_graph.outputs == "view":

@@ -1,8 +1,8 @@
 """What one *lane* of a ``PythonEngine`` holds: one execution context and its state.
 
-``PythonEngine`` holds parts (:class:`.contract.Contract`, :class:`.bridge.TorchBridge`) and
-is made of one module per remaining concern (:mod:`.fast_path`,
-:mod:`.output_binding`, :mod:`.graphs`); each works on the state declared here, once,
+``PythonEngine`` holds parts (:class:`.contract.Contract`, :class:`.bridge.TorchBridge`,
+:class:`.output_binding.OutputBinding`) and is made of one module per remaining concern
+(:mod:`.fast_path`, :mod:`.graphs`); each works on the state declared here, once,
 instead of each re-declaring what it reads. ``contexts=N`` makes N lanes (see
 :meth:`PythonEngine._clone_lane`); the core leases one to each call.
 """
@@ -19,6 +19,7 @@ class LaneState:
     concerns call on each other."""
 
     _capture_stream: Any
+    _binding: Any
     _context: Any
     _contract: Any
     _device: int
@@ -40,9 +41,6 @@ class LaneState:
     _res: Any
     _rt: Any
     _slots: Any
-    _stage_in: list[Any]
-    _stage_out: list[Any]
-    _staged_logged: bool
     _state: Any
     _stream: Any
     _stream_handle: int

@@ -1,6 +1,6 @@
 """Outputs of the python backend: allocation, binding, preallocated ``outputs=``, host staging.
 
-:class:`OutputBinding` (a mixin of ``PythonEngine``) makes the arrays a call returns,
+:class:`OutputBinding` (a part of each ``PythonEngine`` lane) makes the arrays a call returns,
 of the kind of its inputs (new CUDA torch tensors, ``DeviceArray``s, or host arrays
 copied from one reused device buffer per output), checks preallocated ``outputs=``,
 stages host inputs through device memory, and collects outputs that TensorRT produced
@@ -16,7 +16,8 @@ from typing import Any
 
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
-from trt_runtime_backends.python.lane import LaneState
+from trt_runtime_backends.python.bridge import TorchBridge
+from trt_runtime_backends.python.contract import Contract, TensorInfo
 
 from trt_runtime.contract import KIND_DEVICE, KIND_TORCH, fmt_shape, numel
 from trt_runtime.errors import DataDependentShapeError, InputError
@@ -34,33 +35,58 @@ def host_memory(array: Any) -> tuple[int, int]:
     return int(array.data_ptr()), int(array.numel()) * int(array.element_size())
 
 
-class OutputBinding(LaneState):
-    """Output arrays and host staging (mixin of ``PythonEngine``)."""
+class OutputBinding:
+    """Output arrays and host staging of one lane: owns the lane's staging buffers."""
 
-    _staged_logged: bool  # assigned here too
+    __slots__ = (
+        "bridge", "contract", "device", "ins", "n_out", "name", "outs", "rt", "stage_in", "stage_out",
+        "staged_logged", "state", "stream",
+    )
 
+    def __init__(self, name: str, ins: Sequence[TensorInfo], outs: Sequence[TensorInfo], rt: Any,
+                 state: Any, stream: Any, device: int, contract: Contract, bridge: TorchBridge) -> None:
+        self.name = name
+        self.ins = ins
+        self.outs = outs
+        self.n_out = len(outs)
+        self.rt = rt
+        #: The engine's ``cuda.DeviceState`` and stream: buffers are allocated on them.
+        self.state = state
+        self.stream = stream
+        self.device = device
+        self.contract = contract
+        self.bridge = bridge
+        #: One reused device buffer per host input and per output of a host call.
+        self.stage_in: list[Any] = [None] * len(ins)
+        self.stage_out: list[Any] = [None] * len(outs)
+        self.staged_logged = False
 
+    def release(self) -> None:
+        """Let go of the staging buffers and the stream (the lane closes)."""
+        self.stage_in = [None] * len(self.ins)
+        self.stage_out = [None] * self.n_out
+        self.stream = None
 
     # -- host inputs ------------------------------------------------------------------------
 
-    def _log_staging(self, host: list[tuple[int, Any]]) -> None:
-        if not self._staged_logged:
-            self._staged_logged = True
-            names = ", ".join(repr(self._in[i].name) for i, _ in host)
+    def log_staging(self, host: list[tuple[int, Any]]) -> None:
+        if not self.staged_logged:
+            self.staged_logged = True
+            names = ", ".join(repr(self.ins[i].name) for i, _ in host)
             _log.info(
                 "engine %r: staging host input(s) %s through device memory; pass CUDA arrays "
                 "(torch, cupy, ...) to bind them zero-copy", self.name, names,
             )
 
-    def _stage_inputs(self, host: list[tuple[int, Any]], ptrs: list[int], ours: int) -> None:
+    def stage_inputs(self, host: list[tuple[int, Any]], ptrs: list[int], ours: int) -> None:
         """Copy host inputs into the engine's staging buffers; put their addresses in ``ptrs``."""
-        rt = self._rt
-        self._log_staging(host)
+        rt = self.rt
+        self.log_staging(host)
         for index, arr in host:
             src, nbytes = host_memory(arr)
-            buf = self._stage_in[index]
+            buf = self.stage_in[index]
             if buf is None or buf.size < nbytes:
-                buf = self._stage_in[index] = self._state.allocate(nbytes, self._stream)
+                buf = self.stage_in[index] = self.state.allocate(nbytes, self.stream)
             ptr = int(buf.handle)
             ptrs[index] = ptr
             if nbytes:
@@ -70,50 +96,50 @@ class OutputBinding(LaneState):
                 )
 
     # -- outputs ------------------------------------------------------------------------------
-    def _bind_outputs(
+    def bind_outputs(
         self, ctx: Any, kind: int, outputs: Sequence[Any] | None
     ) -> tuple[list[Any], list[int]]:
         """The arrays this call returns and their addresses (0 for allocator outputs); host
-        outputs are ``(staging buffer, shape)`` pairs until :meth:`_to_host`."""
+        outputs are ``(staging buffer, shape)`` pairs until :meth:`to_host`."""
         shapes = ctx.out_shapes
         if outputs is not None:
-            return self._check_outputs(ctx, outputs)
+            return self.check_outputs(ctx, outputs)
         results: list[Any] = []
         ptrs: list[int] = []
-        for io, shape in zip(self._out, shapes, strict=False):
+        for io, shape in zip(self.outs, shapes, strict=False):
             if io.name in ctx.allocators:
                 results.append(None)
                 ptrs.append(0)
                 continue
             if kind == KIND_TORCH:
                 torch = torch_module()
-                t = torch.empty(shape, dtype=io.torch_dtype, device=self._torch.device)
+                t = torch.empty(shape, dtype=io.torch_dtype, device=self.bridge.device)
                 results.append(t)
                 ptrs.append(t.data_ptr())
             elif kind == KIND_DEVICE:
                 nbytes = numel(shape) * io.itemsize
-                buf = self._state.allocate(nbytes, self._stream)
-                results.append(DeviceArray(buf, shape, io.dtype, self._device))
+                buf = self.state.allocate(nbytes, self.stream)
+                results.append(DeviceArray(buf, shape, io.dtype, self.device))
                 ptrs.append(int(buf.handle))
             else:
                 nbytes = numel(shape) * io.itemsize
-                buf = self._stage_out[io.index]
+                buf = self.stage_out[io.index]
                 if buf is None or buf.size < nbytes:
-                    buf = self._stage_out[io.index] = self._state.allocate(nbytes, self._stream)
+                    buf = self.stage_out[io.index] = self.state.allocate(nbytes, self.stream)
                 results.append((buf, shape))
                 ptrs.append(int(buf.handle))
         return results, ptrs
 
-    def _check_outputs(self, ctx: Any, outputs: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    def check_outputs(self, ctx: Any, outputs: Sequence[Any]) -> tuple[list[Any], list[int]]:
         """Check preallocated ``outputs=`` against the output shapes of ``ctx``; their addresses."""
-        if len(outputs) != self._n_out:
+        if len(outputs) != self.n_out:
             raise InputError(
-                f"engine {self.name!r} has {self._n_out} output(s); outputs= has {len(outputs)}"
+                f"engine {self.name!r} has {self.n_out} output(s); outputs= has {len(outputs)}"
             )
         ptrs = []
-        torch_tensor = self._torch.tensor
-        device = self._device
-        for io, shape, out in zip(self._out, ctx.out_shapes, outputs, strict=False):
+        torch_tensor = self.bridge.tensor
+        device = self.device
+        for io, shape, out in zip(self.outs, ctx.out_shapes, outputs, strict=False):
             if io.name in ctx.allocators:
                 raise InputError(
                     f"engine {self.name!r}: output {io.name!r} is produced through an output "
@@ -132,12 +158,12 @@ class OutputBinding(LaneState):
             elif tp is DeviceArray and out.dtype == io.dtype and out.device_id == device:
                 got = out.shape
                 ptr = out.ptr
-            elif self._torch.is_torch(out) and out.is_cuda:
-                self._contract.check_torch(io, out)
+            elif self.bridge.is_torch(out) and out.is_cuda:
+                self.contract.check_torch(io, out)
                 got = tuple(out.shape)
                 ptr = out.data_ptr()
             elif hasattr(out, "__cuda_array_interface__") or hasattr(out, "__dlpack_device__"):
-                ptr, got = self._contract.check_device_array(io, out)
+                ptr, got = self.contract.check_device_array(io, out)
             else:
                 raise InputError(
                     f"engine {self.name!r}: outputs= must hold CUDA arrays; output {io.name!r} is "
@@ -151,12 +177,12 @@ class OutputBinding(LaneState):
             ptrs.append(ptr)
         return list(outputs), ptrs
 
-    def _collect_data_dependent(self, ctx: Any, kind: int, results: list[Any], ours: int) -> list[Any]:
+    def collect_data_dependent(self, ctx: Any, kind: int, results: list[Any], ours: int) -> list[Any]:
         """Wait for the engine, then copy each allocator output into an array of the shape
         TensorRT reported."""
-        rt = self._rt
+        rt = self.rt
         cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
-        for i, io in enumerate(self._out):
+        for i, io in enumerate(self.outs):
             allocator = ctx.allocators.get(io.name)
             if allocator is None:
                 continue
@@ -171,13 +197,13 @@ class OutputBinding(LaneState):
             nbytes = numel(shape) * io.itemsize
             if kind == KIND_TORCH:
                 torch = torch_module()
-                t = torch.empty(shape, dtype=io.torch_dtype, device=self._torch.device)
+                t = torch.empty(shape, dtype=io.torch_dtype, device=self.bridge.device)
                 dst = t.data_ptr()
                 results[i] = t
             elif kind == KIND_DEVICE:
-                buf = self._state.allocate(nbytes, self._stream)
+                buf = self.state.allocate(nbytes, self.stream)
                 dst = int(buf.handle)
-                results[i] = DeviceArray(buf, shape, io.dtype, self._device)
+                results[i] = DeviceArray(buf, shape, io.dtype, self.device)
             else:
                 results[i] = (allocator.buffers[io.name], shape)
                 continue
@@ -188,13 +214,13 @@ class OutputBinding(LaneState):
                 )
         return results
 
-    def _to_host(self, results: list[Any], ours: int, torch_host: bool = False) -> list[Any]:
+    def to_host(self, results: list[Any], ours: int, torch_host: bool = False) -> list[Any]:
         """Copy ``(device buffer or pointer, shape)`` pairs into new host arrays (CPU torch
         tensors when ``torch_host``, else numpy) and wait for them."""
-        rt = self._rt
+        rt = self.rt
         host = []
         d2h = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        for io, (buf, shape) in zip(self._out, results, strict=False):
+        for io, (buf, shape) in zip(self.outs, results, strict=False):
             if torch_host:
                 arr = torch_module().empty(shape, dtype=io.torch_dtype)
             else:
