@@ -48,7 +48,7 @@ def test_python_outer_graph_captures_once_per_shape_and_replays() -> None:
     out = engine.execute(np.ones((2, 4), np.float32))[0]
     assert isinstance(out, np.ndarray) and out.shape == (2, 4)
     calls = _trt_calls(engine)
-    capture_stream = engine._capture_stream.handle
+    capture_stream = engine._graphs.capture_stream.handle
     assert capture_stream != 4242
     # one eager warm-up run on our stream, then the capture on the private stream
     assert [c for c in calls if c[0] == "execute"] == [("execute", 4242), ("execute", capture_stream)]
@@ -81,7 +81,7 @@ def test_python_outer_graph_host_inputs_are_copied_straight_into_static_buffers(
     rt.copies.clear()
     out = engine.execute(np.ones((2, 4), np.float32))[0]
     assert isinstance(out, np.ndarray)  # host in, host out, also in view mode
-    (slot,) = engine._slots.values()
+    (slot,) = engine._graphs.cache.values()
     assert [(k, dst) for k, dst, *_ in rt.copies] == [(H2D, slot.in_ptrs[0]), (D2H, out.ctypes.data)]
     assert rt.calls[-1] == ("sync", 4242)
 
@@ -94,7 +94,7 @@ def test_python_outer_graph_copy_mode_returns_new_arrays() -> None:
         second = engine.execute(x)[0]
     assert isinstance(first, DeviceArray) and isinstance(second, DeviceArray)
     assert first.ptr != second.ptr
-    (slot,) = engine._slots.values() if engine._slots else (None,)
+    (slot,) = engine._graphs.cache.values() if engine._graphs.cache else (None,)
     assert slot is None  # leaving the wrap dropped the graphs
     copies = [c for c in engine._rt.copies if c[0] == D2D]
     # per call: x into the static input, the static output into a new array
@@ -109,7 +109,7 @@ def test_python_outer_graph_view_mode_returns_the_static_buffers() -> None:
     first = engine.execute(_device())[0]
     second = engine.execute(_device())[0]
     assert first is second
-    (slot,) = engine._slots.values()
+    (slot,) = engine._graphs.cache.values()
     assert first is slot.outputs[0]
     assert not [c for c in engine._rt.copies if c[2] == first.ptr]  # nothing copied out
 
@@ -167,7 +167,7 @@ def test_python_outer_graph_failed_capture_ends_the_capture() -> None:
     engine = _fake_engine()
     engine.outer_graph = True
     ctx = engine.ensure_context()
-    ctx.trt_context.fail_streams.add(engine._capture_handle())
+    ctx.trt_context.fail_streams.add(engine._graphs.capture_handle())
     with pytest.raises(EngineError, match=r"capturing execute_async_v3 into a CUDA graph failed: \[TRT\]"):
         engine.execute(_device())
     rt = engine._rt.calls
@@ -185,7 +185,7 @@ def test_python_outer_graph_dropped_on_settings_change_and_recaptured() -> None:
         (first_exec,) = engine._res.graph_execs
         with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
             assert ("exec_destroy", first_exec) in engine._rt.calls
-            assert len(engine._slots) == 0
+            assert len(engine._graphs.cache) == 0
             engine.execute(x)
             engine.execute(x)
             assert engine.graph_captures == 2
@@ -212,7 +212,7 @@ def test_python_outer_graph_preallocated_outputs_are_written() -> None:
     assert engine.execute(x, outputs=[y])[0] is y
     engine._rt.copies.clear()
     assert engine.execute(x, outputs=[y])[0] is y
-    (slot,) = engine._slots.values()
+    (slot,) = engine._graphs.cache.values()
     assert (D2D, y.ptr, slot.out_ptrs[0]) in [c[:3] for c in engine._rt.copies]
     with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(3, 4\)"):
         engine.execute(x, outputs=[_device(3)])
@@ -236,7 +236,7 @@ def test_python_outer_graph_torch_replay_shortcut(torch: FakeTorch) -> None:
     with enable_cudagraphs(engine, outer=True):
         first = engine(x)
         assert engine.graph_captures == 1 and first.get_device() == 0
-        assert engine._graph_shortcuts
+        assert engine._graphs.shortcuts
         rt = engine._rt
         rt.calls.clear()
         again = engine(torch.cuda_tensor((2, 4)))  # another tensor of the same shape
@@ -272,7 +272,7 @@ def test_python_outer_graph_destroyed_with_the_engine() -> None:
     (graph_exec,) = engine._res.graph_execs
     engine.close()
     assert ("exec_destroy", graph_exec) in rt.calls
-    assert engine._capture_stream is None
+    assert engine._graphs.capture_stream is None
     collected = _fake_engine()
     collected.outer_graph = True
     collected.execute(_device())

@@ -17,11 +17,11 @@ from trt_runtime_backends.python.arrays import DeviceArray, describe_device_arra
 from trt_runtime_backends.python.bridge import TorchBridge
 
 from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker
-from trt_runtime.dtypes import itemsize
+from trt_runtime.dtypes import itemsize, normalize_dtype
 from trt_runtime.errors import InputError
 from trt_runtime.protocols import TensorSpec
 
-__all__ = ["Contract", "Inspection", "TensorInfo"]
+__all__ = ["Contract", "Inspection", "TensorInfo", "read_specs"]
 
 
 class TensorInfo:
@@ -228,6 +228,34 @@ class Contract:
                 f"engine {self.name!r}: input {io.name!r} is not C-contiguous; use numpy.ascontiguousarray"
             )
         return x
+
+
+def read_specs(trt: Any, trt_engine: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The input and output specs of an ``ICudaEngine`` (profiles of dynamic inputs; outputs
+    marked data-dependent when a -1 remains with static inputs)."""
+    inputs: list[TensorSpec] = []
+    outputs: list[TensorSpec] = []
+    profiles = int(trt_engine.num_optimization_profiles)
+    for i in range(trt_engine.num_io_tensors):
+        name = trt_engine.get_tensor_name(i)
+        dtype = normalize_dtype(trt_engine.get_tensor_dtype(name))
+        shape = tuple(int(d) for d in trt_engine.get_tensor_shape(name))
+        if trt_engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+            ranges = []
+            if any(d < 0 for d in shape):
+                for p in range(profiles):
+                    lo, opt, hi = trt_engine.get_tensor_profile_shape(name, p)
+                    ranges.append((tuple(lo), tuple(opt), tuple(hi)))
+            inputs.append(TensorSpec(name, dtype, shape, True, profiles=tuple(ranges)))
+        else:
+            outputs.append(TensorSpec(name, dtype, shape, False))
+    static_inputs = all(not s.is_dynamic for s in inputs)
+    # With static inputs, a -1 left in an output shape can only come from the data.
+    outputs = [
+        TensorSpec(o.name, o.dtype, o.shape, False, data_dependent=static_inputs and o.is_dynamic)
+        for o in outputs
+    ]
+    return inputs, outputs
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """``PythonEngine``: one deserialized engine, its own CUDA stream and a lazy execution context.
 
 The call pipeline is :class:`~trt_runtime.EngineBase`'s; this engine fills its hooks
-(``_call_fast``, ``_validate_inputs``, ``_run``, ``_run_outer``, ``_clone_lane``...). Its
-concerns live in one module each: :mod:`.contract` (input checks), :mod:`.fast_path`
-(repeat calls that skip them), :mod:`.output_binding` (outputs and host staging),
-:mod:`.graphs` (capture and replay of the outer CUDA graph) and :mod:`.stream_order`
-(ordering with the caller's stream). One ``PythonEngine`` object is one *lane*: one
-execution context with its stream, events, bindings and caches; ``contexts=N`` makes
+(``_call_fast``, ``_validate_inputs``, ``_run``, ``_run_outer``, ``_clone_lane``...). Each
+lane holds its parts, each owning its state: a :class:`.contract.Contract` (input
+checks), a :class:`.bridge.TorchBridge` (torch), an :class:`.output_binding.OutputBinding`
+(outputs and host staging), :class:`.graphs.OuterGraphs` (capture and replay of the outer
+CUDA graph) and a :class:`.stream_order.StreamOrder` (ordering with the caller's
+stream); :mod:`.fast_path` (repeat calls that skip the checks) is still a mixin. One
+``PythonEngine`` object is one *lane*: one execution context with its stream, events,
+bindings and caches; ``contexts=N`` makes
 N-1 clones over the same ``ICudaEngine``.
 """
 
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from trt_runtime_backends.python import cuda, stream_order
 from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.bridge import TorchBridge
-from trt_runtime_backends.python.contract import Contract, Inspection, TensorInfo
+from trt_runtime_backends.python.contract import Contract, Inspection, TensorInfo, read_specs
 from trt_runtime_backends.python.execution_context import (
     ExecutionContext,
     Resources,
@@ -30,11 +32,10 @@ from trt_runtime_backends.python.execution_context import (
     trt_enum,
 )
 from trt_runtime_backends.python.fast_path import FastPaths
-from trt_runtime_backends.python.graphs import OuterGraphExecution
+from trt_runtime_backends.python.graphs import OuterGraphs
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 
 from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape, stream_handle
-from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
 from trt_runtime.graphs import GraphCache
@@ -55,7 +56,7 @@ __all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
 MEMORY_PER_SHAPE = False
 
 
-class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
+class PythonEngine(FastPaths, EngineBase):
     """A TensorRT(-RTX) engine run by the python backend. Made by ``PythonBackend.load_engine``.
 
     Work is queued on the engine's own stream (:attr:`stream`); a caller's stream is
@@ -101,7 +102,7 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
         self._multi_device = cuda.device_count() > 1 if runtime is None else False
         #: Threads in which the engine's device context was made current (see _execute).
         self._threads = threading.local()
-        inputs, outputs = self._read_specs(trt_engine)
+        inputs, outputs = read_specs(self._trt, trt_engine)
         self._in = [TensorInfo(s, i) for i, s in enumerate(inputs)]
         self._out = [TensorInfo(s, i) for i, s in enumerate(outputs)]
         self._n_in = len(self._in)
@@ -133,9 +134,7 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
         self._natural: dict[tuple[Any, ...], Any] = {}
         #: Outer CUDA-graph slots by (input shapes, profile) (the core's LRU), and torch
         #: replays by shapes.
-        self._slots: GraphCache[tuple[Any, int], Any] = GraphCache(self._release_slot)
-        self._graph_shortcuts: dict[tuple[Any, ...], Any] = {}
-        self._capture_stream = None
+        self._graphs = OuterGraphs(self._rt, state, self._res)
         self._output_allocator = "auto"
         self._cache_key: Any = None
         self._context_timings: dict[str, float] = {}
@@ -150,32 +149,6 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
     # -- metadata ------------------------------------------------------------------------
-    def _read_specs(self, trt_engine: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
-        trt = self._trt
-        inputs: list[TensorSpec] = []
-        outputs: list[TensorSpec] = []
-        profiles = int(trt_engine.num_optimization_profiles)
-        for i in range(trt_engine.num_io_tensors):
-            name = trt_engine.get_tensor_name(i)
-            dtype = normalize_dtype(trt_engine.get_tensor_dtype(name))
-            shape = tuple(int(d) for d in trt_engine.get_tensor_shape(name))
-            if trt_engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
-                ranges = []
-                if any(d < 0 for d in shape):
-                    for p in range(profiles):
-                        lo, opt, hi = trt_engine.get_tensor_profile_shape(name, p)
-                        ranges.append((tuple(lo), tuple(opt), tuple(hi)))
-                inputs.append(TensorSpec(name, dtype, shape, True, profiles=tuple(ranges)))
-            else:
-                outputs.append(TensorSpec(name, dtype, shape, False))
-        static_inputs = all(not s.is_dynamic for s in inputs)
-        # With static inputs, a -1 left in an output shape can only come from the data.
-        outputs = [
-            TensorSpec(o.name, o.dtype, o.shape, False, data_dependent=static_inputs and o.is_dynamic)
-            for o in outputs
-        ]
-        return inputs, outputs
-
     @property
     def device(self) -> int:
         """The CUDA device id the engine runs on."""
@@ -254,7 +227,7 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
                 assert isinstance(lane, PythonEngine)
                 lane._profile = value
                 lane._forget_fast_paths()
-                lane._graph_shortcuts.clear()
+                lane._graphs.shortcuts.clear()
 
     @property
     def _shape_checker(self) -> ShapeChecker:
@@ -332,7 +305,7 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
             ctx.profile = -1
         memory = ctx.device_memory
         if memory is None or memory.size < need:
-            if memory is not None and self._slots:
+            if memory is not None and self._graphs.cache:
                 self._sync()
                 self._drop_graphs()
             # The old buffer is freed on our stream, after the work that still uses it.
@@ -369,14 +342,13 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
         self._finalizer()
         self._trt_engine = None
         self._binding.release()
-        for attr in ("_capture_stream", "_stream"):
-            stream = getattr(self, attr)
-            setattr(self, attr, None)
-            if stream is not None:
-                try:
-                    stream.close()
-                except Exception:
-                    pass
+        self._graphs.close()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:
+                pass
 
     # -- lanes ---------------------------------------------------------------------------------
     def _clone_lane(self) -> PythonEngine:
@@ -394,7 +366,18 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
         return lane
 
     def _graph_cache(self) -> GraphCache[tuple[Any, int], Any]:
-        return self._slots
+        return self._graphs.cache
+
+    # -- the outer graph: the OuterGraphs part --------------------------------------------------
+    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
+                       ) -> list[Any]:
+        return self._graphs.static_inputs(self, shapes, profile, as_torch)
+
+    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        return self._graphs.run_outer(self, context, call, stream, outputs)
+
+    def _drop_graphs(self) -> None:
+        self._graphs.drop()
 
     def _memory_usage(self) -> tuple[int, int]:
         trt_engine = self._trt_engine
@@ -414,8 +397,9 @@ class PythonEngine(FastPaths, OuterGraphExecution, EngineBase):
         if not hasattr(self._threads, "ready"):
             self._activate_thread()
         if self._outer_graph is not None:
-            if outputs is None and self._graph_shortcuts:
-                return self._replay_torch(inputs, stream)
+            graphs = self._graphs
+            if outputs is None and graphs.shortcuts:
+                return graphs.replay_torch(self, inputs, stream)
             return None
         if outputs is None:
             if self._natural:

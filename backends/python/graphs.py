@@ -12,14 +12,14 @@ captured; that run is also this call's result), then captures ``execute_async_v3
 private non-blocking capture stream (``cudaStreamCaptureModeThreadLocal``; never the
 legacy default stream) and instantiates the graph. Later calls copy the inputs into the
 static buffers (skipped for an input whose address *is* the static buffer, see
-:meth:`OuterGraphExecution.static_inputs`), launch the graph on the engine's stream and
+:meth:`OuterGraphs.static_inputs`), launch the graph on the engine's stream and
 return the outputs as new arrays (``"copy"``) or as the static buffers themselves
 (``"view"``: overwritten by the next replay of that slot). Ordering with the caller's
 stream is the same as for eager calls.
 
 A context that TensorRT says cannot be captured (``is_stream_capturable`` false) raises
 :class:`~trt_runtime.CapabilityError`; so do outputs that go through an
-``IOutputAllocator``. Graphs are dropped (``_drop_graphs``) when the execution context
+``IOutputAllocator``. Graphs are dropped (:meth:`OuterGraphs.drop`) when the execution context
 is dropped (a settings change), when ``outer_graph`` changes, on ``reset_graphs()`` and
 on close; the next call captures again, and when the context's scratch memory has to
 grow for new shapes (the graphs hold its address).
@@ -36,13 +36,13 @@ from typing import Any
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection, TensorInfo
-from trt_runtime_backends.python.lane import LaneState
 from trt_runtime_backends.python.output_binding import host_memory
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
 from trt_runtime.errors import CapabilityError, EngineError
+from trt_runtime.graphs import GraphCache
 
-__all__ = ["GraphSlot", "OuterGraphExecution"]
+__all__ = ["GraphSlot", "OuterGraphs"]
 
 #: How many input-shape signatures the replay shortcut remembers.
 _SHORTCUTS = 16
@@ -92,81 +92,101 @@ def _torch_views(arrays: Sequence[DeviceArray]) -> list[Any]:
     return [torch.from_dlpack(a) for a in arrays]
 
 
-class OuterGraphExecution(LaneState):
-    """Runs calls under the outer CUDA-graph wrap (mixin of ``PythonEngine``)."""
+class OuterGraphs:
+    """The outer CUDA graphs of one lane (a part of each ``PythonEngine`` lane, as
+    torchbind's ``OuterGraphs``): owns the graph slots in the core's
+    :class:`~trt_runtime.graphs.GraphCache`, the torch replay shortcuts and the capture
+    stream. Its methods take the lane whose context they capture and launch."""
 
-    _capture_stream: Any  # assigned here too
+    __slots__ = ("cache", "capture_stream", "res", "rt", "shortcuts", "state")
 
+    def __init__(self, rt: Any, state: Any, res: Any) -> None:
+        self.rt = rt
+        #: The engine's ``cuda.DeviceState`` (the capture stream is made on it) and the
+        #: finalizer's resources (which destroy the graphs of an engine never closed).
+        self.state = state
+        self.res = res
+        #: Slots by (input shapes, profile), bounded (``OuterGraph.max_graphs``).
+        self.cache: GraphCache[tuple[Any, int], GraphSlot] = GraphCache(self._release)
+        #: Captured slots of torch calls by input shapes (the replay fast path).
+        self.shortcuts: dict[tuple[Any, ...], GraphSlot] = {}
+        self.capture_stream: Any = None
 
+    def close(self) -> None:
+        """Close the capture stream (the lane closes, after :meth:`drop`)."""
+        stream, self.capture_stream = self.capture_stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:
+                pass
 
-    # -- hooks of the core pipeline ---------------------------------------------------------------
-
-    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
-                       ) -> list[Any]:
+    def static_inputs(self, lane: Any, shapes: tuple[tuple[int, ...], ...], profile: int,
+                      as_torch: bool | None) -> list[Any]:
         """The static buffers of the slot of (``shapes``, ``profile``): ``DeviceArray``s, or
         torch views (through DLPack) when ``as_torch``."""
-        if not hasattr(self._threads, "ready"):
-            self._activate_thread()
-        slot = self._slot((shapes, profile))
+        if not hasattr(lane._threads, "ready"):
+            lane._activate_thread()
+        slot = self.slot(lane, (shapes, profile))
         if not as_torch:
             return list(slot.inputs)
         if slot.torch_inputs is None:
             slot.torch_inputs = _torch_views(slot.inputs)
         return list(slot.torch_inputs)
 
-    def _run_outer(self, ctx: Any, inspection: Inspection, stream: Any, outputs: Sequence[Any] | None
-                   ) -> list[Any]:
+    def run_outer(self, lane: Any, ctx: Any, inspection: Inspection, stream: Any,
+                  outputs: Sequence[Any] | None) -> list[Any]:
         """One call under the outer graph: replay the slot of its (shapes, profile), or
         capture it (its eager warm-up run is then this call's result)."""
-        if self._multi_device:
-            self._set_device()
+        if lane._multi_device:
+            lane._set_device()
         key = (inspection.shapes, inspection.profile)
-        slot = self._slots.get(key)
+        slot = self.cache.get(key)
         if slot is None or slot.exec is None:
             # Shapes first: fitting the context's memory to them may drop graphs.
             if ctx.shape_key != key:
                 ctx.shape_key = None
-                self._apply_shapes(ctx, inspection.shapes, inspection.profile)
+                lane._apply_shapes(ctx, inspection.shapes, inspection.profile)
                 ctx.shape_key = key
-            self._refuse_allocators(ctx)
-            slot = self._slot(key)
+            self.refuse_allocators(lane, ctx)
+            slot = self.slot(lane, key)
         kind = inspection.kind
-        ours = self._stream_handle
-        caller = self._caller_stream(stream, kind == KIND_TORCH)
+        ours = lane._stream_handle
+        caller = lane._caller_stream(stream, kind == KIND_TORCH)
         if caller is not None:
-            self._order.before(caller)
-        self._fill_inputs(slot, inspection, ours)
+            lane._order.before(caller)
+        self.fill_inputs(lane, slot, inspection, ours)
         if slot.exec is None:
-            self._capture(ctx, slot, ours)  # its eager warm-up run is this call's result
+            self.capture(lane, ctx, slot, ours)  # its eager warm-up run is this call's result
         else:
-            self._launch(ctx, slot, ours)
-        results = self._graph_results(ctx, slot, inspection, outputs, caller, ours)
+            self.launch(lane, ctx, slot, ours)
+        results = self.graph_results(lane, ctx, slot, inspection, outputs, caller, ours)
         if caller is not None:
-            self._order.after(caller)
+            lane._order.after(caller)
         if (outputs is None and inspection.remember and kind == KIND_TORCH and inspection.host is None
                 and slot.exec is not None):
-            if len(self._graph_shortcuts) >= _SHORTCUTS:
-                self._graph_shortcuts.clear()
-            self._graph_shortcuts[inspection.shapes] = slot
+            if len(self.shortcuts) >= _SHORTCUTS:
+                self.shortcuts.clear()
+            self.shortcuts[inspection.shapes] = slot
         return results
 
-    def _replay_torch(self, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
+    def replay_torch(self, lane: Any, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
         """A replay for CUDA torch inputs of shapes already captured; ``None`` when the call
         does not qualify (the full path then checks and runs it). With the static inputs
         passed and ``"view"`` outputs this is one ``cudaGraphLaunch`` (plus events for a
         caller stream other than the legacy default one)."""
-        found = self._torch_lookup(inputs, stream, self._graph_shortcuts)
+        found = lane._torch_lookup(inputs, stream, self.shortcuts)
         if found is None:
             return None
         slot, caller = found
-        self._slots.touch(slot.key)
-        if self._multi_device:
-            self._set_device()
-        ours = self._stream_handle
-        order = self._order
+        self.cache.touch(slot.key)
+        if lane._multi_device:
+            lane._set_device()
+        ours = lane._stream_handle
+        order = lane._order
         if caller is not None:
             order.before(caller)
-        rt = self._rt
+        rt = lane._rt
         for x, dst, nbytes in zip(inputs, slot.in_ptrs, slot.in_nbytes, strict=False):
             src = x.data_ptr()
             if src != dst and nbytes:
@@ -174,35 +194,35 @@ class OuterGraphExecution(LaneState):
                 (err,) = rt.cudaMemcpyAsync(dst, src, nbytes, d2d, ours)
                 if err:
                     cuda.check((err,), "cudaMemcpyAsync")
-        ctx = self._context
-        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key and not self._restore_shapes(
+        ctx = lane._context
+        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key and not lane._restore_shapes(
             ctx, slot.key, slot.dynamic_dims, slot.out_shapes
         ):
-            self._shapes_refused(slot)
+            self.shapes_refused(lane, slot)
         (err,) = rt.cudaGraphLaunch(slot.exec, ours)
         if err:
-            self._launch_failed(err)
+            self.launch_failed(lane, err)
         views = slot.torch_outputs
-        if views is not None and self._outer_graph.outputs == "view":
+        if views is not None and lane._outer_graph.outputs == "view":
             results = list(views)
         else:
-            results = self._torch_results(slot, ours)
+            results = self.torch_results(lane, slot, ours)
         if caller is not None:
             order.after(caller)
         return results
 
-    def _torch_results(self, slot: GraphSlot, ours: int) -> list[Any]:
+    def torch_results(self, lane: Any, slot: GraphSlot, ours: int) -> list[Any]:
         """Torch outputs of a replay: views of the static buffers, or new tensors."""
-        if self._outer_graph.outputs == "view":
+        if lane._outer_graph.outputs == "view":
             if slot.torch_outputs is None:
                 slot.torch_outputs = _torch_views(slot.outputs)
             return list(slot.torch_outputs)
-        rt = self._rt
+        rt = lane._rt
         d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        empty = self._torch.empty
-        torch_device = self._torch.device
+        empty = lane._torch.empty
+        torch_device = lane._torch.device
         results = []
-        for io, arr in zip(self._out, slot.outputs, strict=False):
+        for io, arr in zip(lane._out, slot.outputs, strict=False):
             y = empty(arr.shape, dtype=io.torch_dtype, device=torch_device)
             nbytes = arr.nbytes
             if nbytes:
@@ -213,22 +233,22 @@ class OuterGraphExecution(LaneState):
         return results
 
     # -- slots, capture and launch ----------------------------------------------------------------
-    def _slot(self, key: tuple[Any, int]) -> GraphSlot:
-        slot = self._slots.peek(key)
+    def slot(self, lane: Any, key: tuple[Any, int]) -> GraphSlot:
+        slot = self.cache.peek(key)
         if slot is None:
-            slot = GraphSlot(key, self._in, self._state, self._stream, self._device)
-            outer = self._outer_graph
+            slot = GraphSlot(key, lane._in, lane._state, lane._stream, lane._device)
+            outer = lane._outer_graph
             if outer is not None:
-                self._slots.max_graphs = outer.max_graphs
-            self._slots.add(key, slot, captured=False)
+                self.cache.max_graphs = outer.max_graphs
+            self.cache.add(key, slot, captured=False)
         return slot
 
-    def _fill_inputs(self, slot: GraphSlot, inspection: Inspection, ours: int) -> None:
+    def fill_inputs(self, lane: Any, slot: GraphSlot, inspection: Inspection, ours: int) -> None:
         """Copy the call's inputs into the static input buffers (not those already there)."""
-        rt = self._rt
+        rt = lane._rt
         host = dict(inspection.host) if inspection.host else None
         if host:
-            self._binding.log_staging(inspection.host)  # type: ignore[arg-type]
+            lane._binding.log_staging(inspection.host)  # type: ignore[arg-type]
         copies = zip(inspection.ptrs, slot.in_ptrs, slot.in_nbytes, strict=True)
         for i, (src, dst, nbytes) in enumerate(copies):
             if src == -1 and host is not None:
@@ -241,22 +261,22 @@ class OuterGraphExecution(LaneState):
             if nbytes:
                 cuda.check(rt.cudaMemcpyAsync(dst, src, nbytes, kind, ours), "cudaMemcpyAsync")
 
-    def _capture_handle(self) -> int:
-        if self._capture_stream is None:
+    def capture_handle(self) -> int:
+        if self.capture_stream is None:
             # A private non-blocking stream: never the legacy default stream, and free of
             # the implicit synchronization a blocking engine stream has with it.
-            self._capture_stream = self._state.create_stream()
-        return int(self._capture_stream.handle)
+            self.capture_stream = self.state.create_stream()
+        return int(self.capture_stream.handle)
 
-    def _capture(self, ctx: Any, slot: GraphSlot, ours: int) -> None:
+    def capture(self, lane: Any, ctx: Any, slot: GraphSlot, ours: int) -> None:
         """Run the slot once eagerly on ``ours``, then capture and instantiate its graph.
         The context already has the slot's shapes."""
         trt_context = ctx.trt_context
-        capture = self._capture_handle()
+        capture = self.capture_handle()
         capturable = getattr(trt_context, "is_stream_capturable", None)
         if capturable is not None and not capturable(capture):
             raise CapabilityError(
-                f"engine {self.name!r}: TensorRT says its execution context cannot be captured into a "
+                f"engine {lane.name!r}: TensorRT says its execution context cannot be captured into a "
                 "CUDA graph (IExecutionContext.is_stream_capturable returned False). TensorRT-RTX captures "
                 "only contexts whose memory the application provides (this backend creates them "
                 "USER_MANAGED, which engines built with BuilderFlag.REQUIRE_USER_ALLOCATION need); "
@@ -265,21 +285,21 @@ class OuterGraphExecution(LaneState):
             )
         if not slot.outputs:
             slot.out_shapes = list(ctx.out_shapes)
-            slot.outputs = [_static(self._state, self._stream, tuple(shape), io, self._device)
-                            for io, shape in zip(self._out, slot.out_shapes, strict=True)]
+            slot.outputs = [_static(lane._state, lane._stream, tuple(shape), io, lane._device)
+                            for io, shape in zip(lane._out, slot.out_shapes, strict=True)]
             slot.out_ptrs = tuple(a.ptr for a in slot.outputs)
             slot.out_nbytes = tuple(a.nbytes for a in slot.outputs)
         bound = ctx.bound
-        for name, ptr in zip(self._io_names, (*slot.in_ptrs, *slot.out_ptrs), strict=True):
+        for name, ptr in zip(lane._io_names, (*slot.in_ptrs, *slot.out_ptrs), strict=True):
             if bound.get(name) != ptr:
                 trt_context.set_tensor_address(name, ptr)
                 bound[name] = ptr
         ctx.bound_ptrs = ()
         if not trt_context.execute_async_v3(ours):
-            self._execute_failed()
-        rt = self._rt
+            lane._execute_failed()
+        rt = lane._rt
         cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
-        mark = self._logger.mark()
+        mark = lane._logger.mark()
         cuda.check(
             rt.cudaStreamBeginCapture(capture, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal),
             "cudaStreamBeginCapture",
@@ -291,54 +311,54 @@ class OuterGraphExecution(LaneState):
         if not ok or err:
             if not err and graph is not None:
                 rt.cudaGraphDestroy(graph)
-            detail = "; ".join(self._logger.errors_since(mark)[-3:]) or f"cudaStreamEndCapture: {err!s}"
+            detail = "; ".join(lane._logger.errors_since(mark)[-3:]) or f"cudaStreamEndCapture: {err!s}"
             raise EngineError(
-                f"engine {self.name!r}: capturing execute_async_v3 into a CUDA graph failed: {detail}"
+                f"engine {lane.name!r}: capturing execute_async_v3 into a CUDA graph failed: {detail}"
             )
         try:
             slot.exec = cuda.check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
         finally:
             rt.cudaGraphDestroy(graph)  # the executable graph does not need it
-        self._res.graph_execs.append(slot.exec)
-        self._graph_captures += 1
-        self._slots.captures += 1
+        lane._res.graph_execs.append(slot.exec)
+        lane._graph_captures += 1  # the core's count, per lane
+        self.cache.captures += 1
 
-    def _refuse_allocators(self, ctx: Any) -> None:
+    def refuse_allocators(self, lane: Any, ctx: Any) -> None:
         if ctx.allocators:
             names = sorted(ctx.allocators)
             raise CapabilityError(
-                f"engine {self.name!r}: outputs {names} go through an IOutputAllocator (data-dependent "
+                f"engine {lane.name!r}: outputs {names} go through an IOutputAllocator (data-dependent "
                 "shapes, or output_allocator='always'); a CUDA graph cannot capture them"
             )
 
-    def _shapes_refused(self, slot: GraphSlot) -> None:
+    def shapes_refused(self, lane: Any, slot: GraphSlot) -> None:
         raise EngineError(
-            f"engine {self.name!r}: TensorRT rejected the shapes {slot.dynamic_dims} of a captured graph"
+            f"engine {lane.name!r}: TensorRT rejected the shapes {slot.dynamic_dims} of a captured graph"
         )
 
-    def _launch(self, ctx: Any, slot: GraphSlot, ours: int) -> None:
-        if ctx.shape_key != slot.key and not self._restore_shapes(
+    def launch(self, lane: Any, ctx: Any, slot: GraphSlot, ours: int) -> None:
+        if ctx.shape_key != slot.key and not lane._restore_shapes(
             ctx, slot.key, slot.dynamic_dims, slot.out_shapes
         ):  # the same memory buffer: it fitted these shapes at capture
-            self._shapes_refused(slot)
-        (err,) = self._rt.cudaGraphLaunch(slot.exec, ours)
+            self.shapes_refused(lane, slot)
+        (err,) = lane._rt.cudaGraphLaunch(slot.exec, ours)
         if err:
-            self._launch_failed(err)
+            self.launch_failed(lane, err)
 
-    def _launch_failed(self, err: Any) -> None:
+    def launch_failed(self, lane: Any, err: Any) -> None:
         try:
             cuda.check((err,), "cudaGraphLaunch")
         except Exception as exc:
-            raise EngineError(f"engine {self.name!r}: replaying its CUDA graph failed: {exc}") from exc
+            raise EngineError(f"engine {lane.name!r}: replaying its CUDA graph failed: {exc}") from exc
 
-    def _graph_results(self, ctx: Any, slot: GraphSlot, inspection: Inspection,
+    def graph_results(self, lane: Any, ctx: Any, slot: GraphSlot, inspection: Inspection,
                        outputs: Sequence[Any] | None, caller: int | None, ours: int) -> list[Any]:
         """The call's outputs from the static output buffers, by output mode and input kind."""
-        rt = self._rt
+        rt = lane._rt
         kind = inspection.kind
         d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
         if outputs is not None:
-            given, ptrs = self._binding.check_outputs(ctx, outputs)
+            given, ptrs = lane._binding.check_outputs(ctx, outputs)
             for dst, src, nbytes in zip(ptrs, slot.out_ptrs, slot.out_nbytes, strict=True):
                 if nbytes and dst != src:
                     cuda.check(rt.cudaMemcpyAsync(dst, src, nbytes, d2d, ours), "cudaMemcpyAsync")
@@ -347,37 +367,37 @@ class OuterGraphExecution(LaneState):
             return given
         if kind == KIND_HOST:  # host in, host out: always new host arrays
             staged = [(a.ptr, a.shape) for a in slot.outputs]
-            return self._binding.to_host(staged, ours, inspection.torch_host)
+            return lane._binding.to_host(staged, ours, inspection.torch_host)
         if kind == KIND_TORCH:
-            return self._torch_results(slot, ours)
-        if self._outer_graph.outputs == "view":
+            return self.torch_results(lane, slot, ours)
+        if lane._outer_graph.outputs == "view":
             for a in slot.outputs:
                 a.stream = ours if caller is None else 0
             return list(slot.outputs)
         results: list[Any] = []
-        for io, arr in zip(self._out, slot.outputs, strict=True):
-            buf = self._state.allocate(arr.nbytes, self._stream)
-            y = DeviceArray(buf, arr.shape, io.dtype, self._device, stream=ours if caller is None else 0)
+        for io, arr in zip(lane._out, slot.outputs, strict=True):
+            buf = lane._state.allocate(arr.nbytes, lane._stream)
+            y = DeviceArray(buf, arr.shape, io.dtype, lane._device, stream=ours if caller is None else 0)
             if arr.nbytes:
                 cuda.check(rt.cudaMemcpyAsync(y.ptr, arr.ptr, arr.nbytes, d2d, ours), "cudaMemcpyAsync")
             results.append(y)
         return results
 
-    def _drop_graphs(self) -> None:
+    def drop(self) -> None:
         """Destroy every graph and let go of the static buffers (arrays handed out as views
         keep their memory alive). Called after _sync, with the lane held."""
-        self._graph_shortcuts.clear()
-        self._slots.clear()
-        self._res.graph_execs.clear()
+        self.shortcuts.clear()
+        self.cache.clear()
+        self.res.graph_execs.clear()
 
-    def _release_slot(self, slot: GraphSlot) -> None:
+    def _release(self, slot: GraphSlot) -> None:
         """The core's graph cache let go of ``slot`` (evicted or dropped): destroy its graph."""
-        self._graph_shortcuts.clear()  # may point at it
+        self.shortcuts.clear()  # may point at it
         if slot.exec is not None:
-            destroy = getattr(self._rt, "cudaGraphExecDestroy", None)
+            destroy = getattr(self.rt, "cudaGraphExecDestroy", None)
             if destroy is not None:
                 destroy(slot.exec)
-            execs = self._res.graph_execs
+            execs = self.res.graph_execs
             if slot.exec in execs:
                 execs.remove(slot.exec)
             slot.exec = None

@@ -1,8 +1,8 @@
 """What one *lane* of a ``PythonEngine`` holds: one execution context and its state.
 
 ``PythonEngine`` holds parts (:class:`.contract.Contract`, :class:`.bridge.TorchBridge`,
-:class:`.output_binding.OutputBinding`) and is made of one module per remaining concern
-(:mod:`.fast_path`, :mod:`.graphs`); each works on the state declared here, once,
+:class:`.output_binding.OutputBinding`, :class:`.graphs.OuterGraphs`) and one mixin,
+:mod:`.fast_path`; each works on the state declared here, once,
 instead of each re-declaring what it reads. ``contexts=N`` makes N lanes (see
 :meth:`PythonEngine._clone_lane`); the core leases one to each call.
 """
@@ -18,14 +18,13 @@ class LaneState:
     """The attributes of one lane (set by ``PythonEngine._init``) and the methods the
     concerns call on each other."""
 
-    _capture_stream: Any
     _binding: Any
     _context: Any
     _contract: Any
     _device: int
+    _graphs: Any
     _fast: dict[tuple[int, ...], Any]
     _graph_captures: int
-    _graph_shortcuts: dict[tuple[Any, ...], Any]
     _in: list[Any]
     _in_names: tuple[str, ...]
     _io_names: tuple[str, ...]
@@ -40,7 +39,6 @@ class LaneState:
     _profile: int | None
     _res: Any
     _rt: Any
-    _slots: Any
     _state: Any
     _stream: Any
     _stream_handle: int
