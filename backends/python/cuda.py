@@ -8,6 +8,7 @@ from typing import Any
 from trt_runtime.errors import BackendError, EngineError
 
 __all__ = [
+    "close_quietly",
     "DeviceState",
     "check",
     "device_count",
@@ -121,3 +122,12 @@ def destroy_event(event: Any, rt: Any = None) -> None:
         (_runtime() if rt is None else rt).cudaEventDestroy(event)
     except Exception:  # interpreter shutdown
         pass
+
+
+def close_quietly(stream: Any) -> None:
+    """Close a cuda.core stream (``None``: nothing); a failure at teardown is not reported."""
+    if stream is not None:
+        try:
+            stream.close()
+        except Exception:
+            pass

@@ -142,10 +142,7 @@ class PythonEngine(FastPaths, EngineBase):
             source.name, self._in, ShapeChecker(source.name, inputs, self._num_profiles), self._device,
             self._multi_device, self._torch,
         )
-        self._binding = OutputBinding(
-            source.name, self._in, self._out, self._rt, state, self._stream, self._device, self._contract,
-            self._torch,
-        )
+        self._binding = OutputBinding(self._contract, self._out, self._rt, state, self._stream)
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
     # -- metadata ------------------------------------------------------------------------
@@ -344,11 +341,7 @@ class PythonEngine(FastPaths, EngineBase):
         self._binding.release()
         self._graphs.close()
         stream, self._stream = self._stream, None
-        if stream is not None:
-            try:
-                stream.close()
-            except Exception:
-                pass
+        cuda.close_quietly(stream)
 
     # -- lanes ---------------------------------------------------------------------------------
     def _clone_lane(self) -> PythonEngine:

@@ -115,11 +115,7 @@ class OuterGraphs:
     def close(self) -> None:
         """Close the capture stream (the lane closes, after :meth:`drop`)."""
         stream, self.capture_stream = self.capture_stream, None
-        if stream is not None:
-            try:
-                stream.close()
-            except Exception:
-                pass
+        cuda.close_quietly(stream)
 
     def static_inputs(self, lane: Any, shapes: tuple[tuple[int, ...], ...], profile: int,
                       as_torch: bool | None) -> list[Any]:

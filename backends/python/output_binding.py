@@ -16,7 +16,6 @@ from typing import Any
 
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
-from trt_runtime_backends.python.bridge import TorchBridge
 from trt_runtime_backends.python.contract import Contract, TensorInfo
 
 from trt_runtime.contract import KIND_DEVICE, KIND_TORCH, fmt_shape, numel
@@ -39,31 +38,25 @@ class OutputBinding:
     """Output arrays and host staging of one lane: owns the lane's staging buffers."""
 
     __slots__ = (
-        "bridge", "contract", "device", "ins", "n_out", "name", "outs", "rt", "stage_in", "stage_out",
-        "staged_logged", "state", "stream",
+        "contract", "n_out", "outs", "rt", "stage_in", "stage_out", "staged_logged", "state", "stream",
     )
 
-    def __init__(self, name: str, ins: Sequence[TensorInfo], outs: Sequence[TensorInfo], rt: Any,
-                 state: Any, stream: Any, device: int, contract: Contract, bridge: TorchBridge) -> None:
-        self.name = name
-        self.ins = ins
-        self.outs = outs
-        self.n_out = len(outs)
+    def __init__(self, contract: Contract, outs: Sequence[TensorInfo], rt: Any, state: Any,
+                 stream: Any) -> None:
+        #: The lane's input contract: its name, inputs, device and torch bridge are ours too.
+        self.contract = contract
+        self.outs, self.n_out = outs, len(outs)
         self.rt = rt
         #: The engine's ``cuda.DeviceState`` and stream: buffers are allocated on them.
-        self.state = state
-        self.stream = stream
-        self.device = device
-        self.contract = contract
-        self.bridge = bridge
+        self.state, self.stream = state, stream
         #: One reused device buffer per host input and per output of a host call.
-        self.stage_in: list[Any] = [None] * len(ins)
+        self.stage_in: list[Any] = [None] * contract.n_in
         self.stage_out: list[Any] = [None] * len(outs)
         self.staged_logged = False
 
     def release(self) -> None:
         """Let go of the staging buffers and the stream (the lane closes)."""
-        self.stage_in = [None] * len(self.ins)
+        self.stage_in = [None] * self.contract.n_in
         self.stage_out = [None] * self.n_out
         self.stream = None
 
@@ -72,10 +65,10 @@ class OutputBinding:
     def log_staging(self, host: list[tuple[int, Any]]) -> None:
         if not self.staged_logged:
             self.staged_logged = True
-            names = ", ".join(repr(self.ins[i].name) for i, _ in host)
+            names = ", ".join(repr(self.contract.ins[i].name) for i, _ in host)
             _log.info(
                 "engine %r: staging host input(s) %s through device memory; pass CUDA arrays "
-                "(torch, cupy, ...) to bind them zero-copy", self.name, names,
+                "(torch, cupy, ...) to bind them zero-copy", self.contract.name, names,
             )
 
     def stage_inputs(self, host: list[tuple[int, Any]], ptrs: list[int], ours: int) -> None:
@@ -113,13 +106,13 @@ class OutputBinding:
                 continue
             if kind == KIND_TORCH:
                 torch = torch_module()
-                t = torch.empty(shape, dtype=io.torch_dtype, device=self.bridge.device)
+                t = torch.empty(shape, dtype=io.torch_dtype, device=self.contract.bridge.device)
                 results.append(t)
                 ptrs.append(t.data_ptr())
             elif kind == KIND_DEVICE:
                 nbytes = numel(shape) * io.itemsize
                 buf = self.state.allocate(nbytes, self.stream)
-                results.append(DeviceArray(buf, shape, io.dtype, self.device))
+                results.append(DeviceArray(buf, shape, io.dtype, self.contract.device))
                 ptrs.append(int(buf.handle))
             else:
                 nbytes = numel(shape) * io.itemsize
@@ -134,15 +127,15 @@ class OutputBinding:
         """Check preallocated ``outputs=`` against the output shapes of ``ctx``; their addresses."""
         if len(outputs) != self.n_out:
             raise InputError(
-                f"engine {self.name!r} has {self.n_out} output(s); outputs= has {len(outputs)}"
+                f"engine {self.contract.name!r} has {self.n_out} output(s); outputs= has {len(outputs)}"
             )
         ptrs = []
-        torch_tensor = self.bridge.tensor
-        device = self.device
+        torch_tensor = self.contract.bridge.tensor
+        device = self.contract.device
         for io, shape, out in zip(self.outs, ctx.out_shapes, outputs, strict=False):
             if io.name in ctx.allocators:
                 raise InputError(
-                    f"engine {self.name!r}: output {io.name!r} is produced through an output "
+                    f"engine {self.contract.name!r}: output {io.name!r} is produced through an output "
                     "allocator (data-dependent shape, or output_allocator='always'); it cannot be "
                     "preallocated"
                 )
@@ -158,7 +151,7 @@ class OutputBinding:
             elif tp is DeviceArray and out.dtype == io.dtype and out.device_id == device:
                 got = out.shape
                 ptr = out.ptr
-            elif self.bridge.is_torch(out) and out.is_cuda:
+            elif self.contract.bridge.is_torch(out) and out.is_cuda:
                 self.contract.check_torch(io, out)
                 got = tuple(out.shape)
                 ptr = out.data_ptr()
@@ -166,12 +159,12 @@ class OutputBinding:
                 ptr, got = self.contract.check_device_array(io, out)
             else:
                 raise InputError(
-                    f"engine {self.name!r}: outputs= must hold CUDA arrays; output {io.name!r} is "
+                    f"engine {self.contract.name!r}: outputs= must hold CUDA arrays; output {io.name!r} is "
                     f"{type(out).__name__}"
                 )
             if got != shape:
                 raise InputError(
-                    f"engine {self.name!r}: output {io.name!r} must have shape {fmt_shape(shape)}; "
+                    f"engine {self.contract.name!r}: output {io.name!r} must have shape {fmt_shape(shape)}; "
                     f"got {fmt_shape(tuple(got))}"
                 )
             ptrs.append(ptr)
@@ -191,19 +184,20 @@ class OutputBinding:
                 shape = ctx.out_shapes[i]  # a shape-inferable output run through the allocator
             if shape is None:
                 raise DataDependentShapeError(
-                    f"engine {self.name!r}: TensorRT reported no shape for data-dependent output {io.name!r}"
+                    f"engine {self.contract.name!r}: TensorRT reported no shape for data-dependent "
+                    f"output {io.name!r}"
                 )
             src = allocator.pointer(io.name)
             nbytes = numel(shape) * io.itemsize
             if kind == KIND_TORCH:
                 torch = torch_module()
-                t = torch.empty(shape, dtype=io.torch_dtype, device=self.bridge.device)
+                t = torch.empty(shape, dtype=io.torch_dtype, device=self.contract.bridge.device)
                 dst = t.data_ptr()
                 results[i] = t
             elif kind == KIND_DEVICE:
                 buf = self.state.allocate(nbytes, self.stream)
                 dst = int(buf.handle)
-                results[i] = DeviceArray(buf, shape, io.dtype, self.device)
+                results[i] = DeviceArray(buf, shape, io.dtype, self.contract.device)
             else:
                 results[i] = (allocator.buffers[io.name], shape)
                 continue
