@@ -528,7 +528,7 @@ def test_python_backend_repeat_call_takes_the_fast_path() -> None:
     engine.execute(x2, outputs=[y], stream=engine.stream)  # another object: slow path again
     assert ("address", "x", x2.ptr) in calls
     engine.invalidate_context()
-    assert engine._fast == {}
+    assert engine._fast_paths.prebound == {}
     engine.execute(x2, outputs=[y], stream=engine.stream)
     assert engine.context_creations == 2
 
@@ -595,7 +595,7 @@ def test_python_backend_natural_call_remembers_shapes_not_tensors(torch: FakeTor
     engine = _fake_engine()
     first = engine(torch.cuda_tensor((2, 4)))
     assert isinstance(first, torch.Tensor) and first.get_device() == 0 and first.shape == (2, 4)
-    assert list(engine._natural) == [((2, 4),)]
+    assert list(engine._fast_paths.natural) == [((2, 4),)]
     calls = _trt_calls(engine)
     calls.clear()
     torch.empty_calls.clear()
@@ -608,7 +608,7 @@ def test_python_backend_natural_call_remembers_shapes_not_tensors(torch: FakeTor
     assert [c[0] for c in engine._rt.calls if c[0] in ("record", "wait")] == []  # legacy stream
     calls.clear()
     engine(torch.cuda_tensor((3, 4)))  # a new shape: the full path once
-    assert ("get_shape", "y") in calls and len(engine._natural) == 2
+    assert ("get_shape", "y") in calls and len(engine._fast_paths.natural) == 2
     calls.clear()
     engine(x)  # back to (2, 4): only the shape is set again
     assert [c for c in calls if c[0] == "shape"] == [("shape", "x", (2, 4))]

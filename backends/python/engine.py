@@ -5,8 +5,8 @@ The call pipeline is :class:`~trt_runtime.EngineBase`'s; this engine fills its h
 lane holds its parts, each owning its state: a :class:`.contract.Contract` (input
 checks), a :class:`.bridge.TorchBridge` (torch), an :class:`.output_binding.OutputBinding`
 (outputs and host staging), :class:`.graphs.OuterGraphs` (capture and replay of the outer
-CUDA graph) and a :class:`.stream_order.StreamOrder` (ordering with the caller's
-stream); :mod:`.fast_path` (repeat calls that skip the checks) is still a mixin. One
+CUDA graph), :class:`.fast_path.FastPaths` (repeat calls that skip the checks) and a
+:class:`.stream_order.StreamOrder` (ordering with the caller's stream). One
 ``PythonEngine`` object is one *lane*: one execution context with its stream, events,
 bindings and caches; ``contexts=N`` makes
 N-1 clones over the same ``ICudaEngine``.
@@ -56,7 +56,7 @@ __all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
 MEMORY_PER_SHAPE = False
 
 
-class PythonEngine(FastPaths, EngineBase):
+class PythonEngine(EngineBase):
     """A TensorRT(-RTX) engine run by the python backend. Made by ``PythonBackend.load_engine``.
 
     Work is queued on the engine's own stream (:attr:`stream`); a caller's stream is
@@ -128,10 +128,8 @@ class PythonEngine(FastPaths, EngineBase):
         self._caller_streams: dict[int, tuple[Any, int]] = {}
         #: The parts: torch (bound on the first tensor seen) and the input checks.
         self._torch = TorchBridge(self._device, self._in, self._out)
-        #: Validated outputs= calls by the identities of their arrays (see fast_path).
-        self._fast: dict[tuple[int, ...], Any] = {}
-        #: Validated torch calls without outputs= by their input shapes (see fast_path).
-        self._natural: dict[tuple[Any, ...], Any] = {}
+        #: Validated calls remembered for the fast paths (see fast_path).
+        self._fast_paths = FastPaths()
         #: Outer CUDA-graph slots by (input shapes, profile) (the core's LRU), and torch
         #: replays by shapes.
         self._graphs = OuterGraphs(self._rt, state, self._res)
@@ -223,7 +221,7 @@ class PythonEngine(FastPaths, EngineBase):
             for lane in self._lanes:
                 assert isinstance(lane, PythonEngine)
                 lane._profile = value
-                lane._forget_fast_paths()
+                lane._fast_paths.forget()
                 lane._graphs.shortcuts.clear()
 
     @property
@@ -319,10 +317,10 @@ class PythonEngine(FastPaths, EngineBase):
         allocator = make_output_allocator(self._trt, self._state, self._stream)
         ctx.trt_context.set_output_allocator(name, allocator)
         ctx.allocators[name] = allocator
-        self._natural.clear()  # natural calls are remembered only without allocators
+        self._fast_paths.natural.clear()  # natural calls are remembered only without allocators
 
     def _destroy_context(self, context: Any) -> None:
-        self._forget_fast_paths()
+        self._fast_paths.forget()
         if self._res.context is context:
             self._res.context = None
         drop_context(context)
@@ -334,7 +332,7 @@ class PythonEngine(FastPaths, EngineBase):
 
     def _release(self) -> None:
         self._caller_streams.clear()
-        self._forget_fast_paths()
+        self._fast_paths.forget()
         self._drop_graphs()
         self._finalizer()
         self._trt_engine = None
@@ -394,11 +392,12 @@ class PythonEngine(FastPaths, EngineBase):
             if outputs is None and graphs.shortcuts:
                 return graphs.replay_torch(self, inputs, stream)
             return None
+        fast = self._fast_paths
         if outputs is None:
-            if self._natural:
-                return self._call_natural(inputs, stream)
-        elif self._fast:
-            return self._call_prebound(inputs, outputs, stream)
+            if fast.natural:
+                return fast.call_natural(self, inputs, stream)
+        elif fast.prebound:
+            return fast.call_prebound(self, inputs, outputs, stream)
         return None
 
     def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Inspection:
@@ -443,7 +442,7 @@ class PythonEngine(FastPaths, EngineBase):
         cuda.check(self._rt.cudaSetDevice(self._device), "cudaSetDevice")
 
     def _execute_failed(self) -> None:
-        self._forget_fast_paths()
+        self._fast_paths.forget()
         raise EngineError(
             f"engine {self.name!r}: execute_async_v3 failed" + _detail(self._logger.errors_since(None)[-3:])
         )
@@ -506,9 +505,9 @@ class PythonEngine(FastPaths, EngineBase):
                     r.stream = ours
         if remember and host is None and not ctx.allocators:
             if outputs is not None:
-                self._remember_fast(ctx, inputs, outputs, ptrs, out_ptrs, kind)
+                self._fast_paths.remember_prebound(self, ctx, inputs, outputs, ptrs, out_ptrs, kind)
             elif kind == KIND_TORCH and self._torch.tensor is not None:
-                self._remember_natural(ctx, inspection.shapes)
+                self._fast_paths.remember_natural(self, ctx, inspection.shapes)
         return results
 
     def _apply_shapes(self, ctx: ExecutionContext, shapes: tuple[Any, ...], profile: int) -> None:

@@ -14,8 +14,9 @@ profile changes or the engine closes:
   reads), binds changed addresses, makes each output with ``torch.empty`` from cached
   arguments and goes straight to ``execute_async_v3``.
 
-:class:`FastPaths` is the mixin of ``PythonEngine`` that runs them (from its ``_call_fast``
-hook of the core pipeline).
+:class:`FastPaths`, a part of each ``PythonEngine`` lane, owns both caches and runs them
+(from the lane's ``_call_fast`` hook of the core pipeline); :func:`torch_lookup` and
+:func:`restore_shapes` are shared with the outer graphs' torch replay.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from typing import Any
 
 from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.contract import TensorInfo
-from trt_runtime_backends.python.lane import LaneState
 
 from trt_runtime.contract import KIND_TORCH
 
-__all__ = ["FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall"]
+__all__ = ["FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall", "restore_shapes", "torch_lookup"]
 
 #: How many validated calls of each kind an engine remembers (a few cycled shapes or buffers).
 FAST_ENTRIES = 16
@@ -125,55 +125,66 @@ def _dynamic_dims(
     )
 
 
-class FastPaths(LaneState):
-    """Runs and remembers :class:`FastPath` and :class:`NaturalCall` calls (mixin of ``PythonEngine``)."""
+class FastPaths:
+    """Runs and remembers :class:`FastPath` and :class:`NaturalCall` calls: a part of each
+    ``PythonEngine`` lane, owning both tables. Its methods take the lane whose context
+    they run."""
 
-    def _forget_fast_paths(self) -> None:
-        self._fast.clear()
-        self._natural.clear()
+    __slots__ = ("natural", "prebound")
+
+    def __init__(self) -> None:
+        #: Validated ``outputs=`` calls by the identities of their arrays.
+        self.prebound: dict[tuple[int, ...], FastPath] = {}
+        #: Validated torch calls without ``outputs=`` by their input shapes.
+        self.natural: dict[tuple[Any, ...], NaturalCall] = {}
+
+    def forget(self) -> None:
+        """Drop every remembered call (the context, profile or engine changed)."""
+        self.prebound.clear()
+        self.natural.clear()
 
     # -- outputs= with the same arrays --------------------------------------------------------
-    def _call_prebound(self, inputs: tuple[Any, ...], outputs: Sequence[Any], stream: Any
-                       ) -> list[Any] | None:
+    def call_prebound(self, lane: Any, inputs: tuple[Any, ...], outputs: Sequence[Any], stream: Any
+                      ) -> list[Any] | None:
         """Run a call with the very arrays of a remembered :class:`FastPath` whose pointers
         and shapes are unchanged; ``None`` when there is none (the full path runs it)."""
-        fast = self._fast.get((*map(id, inputs), *map(id, outputs)))
+        fast = self.prebound.get((*map(id, inputs), *map(id, outputs)))
         if (
             fast is None
             or tuple(map(fast.ptr_of, fast.arrays)) != fast.ptrs
             or tuple(map(_shape_attr, fast.arrays)) != fast.shapes
         ):
             return None
-        ctx = self._context
+        ctx = lane._context
         # identity checks first: the context is normally still in this call's state
         if (ctx is None or ctx.shape_key is not fast.shape_key or ctx.bound_ptrs is not fast.ptrs) and (
-            not self._prepare_fast(fast)
+            not self._prepare(lane, fast)
         ):
             return None
-        ours = self._stream_handle
-        caller = None if stream is self._stream else self._caller_stream(stream, fast.torch)
+        ours = lane._stream_handle
+        caller = None if stream is lane._stream else lane._caller_stream(stream, fast.torch)
         if caller is not None:
-            self._order.before(caller)
+            lane._order.before(caller)
         if not fast.execute(ours):
-            self._execute_failed()
+            lane._execute_failed()
         if caller is not None:
-            self._order.after(caller)
+            lane._order.after(caller)
         return list(outputs)
 
-    def _prepare_fast(self, fast: FastPath) -> bool:
+    def _prepare(self, lane: Any, fast: FastPath) -> bool:
         """Put the context in the state ``fast`` was recorded in: its shapes (the same
         profile only) and its addresses. False sends the call down the full path."""
-        ctx = self._context
+        ctx = lane._context
         if ctx is None:
             return False
-        if ctx.shape_key != fast.shape_key and not self._restore_shapes(
-            ctx, fast.shape_key, fast.dynamic_dims, fast.out_shapes
+        if ctx.shape_key != fast.shape_key and not restore_shapes(
+            lane, ctx, fast.shape_key, fast.dynamic_dims, fast.out_shapes
         ):
             return False
         if ctx.bound_ptrs != fast.ptrs:
             trt_context = ctx.trt_context
             bound = ctx.bound
-            for name, ptr in zip(self._io_names, fast.ptrs, strict=True):
+            for name, ptr in zip(lane._io_names, fast.ptrs, strict=True):
                 if bound.get(name) != ptr:
                     trt_context.set_tensor_address(name, ptr)
                     bound[name] = ptr
@@ -181,94 +192,41 @@ class FastPaths(LaneState):
         ctx.bound_ptrs = fast.ptrs
         return True
 
-    def _restore_shapes(self, ctx: Any, shape_key: tuple[Any, int],
-                        dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any) -> bool:
-        """Put the context back in a state a fast path or a graph was recorded in: its
-        profile (switched when it differs), its input shapes, memory that fits them; the
-        output shapes are known from then. False when TensorRT refuses a shape."""
-        ctx.shape_key = None  # if setting fails halfway, the next call sets the shapes again
-        profile = shape_key[1]
-        if ctx.profile != profile:
-            self._select_profile(ctx, profile)
-        trt_context = ctx.trt_context
-        for name, dims in dynamic_dims:
-            if not trt_context.set_input_shape(name, dims):
-                return False
-        if dynamic_dims:
-            self._fit_device_memory(ctx)
-        ctx.shape_key = shape_key
-        ctx.out_shapes = out_shapes
-        return True
-
-    def _remember_fast(self, ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any],
-                       in_ptrs: list[int], out_ptrs: list[int], kind: int) -> None:
-        fast = FastPath.make(self, ctx, inputs, outputs, in_ptrs, out_ptrs, kind)
+    def remember_prebound(self, lane: Any, ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any],
+                          in_ptrs: list[int], out_ptrs: list[int], kind: int) -> None:
+        fast = FastPath.make(lane, ctx, inputs, outputs, in_ptrs, out_ptrs, kind)
         if fast is not None:
-            if len(self._fast) >= FAST_ENTRIES:
-                self._fast.clear()
+            if len(self.prebound) >= FAST_ENTRIES:
+                self.prebound.clear()
             ctx.bound_ptrs = fast.ptrs  # the same object: the next call's identity check holds
-            self._fast[fast.in_ids + fast.out_ids] = fast
+            self.prebound[fast.in_ids + fast.out_ids] = fast
 
     # -- engine(x) with torch tensors ---------------------------------------------------------
-    def _remember_natural(self, ctx: Any, shapes: tuple[Any, ...]) -> None:
+    def remember_natural(self, lane: Any, ctx: Any, shapes: tuple[Any, ...]) -> None:
         if ctx.shape_key is None or ctx.allocators:
             return
-        if len(self._natural) >= FAST_ENTRIES:
-            self._natural.clear()
-        self._natural[shapes] = NaturalCall(self, ctx)
+        if len(self.natural) >= FAST_ENTRIES:
+            self.natural.clear()
+        self.natural[shapes] = NaturalCall(lane, ctx)
 
-    def _torch_lookup(self, inputs: tuple[Any, ...], stream: Any, table: dict[Any, Any]
-                      ) -> tuple[Any, int | None] | None:
-        """For contiguous CUDA torch tensors of the right dtypes on the engine's device: the
-        entry of ``table`` for their shapes and the caller's stream to order with (torch's
-        current stream when ``stream`` is None; ``None`` when no event is needed). ``None``
-        for anything else, or shapes ``table`` does not know (one function for both torch
-        fast paths: every call in them counts)."""
-        bridge = self._torch
-        tensor = bridge.tensor
-        device = self._device
-        if len(inputs) == 1:  # most engines: no tuple building, one check
-            (x,) = inputs
-            if (type(x) is not tensor or x.dtype is not bridge.in_dtypes[0] or x.get_device() != device
-                    or not x.is_contiguous()):
-                return None
-            entry = table.get((x.shape,))
-        else:
-            if len(inputs) != self._n_in:
-                return None
-            for x, dtype in zip(inputs, bridge.in_dtypes, strict=False):
-                if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
-                        or not x.is_contiguous()):
-                    return None
-            entry = table.get(tuple([x.shape for x in inputs]))
-        if entry is None:
-            return None
-        if stream is None:
-            caller: int | None = bridge.raw_stream(device)
-            if caller in self._order.skip or caller == self._stream_handle:
-                caller = None
-        else:
-            caller = self._caller_stream(stream, True)
-        return entry, caller
-
-    def _call_natural(self, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
+    def call_natural(self, lane: Any, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
         """Run a call whose torch inputs have shapes an earlier call validated; ``None``
         when it does not qualify (the full path then checks and runs it)."""
-        found = self._torch_lookup(inputs, stream, self._natural)
+        found = torch_lookup(lane, inputs, stream, self.natural)
         if found is None:
             return None
         entry, caller = found
-        ctx = self._context
+        ctx = lane._context
         if ctx.shape_key is not entry.shape_key and (
             ctx.shape_key != entry.shape_key
-            and not self._restore_shapes(ctx, entry.shape_key, entry.dynamic_dims, entry.out_shapes)
+            and not restore_shapes(lane, ctx, entry.shape_key, entry.dynamic_dims, entry.out_shapes)
         ):
             return None
-        if self._multi_device:
-            self._set_device()
+        if lane._multi_device:
+            lane._set_device()
         trt_context = ctx.trt_context
         bound = ctx.bound
-        for name, x in zip(self._in_names, inputs, strict=False):
+        for name, x in zip(lane._in_names, inputs, strict=False):
             ptr = x.data_ptr()
             if bound.get(name) != ptr:
                 trt_context.set_tensor_address(name, ptr)
@@ -285,8 +243,8 @@ class FastPaths(LaneState):
                     ctx.bound_ptrs = ()
                 results.append(y)
         else:
-            empty = self._torch.empty
-            torch_device = self._torch.device
+            empty = lane._torch.empty
+            torch_device = lane._torch.device
             for name, shape, dtype in entry.outputs:
                 y = empty(shape, dtype=dtype, device=torch_device)
                 ptr = y.data_ptr()
@@ -295,12 +253,67 @@ class FastPaths(LaneState):
                     bound[name] = ptr
                     ctx.bound_ptrs = ()
                 results.append(y)
-        ours = self._stream_handle
-        order = self._order
+        ours = lane._stream_handle
+        order = lane._order
         if caller is not None:
             order.before(caller)
         if not trt_context.execute_async_v3(ours):
-            self._execute_failed()
+            lane._execute_failed()
         if caller is not None:
             order.after(caller)
         return results
+
+
+def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
+                   dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any) -> bool:
+    """Put the context back in a state a fast path or a graph was recorded in: its
+    profile (switched when it differs), its input shapes, memory that fits them; the
+    output shapes are known from then. False when TensorRT refuses a shape."""
+    ctx.shape_key = None  # if setting fails halfway, the next call sets the shapes again
+    profile = shape_key[1]
+    if ctx.profile != profile:
+        lane._select_profile(ctx, profile)
+    trt_context = ctx.trt_context
+    for name, dims in dynamic_dims:
+        if not trt_context.set_input_shape(name, dims):
+            return False
+    if dynamic_dims:
+        lane._fit_device_memory(ctx)
+    ctx.shape_key = shape_key
+    ctx.out_shapes = out_shapes
+    return True
+
+
+def torch_lookup(lane: Any, inputs: tuple[Any, ...], stream: Any, table: dict[Any, Any]
+                 ) -> tuple[Any, int | None] | None:
+    """For contiguous CUDA torch tensors of the right dtypes on the engine's device: the
+    entry of ``table`` for their shapes and the caller's stream to order with (torch's
+    current stream when ``stream`` is None; ``None`` when no event is needed). ``None``
+    for anything else, or shapes ``table`` does not know (one function for both torch
+    fast paths: every call in them counts)."""
+    bridge = lane._torch
+    tensor = bridge.tensor
+    device = lane._device
+    if len(inputs) == 1:  # most engines: no tuple building, one check
+        (x,) = inputs
+        if (type(x) is not tensor or x.dtype is not bridge.in_dtypes[0] or x.get_device() != device
+                or not x.is_contiguous()):
+            return None
+        entry = table.get((x.shape,))
+    else:
+        if len(inputs) != lane._n_in:
+            return None
+        for x, dtype in zip(inputs, bridge.in_dtypes, strict=False):
+            if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
+                    or not x.is_contiguous()):
+                return None
+        entry = table.get(tuple([x.shape for x in inputs]))
+    if entry is None:
+        return None
+    if stream is None:
+        caller: int | None = bridge.raw_stream(device)
+        if caller in lane._order.skip or caller == lane._stream_handle:
+            caller = None
+    else:
+        caller = lane._caller_stream(stream, True)
+    return entry, caller

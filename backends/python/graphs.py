@@ -36,6 +36,7 @@ from typing import Any
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection, TensorInfo
+from trt_runtime_backends.python.fast_path import restore_shapes, torch_lookup
 from trt_runtime_backends.python.output_binding import host_memory
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
@@ -171,7 +172,7 @@ class OuterGraphs:
         does not qualify (the full path then checks and runs it). With the static inputs
         passed and ``"view"`` outputs this is one ``cudaGraphLaunch`` (plus events for a
         caller stream other than the legacy default one)."""
-        found = lane._torch_lookup(inputs, stream, self.shortcuts)
+        found = torch_lookup(lane, inputs, stream, self.shortcuts)
         if found is None:
             return None
         slot, caller = found
@@ -191,8 +192,8 @@ class OuterGraphs:
                 if err:
                     cuda.check((err,), "cudaMemcpyAsync")
         ctx = lane._context
-        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key and not lane._restore_shapes(
-            ctx, slot.key, slot.dynamic_dims, slot.out_shapes
+        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key and not restore_shapes(
+            lane, ctx, slot.key, slot.dynamic_dims, slot.out_shapes
         ):
             self.shapes_refused(lane, slot)
         (err,) = rt.cudaGraphLaunch(slot.exec, ours)
@@ -333,8 +334,8 @@ class OuterGraphs:
         )
 
     def launch(self, lane: Any, ctx: Any, slot: GraphSlot, ours: int) -> None:
-        if ctx.shape_key != slot.key and not lane._restore_shapes(
-            ctx, slot.key, slot.dynamic_dims, slot.out_shapes
+        if ctx.shape_key != slot.key and not restore_shapes(
+            lane, ctx, slot.key, slot.dynamic_dims, slot.out_shapes
         ):  # the same memory buffer: it fitted these shapes at capture
             self.shapes_refused(lane, slot)
         (err,) = lane._rt.cudaGraphLaunch(slot.exec, ours)

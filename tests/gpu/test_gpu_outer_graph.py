@@ -318,7 +318,7 @@ def test_natural_call_orders_with_torchs_current_stream(open_engine, monkeypatch
                 got = engine(late) * 1
             stream.synchronize()
             np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-2, atol=1e-2)
-    assert len(engine._natural) == 3  # one remembered call per input shape
+    assert len(engine._fast_paths.natural) == 3  # one remembered call per input shape
 
 
 @pytest.mark.parametrize("ordering", ["events", "implicit"])
