@@ -328,6 +328,20 @@ def _fake_engine(batch: int = -1, backend: PythonBackend | None = None, settings
     return engine
 
 
+def _user_managed_engine() -> PythonEngine:
+    """A fake engine whose TensorRT offers USER_MANAGED contexts (as TensorRT-RTX does)."""
+
+    class Strategies:
+        USER_MANAGED = "user_managed"
+
+    class Trt(_FakeTrt):
+        ExecutionContextAllocationStrategy = Strategies
+
+    backend = _fake_backend()
+    backend._trt = Trt
+    return _fake_engine(backend=backend)
+
+
 def _trt_calls(engine: PythonEngine) -> list[tuple[Any, ...]]:
     contexts = engine.trt_engine.contexts
     return contexts[-1].calls if contexts else []

@@ -27,6 +27,7 @@ from _python_doubles import (
     _FakeTrt,
     _Mode,
     _trt_calls,
+    _user_managed_engine,
 )
 from trt_runtime_backends.python import CUDA_HINT, RTX_HINT, PythonBackend
 from trt_runtime_backends.python import backend as backend_module
@@ -674,20 +675,6 @@ def test_python_backend_cpu_torch_tensors_of_any_dtype_are_staged(torch: FakeTor
     copies = engine._rt.copies
     assert [(k, n) for k, _, _, n, _ in copies] == [(1, 16), (2, 16)]
     assert copies[0][2] == host.data_ptr() and copies[1][1] == out.data_ptr()
-
-
-def _user_managed_engine() -> PythonEngine:
-    """A fake engine whose TensorRT offers USER_MANAGED contexts (as TensorRT-RTX does)."""
-
-    class Strategies:
-        USER_MANAGED = "user_managed"
-
-    class Trt(_FakeTrt):
-        ExecutionContextAllocationStrategy = Strategies
-
-    backend = _fake_backend()
-    backend._trt = Trt
-    return _fake_engine(backend=backend)
 
 
 def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:

@@ -12,8 +12,9 @@ five runs):
 * ``natural``: ``engine(x)`` with a CUDA torch tensor (the python backend's natural call);
 * ``pre-bound``: ``engine.execute(x, outputs=[y], stream=s)`` with the same arrays;
 * ``outer-replay``: ``engine(x)`` under ``outer_graph="view"`` (a replay);
-* ``dynamic``: ``engine(x)`` alternating batches 1/8/64 (eager) and ``dynamic-outer``
-  (under the outer graph);
+* ``dynamic``: ``engine(x)`` alternating batches 1/8/16 (two profiles; eager) and
+  ``dynamic-outer`` (under the outer graph); python's ``dynamic-user-managed``: batches
+  1/4/8 of one profile with USER_MANAGED contexts (the runtime's activation memory);
 * ``threads-1`` / ``threads-N``: calls per second of ``engine(x)`` from 1 and N threads
   sharing one engine (each thread its own stream), and, where the backend supports it,
   with ``contexts=N``.
@@ -122,6 +123,15 @@ def python_rows(calls: int, threads: int, seconds: float) -> dict[str, float]:
 
     dyn = d._fake_engine()
     _dynamic_rows(rows, dyn, [torch.cuda_tensor((b, 4), torch.float32) for b in (1, 8, 16)], calls)
+    # Batches of one profile with TensorRT-RTX's USER_MANAGED contexts (the runtime owns
+    # the activation memory, as on the GPU): what a change of shapes costs beyond the shapes.
+    um = d._user_managed_engine()
+    um.trt_engine.device_memory_size_v2 = 1 << 20
+    xs = [torch.cuda_tensor((b, 4), torch.float32) for b in (1, 4, 8)]
+    for t in xs:
+        um(t)
+    it = iter(range(1 << 62))
+    rows["dynamic-user-managed"] = _best(lambda: um(xs[next(it) % 3]), calls)
 
     def make_call(i: int) -> Any:
         xi = torch.cuda_tensor((8, 4), torch.float32)
