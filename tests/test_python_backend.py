@@ -397,7 +397,7 @@ def test_python_backend_orders_the_callers_stream_with_events() -> None:
     engine = _fake_engine()
     engine.execute(np.ones((2, 4), np.float32), stream=77)
     rt = engine._rt.calls
-    ev_in, ev_out = engine._event_in, engine._event_out
+    ev_in, ev_out = engine._order.event_in, engine._order.event_out
     ordering = [c for c in rt if c[0] in ("record", "wait")]
     assert ordering == [("record", ev_in, 77), ("wait", 4242, ev_in),
                         ("record", ev_out, 4242), ("wait", 77, ev_out)]
@@ -475,7 +475,7 @@ def test_python_backend_unclosed_engine_releases_its_context_when_collected() ->
     engine = _fake_engine()
     engine.execute(np.ones((2, 4), np.float32))
     context, rt = engine._context, engine._rt
-    events = (engine._event_in, engine._event_out)
+    events = (engine._order.event_in, engine._order.event_out)
     del engine
     gc.collect()
     assert context.trt_context is None and context.config is None
@@ -623,7 +623,7 @@ def test_python_backend_natural_call_orders_other_streams_and_checks_inputs(torc
     torch.current_stream = 55  # inside torch.cuda.stream(side)
     engine._rt.calls.clear()
     engine(x)
-    ev_in, ev_out = engine._event_in, engine._event_out
+    ev_in, ev_out = engine._order.event_in, engine._order.event_out
     assert [c for c in engine._rt.calls if c[0] in ("record", "wait")] == [
         ("record", ev_in, 55), ("wait", 4242, ev_in), ("record", ev_out, 4242), ("wait", 55, ev_out)]
     engine._rt.calls.clear()

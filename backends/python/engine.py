@@ -35,7 +35,7 @@ from trt_runtime_backends.python.fast_path import FastPaths
 from trt_runtime_backends.python.graphs import OuterGraphs
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape, stream_handle
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
 from trt_runtime.graphs import GraphCache
@@ -106,7 +106,6 @@ class PythonEngine(EngineBase):
         self._in = [TensorInfo(s, i) for i, s in enumerate(inputs)]
         self._out = [TensorInfo(s, i) for i, s in enumerate(outputs)]
         self._n_in = len(self._in)
-        self._n_out = len(self._out)
         self._in_names = tuple(io.name for io in self._in)
         self._io_names = tuple(io.name for io in (*self._in, *self._out))
         self._num_profiles = max(1, int(trt_engine.num_optimization_profiles))
@@ -121,17 +120,15 @@ class PythonEngine(EngineBase):
         self._stream = state.create_stream(blocking=True) if blocking else state.create_stream()
         self._stream_handle = int(self._stream.handle)
         self._res.stream_handle = self._stream_handle
-        self._order = stream_order.StreamOrder(self._rt, self._stream_handle, mode)
-        self._res.events = self._order.events()
-        self._event_in, self._event_out = self._res.events
-        #: Caller streams seen, by id: (the object, its handle); a few threads' streams.
-        self._caller_streams: dict[int, tuple[Any, int]] = {}
-        #: The parts: torch (bound on the first tensor seen) and the input checks.
+        #: The parts, each owning its state: torch (bound on the first tensor seen), the
+        #: ordering with caller streams, the remembered calls, the outer graphs, the input
+        #: checks and the outputs.
         self._torch = TorchBridge(self._device, self._in, self._out)
-        #: Validated calls remembered for the fast paths (see fast_path).
+        self._order = stream_order.StreamOrder(
+            self._rt, self._stream_handle, mode, own=self._stream, bridge=self._torch, device=self._device
+        )
+        self._res.events = self._order.events()
         self._fast_paths = FastPaths()
-        #: Outer CUDA-graph slots by (input shapes, profile) (the core's LRU), and torch
-        #: replays by shapes.
         self._graphs = OuterGraphs(self._rt, state, self._res)
         self._output_allocator = "auto"
         self._cache_key: Any = None
@@ -331,7 +328,7 @@ class PythonEngine(EngineBase):
             cuda.check(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
 
     def _release(self) -> None:
-        self._caller_streams.clear()
+        self._order.release()
         self._fast_paths.forget()
         self._drop_graphs()
         self._finalizer()
@@ -410,28 +407,6 @@ class PythonEngine(EngineBase):
     def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         return self._run_inspected(context, call.inputs, call, stream, outputs, remember=call.remember)
 
-    def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None:
-        """The caller's stream handle to order our work against; ``None`` when there is none
-        (no stream given and no torch inputs), it is our own stream, or it needs no event
-        (the legacy default stream when our stream is a blocking one)."""
-        if stream is None:
-            caller = self._torch.raw_stream(self._device) if torch_inputs else None
-        elif stream is self._stream:
-            return None
-        else:
-            # Each caller thread often has its own stream: remember a few, by identity.
-            seen = self._caller_streams.get(id(stream))
-            if seen is not None and seen[0] is stream:
-                caller = seen[1]
-            else:
-                caller = stream_handle(stream)
-                if len(self._caller_streams) >= 16:
-                    self._caller_streams.clear()
-                self._caller_streams[id(stream)] = (stream, caller)
-        if caller == self._stream_handle or caller in self._order.skip:
-            return None
-        return caller
-
     def _activate_thread(self) -> None:
         """A new thread has no current CUDA context until something makes one current;
         TensorRT's profile switch and cuda.core's allocations need it."""
@@ -470,7 +445,7 @@ class PythonEngine(EngineBase):
             self._apply_shapes(ctx, inspection.shapes, inspection.profile)
             ctx.shape_key = key
         ours = self._stream_handle
-        caller = self._caller_stream(stream, kind == KIND_TORCH)
+        caller = self._order.caller(stream, kind == KIND_TORCH)
         if caller is not None:
             self._order.before(caller)
         if host is not None:

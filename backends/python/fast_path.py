@@ -162,7 +162,7 @@ class FastPaths:
         ):
             return None
         ours = lane._stream_handle
-        caller = None if stream is lane._stream else lane._caller_stream(stream, fast.torch)
+        caller = None if stream is lane._stream else lane._order.caller(stream, fast.torch)
         if caller is not None:
             lane._order.before(caller)
         if not fast.execute(ours):
@@ -315,5 +315,5 @@ def torch_lookup(lane: Any, inputs: tuple[Any, ...], stream: Any, table: dict[An
         if caller in lane._order.skip or caller == lane._stream_handle:
             caller = None
     else:
-        caller = lane._caller_stream(stream, True)
+        caller = lane._order.caller(stream, True)
     return entry, caller

@@ -149,7 +149,7 @@ class OuterGraphs:
             slot = self.slot(lane, key)
         kind = inspection.kind
         ours = lane._stream_handle
-        caller = lane._caller_stream(stream, kind == KIND_TORCH)
+        caller = lane._order.caller(stream, kind == KIND_TORCH)
         if caller is not None:
             lane._order.before(caller)
         self.fill_inputs(lane, slot, inspection, ours)

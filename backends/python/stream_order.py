@@ -26,6 +26,8 @@ from typing import Any
 
 from trt_runtime_backends.python import cuda
 
+from trt_runtime.contract import stream_handle
+
 __all__ = ["DEFAULT_MODE", "LEGACY_STREAMS", "MODES", "StreamOrder"]
 
 MODES = ("implicit", "events")
@@ -44,9 +46,10 @@ class StreamOrder:
     ``ours`` is a blocking stream). The events belong to the engine's finalizer.
     """
 
-    __slots__ = ("event_in", "event_out", "mode", "ours", "rt", "skip")
+    __slots__ = ("bridge", "device", "event_in", "event_out", "mode", "ours", "own", "rt", "seen", "skip")
 
-    def __init__(self, rt: Any, ours: int, mode: str = DEFAULT_MODE) -> None:
+    def __init__(self, rt: Any, ours: int, mode: str = DEFAULT_MODE, own: Any = None, bridge: Any = None,
+                 device: int = 0) -> None:
         if mode not in MODES:
             allowed = ", ".join(map(repr, MODES))
             raise ValueError(f"stream ordering mode must be one of {allowed}; got {mode!r}")
@@ -56,6 +59,40 @@ class StreamOrder:
         self.event_in = cuda.create_event(rt)
         self.event_out = cuda.create_event(rt)
         self.skip: tuple[int, ...] = LEGACY_STREAMS if mode == "implicit" else ()
+        #: The engine's own stream object (passing it as ``stream=`` needs no event), and the
+        #: lane's TorchBridge and device (torch calls order with torch's current stream).
+        self.own = own
+        self.bridge = bridge
+        self.device = device
+        #: Caller streams seen, by id: (the object, its handle); a few threads' streams.
+        self.seen: dict[int, tuple[Any, int]] = {}
+
+    def caller(self, stream: Any, torch_inputs: bool) -> int | None:
+        """The handle of the caller's ``stream`` to order with; ``None`` when there is none
+        (no stream given and no torch inputs), it is our own stream, or it needs no event
+        (one in :attr:`skip`). ``stream=None`` with torch inputs: torch's current stream."""
+        if stream is None:
+            caller = self.bridge.raw_stream(self.device) if torch_inputs else None
+        elif stream is self.own:
+            return None
+        else:
+            # Each caller thread often has its own stream: remember a few, by identity.
+            seen = self.seen.get(id(stream))
+            if seen is not None and seen[0] is stream:
+                caller = seen[1]
+            else:
+                caller = stream_handle(stream)
+                if len(self.seen) >= 16:
+                    self.seen.clear()
+                self.seen[id(stream)] = (stream, caller)
+        if caller == self.ours or caller in self.skip:
+            return None
+        return caller
+
+    def release(self) -> None:
+        """Forget the streams (the engine closes)."""
+        self.seen.clear()
+        self.own = None
 
     @staticmethod
     def blocking(mode: str) -> bool:
