@@ -263,6 +263,7 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
                 dtype=dtype,
                 shape=tuple(shape),
                 is_input=is_input,
+                profiles=_parse_profiles(entry.get("profiles", []), len(shape), f"{where} ({name!r})"),
                 data_dependent=data_dependent and not is_input,
             )
         )
@@ -294,6 +295,31 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
         "dtypes_recorded": dtypes_recorded,
         **strings,
     }
+
+
+def _parse_profiles(raw: Any, rank: int, where: str) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """An input's ``profiles``: ``[[min, opt, max], ...]``, each a shape of the binding's rank."""
+    if not isinstance(raw, list):
+        raise FormatError(f"{where} profiles must be a list of [min, opt, max] shapes; got {raw!r}")
+    profiles = []
+    for i, triple in enumerate(raw):
+        ok = (
+            isinstance(triple, list)
+            and len(triple) == 3
+            and all(
+                isinstance(s, list)
+                and len(s) == rank
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in s)
+                for s in triple
+            )
+        )
+        if not ok or not all(a <= b <= c for a, b, c in zip(*triple, strict=True)):
+            raise FormatError(
+                f"{where} profiles[{i}] must be [min, opt, max] shapes of rank {rank} with "
+                f"0 <= min <= opt <= max; got {triple!r}"
+            )
+        profiles.append(tuple(tuple(s) for s in triple))
+    return tuple(profiles)  # type: ignore[return-value]
 
 
 def _parse_aliased(raw: Any, bindings: Sequence[TensorSpec], tag: str) -> tuple[tuple[str, str, str], ...]:
@@ -367,7 +393,8 @@ def encode_metadata(
     """The metadata JSON, with torch-tensorrt's key order and compact separators.
 
     Bindings are written in the order given; a data-dependent output gets an extra
-    ``"data_dependent":true`` (the C++ parser skips binding keys it does not know).
+    ``"data_dependent":true`` and an input with optimization profiles an extra
+    ``"profiles":[[min,opt,max],...]`` (the C++ parser skips binding keys it does not know).
     """
     return _encode(
         bindings,
@@ -405,6 +432,10 @@ def _encode(
         }
         if spec.data_dependent and not spec.is_input:
             entry["data_dependent"] = True
+        if spec.is_input and spec.profiles:
+            # An extra key, like data_dependent: torch-tensorrt's C++ parser skips it.
+            entry["profiles"] = [[[int(d) for d in shape] for shape in triple] for triple in spec.profiles]
+            _parse_profiles(entry["profiles"], len(spec.shape), f"binding {spec.name!r}")  # as read back
         entries.append(entry)
     doc = {
         "io_bindings": entries,
