@@ -193,6 +193,7 @@ def build_onnx(
         if not source.is_file():
             raise FileNotFoundError(2, "no such ONNX model", os.fspath(source))
     ranges = dict(shapes or {})
+    stem = name or ("model" if isinstance(source, bytes) else source.stem)
     trt = import_tensorrt()
     data = _load_fp16(source) if precision == "fp16" else source
     logger = _Log.get(trt)
@@ -211,16 +212,18 @@ def build_onnx(
             failures = parser_failures(parser, label) or [f"{label}: the ONNX parser failed"]
             raise BuildError(failures[0] if len(failures) == 1 else
                              f"{label}: the ONNX parser reported {len(failures)} errors", failures)
+        if network.num_outputs == 0:
+            # protobuf reads many byte strings as an empty model, which the parser accepts
+            raise BuildError(f"{label}: the model has no outputs; is it an ONNX model?")
         _check_ranges(network, ranges, label)
         from trt_runtime.builders import _build, _specs
 
         profiles = [ranges] if ranges else []
         try:
-            plan = _build(trt, builder, network, profiles, progress, label, strict_fp32=precision == "fp32")
+            plan = _build(trt, builder, network, profiles, progress, repr(stem), strict_fp32=precision == "fp32")
         except RuntimeError as exc:
             raise BuildError(f"{exc}", [str(exc)]) from exc
         inputs, outputs = _specs(network, profiles)
     finally:
         logger.sink = None
-    stem = name or ("model" if isinstance(source, bytes) else source.stem)
     return OnnxEngine(plan=plan, inputs=inputs, outputs=outputs, name=stem, precision=precision)

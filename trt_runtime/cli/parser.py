@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from trt_runtime.cli.backends import backends_command
 from trt_runtime.cli.bench import bench_command
+from trt_runtime.cli.build import add_build_parser, build_command
 from trt_runtime.cli.cache import CACHE_ACTIONS, cache_command
 from trt_runtime.cli.demo import demo_command
 from trt_runtime.cli.engine_files import FORCE_HELP
@@ -29,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: The commands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "inspect", "run", "bench", "cache", "backends")
+COMMANDS = ("demo", "build", "inspect", "run", "bench", "cache", "backends")
 _CUDA_GRAPH_CHOICES = ("disabled", "whole_graph_capture")
 _DYNAMIC_CHOICES = ("lazy", "eager", "none")
 
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", metavar="NAME", default=None,
                    help="backend for the GPU part (default: the first available)")
     p.set_defaults(handler=demo_command)
+
+    p = command("build", "build an engine from an ONNX model with the TensorRT-RTX builder; "
+                         "write it as plan, TR01 or .pte")
+    add_build_parser(p)
+    p.set_defaults(handler=build_command)
 
     p = command("inspect", "show what an engine file is: format, bindings, device, version")
     p.add_argument("file", type=Path, help="a raw plan, a TR01/TR02 blob or a .pte program")
