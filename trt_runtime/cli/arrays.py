@@ -111,9 +111,10 @@ def load_npz(path: Path, option: str) -> dict[str, Any]:
 
     check_file(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            if not hasattr(archive, "files"):
-                raise ValueError("it holds one array (.npy), not named arrays")
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one array (.npy), not named arrays")
+        with archive:
             return {name: archive[name] for name in archive.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
         raise CliError(f"{option} {path} is not an .npz file of named arrays (numpy.savez): {exc}") from exc
