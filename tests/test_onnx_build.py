@@ -297,3 +297,24 @@ def test_check_in_profiles_names_the_ranges() -> None:
     assert "outside every optimization profile of e (profile 0: 1x8 .. 16x8)" in check_in_profiles(
         spec, (17, 8), engine="e")
     assert "does not fit input 'x' of the engine, whose shape is ?x8" in check_in_profiles(spec, (2, 9))
+
+
+def test_demo_starts_from_an_onnx_model_or_says_what_it_fell_back_to(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trt_runtime.testing import onnx_models
+
+    code, out, err = _run(capsys, "--json", "demo", "--out", tmp_path / "onnx")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["source"]["onnx"] == os.fspath(tmp_path / "onnx" / "convnet.onnx")
+    assert (tmp_path / "onnx" / "convnet.onnx").is_file()
+
+    def no_onnx(**kwargs: Any) -> Any:
+        raise ImportError("making ONNX models needs onnx: pip install 'trt-runtime[onnx]'")
+
+    monkeypatch.setattr(onnx_models, "conv_model", no_onnx)
+    code, out, err = _run(capsys, "demo", "--out", tmp_path / "api")
+    assert code == 0, err
+    assert "built with the TensorRT-RTX network API: making ONNX models needs onnx" in " ".join(out.split())
+    assert not list((tmp_path / "api").glob("*.onnx"))
