@@ -156,7 +156,8 @@ def test_cli_demo_run_part_with_the_memory_backend(
     assert runs["warm"]["check"]["outputs"][0]["max_abs_error"] < 1e-5
     # A wrong reference is caught: exit 1 with one line.
     wrong = builders.BuiltEngine(data, (spec,), (out_spec,), {}, lambda x: [np.asarray(x) * 0], name="affine")
-    monkeypatch.setattr(demo, "_build_engine", lambda outdir, progress: (wrong, {"onnx": None, "why": "test"}))
+    monkeypatch.setattr(demo, "_build_engine",
+                        lambda outdir, progress: (wrong, {"onnx": None, "why": "test"}))
     code, _, err = _run(capsys, "demo", "--out", tmp_path / "again", "--backend", "memory")
     assert code == 1
     assert "do not match the numpy reference" in _one_error_line(err)

@@ -46,16 +46,30 @@ def affine(tmp_path: Path) -> Path:
     return path
 
 
-def _run_mem(capsys: pytest.CaptureFixture[str], engine: Path, tmp_path: Path, *extra: Any) -> tuple[int, Any, str]:
-    code, out, err = _run(capsys, "--json", "run", engine, "--backend", "memory", FORCE,
-                          "--output-dir", tmp_path / "out", *extra)
+def _run_mem(
+    capsys: pytest.CaptureFixture[str], engine: Path, tmp_path: Path, *extra: Any
+) -> tuple[int, Any, str]:
+    code, out, err = _run(
+        capsys,
+        "--json",
+        "run",
+        engine,
+        "--backend",
+        "memory",
+        FORCE,
+        "--output-dir",
+        tmp_path / "out",
+        *extra,
+    )
     return code, json.loads(out) if out.strip() else None, err
 
 
 # -- --shapes -----------------------------------------------------------------------------
 
 
-def test_run_shapes_sets_the_input_shape(capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path) -> None:
+def test_run_shapes_sets_the_input_shape(
+    capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path
+) -> None:
     code, doc, err = _run_mem(capsys, affine, tmp_path, "--shapes", "x:5x4")
     assert code == 0, err
     assert [o["shape"] for o in doc["outputs"]] == [[5, 4], [5, 4]]
@@ -65,7 +79,11 @@ def test_run_shapes_sets_the_input_shape(capsys: pytest.CaptureFixture[str], aff
 @pytest.mark.parametrize(
     ("shape", "match"),
     [
-        ("x:9x4", "shape 9x4 of input 'x' is outside every optimization profile of the engine (profile 0: 1x4 .. 8x4)"),
+        (
+            "x:9x4",
+            "shape 9x4 of input 'x' is outside every optimization profile of the engine "
+            "(profile 0: 1x4 .. 8x4)",
+        ),
         ("x:2x5", "shape 2x5 does not fit input 'x' of the engine, whose shape is ?x4"),
         ("x:2x4x1", "shape 2x4x1 does not fit input 'x'"),
         ("w:2x4", "--shapes names ['w'], which are not inputs of the engine; its inputs are ['x']"),
@@ -83,11 +101,22 @@ def test_run_shapes_refused_with_a_clear_error(
 # -- inputs and outputs as .npz, summaries ------------------------------------------------------
 
 
-def test_run_save_load_and_summaries(capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path) -> None:
+def test_run_save_load_and_summaries(
+    capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path
+) -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.savez(tmp_path / "in.npz", x=x)
-    code, doc, err = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "in.npz",
-                              "--save-outputs", tmp_path / "o.npz", "--save-inputs", tmp_path / "i.npz")
+    code, doc, err = _run_mem(
+        capsys,
+        affine,
+        tmp_path,
+        "--load-inputs",
+        tmp_path / "in.npz",
+        "--save-outputs",
+        tmp_path / "o.npz",
+        "--save-inputs",
+        tmp_path / "i.npz",
+    )
     assert code == 0, err
     with np.load(tmp_path / "o.npz") as saved:
         np.testing.assert_array_equal(saved["y"], 2 * x + 1)
@@ -95,11 +124,19 @@ def test_run_save_load_and_summaries(capsys: pytest.CaptureFixture[str], affine:
     with np.load(tmp_path / "i.npz") as saved:
         np.testing.assert_array_equal(saved["x"], x)
     y = doc["summaries"]["y"]
-    assert y == {"shape": [3, 4], "dtype": "float32", "min": 1.0, "max": 23.0,
-                 "mean": pytest.approx(12.0), "std": pytest.approx(float(np.std(2 * x + 1)))}
+    assert y == {
+        "shape": [3, 4],
+        "dtype": "float32",
+        "min": 1.0,
+        "max": 23.0,
+        "mean": pytest.approx(12.0),
+        "std": pytest.approx(float(np.std(2 * x + 1))),
+    }
 
 
-def test_run_summary_table_in_text_mode(capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path) -> None:
+def test_run_summary_table_in_text_mode(
+    capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path
+) -> None:
     code, out, err = _run(capsys, "run", affine, "--backend", "memory", FORCE, "--output-dir", tmp_path)
     assert code == 0, err
     assert "output values" in out and "mean" in out and "std" in out
@@ -112,12 +149,17 @@ def test_run_load_inputs_refusals(capsys: pytest.CaptureFixture[str], affine: Pa
     np.savez(tmp_path / "big.npz", x=np.zeros((9, 4), np.float32))
     code, _, err = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "big.npz")
     assert code == 1
-    assert "the array given for input 'x': shape 9x4 of input 'x' is outside every optimization profile" in _error(err)
+    assert (
+        "the array given for input 'x': shape 9x4 of input 'x' is outside every optimization profile"
+        in _error(err)
+    )
     np.savez(tmp_path / "other.npz", q=np.zeros((2, 4), np.float32))
     code, _, err = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "other.npz")
     assert code == 2 and "--load-inputs names ['q'], which are not inputs" in _error(err)
     np.savez(tmp_path / "x.npz", x=np.zeros((2, 4), np.float32))
-    code, _, err = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "x.npz", "--shapes", "x:2x4")
+    code, _, err = _run_mem(
+        capsys, affine, tmp_path, "--load-inputs", tmp_path / "x.npz", "--shapes", "x:2x4"
+    )
     assert code == 2 and "given by more than one of --input, --load-inputs, --shapes" in _error(err)
 
 
@@ -131,11 +173,24 @@ def _reference(tmp_path: Path, x: np.ndarray, **changes: np.ndarray) -> Path:
     return tmp_path / "ref.npz"
 
 
-def test_run_compare_passes_within_tolerance(capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path) -> None:
+def test_run_compare_passes_within_tolerance(
+    capsys: pytest.CaptureFixture[str], affine: Path, tmp_path: Path
+) -> None:
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
     ref = _reference(tmp_path, x, y=(2 * x + 1) * (1 + 1e-6), extra=np.zeros(3))
-    code, doc, err = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "in.npz", "--compare", ref,
-                              "--rtol", "1e-4", "--atol", "0")
+    code, doc, err = _run_mem(
+        capsys,
+        affine,
+        tmp_path,
+        "--load-inputs",
+        tmp_path / "in.npz",
+        "--compare",
+        ref,
+        "--rtol",
+        "1e-4",
+        "--atol",
+        "0",
+    )
     assert code == 0, err
     assert doc["compare"]["ok"] is True and doc["compare"]["ignored"] == ["extra"]
     y, z = doc["compare"]["outputs"]
@@ -150,17 +205,48 @@ def test_run_compare_mismatch_exits_1_with_a_report(
     wrong = -x
     wrong[0, 1] = 0.5
     ref = _reference(tmp_path, x, z=wrong)
-    code, out, err = _run(capsys, "run", affine, "--backend", "memory", FORCE, "--output-dir", tmp_path / "o",
-                          "--load-inputs", tmp_path / "in.npz", "--compare", ref)
+    code, out, err = _run(
+        capsys,
+        "run",
+        affine,
+        "--backend",
+        "memory",
+        FORCE,
+        "--output-dir",
+        tmp_path / "o",
+        "--load-inputs",
+        tmp_path / "in.npz",
+        "--compare",
+        ref,
+    )
     assert code == 1
     assert "1 of 2 output(s) differ from" in _error(err) and ": z" in _error(err)
     assert "FAIL" in out and "PASS" in out and "1.5" in out  # the max abs error of z
-    code, out, _ = _run(capsys, "--json", "run", affine, "--backend", "memory", FORCE, "--output-dir",
-                        tmp_path / "o", "--load-inputs", tmp_path / "in.npz", "--compare", ref)
+    code, out, _ = _run(
+        capsys,
+        "--json",
+        "run",
+        affine,
+        "--backend",
+        "memory",
+        FORCE,
+        "--output-dir",
+        tmp_path / "o",
+        "--load-inputs",
+        tmp_path / "in.npz",
+        "--compare",
+        ref,
+    )
     doc = json.loads(out)
     z = next(r for r in doc["compare"]["outputs"] if r["name"] == "z")
-    assert code == 1 and z == {"name": "z", "ok": False, "max_abs_error": 1.5, "max_rel_error": 3.0,
-                               "mismatched": 1, "note": ""}
+    assert code == 1 and z == {
+        "name": "z",
+        "ok": False,
+        "max_abs_error": 1.5,
+        "max_rel_error": 3.0,
+        "mismatched": 1,
+        "note": "",
+    }
 
 
 def test_run_compare_missing_output_and_shape_mismatch(
@@ -169,8 +255,9 @@ def test_run_compare_missing_output_and_shape_mismatch(
     x = np.ones((2, 4), np.float32)
     np.savez(tmp_path / "in.npz", x=x)
     np.savez(tmp_path / "ref.npz", y=np.ones((3, 4)))
-    code, doc, _ = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "in.npz",
-                            "--compare", tmp_path / "ref.npz")
+    code, doc, _ = _run_mem(
+        capsys, affine, tmp_path, "--load-inputs", tmp_path / "in.npz", "--compare", tmp_path / "ref.npz"
+    )
     assert code == 1
     y, z = doc["compare"]["outputs"]
     assert not y["ok"] and "shape [2, 4] differs from the reference's [3, 4]" in y["note"]
@@ -188,8 +275,14 @@ def test_run_compare_checks_its_file_and_tolerances_before_running(
 
 
 def test_compare_and_summarize_functions() -> None:
-    assert summarize(np.zeros((0, 3), np.float16)) == {"shape": [0, 3], "dtype": "float16", "min": None,
-                                                       "max": None, "mean": None, "std": None}
+    assert summarize(np.zeros((0, 3), np.float16)) == {
+        "shape": [0, 3],
+        "dtype": "float16",
+        "min": None,
+        "max": None,
+        "mean": None,
+        "std": None,
+    }
     (report,) = compare({"a": np.array([1.0, np.nan])}, {"a": np.array([1.0, 1.0])}, atol=1, rtol=0)
     assert not report["ok"] and report["note"] == "1 NaN value(s)"
     (report,) = compare({"a": np.array([0.0, 2.0])}, {"a": np.array([0.0, 1.0])}, atol=0, rtol=0.5)
@@ -199,19 +292,33 @@ def test_compare_and_summarize_functions() -> None:
 # -- bench --------------------------------------------------------------------------------
 
 
-def test_bench_shapes_duration_and_split_na_on_cpu(
-    capsys: pytest.CaptureFixture[str], affine: Path
-) -> None:
-    code, out, err = _run(capsys, "--json", "bench", affine, "--backend", "memory", FORCE,
-                          "--iterations", "3", "--warmup", "1", "--duration", "0.15", "--shapes", "x:7x4")
+def test_bench_shapes_duration_and_split_na_on_cpu(capsys: pytest.CaptureFixture[str], affine: Path) -> None:
+    code, out, err = _run(
+        capsys,
+        "--json",
+        "bench",
+        affine,
+        "--backend",
+        "memory",
+        FORCE,
+        "--iterations",
+        "3",
+        "--warmup",
+        "1",
+        "--duration",
+        "0.15",
+        "--shapes",
+        "x:7x4",
+    )
     assert code == 0, err
     doc = json.loads(out)
     (result,) = doc["results"]
     assert doc["shapes"] == [[7, 4]] and doc["duration_s"] == 0.15
     assert result["iterations"] > 3  # --duration keeps calling past --iterations
     assert result["transfer_split"]["note"].startswith("n/a: ")
-    code, out, err = _run(capsys, "bench", affine, "--backend", "memory", FORCE, "--iterations", "2",
-                          "--warmup", "0")
+    code, out, err = _run(
+        capsys, "bench", affine, "--backend", "memory", FORCE, "--iterations", "2", "--warmup", "0"
+    )
     assert code == 0, err
     assert "H2D" in out and "compute" in out and "n/a" in out
 

@@ -17,8 +17,8 @@ from trt_runtime.shapes import check_in_profiles, parse_shape, parse_shapes, pro
 pytest.importorskip("tensorrt_rtx", reason="building engines needs tensorrt-rtx")
 pytest.importorskip("onnx", reason="making ONNX models needs onnx: pip install 'trt-runtime[onnx]'")
 
-from trt_runtime.onnx_build import build_onnx  # noqa: E402
-from trt_runtime.testing.onnx_models import conv_model, mlp_model, unsupported_model  # noqa: E402
+from trt_runtime.onnx_build import build_onnx
+from trt_runtime.testing.onnx_models import conv_model, mlp_model, unsupported_model
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:

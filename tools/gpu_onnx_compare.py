@@ -58,7 +58,8 @@ def main() -> int:
     from trt_runtime.testing.onnx_models import conv_model, mlp_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    default = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    parser.add_argument("--out", type=Path, default=default)
     out = parser.parse_args().out or Path(tempfile.mkdtemp(prefix="onnx-compare-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -89,7 +90,8 @@ def main() -> int:
                 row = {"model": model.name, "precision": precision, "backend": run["backend"],
                        "shape": run["summaries"][report["name"]]["shape"],
                        "output": report["name"], "max_abs_error": report["max_abs_error"],
-                       "max_rel_error": report["max_rel_error"], "ok": report["ok"], "atol": atol, "rtol": rtol,
+                       "max_rel_error": report["max_rel_error"], "ok": report["ok"],
+                       "atol": atol, "rtol": rtol,
                        "median_us": bench["results"][0]["median_us"],
                        "transfer_split": bench["results"][0]["transfer_split"]}
                 rows.append(row)

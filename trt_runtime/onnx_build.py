@@ -220,7 +220,8 @@ def build_onnx(
 
         profiles = [ranges] if ranges else []
         try:
-            plan = _build(trt, builder, network, profiles, progress, repr(stem), strict_fp32=precision == "fp32")
+            plan = _build(trt, builder, network, profiles, progress, repr(stem),
+                          strict_fp32=precision == "fp32")
         except RuntimeError as exc:
             raise BuildError(f"{exc}", [str(exc)]) from exc
         inputs, outputs = _specs(network, profiles)

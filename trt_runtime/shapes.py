@@ -87,7 +87,8 @@ def profile_ranges(
     An input takes either a fixed shape or all three of min/opt/max (like trtexec); the
     three must have one rank and satisfy ``min <= opt <= max`` in every dimension.
     """
-    shapes, lo, opt, hi = dict(shapes or {}), dict(min_shapes or {}), dict(opt_shapes or {}), dict(max_shapes or {})
+    shapes = dict(shapes or {})
+    lo, opt, hi = dict(min_shapes or {}), dict(opt_shapes or {}), dict(max_shapes or {})
     ranges: dict[str, ShapeRange] = {name: (s, s, s) for name, s in shapes.items()}
     ranged = set(lo) | set(opt) | set(hi)
     both = sorted(ranged & set(shapes))
@@ -100,7 +101,8 @@ def profile_ranges(
                    if name not in table]
         if missing:
             raise ValueError(
-                f"input {name!r} needs --min-shapes, --opt-shapes and --max-shapes; missing {', '.join(missing)}"
+                f"input {name!r} needs --min-shapes, --opt-shapes and --max-shapes; "
+                f"missing {', '.join(missing)}"
             )
         triple = (lo[name], opt[name], hi[name])
         if len({len(s) for s in triple}) != 1:
@@ -124,7 +126,8 @@ def check_in_profiles(spec: TensorSpec, shape: Sequence[int], *, engine: str = "
     optimization profiles, lie inside at least one of them.
     """
     shape = tuple(shape)
-    if len(shape) != len(spec.shape) or any(d >= 0 and d != s for d, s in zip(spec.shape, shape, strict=True)):
+    fixed = zip(spec.shape, shape, strict=False)
+    if len(shape) != len(spec.shape) or any(d >= 0 and d != s for d, s in fixed):
         return (
             f"shape {format_shape(shape)} does not fit input {spec.name!r} of {engine}, "
             f"whose shape is {format_shape(spec.shape)}"
@@ -135,6 +138,10 @@ def check_in_profiles(spec: TensorSpec, shape: Sequence[int], *, engine: str = "
         if all(a <= s <= b for a, s, b in zip(lo, shape, hi, strict=True)):
             return ""
     ranges = "; ".join(
-        f"profile {i}: {format_shape(lo)} .. {format_shape(hi)}" for i, (lo, _o, hi) in enumerate(spec.profiles)
+        f"profile {i}: {format_shape(lo)} .. {format_shape(hi)}"
+        for i, (lo, _o, hi) in enumerate(spec.profiles)
     )
-    return f"shape {format_shape(shape)} of input {spec.name!r} is outside every optimization profile of {engine} ({ranges})"
+    return (
+        f"shape {format_shape(shape)} of input {spec.name!r} is outside every optimization profile "
+        f"of {engine} ({ranges})"
+    )

@@ -65,7 +65,9 @@ def make_inputs(
     for option, table in (("--input", given), ("--shapes", shapes), ("--load-inputs", loaded)):
         unknown = sorted(set(table) - set(names))
         if unknown:
-            raise UsageError(f"{option} names {unknown}, which are not inputs of the engine; its inputs are {names}")
+            raise UsageError(
+                f"{option} names {unknown}, which are not inputs of the engine; its inputs are {names}"
+            )
     twice = sorted((set(given) & set(loaded)) | (set(shapes) & (set(given) | set(loaded))))
     if twice:
         raise UsageError(f"input(s) {twice} are given by more than one of --input, --load-inputs, --shapes")

@@ -16,8 +16,8 @@ import contextlib
 import os
 from typing import Any
 
-from trt_runtime.cli.io_options import input_arrays, set_log_level
 from trt_runtime.cli.engine_files import backend_reason, check_engine_file
+from trt_runtime.cli.io_options import input_arrays, set_log_level
 from trt_runtime.cli.output import CliError, Output, UsageError
 from trt_runtime.cli.run import settings_dict, settings_overrides
 

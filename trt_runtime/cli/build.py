@@ -38,7 +38,8 @@ def add_build_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", metavar="NAME:AxB,...", action="append", default=[],
                         help="fixed shape of inputs, e.g. x:1x3x64x64 (repeatable, or comma-separated)")
     parser.add_argument("--min-shapes", metavar="NAME:AxB,...", action="append", default=[],
-                        help="smallest shape of a dynamic input's profile (with --opt-shapes and --max-shapes)")
+                        help="smallest shape of a dynamic input's profile "
+                             "(with --opt-shapes and --max-shapes)")
     parser.add_argument("--opt-shapes", metavar="NAME:AxB,...", action="append", default=[],
                         help="shape the profile is tuned for")
     parser.add_argument("--max-shapes", metavar="NAME:AxB,...", action="append", default=[],

@@ -31,7 +31,8 @@ def summarize(array: Any) -> dict[str, Any]:
 def compare(
     outputs: Mapping[str, Any], reference: Mapping[str, Any], *, atol: float, rtol: float
 ) -> list[dict[str, Any]]:
-    """One report per output: ``name``, ``ok``, ``max_abs_error``, ``max_rel_error``, ``mismatched``, ``note``.
+    """One report per output: ``name``, ``ok``, ``max_abs_error``, ``max_rel_error``, ``mismatched``,
+    ``note``.
 
     An output missing from ``reference``, or of another shape, fails with a note saying so.
     The relative error is taken over elements whose reference is not 0.
@@ -46,7 +47,8 @@ def compare(
         if name not in reference:
             report["note"] = f"not in the reference (it has {sorted(reference)})"
         elif tuple(np.shape(reference[name])) != got.shape:
-            report["note"] = f"shape {list(got.shape)} differs from the reference's {list(np.shape(reference[name]))}"
+            expected = list(np.shape(reference[name]))
+            report["note"] = f"shape {list(got.shape)} differs from the reference's {expected}"
         else:
             a = got.astype(np.float64)
             b = np.asarray(reference[name]).astype(np.float64)

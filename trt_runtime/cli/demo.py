@@ -137,7 +137,8 @@ def _build_engine(outdir: Path, progress: Any) -> tuple[Any, dict[str, Any]]:
 
     onnx_path = model.save(outdir / f"{model.name}.onnx")
     # fp32: IEEE float32 math (TF32 off), so the float64 reference check holds at 1e-3.
-    engine = build_onnx(onnx_path, shapes=model.shapes, precision="fp32", progress=progress, log_level="error")
+    engine = build_onnx(onnx_path, shapes=model.shapes, precision="fp32", progress=progress,
+                        log_level="error")
     built = builders.BuiltEngine(engine.plan, engine.inputs, engine.outputs, {}, model.reference,
                                  (1e-3, 1e-3), name=model.name)
     return built, {"onnx": os.fspath(onnx_path), "why": ""}

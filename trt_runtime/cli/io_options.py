@@ -68,9 +68,8 @@ def _check_tolerances(args: argparse.Namespace) -> None:
 def input_arrays(args: argparse.Namespace, specs: Any, given: Any = None) -> list[Any]:
     """The inputs of a run: ``--input`` files, ``--load-inputs``, ``--shapes``, random otherwise."""
     from trt_runtime.cli.arrays import load_npz, make_inputs
-    from trt_runtime.shapes import parse_shapes
-
     from trt_runtime.cli.engine_files import check_file
+    from trt_runtime.shapes import parse_shapes
 
     _check_tolerances(args)
     if getattr(args, "compare", None) is not None:

@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 from trt_runtime.cli.arrays import output_to_numpy, parse_given_inputs
-from trt_runtime.cli.io_options import input_arrays, set_log_level
+from trt_runtime.cli.compare import render_outputs, report_outputs
 from trt_runtime.cli.engine_files import backend_reason, check_engine_file
-from trt_runtime.cli.compare import report_outputs, render_outputs
+from trt_runtime.cli.io_options import input_arrays, set_log_level
 from trt_runtime.cli.output import CliError, Output, jsonable, new_dir
 
 __all__ = ["run_command", "settings_dict", "settings_overrides"]
@@ -81,7 +81,7 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
         (outdir / "inputs").mkdir(exist_ok=True)
         for spec, array in zip(engine.inputs, inputs, strict=True):
             np.save(outdir / "inputs" / f"{spec.name}.npy", array)
-        arrays = {spec.name: output_to_numpy(value) for spec, value in zip(engine.outputs, results, strict=True)}
+        arrays = {s.name: output_to_numpy(value) for s, value in zip(engine.outputs, results, strict=True)}
         for spec in engine.outputs:
             array = arrays[spec.name]
             target = outdir / f"{spec.name}.npy"
@@ -102,8 +102,8 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
             "output_dir": os.fspath(outdir),
             "outputs": written,
         }
-        checked = report_outputs(args, document, {s.name: a for s, a in zip(engine.inputs, inputs, strict=True)},
-                                  arrays)
+        used = {s.name: a for s, a in zip(engine.inputs, inputs, strict=True)}
+        checked = report_outputs(args, document, used, arrays)
     out.emit(document)
     out.info(f"ran {args.file} on the {document['backend']!r} backend")
     out.fields([("first call", f"{first_ms:.2f} ms (includes context creation and JIT)"),

@@ -297,7 +297,9 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
     }
 
 
-def _parse_profiles(raw: Any, rank: int, where: str) -> tuple[tuple[tuple[int, ...], ...], ...]:
+def _parse_profiles(
+    raw: Any, rank: int, where: str
+) -> tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]:
     """An input's ``profiles``: ``[[min, opt, max], ...]``, each a shape of the binding's rank."""
     if not isinstance(raw, list):
         raise FormatError(f"{where} profiles must be a list of [min, opt, max] shapes; got {raw!r}")
@@ -318,8 +320,9 @@ def _parse_profiles(raw: Any, rank: int, where: str) -> tuple[tuple[tuple[int, .
                 f"{where} profiles[{i}] must be [min, opt, max] shapes of rank {rank} with "
                 f"0 <= min <= opt <= max; got {triple!r}"
             )
-        profiles.append(tuple(tuple(s) for s in triple))
-    return tuple(profiles)  # type: ignore[return-value]
+        lo, opt, hi = (tuple(s) for s in triple)
+        profiles.append((lo, opt, hi))
+    return tuple(profiles)
 
 
 def _parse_aliased(raw: Any, bindings: Sequence[TensorSpec], tag: str) -> tuple[tuple[str, str, str], ...]:
@@ -389,12 +392,14 @@ def encode_metadata(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> bytes:
     """The metadata JSON, with torch-tensorrt's key order and compact separators.
 
     Bindings are written in the order given; a data-dependent output gets an extra
     ``"data_dependent":true`` and an input with optimization profiles an extra
     ``"profiles":[[min,opt,max],...]`` (the C++ parser skips binding keys it does not know).
+    ``record_profiles=False`` leaves the profiles out: torch-tensorrt's own writer does.
     """
     return _encode(
         bindings,
@@ -403,6 +408,7 @@ def encode_metadata(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )[0]
 
 
@@ -414,6 +420,7 @@ def _encode(
     hardware_compatible: bool,
     serialized_metadata: str,
     target_platform: str | None,
+    record_profiles: bool = True,
 ) -> tuple[bytes, bool]:
     specs = _check_bindings(bindings)
     if not isinstance(device_id, int) or isinstance(device_id, bool) or not 0 <= device_id < 2**31:
@@ -432,7 +439,7 @@ def _encode(
         }
         if spec.data_dependent and not spec.is_input:
             entry["data_dependent"] = True
-        if spec.is_input and spec.profiles:
+        if record_profiles and spec.is_input and spec.profiles:
             # An extra key, like data_dependent: torch-tensorrt's C++ parser skips it.
             entry["profiles"] = [[[int(d) for d in shape] for shape in triple] for triple in spec.profiles]
             _parse_profiles(entry["profiles"], len(spec.shape), f"binding {spec.name!r}")  # as read back
@@ -477,6 +484,7 @@ def blob_parts(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> Iterator[tuple[bytes, memoryview]]:
     """The blob's prefix (header, metadata, padding) and a view of the engine bytes.
 
@@ -492,6 +500,7 @@ def blob_parts(
             hardware_compatible=hardware_compatible,
             serialized_metadata=serialized_metadata,
             target_platform=target_platform,
+            record_profiles=record_profiles,
         )
         header, padding = _header(metadata, len(view), aliased)
         yield header + metadata + padding, view
@@ -507,12 +516,14 @@ def write_tr01(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> int:
     """Write a TR01/TR02 blob to a path (atomically) or a binary file; return its size.
 
     ``engine`` is bytes-like or the path of a plan; it is streamed in slices, so an
     engine of any size is written without a copy in memory. TR02 is written exactly
-    when ``aliased_io`` is non-empty.
+    when ``aliased_io`` is non-empty. Inputs' optimization profiles are recorded unless
+    ``record_profiles=False`` (see :func:`encode_metadata`).
     """
     parts = blob_parts(
         engine,
@@ -522,6 +533,7 @@ def write_tr01(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )
     with parts as (prefix, view), output_stream(target) as out:
         out.write(prefix)

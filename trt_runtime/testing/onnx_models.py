@@ -133,7 +133,7 @@ def conv_model(*, channels: int = 3, filters: int = 8, size: int = 16, classes: 
 
 def unsupported_model(ops: tuple[str, ...] = ("NoSuchOp",)) -> OnnxModel:
     """A chain of nodes of custom (unknown) op types, ``bad_0``, ``bad_1``...: the parser refuses it."""
-    onnx, helper, tp, _nh = _onnx()
+    _onnx_module, helper, tp, _nh = _onnx()
     names = ["x", *(f"t{i}" for i in range(len(ops) - 1)), "y"]
     nodes = [
         helper.make_node(op, [names[i]], [names[i + 1]], name=f"bad_{i}", domain="custom.ops")
