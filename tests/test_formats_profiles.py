@@ -50,7 +50,13 @@ def test_profiles_left_out_on_request_as_torch_tensorrt_writes() -> None:
 
 @pytest.mark.parametrize(
     "profiles",
-    ["1x4", [[[1, 4], [2, 4]]], [[[1, 4], [2, 4], [8]]], [[[4, 4], [2, 4], [8, 4]]], [[[1, 4], [2, 4], [8, True]]]],
+    [
+        "1x4",
+        [[[1, 4], [2, 4]]],
+        [[[1, 4], [2, 4], [8]]],
+        [[[4, 4], [2, 4], [8, 4]]],
+        [[[1, 4], [2, 4], [8, True]]],
+    ],
 )
 def test_profiles_malformed_in_a_blob_are_refused(profiles: object) -> None:
     with pytest.raises(FormatError, match=r"io_bindings\[0\] \('x'\) profiles"):
