@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cli_runner import run_cli
 
 from trt_runtime import Availability, TensorSpec, bench, cli
 from trt_runtime.cli.demo import write_pte
@@ -24,10 +25,7 @@ from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 FORCE = "--force"
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main([os.fspath(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+_run = run_cli
 
 
 def _one_error_line(err: str) -> str:

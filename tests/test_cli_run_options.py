@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _cli_runner import error_lines
+from _cli_runner import run_cli as _run
 
-from trt_runtime import TensorSpec, bench, cli
+from trt_runtime import TensorSpec, bench
 from trt_runtime.cli.compare import compare, summarize
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
@@ -22,14 +23,8 @@ from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 FORCE = "--force"
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:
-    code = cli.main([os.fspath(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _error(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.startswith("trt-runtime: error: ")]
+    lines = error_lines(err)
     assert len(lines) == 1, err
     return lines[0]
 
@@ -106,17 +101,8 @@ def test_run_save_load_and_summaries(
 ) -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.savez(tmp_path / "in.npz", x=x)
-    code, doc, err = _run_mem(
-        capsys,
-        affine,
-        tmp_path,
-        "--load-inputs",
-        tmp_path / "in.npz",
-        "--save-outputs",
-        tmp_path / "o.npz",
-        "--save-inputs",
-        tmp_path / "i.npz",
-    )
+    code, doc, err = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "in.npz",
+                              "--save-outputs", tmp_path / "o.npz", "--save-inputs", tmp_path / "i.npz")
     assert code == 0, err
     with np.load(tmp_path / "o.npz") as saved:
         np.testing.assert_array_equal(saved["y"], 2 * x + 1)
@@ -178,19 +164,8 @@ def test_run_compare_passes_within_tolerance(
 ) -> None:
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
     ref = _reference(tmp_path, x, y=(2 * x + 1) * (1 + 1e-6), extra=np.zeros(3))
-    code, doc, err = _run_mem(
-        capsys,
-        affine,
-        tmp_path,
-        "--load-inputs",
-        tmp_path / "in.npz",
-        "--compare",
-        ref,
-        "--rtol",
-        "1e-4",
-        "--atol",
-        "0",
-    )
+    code, doc, err = _run_mem(capsys, affine, tmp_path, "--load-inputs", tmp_path / "in.npz",
+                              "--compare", ref, "--rtol", "1e-4", "--atol", "0")
     assert code == 0, err
     assert doc["compare"]["ok"] is True and doc["compare"]["ignored"] == ["extra"]
     y, z = doc["compare"]["outputs"]
@@ -205,38 +180,13 @@ def test_run_compare_mismatch_exits_1_with_a_report(
     wrong = -x
     wrong[0, 1] = 0.5
     ref = _reference(tmp_path, x, z=wrong)
-    code, out, err = _run(
-        capsys,
-        "run",
-        affine,
-        "--backend",
-        "memory",
-        FORCE,
-        "--output-dir",
-        tmp_path / "o",
-        "--load-inputs",
-        tmp_path / "in.npz",
-        "--compare",
-        ref,
-    )
+    args = ("run", affine, "--backend", "memory", FORCE, "--output-dir", tmp_path / "o",
+            "--load-inputs", tmp_path / "in.npz", "--compare", ref)
+    code, out, err = _run(capsys, *args)
     assert code == 1
     assert "1 of 2 output(s) differ from" in _error(err) and ": z" in _error(err)
     assert "FAIL" in out and "PASS" in out and "1.5" in out  # the max abs error of z
-    code, out, _ = _run(
-        capsys,
-        "--json",
-        "run",
-        affine,
-        "--backend",
-        "memory",
-        FORCE,
-        "--output-dir",
-        tmp_path / "o",
-        "--load-inputs",
-        tmp_path / "in.npz",
-        "--compare",
-        ref,
-    )
+    code, out, _ = _run(capsys, "--json", *args)
     doc = json.loads(out)
     z = next(r for r in doc["compare"]["outputs"] if r["name"] == "z")
     assert code == 1 and z == {

@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cli_runner import error_lines
+from _cli_runner import run_cli as _run
 
-from trt_runtime import BuildError, cli
+from trt_runtime import BuildError
 from trt_runtime.shapes import check_in_profiles, parse_shape, parse_shapes, profile_ranges
 
 pytest.importorskip("tensorrt_rtx", reason="building engines needs tensorrt-rtx")
@@ -20,17 +22,7 @@ pytest.importorskip("onnx", reason="making ONNX models needs onnx: pip install '
 from trt_runtime.onnx_build import build_onnx
 from trt_runtime.testing.onnx_models import conv_model, mlp_model, unsupported_model
 
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:
-    code = cli.main([os.fspath(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def _errors(err: str) -> list[str]:
-    lines = [ln for ln in err.splitlines() if ln.startswith("trt-runtime: error: ")]
-    assert "Traceback" not in err
-    return lines
+_errors = error_lines
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from trt_runtime.cli.engine_files import spec_dict
+from trt_runtime.cli.io_options import add_log_level
 from trt_runtime.cli.output import PROG, CliError, Output, UsageError, human_size, print_error
 
 __all__ = ["add_build_parser", "build_command", "shape_options"]
@@ -44,8 +45,7 @@ def add_build_parser(parser: argparse.ArgumentParser) -> None:
                         help="shape the profile is tuned for")
     parser.add_argument("--max-shapes", metavar="NAME:AxB,...", action="append", default=[],
                         help="largest shape of the profile")
-    parser.add_argument("--log-level", choices=("error", "warning", "info", "verbose"), default="warning",
-                        help="TensorRT's messages shown on stderr (default: warning)")
+    add_log_level(parser)
 
 
 def shape_options(args: argparse.Namespace) -> dict[str, Any]:
