@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.cli.output import UsageError
+from trt_runtime.onnx_build import LOG_LEVELS
 
 __all__ = [
     "LOG_LEVELS",
@@ -26,7 +27,6 @@ __all__ = [
     "set_log_level",
 ]
 
-LOG_LEVELS = ("error", "warning", "info", "verbose")
 _PY_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.DEBUG,
               "verbose": logging.DEBUG}
 
