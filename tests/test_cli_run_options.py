@@ -220,6 +220,9 @@ def test_run_compare_checks_its_file_and_tolerances_before_running(
     code, _, err = _run_mem(capsys, affine, tmp_path, "--compare", tmp_path / "missing.npz")
     assert code == 1 and "no such file" in _error(err)
     assert not (tmp_path / "out").exists()
+    code, _, err = _run_mem(capsys, affine, tmp_path, "--save-outputs", tmp_path / "no" / "o.npz")
+    assert code == 1 and "is in a directory that does not exist" in _error(err)
+    assert not (tmp_path / "out").exists()
     code, _, err = _run_mem(capsys, affine, tmp_path, "--compare", affine, "--atol", "-1")
     assert code == 2 and "--atol must be a number >= 0; got -1.0" in _error(err)
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.output import UsageError
+from trt_runtime.cli.output import CliError, UsageError
 from trt_runtime.onnx_build import LOG_LEVELS
 
 __all__ = [
@@ -74,6 +74,12 @@ def input_arrays(args: argparse.Namespace, specs: Any, given: Any = None) -> lis
     _check_tolerances(args)
     if getattr(args, "compare", None) is not None:
         check_file(args.compare)  # before the engine runs, not after
+    for flag in ("save_inputs", "save_outputs"):
+        path = getattr(args, flag, None)
+        if path is not None and (path.is_dir() or not path.absolute().parent.is_dir()):
+            what = ("is a directory" if path.is_dir()
+                    else f"is in a directory that does not exist ({path.parent})")
+            raise CliError(f"--{flag.replace('_', '-')} {path} {what}; expected an .npz file to write")
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else {}
     except ValueError as exc:
