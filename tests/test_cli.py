@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cli_runner import run_cli
 
 from trt_runtime import Availability, TensorSpec, bench, cli
 from trt_runtime.cli.demo import write_pte
@@ -24,10 +25,7 @@ from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 FORCE = "--force"
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main([os.fspath(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+_run = run_cli
 
 
 def _one_error_line(err: str) -> str:
@@ -122,7 +120,11 @@ def test_cli_demo_json_reports_files_and_gpu_status(
     assert doc["gpu"]["ran"] is False and doc["gpu"]["reason"]
     tr01 = doc["inspect"][Path(doc["files"]["tr01"]).name]
     assert tr01["format"] == "TR01"
-    assert [b["name"] for b in tr01["bindings"]] == ["x", "logits"]
+    assert [b["name"] for b in tr01["bindings"]] == ["image", "logits"]
+    # The engine's optimization profile is recorded in the blob (issue 20: was []).
+    assert tr01["bindings"][0]["profiles"] == [[[1, 3, 16, 16], [2, 3, 16, 16], [8, 3, 16, 16]]]
+    if doc["source"]["onnx"] is not None:  # made with the onnx package, built by the ONNX parser
+        assert Path(doc["source"]["onnx"]).is_file()
     plan = doc["inspect"][Path(doc["files"]["plan"]).name]
     assert plan["bindings"] == [] and "GPU" in plan["bindings_note"]
 
@@ -132,6 +134,7 @@ def test_cli_demo_run_part_with_the_memory_backend(
 ) -> None:
     """The cold/warm part of the demo, end to end on the CPU: the 'built' engine is a memory engine."""
     from trt_runtime import builders
+    from trt_runtime.cli import demo
 
     spec = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),))
     out_spec = TensorSpec("logits", "float32", (-1, 4), False)
@@ -139,7 +142,7 @@ def test_cli_demo_run_part_with_the_memory_backend(
     fake = builders.BuiltEngine(
         data, (spec,), (out_spec,), {}, lambda x: [3.0 * np.asarray(x, np.float64)], name="affine"
     )
-    monkeypatch.setattr(builders, "build_convnet", lambda **kwargs: fake)
+    monkeypatch.setattr(demo, "_build_engine", lambda outdir, progress: (fake, {"onnx": None, "why": "test"}))
     code, out, err = _run(capsys, "--json", "demo", "--out", tmp_path, "--backend", "memory")
     assert code == 0, err
     doc = json.loads(out)
@@ -151,7 +154,8 @@ def test_cli_demo_run_part_with_the_memory_backend(
     assert runs["warm"]["check"]["outputs"][0]["max_abs_error"] < 1e-5
     # A wrong reference is caught: exit 1 with one line.
     wrong = builders.BuiltEngine(data, (spec,), (out_spec,), {}, lambda x: [np.asarray(x) * 0], name="affine")
-    monkeypatch.setattr(builders, "build_convnet", lambda **kwargs: wrong)
+    monkeypatch.setattr(demo, "_build_engine",
+                        lambda outdir, progress: (wrong, {"onnx": None, "why": "test"}))
     code, _, err = _run(capsys, "demo", "--out", tmp_path / "again", "--backend", "memory")
     assert code == 1
     assert "do not match the numpy reference" in _one_error_line(err)

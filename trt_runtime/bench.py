@@ -24,7 +24,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -313,13 +313,15 @@ def benchmark(
     label: str = "",
     synchronize: Callable[[], Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    duration: float | None = None,
 ) -> BenchResult:
     """Time ``fn()`` ``iterations`` times after ``warmup`` untimed calls.
 
     ``synchronize`` is called after each call, inside the timed region, so work that
-    ``fn`` only queued is counted.
+    ``fn`` only queued is counted. With ``duration`` (seconds) the timed loop runs at
+    least that long and at least ``iterations`` calls, as trtexec's ``--duration``.
     """
-    _check_counts(iterations, warmup)
+    _check_counts(iterations, warmup, duration)
     for _ in range(warmup):
         fn()
         if synchronize is not None:
@@ -327,7 +329,7 @@ def benchmark(
     samples: list[float] = []
     clock = time.perf_counter_ns
     loop_start = clock()
-    for _ in range(iterations):
+    for _ in _calls(iterations, duration, clock, loop_start):
         t0 = clock()
         fn()
         if synchronize is not None:
@@ -353,14 +355,16 @@ def bench_engine(
     label: str | None = None,
     gpu_time: bool = True,
     metadata: Mapping[str, Any] | None = None,
+    duration: float | None = None,
 ) -> BenchResult:
     """Benchmark ``engine.execute(*inputs)``; adds per-call GPU time where it can.
 
     GPU time needs ``cuda.core``, a GPU and a backend whose ``execute`` accepts a
     ``cuda.core`` stream as ``stream=``; where one is missing the result's
     :attr:`~BenchResult.gpu_note` says which and only wall time is reported.
+    ``duration`` is as in :func:`benchmark`.
     """
-    _check_counts(iterations, warmup)
+    _check_counts(iterations, warmup, duration)
     name = label or getattr(getattr(engine, "backend", None), "name", None) or "engine"
     meta = dict(metadata or {})
     timer: CudaEventTimer | None = None
@@ -380,6 +384,7 @@ def bench_engine(
             label=name,
             synchronize=engine.synchronize,
             metadata=meta,
+            duration=duration,
         )
         return dataclasses.replace(result, gpu_note=note)
 
@@ -390,7 +395,7 @@ def bench_engine(
     gpu: list[float] = []
     clock = time.perf_counter_ns
     loop_start = clock()
-    for _ in range(iterations):
+    for _ in _calls(iterations, duration, clock, loop_start):
         t0 = clock()
         _, gpu_us = active.time(lambda s: engine.execute(*inputs, stream=s))
         wall.append((clock() - t0) / 1000.0)
@@ -406,11 +411,23 @@ def bench_engine(
     )
 
 
-def _check_counts(iterations: int, warmup: int) -> None:
+def _check_counts(iterations: int, warmup: int, duration: float | None = None) -> None:
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations must be an int >= 1; got {iterations!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or not 0 <= duration < math.inf):
+        raise ValueError(f"duration must be a number of seconds >= 0 or None; got {duration!r}")
+
+
+def _calls(iterations: int, duration: float | None, clock: Callable[[], int], start: int) -> Iterator[int]:
+    """Call indices: at least ``iterations``, and until ``duration`` seconds after ``start``."""
+    deadline = start + int((duration or 0.0) * 1e9)
+    i = 0
+    while i < iterations or clock() < deadline:
+        yield i
+        i += 1
 
 
 def write_json(

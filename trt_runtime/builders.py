@@ -149,6 +149,7 @@ def _build(
     what: str,
     *,
     require_user_allocation: bool = False,
+    strict_fp32: bool = False,
 ) -> bytes:
     # BuilderFlag.REQUIRE_USER_ALLOCATION is off by default: TensorRT-RTX 1.6.1 crashes at
     # the first execute of a dynamic-shape engine built with it, and it forbids the default
@@ -158,6 +159,8 @@ def _build(
     flag = getattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION", None)
     if require_user_allocation and flag is not None:
         config.set_flag(flag)
+    if strict_fp32:  # TF32 is on by default: IEEE float32 math needs it off
+        config.clear_flag(trt.BuilderFlag.TF32)
     for ranges in profiles:
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in ranges.items():

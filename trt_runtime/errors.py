@@ -6,6 +6,7 @@ __all__ = [
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "BuildError",
     "CacheError",
     "CacheLockTimeout",
     "CacheWarning",
@@ -46,6 +47,14 @@ class EngineError(TrtRuntimeError):
 
 class DataDependentShapeError(EngineError):
     """The engine has outputs whose shapes are only known after it runs."""
+
+
+class BuildError(TrtRuntimeError):
+    """A model could not be parsed or built into an engine; ``failures`` has one line per error."""
+
+    def __init__(self, message: str, failures: tuple[str, ...] | list[str] = ()) -> None:
+        super().__init__(message)
+        self.failures: tuple[str, ...] = tuple(failures) or (message,)
 
 
 class InputError(TrtRuntimeError, ValueError):

@@ -73,6 +73,7 @@ def to_pte(
     method: str = "forward",
     location: str = "segment",
     allow_data_dependent: bool = False,
+    record_profiles: bool = True,
 ) -> int:
     """Write a ``.pte`` whose method ``method`` is one call of a TensorRT delegate.
 
@@ -93,6 +94,9 @@ def to_pte(
     Engines with data-dependent outputs raise :class:`DataDependentShapeError` naming
     them, as torch-tensorrt's exporter refuses them: the ExecuTorch runtime cannot
     allocate their outputs. ``allow_data_dependent=True`` writes them anyway.
+
+    The blob records the inputs' optimization profiles (``record_profiles=False`` leaves
+    them out, as torch-tensorrt's exporter does; see :func:`trt_runtime.formats.encode_metadata`).
     """
     specs = list(bindings)
     dependent = [s.name for s in specs if s.data_dependent and not s.is_input]
@@ -135,6 +139,7 @@ def to_pte(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )
     with parts as (prefix, view), output_stream(path) as out:
         return write_program(

@@ -13,10 +13,12 @@ from typing import Any, NoReturn
 
 from trt_runtime.cli.backends import backends_command
 from trt_runtime.cli.bench import bench_command
+from trt_runtime.cli.build import add_build_parser, build_command
 from trt_runtime.cli.cache import CACHE_ACTIONS, cache_command
 from trt_runtime.cli.demo import demo_command
 from trt_runtime.cli.engine_files import FORCE_HELP
 from trt_runtime.cli.inspect import inspect_command
+from trt_runtime.cli.io_options import add_compare_options, add_input_options, add_log_level
 from trt_runtime.cli.output import PROG, UsageError
 from trt_runtime.cli.run import run_command
 
@@ -29,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: The commands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "inspect", "run", "bench", "cache", "backends")
+COMMANDS = ("demo", "build", "inspect", "run", "bench", "cache", "backends")
 _CUDA_GRAPH_CHOICES = ("disabled", "whole_graph_capture")
 _DYNAMIC_CHOICES = ("lazy", "eager", "none")
 
@@ -76,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend for the GPU part (default: the first available)")
     p.set_defaults(handler=demo_command)
 
+    p = command("build", "build an engine from an ONNX model with the TensorRT-RTX builder; "
+                         "write it as plan, TR01 or .pte")
+    add_build_parser(p)
+    p.set_defaults(handler=build_command)
+
     p = command("inspect", "show what an engine file is: format, bindings, device, version")
     p.add_argument("file", type=Path, help="a raw plan, a TR01/TR02 blob or a .pte program")
     p.add_argument("--backend", metavar="NAME", default=None,
@@ -91,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", metavar="NAME=FILE.npy", action="append", default=[],
                    help="take input NAME from a .npy file (repeatable); others are random")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    add_input_options(p)
+    add_compare_options(p)
+    add_log_level(p)
     _add_settings(p)
     p.add_argument("--runtime-cache", metavar="PATH", type=Path, default=None,
                    help="load the runtime cache from PATH (if it exists) and save it back after the run")
@@ -106,8 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", metavar="NAME", action="append", default=[],
                    help="backend to measure (repeatable; 'all' = every available; default: first available)")
     p.add_argument("--iterations", type=int, default=200, help="timed calls per backend (default: 200)")
+    p.add_argument("--duration", metavar="S", type=float, default=None,
+                   help="time for at least S seconds (and at least --iterations calls)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default: 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    add_input_options(p)
+    add_log_level(p)
     _add_settings(p)
     p.add_argument("--json-out", dest="json_path", metavar="PATH", type=Path, default=None,
                    help="also write the results, with raw samples, as JSON to PATH")

@@ -2,7 +2,10 @@
 
 The engine runs twice on the same inputs: the first call includes creating the execution
 context and, on TensorRT-RTX, compiling kernels; both times are reported. Outputs go to
-``DIR/<name>.npy`` and the inputs used to ``DIR/inputs/<name>.npy``.
+``DIR/<name>.npy`` and the inputs used to ``DIR/inputs/<name>.npy``; ``--save-outputs`` /
+``--save-inputs`` also write them as one ``.npz``. Each output is summarized (shape,
+dtype, min, max, mean, std); ``--compare REF.npz`` checks them against a reference
+(:mod:`trt_runtime.cli.compare`) and exits 1 when one is off.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import os
 import time
 from typing import Any
 
-from trt_runtime.cli.arrays import make_inputs, output_to_numpy, parse_given_inputs
+from trt_runtime.cli.arrays import output_to_numpy, parse_given_inputs
+from trt_runtime.cli.compare import render_outputs, report_outputs
 from trt_runtime.cli.engine_files import backend_reason, check_engine_file
+from trt_runtime.cli.io_options import input_arrays, set_log_level
 from trt_runtime.cli.output import CliError, Output, jsonable, new_dir
 
 __all__ = ["run_command", "settings_dict", "settings_overrides"]
@@ -44,6 +49,7 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
     import trt_runtime
 
     given = parse_given_inputs(args.input)
+    set_log_level(args.log_level)
     check_engine_file(args.file, force=args.force, out=out)
     backend_name = args.backend
     reason = backend_reason(backend_name)
@@ -52,7 +58,7 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
     engine = trt_runtime.load(args.file, backend=backend_name, device=args.device,
                               settings=settings_overrides(args))
     with contextlib.closing(engine):
-        inputs = make_inputs(engine.inputs, given, args.seed)
+        inputs = input_arrays(args, engine.inputs, given)
         outdir, fresh = new_dir(args.output_dir, "trt-runtime-run-")
         if fresh:
             out.info(f"output directory: {outdir}")
@@ -75,8 +81,9 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
         (outdir / "inputs").mkdir(exist_ok=True)
         for spec, array in zip(engine.inputs, inputs, strict=True):
             np.save(outdir / "inputs" / f"{spec.name}.npy", array)
-        for spec, value in zip(engine.outputs, results, strict=True):
-            array = output_to_numpy(value)
+        arrays = {s.name: output_to_numpy(value) for s, value in zip(engine.outputs, results, strict=True)}
+        for spec in engine.outputs:
+            array = arrays[spec.name]
             target = outdir / f"{spec.name}.npy"
             np.save(target, array)
             written.append({"name": spec.name, "path": os.fspath(target),
@@ -95,10 +102,12 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
             "output_dir": os.fspath(outdir),
             "outputs": written,
         }
+        used = {s.name: a for s, a in zip(engine.inputs, inputs, strict=True)}
+        checked = report_outputs(args, document, used, arrays)
     out.emit(document)
     out.info(f"ran {args.file} on the {document['backend']!r} backend")
     out.fields([("first call", f"{first_ms:.2f} ms (includes context creation and JIT)"),
                 ("second call", f"{second_ms:.3f} ms")])
     out.table("outputs", ["name", "dtype", "shape", "file"],
               [[w["name"], w["dtype"], tuple(w["shape"]), w["path"]] for w in written])
-    return 0
+    return render_outputs(document, out, checked)

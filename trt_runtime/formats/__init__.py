@@ -183,6 +183,7 @@ def _spec_dict(spec: TensorSpec) -> dict[str, Any]:
         "dtype": spec.dtype,
         "shape": list(spec.shape),
         "is_input": spec.is_input,
+        "profiles": [[list(shape) for shape in triple] for triple in spec.profiles],
         "data_dependent": spec.data_dependent,
     }
 

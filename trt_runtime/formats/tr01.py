@@ -263,6 +263,7 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
                 dtype=dtype,
                 shape=tuple(shape),
                 is_input=is_input,
+                profiles=_parse_profiles(entry.get("profiles", []), len(shape), f"{where} ({name!r})"),
                 data_dependent=data_dependent and not is_input,
             )
         )
@@ -294,6 +295,34 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
         "dtypes_recorded": dtypes_recorded,
         **strings,
     }
+
+
+def _parse_profiles(
+    raw: Any, rank: int, where: str
+) -> tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]:
+    """An input's ``profiles``: ``[[min, opt, max], ...]``, each a shape of the binding's rank."""
+    if not isinstance(raw, list):
+        raise FormatError(f"{where} profiles must be a list of [min, opt, max] shapes; got {raw!r}")
+    profiles = []
+    for i, triple in enumerate(raw):
+        ok = (
+            isinstance(triple, list)
+            and len(triple) == 3
+            and all(
+                isinstance(s, list)
+                and len(s) == rank
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in s)
+                for s in triple
+            )
+        )
+        if not ok or not all(a <= b <= c for a, b, c in zip(*triple, strict=True)):
+            raise FormatError(
+                f"{where} profiles[{i}] must be [min, opt, max] shapes of rank {rank} with "
+                f"0 <= min <= opt <= max; got {triple!r}"
+            )
+        lo, opt, hi = (tuple(s) for s in triple)
+        profiles.append((lo, opt, hi))
+    return tuple(profiles)
 
 
 def _parse_aliased(raw: Any, bindings: Sequence[TensorSpec], tag: str) -> tuple[tuple[str, str, str], ...]:
@@ -363,11 +392,14 @@ def encode_metadata(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> bytes:
     """The metadata JSON, with torch-tensorrt's key order and compact separators.
 
     Bindings are written in the order given; a data-dependent output gets an extra
-    ``"data_dependent":true`` (the C++ parser skips binding keys it does not know).
+    ``"data_dependent":true`` and an input with optimization profiles an extra
+    ``"profiles":[[min,opt,max],...]`` (the C++ parser skips binding keys it does not know).
+    ``record_profiles=False`` leaves the profiles out: torch-tensorrt's own writer does.
     """
     return _encode(
         bindings,
@@ -376,6 +408,7 @@ def encode_metadata(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )[0]
 
 
@@ -387,6 +420,7 @@ def _encode(
     hardware_compatible: bool,
     serialized_metadata: str,
     target_platform: str | None,
+    record_profiles: bool = True,
 ) -> tuple[bytes, bool]:
     specs = _check_bindings(bindings)
     if not isinstance(device_id, int) or isinstance(device_id, bool) or not 0 <= device_id < 2**31:
@@ -405,6 +439,10 @@ def _encode(
         }
         if spec.data_dependent and not spec.is_input:
             entry["data_dependent"] = True
+        if record_profiles and spec.is_input and spec.profiles:
+            # An extra key, like data_dependent: torch-tensorrt's C++ parser skips it.
+            entry["profiles"] = [[[int(d) for d in shape] for shape in triple] for triple in spec.profiles]
+            _parse_profiles(entry["profiles"], len(spec.shape), f"binding {spec.name!r}")  # as read back
         entries.append(entry)
     doc = {
         "io_bindings": entries,
@@ -446,6 +484,7 @@ def blob_parts(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> Iterator[tuple[bytes, memoryview]]:
     """The blob's prefix (header, metadata, padding) and a view of the engine bytes.
 
@@ -461,6 +500,7 @@ def blob_parts(
             hardware_compatible=hardware_compatible,
             serialized_metadata=serialized_metadata,
             target_platform=target_platform,
+            record_profiles=record_profiles,
         )
         header, padding = _header(metadata, len(view), aliased)
         yield header + metadata + padding, view
@@ -476,12 +516,14 @@ def write_tr01(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> int:
     """Write a TR01/TR02 blob to a path (atomically) or a binary file; return its size.
 
     ``engine`` is bytes-like or the path of a plan; it is streamed in slices, so an
     engine of any size is written without a copy in memory. TR02 is written exactly
-    when ``aliased_io`` is non-empty.
+    when ``aliased_io`` is non-empty. Inputs' optimization profiles are recorded unless
+    ``record_profiles=False`` (see :func:`encode_metadata`).
     """
     parts = blob_parts(
         engine,
@@ -491,6 +533,7 @@ def write_tr01(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )
     with parts as (prefix, view), output_stream(target) as out:
         out.write(prefix)
