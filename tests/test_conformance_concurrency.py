@@ -119,18 +119,36 @@ class TestBroken(_StaticConformance):
 @pytest.mark.parametrize(
     ("broken", "select", "message"),
     [
-        ("shared_output", "test_concurrent_calls_equal_reference and one-context-eager",
-         "*differs from the reference*"),
-        ("cross_talk", "test_concurrent_calls_equal_reference and one-context-eager",
-         "*concurrent calls: * threads got wrong outputs or errors*"),
-        ("torn_settings", "test_settings_change_while_calls_in_flight and one-context-eager",
-         "*calls during settings changes: * threads got wrong outputs*"),
-        ("torn_settings", "test_settings_change_while_calls_in_flight and one-context-outer",
-         "*calls during settings changes: * threads got wrong outputs*"),
-        ("crashes_on_close", "test_close_while_calls_in_flight and one-context-eager",
-         "*calls while the engine closed: * threads got wrong outputs or errors*"),
-        ("leaks_on_close", "test_close_while_calls_in_flight and one-context-outer",
-         "*the closed engine is still referenced*"),
+        (
+            "shared_output",
+            "test_concurrent_calls_equal_reference and one-context-eager",
+            "*differs from the reference*",
+        ),
+        (
+            "cross_talk",
+            "test_concurrent_calls_equal_reference and one-context-eager",
+            "*concurrent calls: * threads got wrong outputs or errors*",
+        ),
+        (
+            "torn_settings",
+            "test_settings_change_while_calls_in_flight and one-context-eager",
+            "*calls during settings changes: * threads got wrong outputs*",
+        ),
+        (
+            "torn_settings",
+            "test_settings_change_while_calls_in_flight and one-context-outer",
+            "*calls during settings changes: * threads got wrong outputs*",
+        ),
+        (
+            "crashes_on_close",
+            "test_close_while_calls_in_flight and one-context-eager",
+            "*calls while the engine closed: * threads got wrong outputs or errors*",
+        ),
+        (
+            "leaks_on_close",
+            "test_close_while_calls_in_flight and one-context-outer",
+            "*the closed engine is still referenced*",
+        ),
     ],
 )
 def test_conformance_concurrency_kit_catches_broken_backend(pytester, broken, select, message):

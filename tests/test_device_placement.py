@@ -95,8 +95,11 @@ def test_device_placement_device_argument_overrides_blob_verbatim(gpus: FakeGpus
 def test_device_placement_missing_device_names_what_exists(gpus: FakeGpus, python: Any) -> None:
     backend, _ = python
     n = len(gpus.sms)
-    with pytest.raises(EngineError, match=rf"engine 'mlp': the engine's container names device_id {n}, "
-                       rf"but this machine has {n} CUDA device\(s\) \(0..{n - 1}\); pass device=N"):
+    with pytest.raises(
+        EngineError,
+        match=rf"engine 'mlp': the engine's container names device_id {n}, "
+        rf"but this machine has {n} CUDA device\(s\) \(0..{n - 1}\); pass device=N",
+    ):
         backend.load_engine(_blob(n))
     with pytest.raises(EngineError, match=rf"engine 'mlp': device={n + 3} does not exist"):
         backend.load_engine(_blob(0), device=n + 3)
@@ -150,8 +153,9 @@ def test_device_placement_cache_key_per_gpu_model(gpus: FakeGpus, python: Any) -
     keys = [backend.cache_key(i) for i in range(len(gpus.sms))]
     assert [k.compute_capability for k in keys] == gpus.sms
     names = {RuntimeCache.in_directory("/tmp/x", backend, i).path.name for i in range(len(gpus.sms))}
-    assert names == {f"runtime-cache-tensorrt_rtx-1.6.1.120-sm{sm.replace('.', '')}-drv13000.bin"
-                     for sm in set(gpus.sms)}
+    assert names == {
+        f"runtime-cache-tensorrt_rtx-1.6.1.120-sm{sm.replace('.', '')}-drv13000.bin" for sm in set(gpus.sms)
+    }
     assert backend.cache_key(None) == keys[0]  # None: the current device
     assert gpus.current() == 0
 
@@ -206,7 +210,9 @@ def test_device_placement_runtime_cache_default_per_model(
     with runtime_cache(engines):
         pass
     assert {p.name for p in tmp_path.glob("*.bin")} == {
-        "runtime-cache-memory-1-sm90-drv0.bin", "runtime-cache-memory-1-sm89-drv0.bin"}
+        "runtime-cache-memory-1-sm90-drv0.bin",
+        "runtime-cache-memory-1-sm89-drv0.bin",
+    }
 
 
 def test_device_placement_one_cache_file_refuses_two_models(tmp_path: Any) -> None:

@@ -133,10 +133,10 @@ class ConcurrencyTests(ConformanceBase):
         contexts, mode = case
         if contexts != 1:
             self._skip_unless(backend, "supports_multiple_contexts")
-            if not hasattr(engine, "contexts"):
+            if not isinstance(getattr(engine, "contexts", None), int):
                 pytest.skip(
                     f"backend {backend.name!r} has supports_multiple_contexts but its engine has no "
-                    "'contexts' attribute to set (trt_runtime.load(..., contexts=N))"
+                    "int 'contexts' attribute to set (trt_runtime.load(..., contexts=N))"
                 )
             engine.contexts = self.concurrency_contexts  # type: ignore[attr-defined]
             assert engine.contexts == self.concurrency_contexts  # type: ignore[attr-defined]
