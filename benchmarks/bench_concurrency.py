@@ -261,7 +261,7 @@ def _run_row(row: Row, work: Any, args: argparse.Namespace) -> None:
 
 # -- outputs ----------------------------------------------------------------------------------
 def _fmt(value: Any, spec: str = ",.0f") -> str:
-    return "–" if value is None else format(value, spec)
+    return "-" if value is None else format(value, spec)
 
 
 def render_markdown(document: dict[str, Any]) -> str:
@@ -292,7 +292,8 @@ def render_markdown(document: dict[str, Any]) -> str:
             note = r.get("skipped") or r.get("note") or ""
             lines.append(
                 f"| {r['backend']} | {r['mode']} | {r['callers']} | {r['contexts']} "
-                f"| {_fmt(r['calls_per_s'])} | {_fmt(r['items_per_s'])} | {_fmt(r['p50_us'], '.1f')} | {_fmt(r['p99_us'], '.1f')} "
+                f"| {_fmt(r['calls_per_s'])} | {_fmt(r['items_per_s'])} "
+                f"| {_fmt(r['p50_us'], '.1f')} | {_fmt(r['p99_us'], '.1f')} "
                 f"| {_fmt(r['wrong'], 'd')} | {note} |"
             )
     return "\n".join(lines) + "\n"
