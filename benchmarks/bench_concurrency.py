@@ -193,6 +193,7 @@ class _Workload:
         from .workloads import WORKLOADS_BY_KEY, build
 
         self.torch = torch
+        self.logger = logger
         self.workload = WORKLOADS_BY_KEY[key]
         self.built, _ = build(self.workload, logger, _echo)
         self.shape = tuple(self.workload.shapes[0])
@@ -239,7 +240,9 @@ def _run_row(row: Row, work: Any, args: argparse.Namespace) -> None:
     torch = work.torch
     if row.backend == "raw":
         if work.raw is None:
-            work.raw = callers_mod.RawEngine(work.built.plan)
+            from .raw_rows import open_engine
+
+            work.raw = open_engine(work.built.plan, work.logger)
         made = callers_mod.raw_callers(
             work.raw, torch, work.built, work.shape, row.callers, outer=row.mode == "outer"
         )

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .raw_rows import new_context
+
 __all__ = ["Caller", "backend_callers", "memory_callers", "raw_callers", "thread_inputs"]
 
 
@@ -95,7 +97,7 @@ class _RawCaller(_TorchCaller):
         super().__init__(*args)
         torch = self.torch
         engine = raw.engine
-        self.context, self.memory = _raw_context(raw, torch)
+        self.context, self.memory, _ = new_context(raw, torch, [tuple(x.shape)])
         out_shape = tuple(x.shape[:1]) + tuple(engine.get_tensor_shape(raw.output_name))[1:]
         out_dtype = getattr(torch, _torch_dtype_name(engine.get_tensor_dtype(raw.output_name)))
         self.x = x
@@ -138,55 +140,11 @@ def _torch_dtype_name(dtype: Any) -> str:
     return normalize_dtype(dtype)
 
 
-def _raw_context(raw: Any, torch: Any) -> tuple[Any, Any]:
-    """A context as the python backend makes one: graphs disabled, USER_MANAGED memory."""
-    trt, engine = raw.trt, raw.engine
-    user_managed = None
-    if hasattr(engine, "create_runtime_config"):
-        config = engine.create_runtime_config()
-        if hasattr(trt, "CudaGraphStrategy"):
-            config.cuda_graph_strategy = trt.CudaGraphStrategy.DISABLED
-        strategies = getattr(trt, "ExecutionContextAllocationStrategy", None)
-        user_managed = getattr(strategies, "USER_MANAGED", None)
-        if user_managed is not None:
-            config.set_execution_context_allocation_strategy(user_managed)
-        context = engine.create_execution_context(config)
-    else:
-        context = engine.create_execution_context()
-    if context is None:
-        raise RuntimeError("TensorRT could not create an execution context")
-    memory = None
-    if user_managed is not None:
-        need = max(int(engine.device_memory_size_v2), 1)
-        memory = torch.empty(need, dtype=torch.uint8, device="cuda")
-        context.set_device_memory(memory.data_ptr(), memory.numel())
-    return context, memory
-
-
-class RawEngine:
-    """One deserialized ``ICudaEngine`` shared by the raw callers of a workload."""
-
-    def __init__(self, plan: bytes, logger: Any = None) -> None:
-        from trt_runtime import builders
-
-        trt = builders.import_tensorrt()
-        self.trt = trt
-        self.runtime = trt.Runtime(logger or trt.Logger(trt.Logger.ERROR))
-        self.engine = self.runtime.deserialize_cuda_engine(plan)
-        if self.engine is None:
-            raise RuntimeError("TensorRT could not deserialize the plan")
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if n not in inputs]
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise RuntimeError(f"the raw loop takes one input and one output; the engine has {names}")
-        self.input_name, self.output_name = inputs[0], outputs[0]
-
-
 def raw_callers(
-    raw: RawEngine, torch: Any, built: Any, shape: tuple[int, ...], count: int, *, outer: bool
+    raw: Any, torch: Any, built: Any, shape: tuple[int, ...], count: int, *, outer: bool
 ) -> list[Caller]:
-    """``count`` bare loops, one execution context and stream each."""
+    """``count`` bare loops, one execution context and stream each, on ``raw``
+    (:func:`benchmarks.raw_rows.open_engine`)."""
     callers: list[Caller] = []
     for index in range(count):
         host, expected = thread_inputs(built, shape, index)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_conformance_memory import _run_kit as run_kit
+from test_conformance_memory import assert_kit_fails
+from test_conformance_memory import broken_backend as memory_broken_backend
 
 from trt_runtime.testing.memory import MemoryBackend, MemoryEngine
 
@@ -93,27 +96,11 @@ BROKEN = {
 
 
 def broken_backend(name: str) -> MemoryBackend:
-    backend = MemoryBackend()
-    backend.engine_class = BROKEN[name]
-    return backend
+    return memory_broken_backend(name, BROKEN)
 
 
 def _run_kit(pytester, broken: str, select: str):
-    pytester.syspathinsert(Path(__file__).parent)
-    pytester.makepyfile(
-        test_broken=f"""
-import pytest
-from test_conformance_memory import _StaticConformance
-from test_conformance_concurrency import broken_backend
-
-
-class TestBroken(_StaticConformance):
-    @pytest.fixture
-    def backend(self):
-        return broken_backend({broken!r})
-"""
-    )
-    return pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-k", select)
+    return run_kit(pytester, broken, select, module="test_conformance_concurrency")
 
 
 @pytest.mark.parametrize(
@@ -152,10 +139,7 @@ class TestBroken(_StaticConformance):
     ],
 )
 def test_conformance_concurrency_kit_catches_broken_backend(pytester, broken, select, message):
-    result = _run_kit(pytester, broken, select)
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) >= 1, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines([message])
+    assert_kit_fails(_run_kit(pytester, broken, select), message)
 
 
 def test_conformance_concurrency_kit_passes_the_unbroken_engine(pytester):
