@@ -215,3 +215,24 @@ def test_bench_concurrency_module_runs_from_the_repo_root(tmp_path: Path) -> Non
     assert np.isfinite(
         json.loads((tmp_path / "bench_concurrency.json").read_text())["rows"][0]["calls_per_s"]
     )
+
+
+def test_bench_concurrency_thread_inputs_distinct_and_computed_once() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.concurrency_callers import thread_inputs
+
+    calls: list[int] = []
+
+    def reference(x):
+        calls.append(1)
+        return [2.0 * x]
+
+    built = SimpleNamespace(reference=reference)
+    first, want = thread_inputs(built, (2, 3), 0)
+    again, _ = thread_inputs(built, (2, 3), 0)
+    other, _ = thread_inputs(built, (2, 3), 1)
+    assert again is first and not np.array_equal(first, other)  # one input per thread
+    assert first.dtype == np.float32 and want.dtype == np.float64
+    np.testing.assert_allclose(want, 2.0 * first.astype(np.float64))
+    assert len(calls) == 2
