@@ -248,3 +248,26 @@ def test_device_placement_torchbind_blob_and_override(n: int, monkeypatch: pytes
     assert [backend.cache_key(i).compute_capability for i in range(n)] == MACHINES[n]
     with pytest.raises(EngineError, match=rf"engine 'mlp': the engine's container names device_id {n}"):
         backend.load_engine(source(device_id=n))
+
+
+def test_device_placement_settings_cache_path_never_mixes_models(tmp_path: Any) -> None:
+    import numpy as np
+
+    from trt_runtime import TensorSpec
+    from trt_runtime.cache import decode
+    from trt_runtime.testing.memory import AffineOutput
+
+    backend = _PerDeviceMemory(MACHINES[2])
+    data = backend.build_engine([TensorSpec("x", "float32", (2, 4), True)], [AffineOutput("y", "x")])
+    path = tmp_path / "shared.bin"
+    hopper, ada = (
+        backend.load_engine(EngineSource(data), device=i, settings={"runtime_cache": path}) for i in (0, 1)
+    )
+    hopper(np.ones((2, 4), np.float32))
+    with pytest.raises(
+        CacheError, match=r"holds kernels for memory-1-sm90-drv0; it cannot serve memory-1-sm89"
+    ):
+        ada(np.ones((2, 4), np.float32))
+    RuntimeCache.shared(path).save()
+    key, _ = decode(path.read_bytes())
+    assert key is not None and key.compute_capability == "9.0"
