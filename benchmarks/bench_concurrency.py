@@ -102,6 +102,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="stop measuring (rows left are recorded as skipped) after this many seconds",
     )
     parser.add_argument("--no-plot", action="store_true", help="do not draw bench_concurrency.png")
+    parser.add_argument(
+        "--wheels",
+        default="",
+        help="install the wheels in this folder (no index) and append them to sys.path first "
+        "(matplotlib on an offline GPU host: --wheels .whl/bench)",
+    )
     return parser.parse_args(argv)
 
 
@@ -424,6 +430,13 @@ def main(argv: Sequence[str] | None = None, *, memory_factory: Callable[[], Any]
         print(f"bench_concurrency: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    if args.wheels:
+        from .environment import install_wheels, one_line
+
+        try:
+            _echo(f"bench_concurrency: installed {len(install_wheels(args.wheels)['wheels'])} wheel(s)")
+        except Exception as exc:
+            _echo(f"bench_concurrency: --wheels failed: {type(exc).__name__}: {one_line(exc)}")
     plot_note = None if not args.no_plot else "--no-plot"
     if plot_note is None:
         plot_note = _plot_reason()
