@@ -48,6 +48,8 @@ class FakeGpus:
         self._local = threading.local()
         self._handles = itertools.count(0x1000, 0x10)
         self.streams: list[FakeStream] = []
+        #: Devices whose primary context was made current at least once (a context costs memory).
+        self.contexts_made: set[int] = set()
         self.runtime = _Runtime(self)
         self.driver = _Driver(self)
 
@@ -87,6 +89,7 @@ class _Device:
         return int(major), int(minor)
 
     def set_current(self) -> None:
+        self._gpus.contexts_made.add(self.device_id)
         self._gpus.make_current(self.device_id)
 
     def _in_context(self) -> int:

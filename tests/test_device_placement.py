@@ -144,6 +144,7 @@ def test_device_placement_device_state_changes_no_current_device(gpus: FakeGpus)
     assert [s.compute_capability for s in states] == gpus.sms
     assert gpus.current() == 0
     assert cuda.get_device(len(gpus.sms) - 1) is states[-1]  # one state per device
+    assert gpus.contexts_made == set()  # asking a device's model creates no context on it
 
 
 # -- one runtime-cache file per GPU model --------------------------------------------------------
@@ -158,6 +159,7 @@ def test_device_placement_cache_key_per_gpu_model(gpus: FakeGpus, python: Any) -
     }
     assert backend.cache_key(None) == keys[0]  # None: the current device
     assert gpus.current() == 0
+    assert gpus.contexts_made == set()  # cache keys create no context on any GPU
 
 
 class _PerDeviceMemory(MemoryBackend):

@@ -91,8 +91,8 @@ def resolve_device(device: int | None, recorded: int | None = None, name: str | 
 class DeviceState:
     """Per-device objects shared by the engines of one device: the cuda.core Device.
 
-    Making it changes no thread's current device. :meth:`activate` makes the device
-    current in the calling thread (an engine does it once per thread before its first
+    Making it creates no CUDA context and changes no thread's current device.
+    :meth:`activate` makes the device current in the calling thread (an engine does it once per thread before its first
     call there); :meth:`scope` does it for a block and gives the caller its own context
     back, so loading an engine on device 1 leaves a caller on device 0 on device 0.
     """
@@ -101,8 +101,8 @@ class DeviceState:
         self.index = index
         self.device = _core_device(index)
         self._context = 0  # the primary context's handle, once this device was made current
-        with self.scope():
-            cc = self.device.compute_capability
+        # A device attribute: no context is needed, so none is created for a cache key.
+        cc = self.device.compute_capability
         self.compute_capability = f"{cc[0]}.{cc[1]}"
 
     def activate(self) -> None:
