@@ -92,9 +92,10 @@ class DeviceState:
     """Per-device objects shared by the engines of one device: the cuda.core Device.
 
     Making it creates no CUDA context and changes no thread's current device.
-    :meth:`activate` makes the device current in the calling thread (an engine does it once per thread before its first
-    call there); :meth:`scope` does it for a block and gives the caller its own context
-    back, so loading an engine on device 1 leaves a caller on device 0 on device 0.
+    :meth:`activate` makes the device current in the calling thread (an engine does it
+    once per thread before its first call there); :meth:`scope` does it for a block and
+    gives the caller its own context back, so loading an engine on device 1 leaves a
+    caller on device 0 on device 0.
     """
 
     def __init__(self, index: int) -> None:
