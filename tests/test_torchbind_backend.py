@@ -264,10 +264,10 @@ def test_torchbind_engine_device_argument_overrides_and_is_checked() -> None:
     backend, _ = make_backend("2.14.0", devices=2)
     assert backend.load_engine(source(device_id=1), device=0).device == 0
     with pytest.raises(
-        EngineError, match=r"CUDA device 5 \(recorded in 'mlp'\) does not exist; this machine has 2"
+        EngineError, match=r"engine 'mlp': the engine's container names device_id 5, but this machine has 2"
     ):
         backend.load_engine(source(device_id=5))
-    with pytest.raises(EngineError, match=r"CUDA device 2 \(given\) does not exist"):
+    with pytest.raises(EngineError, match=r"device=2 does not exist: this machine has 2 CUDA device"):
         backend.load_engine(source(), device=2)
 
 

@@ -201,6 +201,8 @@ class PythonBackend:
         return IRuntimeCacheHandle(self.logger)
 
     def cache_key(self, device: int | None = None) -> CacheKey:
+        """The key of ``device`` (else the current device): one cache file per GPU model, so
+        kernels compiled for one SM are never fed to another."""
         from trt_runtime_backends.python import cuda
 
         trt, flavour = self._load_trt()
@@ -238,31 +240,31 @@ class PythonBackend:
         if not availability:
             raise BackendUnavailableError(availability.reason)
         trt, flavour = self._load_trt()
-        chosen = device if device is not None else source.device_id
-        index = cuda.resolve_device(chosen)
+        index = cuda.resolve_device(device, source.device_id, source.name)
         state = cuda.get_device(index)
-        state.activate()
         data = source.data
         if len(data) == 0:
             raise EngineError(f"engine {source.name!r}: the plan is empty (0 bytes)")
-        runtime = self.runtime(index)
-        mark = self._logger.mark()
-        try:
-            trt_engine = runtime.deserialize_cuda_engine(data)
-        except Exception as exc:
-            raise EngineError(
-                f"engine {source.name!r}: TensorRT failed to deserialize it: {exc}"
-                + _suffix(self._logger.errors_since(mark))
-            ) from exc
-        if trt_engine is None:
-            messages = self._logger.errors_since(mark)
-            detail = "; ".join(messages) if messages else "TensorRT logged no error"
-            raise EngineError(
-                f"engine {source.name!r} could not be deserialized by {flavour} {trt.__version__} "
-                f"on device {index} (sm {state.compute_capability}): {detail}"
-            )
-        _log.debug("loaded engine %r on device %d", source.name, index)
-        return PythonEngine._create(self, trt_engine, state, source, settings)
+        # The engine's device for the load, whatever the caller's is; the caller's back after.
+        with state.scope():
+            runtime = self.runtime(index)
+            mark = self._logger.mark()
+            try:
+                trt_engine = runtime.deserialize_cuda_engine(data)
+            except Exception as exc:
+                raise EngineError(
+                    f"engine {source.name!r}: TensorRT failed to deserialize it: {exc}"
+                    + _suffix(self._logger.errors_since(mark))
+                ) from exc
+            if trt_engine is None:
+                messages = self._logger.errors_since(mark)
+                detail = "; ".join(messages) if messages else "TensorRT logged no error"
+                raise EngineError(
+                    f"engine {source.name!r} could not be deserialized by {flavour} {trt.__version__} "
+                    f"on device {index} (sm {state.compute_capability}): {detail}"
+                )
+            _log.debug("loaded engine %r on device %d", source.name, index)
+            return PythonEngine._create(self, trt_engine, state, source, settings)
 
     def __repr__(self) -> str:
         return f"<PythonBackend flavour={self._flavour or 'not loaded'}>"

@@ -55,6 +55,8 @@ class _State:
         self.backend: Any = None
         self.handle: Any = None
         self.key: CacheKey | None = None
+        #: The key the file is named for (a default path): no other key may bind.
+        self.named_for: CacheKey | None = None
         self.drains = 0
         self.known_disk: bytes | None = None  # sha256 of the file as last loaded or saved
         self.lazy = False
@@ -130,6 +132,12 @@ class _State:
         if key is not None:
             if not isinstance(key, CacheKey):
                 raise TypeError(f"key must be a CacheKey or None; got {type(key).__name__}")
+            if self.named_for is not None and key != self.named_for:
+                raise CacheError(
+                    f"runtime cache {self.where()} is the file of {_key_text(self.named_for)}; an "
+                    f"engine of {_key_text(key)} needs its own (RuntimeCache.default(backend, device) "
+                    "gives each GPU model its file)"
+                )
             if self.key is not None and key != self.key and self.materialized():
                 raise CacheError(
                     f"runtime cache {self.where()} holds kernels for {_key_text(self.key)}; "
@@ -385,12 +393,30 @@ class RuntimeCache:
     def default(cls, backend: Any, device: int | None = None) -> RuntimeCache:
         """A cache at the per-user default location for ``backend`` on ``device``, bound to it.
 
-        The path is ``default_cache_path(backend.cache_key(device))``; the file is not
+        The path is ``default_cache_path(backend.cache_key(device))`` (``device`` ``None``:
+        the current device); see :meth:`in_directory`.
+        """
+        return cls.in_directory(None, backend, device)
+
+    @classmethod
+    def in_directory(
+        cls, directory: str | os.PathLike[str] | None, backend: Any, device: int | None = None
+    ) -> RuntimeCache:
+        """The cache file of ``backend`` on ``device`` in ``directory`` (``None``: the per-user
+        default one), bound to it: ``runtime-cache-<key slug>.bin``, one file per stack and
+        GPU model, so the kernels of an sm89 GPU never land in the file of an sm90 one.
+
+        The cache refuses to serve any other key (:class:`CacheError`); the file is not
         loaded (call :meth:`load`).
         """
         key = backend.cache_key(device)
-        cache = cls(storage.default_cache_path(key))
+        if directory is None:
+            path = storage.default_cache_path(key)
+        else:
+            path = storage.absolute_path(directory) / storage.file_name(key)
+        cache = cls(path)
         cache.bind(backend, key=key)
+        cache._state.named_for = key
         return cache
 
     # -- loading -----------------------------------------------------------------------

@@ -38,6 +38,7 @@ __all__ = [
     "default_cache_dir",
     "default_cache_path",
     "describe_os_error",
+    "file_name",
     "lock_path",
     "locked",
     "read_file",
@@ -72,9 +73,15 @@ def default_cache_dir() -> Path:
 def default_cache_path(key: CacheKey) -> Path:
     """``default_cache_dir() / "runtime-cache-<slug>.bin"``: one file per TensorRT build,
     GPU architecture and driver, so a cache of another stack is never fed to TensorRT."""
+    return default_cache_dir() / file_name(key)
+
+
+def file_name(key: CacheKey) -> str:
+    """``runtime-cache-<slug>.bin``: the name of the cache file of ``key``'s stack and GPU
+    model in a cache directory (the default one, or one given to ``runtime_cache``)."""
     if not isinstance(key, CacheKey):
         raise TypeError(f"key must be a CacheKey; got {type(key).__name__}")
-    return default_cache_dir() / f"runtime-cache-{key.slug()}.bin"
+    return f"runtime-cache-{key.slug()}.bin"
 
 
 # -- paths and checks ---------------------------------------------------------------------

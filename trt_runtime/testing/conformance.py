@@ -36,9 +36,10 @@ the class attributes ``preallocated_output_kinds`` / ``static_output_kinds`` /
 ``host_staging_logged`` when the backend has no device, and ``state_machine_settings``
 to run fewer examples on slow hardware.
 
-The tests live in three classes: the device contract in
+The tests live in four classes: the device contract in
 :class:`~.conformance_contract.DeviceContractTests`, the outer CUDA-graph wrap in
-:class:`~.conformance_graphs.OuterGraphTests`, and loading, settings, contexts, caches
+:class:`~.conformance_graphs.OuterGraphTests`, many concurrent callers in
+:class:`~.conformance_concurrency.ConcurrencyTests`, and loading, settings, contexts, caches
 and the state machine here.
 """
 
@@ -59,6 +60,7 @@ from trt_runtime.settings import (
     DynamicShapesKernelSpecializationStrategy,
     RuntimeSettings,
 )
+from trt_runtime.testing.conformance_concurrency import ConcurrencyTests
 from trt_runtime.testing.conformance_contract import DeviceContractTests
 from trt_runtime.testing.conformance_graphs import OuterGraphTests
 from trt_runtime.testing.stateful import BackendHarness, BackendStateMachine
@@ -66,7 +68,7 @@ from trt_runtime.testing.stateful import BackendHarness, BackendStateMachine
 __all__ = ["BackendConformance"]
 
 
-class BackendConformance(DeviceContractTests, OuterGraphTests):
+class BackendConformance(DeviceContractTests, OuterGraphTests, ConcurrencyTests):
     """Base class of a backend's conformance tests.
 
     Abstract fixtures (a subclass must define them): ``backend``, ``engine_source``,

@@ -229,7 +229,9 @@ class MemoryEngine(EngineBase):
             ),
         )
         if cache is not None:
-            native = cache.ensure_materialized(config, backend=self.backend)
+            # The key of this engine's device: a cache never serves two GPU models.
+            key = self.backend.cache_key(self.device)
+            native = cache.ensure_materialized(config, backend=self.backend, key=key)
             if not isinstance(native, MemoryNativeCache):
                 raise CacheError(
                     f"engine {self.name!r}: the runtime cache gave {type(native).__name__}, "
