@@ -28,6 +28,7 @@ from trt_runtime.errors import (
     FormatError,
     InputError,
     LostUpdateWarning,
+    SettingsError,
     StaleCacheWarning,
     TrtRuntimeError,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "RuntimeCache",
     "RuntimeCacheHandle",
     "RuntimeSettings",
+    "SettingsError",
     "StaleCacheWarning",
     "TensorSpec",
     "TrtRuntimeError",

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from trt_runtime.cache import RuntimeCache
-from trt_runtime.errors import CacheWarning
+from trt_runtime.errors import CacheWarning, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import Engine
 from trt_runtime.settings import CudaGraphStrategy, DynamicShapesKernelSpecializationStrategy
@@ -140,7 +140,7 @@ def runtime_cache(
     elif path_or_stream is None or isinstance(path_or_stream, (str, os.PathLike)):
         if path_or_stream is None:
             if not engines:
-                raise ValueError("runtime_cache(None) needs at least one engine to pick the default path")
+                raise SettingsError("runtime_cache(None) needs at least one engine to pick the default path")
             cache = RuntimeCache.default(engines[0].backend)
         else:
             cache = RuntimeCache(path_or_stream)

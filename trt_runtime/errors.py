@@ -1,4 +1,16 @@
-"""The one exception and warning hierarchy of trt-runtime."""
+"""The one exception and warning hierarchy of trt-runtime.
+
+Every failure trt-runtime reports on bad input, a bad file, a bad host or a failing
+backend is a :class:`TrtRuntimeError`, one class per layer: :class:`SettingsError`
+for values handed to settings, cache options, writers, builders and other calls, :class:`FormatError` for engine
+containers and cache files, :class:`CacheError` for the cache's storage, :class:`InputError`
+for the arrays handed to an engine, :class:`EngineError` and :class:`BackendError` for
+what happens below. Python's own limits met on hostile input (``RecursionError``,
+``OverflowError``, the int-digits ``ValueError``, ``MemoryError`` on a size the file
+claims) are translated into the class of the layer that met them. Classes about bad
+values also derive from :class:`ValueError`, so ``except ValueError`` keeps working.
+An argument of the wrong Python type is a programming error and raises ``TypeError``.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +27,18 @@ __all__ = [
     "FormatError",
     "InputError",
     "LostUpdateWarning",
+    "SettingsError",
     "StaleCacheWarning",
     "TrtRuntimeError",
 ]
 
 
 class TrtRuntimeError(Exception):
-    """Base class of every error raised by trt-runtime."""
+    """Base class of every error trt-runtime raises on bad values, files, hosts or backends."""
+
+
+class SettingsError(TrtRuntimeError, ValueError):
+    """A setting, option or argument has an invalid value (settings, cache options, paths, numbers)."""
 
 
 class BackendError(TrtRuntimeError):

@@ -31,6 +31,7 @@ from trt_runtime.errors import (
     StaleCacheWarning,
 )
 from trt_runtime.protocols import CacheKey
+from trt_runtime.validation import seconds
 
 __all__ = ["RuntimeCache"]
 
@@ -346,10 +347,9 @@ class RuntimeCache:
         autosave: bool = False,
         lock_timeout: float = 30.0,
     ) -> None:
-        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or lock_timeout < 0:
-            raise ValueError(f"lock_timeout must be a number of seconds >= 0; got {lock_timeout!r}")
+        timeout = seconds(lock_timeout, "lock_timeout")
         target = None if path is None else storage.absolute_path(path)
-        self._state = _State(target, bool(autosave), float(lock_timeout))
+        self._state = _State(target, bool(autosave), timeout)
         self._finalizer = weakref.finalize(self, _finalize, self._state)
 
     @property

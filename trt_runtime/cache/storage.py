@@ -27,6 +27,7 @@ from typing import Any
 
 from trt_runtime.errors import CacheError, CacheLockTimeout
 from trt_runtime.protocols import CacheKey
+from trt_runtime.validation import path_text
 
 __all__ = [
     "STALE_TEMP_SECONDS",
@@ -91,9 +92,7 @@ def describe_os_error(exc: OSError) -> str:
 
 def absolute_path(path: str | os.PathLike[str]) -> Path:
     """``path`` made absolute (``~`` expanded) without resolving symbolic links."""
-    text = os.fspath(path)
-    if not text:
-        raise ValueError("runtime cache path must not be empty")
+    text = path_text(path, "runtime cache path")
     # abspath, not resolve(): a symlink at the cache path must stay visible to be refused.
     return Path(os.path.abspath(os.path.expanduser(text)))
 

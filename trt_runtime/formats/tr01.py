@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from trt_runtime.dtypes import DTYPE_NAMES, normalize_dtype
-from trt_runtime.errors import FormatError
+from trt_runtime.errors import FormatError, SettingsError
 from trt_runtime.formats.source import EngineData, engine_view, output_stream, write_chunks
 from trt_runtime.protocols import TensorSpec
 
@@ -345,13 +345,13 @@ def _check_bindings(bindings: Sequence[TensorSpec]) -> list[TensorSpec]:
         if not isinstance(spec, TensorSpec):
             raise TypeError(f"bindings must be TensorSpec instances; got {type(spec).__name__}")
         if not spec.name:
-            raise ValueError("binding names must be non-empty")
+            raise SettingsError("binding names must be non-empty")
         if spec.dtype:
             normalize_dtype(spec.dtype)
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"binding names must be unique; repeated: {duplicates}")
+        raise SettingsError(f"binding names must be unique; repeated: {duplicates}")
     return specs
 
 
@@ -390,7 +390,7 @@ def _encode(
 ) -> tuple[bytes, bool]:
     specs = _check_bindings(bindings)
     if not isinstance(device_id, int) or isinstance(device_id, bool) or not 0 <= device_id < 2**31:
-        raise ValueError(f"device_id must be an integer in [0, 2**31); got {device_id!r}")
+        raise SettingsError(f"device_id must be an integer in [0, 2**31); got {device_id!r}")
     for key, value in (("serialized_metadata", serialized_metadata), ("target_platform", target_platform)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{key} must be a string; got {type(value).__name__}")
