@@ -30,6 +30,7 @@ from trt_runtime.errors import (
     LostUpdateWarning,
     SettingsError,
     StaleCacheWarning,
+    StorageError,
     TrtRuntimeError,
 )
 from trt_runtime.graphs import OuterGraph
@@ -88,6 +89,7 @@ __all__ = [
     "RuntimeSettings",
     "SettingsError",
     "StaleCacheWarning",
+    "StorageError",
     "TensorSpec",
     "TrtRuntimeError",
     "__version__",

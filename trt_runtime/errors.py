@@ -1,15 +1,16 @@
 """The one exception and warning hierarchy of trt-runtime.
 
 Every failure trt-runtime reports on bad input, a bad file, a bad host or a failing
-backend is a :class:`TrtRuntimeError`, one class per layer: :class:`SettingsError`
-for values handed to settings, cache options, writers, builders and other calls, :class:`FormatError` for engine
-containers and cache files, :class:`CacheError` for the cache's storage, :class:`InputError`
-for the arrays handed to an engine, :class:`EngineError` and :class:`BackendError` for
-what happens below. Python's own limits met on hostile input (``RecursionError``,
-``OverflowError``, the int-digits ``ValueError``, ``MemoryError`` on a size the file
-claims) are translated into the class of the layer that met them. Classes about bad
-values also derive from :class:`ValueError`, so ``except ValueError`` keeps working.
-An argument of the wrong Python type is a programming error and raises ``TypeError``.
+backend is a :class:`TrtRuntimeError`, one class per layer: :class:`SettingsError` for
+values handed to settings, cache options, writers, builders and other calls;
+:class:`FormatError` for engine containers and cache files; :class:`CacheError` for the
+cache's storage; :class:`StorageError` for writing other files (disk full);
+:class:`InputError` for the arrays handed to an engine; :class:`EngineError` and
+:class:`BackendError` for what happens below. Python's own limits met on hostile input
+(``RecursionError``, ``OverflowError``, the int-digits ``ValueError``) are translated
+into the class of the layer that met them. Classes about bad values also derive from
+:class:`ValueError`, so ``except ValueError`` keeps working; :class:`StorageError` is an
+:class:`OSError`. An argument of the wrong Python type is a programming error and raises ``TypeError``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "LostUpdateWarning",
     "SettingsError",
     "StaleCacheWarning",
+    "StorageError",
     "TrtRuntimeError",
 ]
 
@@ -71,6 +73,10 @@ class InputError(TrtRuntimeError, ValueError):
 
 class FormatError(TrtRuntimeError, ValueError):
     """A serialized engine, blob, program or cache file is malformed."""
+
+
+class StorageError(TrtRuntimeError, OSError):
+    """A file could not be written or replaced (disk full, I/O error); names the path and errno."""
 
 
 class CacheError(TrtRuntimeError):

@@ -34,7 +34,7 @@ from trt_runtime.formats.pte_writer import (
     default_target_device,
     write_program,
 )
-from trt_runtime.formats.source import EngineData, open_buffer, output_stream
+from trt_runtime.formats.source import EngineData, open_buffer, open_engine_file, output_stream
 from trt_runtime.formats.tr01 import AliasedIO, blob_parts
 from trt_runtime.protocols import TensorSpec
 
@@ -173,7 +173,7 @@ def load_program(path: str | os.PathLike[str]) -> Any:
             "load_program needs ExecuTorch's deserializer, which imports torch "
             f"({exc}): pip install 'trt-runtime[executorch]'"
         ) from exc
-    with open(os.fspath(path), "rb") as f:
+    with os.fdopen(open_engine_file(path), "rb") as f:
         data = f.read()
     result = deserialize_pte_binary(data)
     return getattr(result, "program", result)
