@@ -9,14 +9,25 @@ bad value for a message without itself failing on it (an int of 5,000 digits can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import struct
+from collections.abc import Iterator
 from typing import Any
 
-from trt_runtime.errors import SettingsError
+from trt_runtime.errors import SettingsError, TrtRuntimeError
 
-__all__ = ["MAX_JSON_NESTING", "MAX_SECONDS", "json_document", "path_text", "seconds", "show"]
+__all__ = [
+    "MAX_JSON_NESTING",
+    "MAX_SECONDS",
+    "json_document",
+    "path_text",
+    "python_limits",
+    "seconds",
+    "show",
+]
 
 #: Longest a timeout may be (about 31 years): longer ones are taken for a mistake.
 MAX_SECONDS = 1e9
@@ -104,3 +115,19 @@ def json_document(text: str | bytes | bytearray, what: str, error: type[Exceptio
     if _depth(doc) > MAX_JSON_NESTING:
         raise error(f"{what} nests containers deeper than {MAX_JSON_NESTING} levels")
     return doc
+
+
+@contextlib.contextmanager
+def python_limits(error: type[Exception], what: str) -> Iterator[None]:
+    """Raise Python's own limits met inside the block as ``error`` naming ``what``.
+
+    A reader's checks raise its layer's class themselves; this catches what slips past
+    them on hostile input (``RecursionError``, ``OverflowError``, the int-digits
+    ``ValueError``, ``struct.error``, ``IndexError``), so one class per layer holds.
+    """
+    try:
+        yield
+    except TrtRuntimeError:
+        raise
+    except (RecursionError, OverflowError, ValueError, struct.error, IndexError) as exc:
+        raise error(f"{what} is malformed ({type(exc).__name__}: {show(str(exc))})") from exc

@@ -188,19 +188,35 @@ def atomic_write(path: Path, blob: bytes) -> None:
         ) from exc
 
 
-_LOCKS: dict[str, Any] = {}
+_LOCKS: dict[tuple[int, str], Any] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+def _forget_locks_after_fork() -> None:
+    """In a forked child: the parent's locks (and their guard) are not this process's."""
+    global _LOCKS_GUARD
+    _LOCKS_GUARD = threading.Lock()
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks_after_fork)
+
+
 def _file_lock(lock_file: Path) -> Any:
-    """One ``FileLock`` per lock path in this process, so re-entry from a thread never deadlocks."""
+    """One ``FileLock`` per lock path and process, so re-entry from a thread never deadlocks.
+
+    Keyed by pid as well as path, and forgotten in a forked child: a lock object made
+    by the parent must never be used by the child (filelock refuses an inherited one).
+    """
     import filelock
 
+    key = (os.getpid(), str(lock_file))
     with _LOCKS_GUARD:
-        lock = _LOCKS.get(str(lock_file))
+        lock = _LOCKS.get(key)
         if lock is None:
             lock = filelock.FileLock(str(lock_file), mode=0o600)
-            _LOCKS[str(lock_file)] = lock
+            _LOCKS[key] = lock
         return lock
 
 
