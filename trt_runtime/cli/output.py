@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 PROG = "trt-runtime"
+#: Longest table drawn with rich; longer ones are printed as aligned plain text.
+RICH_TABLE_ROWS = 500
 
 
 class CliError(Exception):
@@ -128,7 +130,8 @@ class Output:
             return
         cells = [[cell(v) for v in row] for row in rows]
         console = self.console
-        if console is not None:
+        # rich lays out a table in time that grows fast with its rows; long ones print plain.
+        if console is not None and len(cells) <= RICH_TABLE_ROWS:
             from rich.table import Table
 
             table = Table(title=_escape(title) or None, title_justify="left")
@@ -140,6 +143,7 @@ class Output:
             return
         if title:
             print(title)
+        sys.stdout.flush()
         widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
         print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
         print("  ".join("-" * w for w in widths))
