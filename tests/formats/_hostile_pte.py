@@ -41,9 +41,15 @@ def blob(bindings: int, *, engine: bytes = b"\x00" * 64) -> bytes:
     return pack_tr01(engine, specs)
 
 
-def aliased_program(*, bindings: int, delegates: int, instructions: int, args: int = 0) -> bytes:
+def aliased_program(
+    *, bindings: int, delegates: int, instructions: int, args: int = 0, target_device: bytes | None = None
+) -> bytes:
     """An inline ``.pte`` whose delegates, instructions and call arguments alias one table each."""
-    delegate = Table([("off", String("TensorRTBackend")), ("off", Table([("<B", 0), ("<I", 0)])), None])
+    specs = None
+    if target_device is not None:
+        spec = Table([("off", String("target_device")), ("off", Bytes(memoryview(target_device), 4))])
+        specs = ("off", Vector("off", [spec]))
+    delegate = Table([("off", String("TensorRTBackend")), ("off", Table([("<B", 0), ("<I", 0)])), specs])
     call = Table([("<i", 0), ("off", Vector("<i", [0] * args))])
     instruction = Table([("<B", 2), ("off", call)])
     tensor = Table([("<b", 6), None, ("off", Vector("<i", [1]))])

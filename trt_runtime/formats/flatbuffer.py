@@ -63,12 +63,12 @@ class Reader:
             )
 
     def _unpack(self, fmt: str, pos: int, what: str) -> Any:
-        width = struct.calcsize(fmt)
-        if pos < 0 or pos + width > self.limit:
+        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
+        if pos < 0 or pos + layout.size > self.limit:
             raise FormatError(
                 f".pte {what} at offset {pos} lies outside the program flatbuffer (0..{self.limit})"
             )
-        return struct.unpack_from(fmt, self.view, pos)[0]
+        return layout.unpack_from(self.view, pos)[0]
 
     def uoffset(self, pos: int, what: str) -> int:
         return pos + self._unpack("<I", pos, what)
@@ -94,6 +94,8 @@ class Reader:
             )
         return start + 4, count
 
+
+_STRUCTS: dict[str, struct.Struct] = {}
 
 #: Reading budget of :class:`Reader`: units per byte of flatbuffer, and a constant.
 WORK_PER_BYTE = 0.5

@@ -279,6 +279,51 @@ def _parse_pte(view: memoryview, what: str) -> Program:
             blobs[span] = blob
         return blob
 
+    def read_delegate(
+        delegate: TableView, where: str
+    ) -> tuple[str, str, tuple[int, int], dict[str, bytes]]:
+        """(backend id, location, blob byte range, compile specs) of one delegate table."""
+        backend_id = delegate.string(0, f"{where} id") or ""
+        if backend_id != BACKEND_ID:
+            return backend_id, "", (0, 0), {}
+        ref = delegate.child(1, f"{where} processed")
+        if ref is None:
+            raise FormatError(f"{where} ({BACKEND_ID}) has no processed data reference")
+        location_code, index = ref.scalar(0, "<B"), ref.scalar(1, "<I")
+        if location_code == INLINE:
+            if index >= len(inline_data):
+                raise FormatError(
+                    f"{where} refers to inline data {index}; the program has {len(inline_data)}"
+                )
+            span = inline_data[index].bytes_span(0, f"{where} inline data") or (0, 0)
+            location = "inline"
+        elif location_code == SEGMENT:
+            span = segment(index, where)
+            location = "segment"
+        else:
+            raise FormatError(f"{where} has unknown data location {location_code}; expected 0 or 1")
+        specs = {}
+        for s, spec in enumerate(delegate.tables(2, f"{where} compile_specs")):
+            key = spec.string(0, f"{where} compile_specs[{s}].key") or ""
+            value = spec.bytes_view(1, f"{where} compile_specs[{s}].value") or b""
+            reader.charge(len(value) // 64 + 1, f"{where} compile_specs[{s}].value")
+            specs[key] = bytes(value)
+        raw = view[span[0] : span[1]]
+        if bytes(raw[:4]) not in (MAGIC_TR01, MAGIC_TR02):
+            # Our convention for a blob kept in named data: the processed bytes name its key.
+            reader.charge(min(len(raw), 4096) // 64 + 1, f"{where} named-data key")
+            key = _as_key(raw)
+            if key is None or key not in named_keys:
+                raise FormatError(
+                    f"{where} ({BACKEND_ID}, {location}) holds {len(raw)} bytes that are neither a "
+                    f"TR01/TR02 blob (magic {bytes(raw[:4])!r}) nor a named-data key "
+                    f"({len(named_keys)} keys{': ' + show(sorted(named_keys)) if named_keys else ''})"
+                )
+            span = segment(named_keys[key], f"{where} named data {key!r}")
+            location = "named_data"
+        return backend_id, location, span, specs
+
+    seen: dict[int, tuple[str, str, tuple[int, int], dict[str, bytes]]] = {}
     delegates: list[Delegate] = []
     others: list[str] = []
     methods: list[str] = []
@@ -289,45 +334,14 @@ def _parse_pte(view: memoryview, what: str) -> Program:
         calls = _PlanCalls(plan, method)
         for d, delegate in enumerate(plan_delegates):
             where = f"{what} method {method!r} delegate {d}"
-            backend_id = delegate.string(0, f"{where} id") or ""
+            found = seen.get(delegate.pos)  # delegates aliasing one table are read once
+            if found is None:
+                found = seen[delegate.pos] = read_delegate(delegate, where)
+            backend_id, location, span, specs = found
+            reader.charge(1 + len(specs), where)
             if backend_id != BACKEND_ID:
                 others.append(backend_id)
                 continue
-            ref = delegate.child(1, f"{where} processed")
-            if ref is None:
-                raise FormatError(f"{where} ({BACKEND_ID}) has no processed data reference")
-            location_code, index = ref.scalar(0, "<B"), ref.scalar(1, "<I")
-            if location_code == INLINE:
-                if index >= len(inline_data):
-                    raise FormatError(
-                        f"{where} refers to inline data {index}; the program has {len(inline_data)}"
-                    )
-                span = inline_data[index].bytes_span(0, f"{where} inline data") or (0, 0)
-                location = "inline"
-            elif location_code == SEGMENT:
-                span = segment(index, where)
-                location = "segment"
-            else:
-                raise FormatError(f"{where} has unknown data location {location_code}; expected 0 or 1")
-            specs = {}
-            for s, spec in enumerate(delegate.tables(2, f"{where} compile_specs")):
-                key = spec.string(0, f"{where} compile_specs[{s}].key") or ""
-                value = spec.bytes_view(1, f"{where} compile_specs[{s}].value") or b""
-                reader.charge(len(value) // 64 + 1, f"{where} compile_specs[{s}].value")
-                specs[key] = bytes(value)
-            raw = view[span[0] : span[1]]
-            if bytes(raw[:4]) not in (MAGIC_TR01, MAGIC_TR02):
-                # Our convention for a blob kept in named data: the processed bytes name its key.
-                reader.charge(min(len(raw), 4096) // 64 + 1, f"{where} named-data key")
-                key = _as_key(raw)
-                if key is None or key not in named_keys:
-                    raise FormatError(
-                        f"{where} ({BACKEND_ID}, {location}) holds {len(raw)} bytes that are neither a "
-                        f"TR01/TR02 blob (magic {bytes(raw[:4])!r}) nor a named-data key "
-                        f"({len(named_keys)} keys{': ' + show(sorted(named_keys)) if named_keys else ''})"
-                    )
-                span = segment(named_keys[key], f"{where} named data {key!r}")
-                location = "named_data"
             blob = blob_at(span, where)
             reader.charge(len(blob.bindings) + 1, f"{where} bindings")
             fully = calls.order == [d] and len(plan_delegates) == 1
@@ -341,7 +355,7 @@ def _parse_pte(view: memoryview, what: str) -> Program:
                     method_delegate_index=d,
                     location=location,
                     blob=blob,
-                    compile_specs=specs,
+                    compile_specs=dict(specs),
                     fully_delegated=fully,
                     tensors=tensors,
                     warnings=_warnings(blob, specs, tensors, calls, d),

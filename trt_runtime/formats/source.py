@@ -63,8 +63,12 @@ def open_engine_file(path: str | os.PathLike[str]) -> int:
     text = os.fsdecode(os.fspath(path))
     try:
         return open_regular(text, what="cannot read engine file", error=FormatError)
+    except FormatError:
+        raise
     except OSError as exc:
         raise FormatError(f"cannot read engine file {text!r}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL byte in the path
+        raise FormatError(f"cannot read engine file {text!r}: {exc}") from exc
 
 
 def open_buffer(source: Any) -> tuple[memoryview, str]:

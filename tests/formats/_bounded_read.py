@@ -1,0 +1,43 @@
+"""Run one reader on one file in a fresh process; print its time, peak RSS and outcome as JSON.
+
+``python _bounded_read.py READER PATH`` where READER is ``describe``, ``load`` (the
+``memory`` backend), ``inspect`` or ``inspect-json`` (the CLI, in process). Used by
+tests/formats/test_hostile_bounds.py: peak RSS must be measured in a process of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import resource
+import sys
+import time
+
+
+def main(reader: str, path: str) -> None:
+    import trt_runtime
+    from trt_runtime.cli import main as cli_main
+    from trt_runtime.formats import describe
+
+    start = time.perf_counter()
+    outcome, message = "ok", ""
+    try:
+        if reader == "describe":
+            describe(path)
+        elif reader == "load":
+            trt_runtime.load(path, backend="memory")
+        else:
+            argv = ["--json"] if reader == "inspect-json" else []
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+                code = cli_main([*argv, "inspect", path, "--no-load"])
+            outcome, message = f"exit {code}", err.getvalue()[-300:]
+    except Exception as exc:
+        outcome, message = type(exc).__name__, str(exc)[:300]
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    print(json.dumps({"seconds": seconds, "peak_rss": peak, "outcome": outcome, "message": message}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
