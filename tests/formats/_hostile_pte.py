@@ -37,7 +37,9 @@ class AliasWriter(Writer):
 
 def blob(bindings: int, *, engine: bytes = b"\x00" * 64) -> bytes:
     """A valid TR01 blob with ``bindings`` float32 bindings."""
-    specs = [TensorSpec(name=f"b{i}", dtype="float32", shape=(1,), is_input=i % 2 == 0) for i in range(bindings)]
+    specs = [
+        TensorSpec(name=f"b{i}", dtype="float32", shape=(1,), is_input=i % 2 == 0) for i in range(bindings)
+    ]
     return pack_tr01(engine, specs)
 
 

@@ -130,8 +130,12 @@ def test_hostile_nul_in_engine_path_is_a_format_error() -> None:
 @pytest.mark.parametrize(
     ("bindings", "delegates", "instructions", "args"),
     [(10, 2000, 2000, 0), (4000, 2000, 10, 0), (2, 2, 2, 200_000), (1, 60_000, 1, 0)],
-    ids=["2000-delegates-x-2000-instructions", "4000-bindings-x-2000-delegates", "200k-aliased-args",
-         "60k-delegates"],
+    ids=[
+        "2000-delegates-x-2000-instructions",
+        "4000-bindings-x-2000-delegates",
+        "200k-aliased-args",
+        "60k-delegates",
+    ],
 )
 def test_hostile_pte_aliasing_is_refused_in_linear_time(
     bindings: int, delegates: int, instructions: int, args: int
@@ -165,7 +169,10 @@ def test_hostile_pte_target_device_of_5000_digits_names_no_device() -> None:
     ("meta", "match"),
     [
         (b'{"io_bindings":[],"device_id":' + b"1" * 5000 + b"}", "not valid JSON.*digits"),
-        (b'{"io_bindings":' + b"[" * 100_000 + b"]" * 100_000 + b',"device_id":0}', "JSON values|not valid JSON"),
+        (
+            b'{"io_bindings":' + b"[" * 100_000 + b"]" * 100_000 + b',"device_id":0}',
+            "JSON values|not valid JSON",
+        ),
         (b'{"io_bindings":[' + b"[]," * (MAX_METADATA_ITEMS + 1) + b'[]],"device_id":0}', "JSON values"),
         (b'{"io_bindings":[],"device_id":1e999}', "device_id"),
     ],
@@ -178,7 +185,7 @@ def test_hostile_tr01_metadata_limits_are_format_errors(meta: bytes, match: str)
 
 def test_hostile_tr01_deep_nesting_under_the_budget_is_a_format_error() -> None:
     meta = b'{"io_bindings":' + b"[" * 50_000 + b"]" * 50_000 + b',"device_id":0}'
-    with pytest.raises(FormatError, match="TR01 metadata is not valid JSON|recursion"):
+    with pytest.raises(FormatError, match=r"TR01 metadata is not valid JSON|recursion"):
         parse_tr01(_blob_with_metadata(meta))
 
 
@@ -241,9 +248,7 @@ def test_hostile_cli_inspect_of_16k_bindings_is_fast_and_truncated(
 ) -> None:
     from trt_runtime.formats import write_tr01
 
-    specs = [
-        TensorSpec(f"binding_{i:05d}", "float32", (1, 3, 224, 224), i % 2 == 0) for i in range(16_384)
-    ]
+    specs = [TensorSpec(f"binding_{i:05d}", "float32", (1, 3, 224, 224), i % 2 == 0) for i in range(16_384)]
     path = tmp_path / "wide.tr01"
     write_tr01(path, b"\x00" * 64, specs)
     assert path.stat().st_size < 1_400_000
