@@ -78,6 +78,9 @@ class FormatError(TrtRuntimeError, ValueError):
 class StorageError(TrtRuntimeError, OSError):
     """A file could not be written or replaced (disk full, I/O error); names the path and errno."""
 
+    def __str__(self) -> str:  # the message, not OSError's "[Errno N] ...: 'path'"
+        return str(self.args[0]) if self.args else super().__str__()
+
 
 class CacheError(TrtRuntimeError):
     """A runtime cache could not be loaded, saved or materialized."""
