@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trt_runtime.dtypes import normalize_dtype
-from trt_runtime.errors import SettingsError
+from trt_runtime.errors import BackendError, SettingsError
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
@@ -170,7 +170,7 @@ def _build(
         config.progress_monitor = monitor
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise RuntimeError(f"TensorRT could not build the {what} engine (see the TensorRT log above)")
+        raise BackendError(f"TensorRT could not build the {what} engine (see the TensorRT log above)")
     return bytes(plan)
 
 
