@@ -1,5 +1,8 @@
 """Run one reader on one file in a fresh process; print its time, peak RSS and outcome as JSON.
 
+``seconds`` is CPU time (what the reader costs, whatever else loads the machine);
+``wall_seconds`` is beside it for the record.
+
 ``python _bounded_read.py READER PATH`` where READER is ``describe``, ``load`` (the
 ``memory`` backend), ``inspect`` or ``inspect-json`` (the CLI, in process). Used by
 tests/formats/test_hostile_bounds.py: peak RSS must be measured in a process of its own.
@@ -20,7 +23,7 @@ def main(reader: str, path: str) -> None:
     from trt_runtime.cli import main as cli_main
     from trt_runtime.formats import describe
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     outcome, message = "ok", ""
     try:
         if reader == "describe":
@@ -34,8 +37,9 @@ def main(reader: str, path: str) -> None:
             outcome, message = f"exit {code}", err.getvalue()[-300:]
     except Exception as exc:
         outcome, message = type(exc).__name__, str(exc)[:300]
-    seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "peak_rss": _peak_rss(), "outcome": outcome, "message": message}))
+    seconds, wall = time.process_time() - cpu_start, time.perf_counter() - start
+    report = {"seconds": seconds, "wall_seconds": wall, "peak_rss": _peak_rss(), "outcome": outcome}
+    print(json.dumps({**report, "message": message}))
 
 
 def _peak_rss() -> int:

@@ -31,6 +31,8 @@ from trt_runtime.formats.pte_writer import write_program
 from trt_runtime.formats.tr01 import HEADER_FORMAT, MAX_METADATA_ITEMS, MAX_METADATA_SIZE, RESERVED
 
 MB = 2**20
+# CPU seconds (time.process_time), so that other jobs on a loaded machine do not fail them;
+# a reader that blocks instead of computing is caught by the wall-clock FIFO tests.
 SMALL_SECONDS = 2.0  # inputs up to 1 MB
 CAP_SECONDS = 10.0  # inputs up to the documented caps
 BOUNDS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -49,12 +51,12 @@ def _blob_with_metadata(meta: bytes, engine: bytes = b"\x00" * 16) -> bytes:
 
 def _check_bounded(data: bytes, reader: Any = describe) -> Any:
     """Read ``data``: a result or a FormatError, in time and within the memory bound."""
-    start = time.perf_counter()
+    start = time.process_time()
     try:
         result = reader(data)
     except FormatError as exc:
         result = exc
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     assert seconds < SMALL_SECONDS, (len(data), seconds)
     tracemalloc.start()
     try:
@@ -85,7 +87,7 @@ def test_hostile_bounds_aliased_pte(bindings: int, delegates: int, instructions:
 JSON_ATOMS = st.sampled_from([b"[]", b"{}", b"0", b'""', b"null", b"1e308", b'{"a":[]}', b"[[[]]]", b"-1"])
 
 
-@settings(BOUNDS, max_examples=15)
+@settings(BOUNDS, max_examples=10)
 @given(
     atom=JSON_ATOMS, depth=st.integers(0, 3000), key=st.sampled_from([b"io_bindings", b"x", b"aliased_io"])
 )

@@ -312,14 +312,14 @@ def _parse_pte(view: memoryview, what: str) -> Program:
         if bytes(raw[:4]) not in (MAGIC_TR01, MAGIC_TR02):
             # Our convention for a blob kept in named data: the processed bytes name its key.
             reader.charge(min(len(raw), 4096) // 64 + 1, f"{where} named-data key")
-            key = _as_key(raw)
-            if key is None or key not in named_keys:
+            data_key = _as_key(raw)
+            if data_key is None or data_key not in named_keys:
                 raise FormatError(
                     f"{where} ({BACKEND_ID}, {location}) holds {len(raw)} bytes that are neither a "
                     f"TR01/TR02 blob (magic {bytes(raw[:4])!r}) nor a named-data key "
                     f"({len(named_keys)} keys{': ' + show(sorted(named_keys)) if named_keys else ''})"
                 )
-            span = segment(named_keys[key], f"{where} named data {key!r}")
+            span = segment(named_keys[data_key], f"{where} named data {data_key!r}")
             location = "named_data"
         return backend_id, location, span, specs
 
