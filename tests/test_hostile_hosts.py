@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from _hostile_worker import load_and_save, save_held_cache
+from _hostile_worker import load_and_save, run_with_cache, save_held_cache
 
 from trt_runtime import CacheWarning, FormatError, RuntimeCache, StorageError, TensorSpec
 from trt_runtime.cache import decode, encode
@@ -120,26 +120,7 @@ def test_hostile_cache_key_is_ignored_with_a_warning(private_dir: Path, key_json
 def test_hostile_cache_key_through_the_cli_is_one_warning_line(
     private_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trt_runtime.testing.memory import AffineOutput, MemoryBackend
-
-    engine = private_dir / "affine.eng"
-    spec = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),))
-    engine.write_bytes(MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)]))
-    cache = private_dir / "c.bin"
-    cache.write_bytes(_framed(b"[" * 100_000 + b"]" * 100_000))
-    argv = [
-        "run",
-        os.fspath(engine),
-        "--force",
-        "--backend",
-        "memory",
-        "--runtime-cache",
-        os.fspath(cache),
-        "--output-dir",
-        os.fspath(private_dir / "out"),
-        "-q",
-    ]
-    assert cli_main(argv) == 0
+    assert run_with_cache(private_dir, _framed(b"[" * 100_000 + b"]" * 100_000), "-q") == 0
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert any("ignored runtime cache file" in line and "nests containers" in line for line in lines), err

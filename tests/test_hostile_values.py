@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _hostile_worker import run_with_cache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -187,28 +188,9 @@ def test_hostile_cli_bad_seed_is_a_usage_error(
 
 
 def test_hostile_cli_warnings_are_one_line_each(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from trt_runtime import TensorSpec
-    from trt_runtime.testing.memory import AffineOutput, MemoryBackend
-
     directory = tmp_path / "d"
     directory.mkdir(mode=0o700)
-    engine = directory / "affine.eng"
-    spec = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),))
-    engine.write_bytes(MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)]))
-    (directory / "c.bin").write_bytes(b"not a cache")
-    argv = [
-        "--json",
-        "run",
-        os.fspath(engine),
-        "--force",
-        "--backend",
-        "memory",
-        "--runtime-cache",
-        os.fspath(directory / "c.bin"),
-        "--output-dir",
-        os.fspath(directory / "out"),
-    ]
-    assert cli_main(argv) == 0
+    assert run_with_cache(directory, b"not a cache", "--json") == 0
     captured = capsys.readouterr()
     json.loads(captured.out)  # stdout stays one JSON document
     lines = captured.err.splitlines()
