@@ -171,6 +171,7 @@ def test_hostile_bounds_1mb_inputs_in_a_fresh_process(tmp_path: Path, reader: st
     cases = {
         "aliased.pte": aliased_program(bindings=4000, delegates=2000, instructions=2000),
         "args.pte": aliased_program(bindings=2, delegates=2, instructions=2, args=250_000),
+        "delegates.pte": aliased_program(bindings=1, delegates=250_000, instructions=1),
         "lists.tr01": _blob_with_metadata(b'{"io_bindings":[' + b"[]," * 340_000 + b'[]],"device_id":0}'),
     }
     for name, data in cases.items():

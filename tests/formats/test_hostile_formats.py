@@ -130,12 +130,12 @@ def test_hostile_nul_in_engine_path_is_a_format_error() -> None:
 
 @pytest.mark.parametrize(
     ("bindings", "delegates", "instructions", "args"),
-    [(10, 2000, 2000, 0), (4000, 2000, 10, 0), (2, 2, 2, 200_000), (1, 60_000, 1, 0)],
+    [(10, 2000, 2000, 0), (4000, 2000, 10, 0), (2, 2, 2, 200_000), (1, 250_000, 1, 0)],
     ids=[
         "2000-delegates-x-2000-instructions",
         "4000-bindings-x-2000-delegates",
         "200k-aliased-args",
-        "60k-delegates",
+        "250k-delegates-1mb",
     ],
 )
 def test_hostile_pte_aliasing_is_refused_in_linear_time(

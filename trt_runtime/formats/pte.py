@@ -53,6 +53,9 @@ _CUDA_DEVICE = re.compile(r"cuda(?::([0-9]{1,9}))?", re.IGNORECASE)
 EH_MAGIC = b"eh00"
 EH_LENGTH = 32
 EH_MIN_LENGTH = 24
+#: Reading units a delegate entry costs beyond its tables (a Delegate, its warnings): a
+#: delegate table takes 20 bytes or more, so a real program stays within the budget.
+DELEGATE_WORK = 6
 #: ``DataLocation`` enum of program.fbs.
 INLINE, SEGMENT = 0, 1
 #: ``InstructionArguments`` union member of a ``DelegateCall``.
@@ -324,6 +327,7 @@ def _parse_pte(view: memoryview, what: str) -> Program:
         return backend_id, location, span, specs
 
     seen: dict[int, tuple[str, str, tuple[int, int], dict[str, bytes]]] = {}
+    warnings_of: dict[tuple[int, int, int, int], tuple[str, ...]] = {}
     delegates: list[Delegate] = []
     others: list[str] = []
     methods: list[str] = []
@@ -332,13 +336,14 @@ def _parse_pte(view: memoryview, what: str) -> Program:
         methods.append(method)
         plan_delegates = plan.tables(7, f"{method}.delegates")
         calls = _PlanCalls(plan, method)
+        prefix = f"{what} method {method!r} delegate "
         for d, delegate in enumerate(plan_delegates):
-            where = f"{what} method {method!r} delegate {d}"
+            where = prefix + str(d)
             found = seen.get(delegate.pos)  # delegates aliasing one table are read once
             if found is None:
                 found = seen[delegate.pos] = read_delegate(delegate, where)
             backend_id, location, span, specs = found
-            reader.charge(1 + len(specs), where)
+            reader.charge(DELEGATE_WORK + len(specs), where)
             if backend_id != BACKEND_ID:
                 others.append(backend_id)
                 continue
@@ -348,6 +353,11 @@ def _parse_pte(view: memoryview, what: str) -> Program:
             tensors = calls.tensors(d)
             if fully:
                 blob = _with_program_types(blob, tensors)
+            # Delegates aliasing one table, blob and call arguments share their warnings.
+            warn_key = (id(blob), delegate.pos, id(calls), d if d in calls.first_args else -1)
+            warned = warnings_of.get(warn_key)
+            if warned is None:
+                warned = warnings_of[warn_key] = _warnings(blob, specs, tensors, calls, d)
             delegates.append(
                 Delegate(
                     index=len(delegates),
@@ -358,7 +368,7 @@ def _parse_pte(view: memoryview, what: str) -> Program:
                     compile_specs=dict(specs),
                     fully_delegated=fully,
                     tensors=tensors,
-                    warnings=_warnings(blob, specs, tensors, calls, d),
+                    warnings=warned,
                 )
             )
     return Program(
