@@ -29,7 +29,9 @@ from trt_runtime.errors import (
     FormatError,
     InputError,
     LostUpdateWarning,
+    SettingsError,
     StaleCacheWarning,
+    StorageError,
     TrtRuntimeError,
 )
 from trt_runtime.graphs import OuterGraph
@@ -87,7 +89,9 @@ __all__ = [
     "RuntimeCache",
     "RuntimeCacheHandle",
     "RuntimeSettings",
+    "SettingsError",
     "StaleCacheWarning",
+    "StorageError",
     "TensorSpec",
     "TrtRuntimeError",
     "__version__",

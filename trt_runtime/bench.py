@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from trt_runtime.errors import SettingsError
+
 __all__ = [
     "BenchResult",
     "CudaEventTimer",
@@ -51,9 +53,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     Matches ``numpy.percentile(values, q)`` (its default, "linear" method) without numpy.
     """
     if not values:
-        raise ValueError("percentile of an empty sequence is undefined")
+        raise SettingsError("percentile of an empty sequence is undefined")
     if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile q must be in [0, 100]; got {q!r}")
+        raise SettingsError(f"percentile q must be in [0, 100]; got {q!r}")
     ordered = sorted(values)
     rank = (len(ordered) - 1) * q / 100.0
     low = math.floor(rank)
@@ -81,7 +83,7 @@ class Stats:
 def summarize(samples_us: Sequence[float]) -> Stats:
     """Median, p10, p90, p99, mean, min and max of ``samples_us`` (ValueError if empty)."""
     if not samples_us:
-        raise ValueError("cannot summarize an empty list of samples")
+        raise SettingsError("cannot summarize an empty list of samples")
     values = [float(v) for v in samples_us]
     return Stats(
         n=len(values),
@@ -97,10 +99,10 @@ def summarize(samples_us: Sequence[float]) -> Stats:
 
 def _check_calls(calls: Sequence[Callable[[], Any]], **counts: int) -> None:
     if not calls:
-        raise ValueError("nothing to time: no calls")
+        raise SettingsError("nothing to time: no calls")
     for name, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+            raise SettingsError(f"{name} must be an int >= 1; got {value!r}")
 
 
 def time_latency(
@@ -413,12 +415,12 @@ def bench_engine(
 
 def _check_counts(iterations: int, warmup: int, duration: float | None = None) -> None:
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be an int >= 1; got {iterations!r}")
+        raise SettingsError(f"iterations must be an int >= 1; got {iterations!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
+        raise SettingsError(f"warmup must be an int >= 0; got {warmup!r}")
     if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
                                  or not 0 <= duration < math.inf):
-        raise ValueError(f"duration must be a number of seconds >= 0 or None; got {duration!r}")
+        raise SettingsError(f"duration must be a number of seconds >= 0 or None; got {duration!r}")
 
 
 def _calls(iterations: int, duration: float | None, clock: Callable[[], int], start: int) -> Iterator[int]:
@@ -457,7 +459,7 @@ def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], t
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'trt-runtime[plot]'") from exc
     if not results:
-        raise ValueError("nothing to plot: no benchmark results")
+        raise SettingsError("nothing to plot: no benchmark results")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(max(4.0, 1.8 * len(results) + 2), 4.0))

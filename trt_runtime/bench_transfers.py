@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trt_runtime.bench import CudaEventTimer, percentile
+from trt_runtime.errors import BackendError
 
 __all__ = ["TransferSplit", "transfer_split"]
 
@@ -49,7 +50,7 @@ def _memcpy(rt: Any, dst: int, src: int, nbytes: int, kind: Any, stream: Any) ->
     if nbytes:
         err = rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream)[0]
         if int(err) != 0:
-            raise RuntimeError(f"cudaMemcpyAsync failed: {err!s}")
+            raise BackendError(f"cudaMemcpyAsync of {nbytes} bytes failed: {err!s}")
 
 
 def transfer_split(

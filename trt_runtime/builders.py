@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trt_runtime.dtypes import normalize_dtype
+from trt_runtime.errors import BackendError, SettingsError
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
@@ -172,7 +173,7 @@ def _build(
         config.progress_monitor = monitor
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise RuntimeError(f"TensorRT could not build the {what} engine (see the TensorRT log above)")
+        raise BackendError(f"TensorRT could not build the {what} engine (see the TensorRT log above)")
     return bytes(plan)
 
 
@@ -198,7 +199,7 @@ def _batch_dim(batch: int | str | None) -> int:
     if batch is None or batch == "dynamic":
         return -1
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive int, None or 'dynamic'; got {batch!r}")
+        raise SettingsError(f"batch must be a positive int, None or 'dynamic'; got {batch!r}")
     return batch
 
 
@@ -222,7 +223,7 @@ def build_tiny(
     np_dtype = np.float16 if dtype == "float16" else np.float32
     bdim = _batch_dim(batch)
     if bdim < 0:
-        raise ValueError(f"build_tiny takes a static batch; got {batch!r}")
+        raise SettingsError(f"build_tiny takes a static batch; got {batch!r}")
     builder = trt.Builder(logger or _builder_logger(trt))
     net = _network(trt, builder)
     x = net.add_input("x", _trt_dtype(trt, dtype), (bdim, width))

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from trt_runtime.cache import RuntimeCache
-from trt_runtime.errors import CacheError, CacheWarning
+from trt_runtime.errors import CacheError, CacheWarning, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import Engine
 from trt_runtime.settings import CudaGraphStrategy, DynamicShapesKernelSpecializationStrategy
@@ -145,7 +145,7 @@ def _caches_per_model(
     )
     if directory:
         if not engines:
-            raise ValueError("runtime_cache(None) needs at least one engine to pick the default path")
+            raise SettingsError("runtime_cache(None) needs at least one engine to pick the default path")
         groups: dict[Any, tuple[list[Engine], RuntimeCache]] = {}
         for engine, key in zip(engines, _cache_keys(engines), strict=True):
             if key not in groups:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from trt_runtime.errors import SettingsError
+
 __all__ = ["OUTPUT_MODES", "OuterGraph"]
 
 #: ``copy``: every call returns new arrays (a device-to-device copy of the engine's static
@@ -44,7 +46,7 @@ class OuterGraph:
     def __post_init__(self) -> None:
         if self.outputs not in OUTPUT_MODES:
             allowed = ", ".join(repr(m) for m in OUTPUT_MODES)
-            raise ValueError(f"outer graph outputs must be one of {allowed}; got {self.outputs!r}")
+            raise SettingsError(f"outer graph outputs must be one of {allowed}; got {self.outputs!r}")
 
     @classmethod
     def coerce(cls, value: OuterGraph | bool | str | None) -> OuterGraph | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.builders import ProgressCallback, import_tensorrt
-from trt_runtime.errors import BuildError
+from trt_runtime.errors import BuildError, SettingsError
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.shapes import ShapeRange, check_in_profiles, format_shape
 
@@ -146,13 +146,13 @@ def _check_ranges(network: Any, ranges: Mapping[str, ShapeRange], model: str) ->
     tensors = {t.name: t for t in _inputs(network)}
     unknown = sorted(set(ranges) - set(tensors))
     if unknown:
-        raise ValueError(f"shapes given for {unknown}, which are not inputs of {model}; its inputs are "
+        raise SettingsError(f"shapes given for {unknown}, which are not inputs of {model}; its inputs are "
                          f"{', '.join(f'{n} ({format_shape(t.shape)})' for n, t in tensors.items())}")
     for name, tensor in tensors.items():
         shape = tuple(tensor.shape)
         if name not in ranges:
             if any(d < 0 for d in shape):
-                raise ValueError(
+                raise SettingsError(
                     f"input {name!r} of {model} has dynamic shape {format_shape(shape)}; give its "
                     f"shape with --shapes {name}:... or a range with --min-shapes/--opt-shapes/--max-shapes"
                 )
@@ -161,7 +161,7 @@ def _check_ranges(network: Any, ranges: Mapping[str, ShapeRange], model: str) ->
         for label, value in zip(("min", "opt", "max"), ranges[name], strict=True):
             reason = check_in_profiles(spec, value, engine=model)
             if reason:
-                raise ValueError(f"{label} {reason}")
+                raise SettingsError(f"{label} {reason}")
 
 
 def build_onnx(
@@ -179,14 +179,14 @@ def build_onnx(
     ``shapes`` maps input names to ``(min, opt, max)``; every input with a dynamic
     dimension needs one, and the engine gets one optimization profile. A model the
     parser refuses raises :class:`~trt_runtime.BuildError` whose ``failures`` hold one
-    line per parser error (node, op, message); bad shapes raise ValueError naming them.
+    line per parser error (node, op, message); bad shapes raise SettingsError naming them.
     TensorRT's messages at ``log_level`` and above go to ``log_sink(severity, message)``
     (default: ``[TensorRT] severity: message`` on stderr).
     """
     if precision is not None and precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} or None; got {precision!r}")
+        raise SettingsError(f"precision must be one of {', '.join(PRECISIONS)} or None; got {precision!r}")
     if log_level not in LOG_LEVELS:
-        raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
+        raise SettingsError(f"log_level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     source: Path | bytes = model if isinstance(model, bytes) else Path(model)
     label = "the ONNX model" if isinstance(source, bytes) else os.fspath(source)
     if isinstance(source, Path):

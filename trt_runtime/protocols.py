@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from trt_runtime.errors import SettingsError
+
 if TYPE_CHECKING:
     from trt_runtime.graphs import OuterGraph
     from trt_runtime.settings import RuntimeSettings
@@ -91,7 +93,7 @@ class CacheKey:
         fields = [f.name for f in dataclasses.fields(cls)]
         missing = [f for f in fields if not isinstance(data.get(f), str)]
         if missing:
-            raise ValueError(f"cache key lacks string field(s) {missing}; got {dict(data)!r}")
+            raise SettingsError(f"cache key lacks string field(s) {missing}; got {dict(data)!r}")
         return cls(**{f: data[f] for f in fields})
 
 

@@ -1,4 +1,9 @@
-"""Runtime settings: CUDA graph strategy, kernel specialization strategy, runtime cache."""
+"""Runtime settings: CUDA graph strategy, kernel specialization strategy, runtime cache.
+
+Every invalid value raises :class:`~trt_runtime.SettingsError` (a ``ValueError``)
+naming the field; a mapping with an unknown field or an argument of the wrong kind
+raises ``TypeError``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trt_runtime.errors import SettingsError
+from trt_runtime.validation import json_document, path_text, show
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -59,7 +67,7 @@ class _CodedEnum(str, enum.Enum):
                 return cls.parse(name, field)
         allowed = ", ".join(repr(m.value) for m in cls)
         codes = ", ".join(str(m.code) for m in cls)
-        raise ValueError(f"{field} must be one of {allowed} (or codes {codes}); got {value!r}")
+        raise SettingsError(f"{field} must be one of {allowed} (or codes {codes}); got {show(value)}")
 
 
 class CudaGraphStrategy(_CodedEnum):
@@ -161,7 +169,7 @@ class RuntimeSettings:
         data = self.to_dict()
         cache = data["runtime_cache"]
         if cache is not None and not isinstance(cache, Path):
-            raise ValueError(
+            raise SettingsError(
                 "a RuntimeCache handle cannot be written as JSON; "
                 "give the settings a cache path instead"
             )
@@ -171,12 +179,9 @@ class RuntimeSettings:
     @classmethod
     def from_json(cls, text: str | bytes) -> RuntimeSettings:
         """Inverse of :meth:`to_json`."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"runtime settings JSON is malformed: {exc}") from exc
+        data = json_document(text, "runtime settings JSON")
         if not isinstance(data, dict):
-            raise ValueError(f"runtime settings JSON must be an object; got {type(data).__name__}")
+            raise SettingsError(f"runtime settings JSON must be an object; got {type(data).__name__}")
         return cls.from_dict(data)
 
     def to_codes(self) -> tuple[int, int]:
@@ -200,7 +205,7 @@ class RuntimeSettings:
             ("cuda_graph_strategy", cuda_graph_code),
         ):
             if isinstance(code, bool) or not isinstance(code, numbers.Integral):
-                raise ValueError(f"{field} code must be an int; got {code!r}")
+                raise SettingsError(f"{field} code must be an int; got {show(code)}")
         return cls(
             cuda_graph_strategy=cuda_graph_code,  # type: ignore[arg-type]
             dynamic_shapes_kernel_specialization_strategy=dynamic_shapes_code,  # type: ignore[arg-type]
@@ -211,15 +216,12 @@ class RuntimeSettings:
 def _parse_cache(value: object) -> Any:
     from trt_runtime.cache import RuntimeCache
 
-    if value is None or isinstance(value, (RuntimeCache, Path)):
+    if value is None or isinstance(value, RuntimeCache):
         return value
     if isinstance(value, (str, os.PathLike)):
-        text = os.fspath(value)
-        if not text:
-            raise ValueError("runtime_cache path must not be empty")
-        return Path(text)
-    raise ValueError(
-        f"runtime_cache must be None, a path or a RuntimeCache; got {type(value).__name__} {value!r}"
+        return Path(path_text(value, "runtime_cache path"))
+    raise SettingsError(
+        f"runtime_cache must be None, a path or a RuntimeCache; got {type(value).__name__} {show(value)}"
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from trt_runtime.errors import SettingsError
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
@@ -43,11 +44,11 @@ def parse_shape(text: str, *, option: str = "shape") -> Shape:
     ``option`` names where the text came from in the error message.
     """
     if not text.strip():
-        raise ValueError(f"{option}: empty shape; expected dimensions such as 1x3x64x64")
+        raise SettingsError(f"{option}: empty shape; expected dimensions such as 1x3x64x64")
     dims = []
     for part in text.strip().lower().split("x"):
         if not part.isdigit() or int(part) < 1:
-            raise ValueError(
+            raise SettingsError(
                 f"{option}: dimension {part!r} of shape {text!r} is not a positive integer; "
                 "expected dimensions such as 1x3x64x64"
             )
@@ -68,9 +69,9 @@ def parse_shapes(items: str | Sequence[str], *, option: str = "--shapes") -> dic
             entry = entry.strip()
             name, sep, dims = entry.rpartition(":")
             if not sep or not name:
-                raise ValueError(f"{option}: {entry!r} is not NAME:SHAPE (for example x:1x3x64x64)")
+                raise SettingsError(f"{option}: {entry!r} is not NAME:SHAPE (for example x:1x3x64x64)")
             if name in shapes:
-                raise ValueError(f"{option}: input {name!r} is given twice")
+                raise SettingsError(f"{option}: input {name!r} is given twice")
             shapes[name] = parse_shape(dims, option=f"{option} {name}")
     return shapes
 
@@ -93,25 +94,25 @@ def profile_ranges(
     ranged = set(lo) | set(opt) | set(hi)
     both = sorted(ranged & set(shapes))
     if both:
-        raise ValueError(
+        raise SettingsError(
             f"input(s) {both} have both --shapes and --min/opt/max-shapes; give a fixed shape or a range"
         )
     for name in sorted(ranged):
         missing = [flag for flag, table in (("--min-shapes", lo), ("--opt-shapes", opt), ("--max-shapes", hi))
                    if name not in table]
         if missing:
-            raise ValueError(
+            raise SettingsError(
                 f"input {name!r} needs --min-shapes, --opt-shapes and --max-shapes; "
                 f"missing {', '.join(missing)}"
             )
         triple = (lo[name], opt[name], hi[name])
         if len({len(s) for s in triple}) != 1:
-            raise ValueError(
+            raise SettingsError(
                 f"input {name!r}: min/opt/max shapes {' / '.join(format_shape(s) for s in triple)} "
                 "differ in rank"
             )
         if not all(a <= b <= c for a, b, c in zip(*triple, strict=True)):
-            raise ValueError(
+            raise SettingsError(
                 f"input {name!r}: need min <= opt <= max in every dimension; got "
                 f"{' / '.join(format_shape(s) for s in triple)}"
             )

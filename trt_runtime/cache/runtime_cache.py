@@ -31,6 +31,7 @@ from trt_runtime.errors import (
     StaleCacheWarning,
 )
 from trt_runtime.protocols import CacheKey
+from trt_runtime.validation import seconds
 
 __all__ = ["RuntimeCache"]
 
@@ -330,6 +331,19 @@ def _finalize(state: _State) -> None:
 
 _SHARED: dict[Path, RuntimeCache] = {}
 _SHARED_GUARD = threading.Lock()
+_STATES: weakref.WeakSet[_State] = weakref.WeakSet()
+
+
+def _renew_locks_after_fork() -> None:
+    """In a forked child, locks another thread of the parent held would stay held forever."""
+    global _SHARED_GUARD
+    _SHARED_GUARD = threading.Lock()
+    for state in list(_STATES):
+        state.lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks_after_fork)
 
 
 # -- the facade ---------------------------------------------------------------------------
@@ -354,10 +368,10 @@ class RuntimeCache:
         autosave: bool = False,
         lock_timeout: float = 30.0,
     ) -> None:
-        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or lock_timeout < 0:
-            raise ValueError(f"lock_timeout must be a number of seconds >= 0; got {lock_timeout!r}")
+        timeout = seconds(lock_timeout, "lock_timeout")
         target = None if path is None else storage.absolute_path(path)
-        self._state = _State(target, bool(autosave), float(lock_timeout))
+        self._state = _State(target, bool(autosave), timeout)
+        _STATES.add(self._state)
         self._finalizer = weakref.finalize(self, _finalize, self._state)
 
     @property

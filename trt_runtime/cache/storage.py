@@ -16,17 +16,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
-import secrets
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trt_runtime.errors import CacheError, CacheLockTimeout
+from trt_runtime.files import (
+    STALE_TEMP_SECONDS,
+    clean_stray_temps,
+    describe_os_error,
+    open_regular,
+    temp_name,
+)
 from trt_runtime.protocols import CacheKey
+from trt_runtime.validation import path_text
 
 __all__ = [
     "STALE_TEMP_SECONDS",
@@ -46,11 +51,6 @@ __all__ = [
     "temp_name",
 ]
 
-#: Temp files of savers that died are removed by the next save once their pid is gone, or
-#: once they are older than this (a pid may have been reused).
-STALE_TEMP_SECONDS = 3600.0
-
-_TEMP_SUFFIX = ".tmp"
 
 
 # -- default location ---------------------------------------------------------------------
@@ -89,18 +89,9 @@ def checkpoint(point: str, path: Path) -> None:
     """Test hook called at named points of a save ("locked", "written", "replaced")."""
 
 
-def describe_os_error(exc: OSError) -> str:
-    """``errno N (NAME): message``, for messages that name what the system said."""
-    code = exc.errno
-    name = errno.errorcode.get(code, "?") if isinstance(code, int) else "?"
-    return f"errno {code} ({name}): {exc.strerror or exc}"
-
-
 def absolute_path(path: str | os.PathLike[str]) -> Path:
     """``path`` made absolute (``~`` expanded) without resolving symbolic links."""
-    text = os.fspath(path)
-    if not text:
-        raise ValueError("runtime cache path must not be empty")
+    text = path_text(path, "runtime cache path")
     # abspath, not resolve(): a symlink at the cache path must stay visible to be refused.
     return Path(os.path.abspath(os.path.expanduser(text)))
 
@@ -108,29 +99,6 @@ def absolute_path(path: str | os.PathLike[str]) -> Path:
 def lock_path(path: Path) -> Path:
     """The lock file of the cache at ``path``: ``<path>.lock``."""
     return path.with_name(path.name + ".lock")
-
-
-def temp_name(path: Path) -> str:
-    """A fresh temp file name beside ``path``, recording this process's pid."""
-    return f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
-
-
-def _temp_pattern(path: Path) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]+{re.escape(_TEMP_SUFFIX)}$")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True
-    return True
 
 
 def check_directory(directory: Path, path: Path) -> None:
@@ -162,9 +130,8 @@ def refuse_symlink(path: Path, candidate: Path, what: str) -> None:
 
 def read_file(path: Path) -> bytes | None:
     """The bytes of ``path`` (never following a symlink), ``None`` if it does not exist."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags)
+        fd = open_regular(path, what="refusing runtime cache", error=CacheError, follow_symlinks=False)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -172,30 +139,7 @@ def read_file(path: Path) -> bytes | None:
             raise CacheError(f"refusing runtime cache {path}: the cache path is a symbolic link") from exc
         raise
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise CacheError(f"refusing runtime cache {path}: it is not a regular file")
         return f.read()
-
-
-def clean_stray_temps(path: Path) -> None:
-    """Remove temp files of savers that died (their pid is gone, or they are old)."""
-    pattern = _temp_pattern(path)
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return
-    now = time.time()
-    for name in names:
-        match = pattern.match(name)
-        if match is None:
-            continue
-        candidate = path.parent / name
-        try:
-            old = now - os.lstat(candidate).st_mtime > STALE_TEMP_SECONDS
-            if old or not _pid_alive(int(match.group(1))):
-                os.unlink(candidate)  # unlink never follows a symlink
-        except OSError:
-            continue
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -251,19 +195,35 @@ def atomic_write(path: Path, blob: bytes) -> None:
         ) from exc
 
 
-_LOCKS: dict[str, Any] = {}
+_LOCKS: dict[tuple[int, str], Any] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+def _forget_locks_after_fork() -> None:
+    """In a forked child: the parent's locks (and their guard) are not this process's."""
+    global _LOCKS_GUARD
+    _LOCKS_GUARD = threading.Lock()
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks_after_fork)
+
+
 def _file_lock(lock_file: Path) -> Any:
-    """One ``FileLock`` per lock path in this process, so re-entry from a thread never deadlocks."""
+    """One ``FileLock`` per lock path and process, so re-entry from a thread never deadlocks.
+
+    Keyed by pid as well as path, and forgotten in a forked child: a lock object made
+    by the parent must never be used by the child (filelock refuses an inherited one).
+    """
     import filelock
 
+    key = (os.getpid(), str(lock_file))
     with _LOCKS_GUARD:
-        lock = _LOCKS.get(str(lock_file))
+        lock = _LOCKS.get(key)
         if lock is None:
             lock = filelock.FileLock(str(lock_file), mode=0o600)
-            _LOCKS[str(lock_file)] = lock
+            _LOCKS[key] = lock
         return lock
 
 

@@ -115,7 +115,7 @@ def load_npz(path: Path, option: str) -> dict[str, Any]:
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError("it holds one array (.npy), not named arrays")
+            raise CliError(f"{option} {path} is not an .npz file of named arrays (numpy.savez): it holds one array (.npy)")
         with archive:
             return {name: archive[name] for name in archive.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:

@@ -39,9 +39,10 @@ def _cache_dir(args: argparse.Namespace) -> Path:
 def _read_cache_key(path: Path) -> tuple[Any, str]:
     """``(key, '')`` from a cache file's header, or ``(None, why not)``."""
     from trt_runtime.cache import decode
+    from trt_runtime.cache.storage import read_file
 
     try:
-        key, _payload = decode(path.read_bytes())
+        key, _payload = decode(read_file(path) or b"")
     except Exception as exc:
         return None, f"unreadable: {exc}"
     if key is None:

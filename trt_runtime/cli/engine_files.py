@@ -9,6 +9,7 @@ engines of a TensorRT version newer than this trt-runtime.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,16 @@ FORCE_HELP = (
 
 
 def check_file(path: Path) -> None:
-    """Refuse (:class:`CliError`) a path that does not exist or is a directory."""
+    """Refuse (:class:`CliError`) a path that does not exist, is a directory or is no regular file.
+
+    Only ``stat`` is used: a FIFO or a device is refused without being opened.
+    """
     if not path.exists():
         raise CliError(f"no such file: {path}")
     if path.is_dir():
         raise CliError(f"is a directory, not an engine file: {path}")
+    if not path.is_file():
+        raise CliError(f"not a regular file (a FIFO, device or socket), not an engine file: {path}")
 
 
 def known_magics() -> str:
@@ -55,8 +61,9 @@ def unknown_magic(path: Path) -> str:
     "too small" say more than a magic would.
     """
     from trt_runtime.formats import MIN_PLAN_SIZE, PLAN_MAGICS, detect_format
+    from trt_runtime.formats.source import open_engine_file
 
-    with open(path, "rb") as f:
+    with os.fdopen(open_engine_file(path), "rb") as f:
         head = f.read(MIN_PLAN_SIZE)
     if len(head) < MIN_PLAN_SIZE:
         return ""

@@ -1,13 +1,18 @@
 """``main()``: the console script ``trt-runtime``: parse, dispatch, map failures to exit codes.
 
 Exit codes: 0 success, 1 runtime error, 2 usage error, 130 interrupted. An error is one
-line on stderr (``trt-runtime: error: ...``); ``--debug`` adds the traceback.
+line on stderr (``trt-runtime: error: ...``); ``--debug`` adds the traceback. A Python
+warning raised while a command runs (a cache that was ignored or not saved) is one line
+too, ``trt-runtime: warning: ...``, without the source path and line Python would print.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from trt_runtime.cli.output import PROG, CliError, Output, UsageError, describe_exception, print_error
 from trt_runtime.cli.parser import COMMANDS, build_parser
@@ -15,8 +20,25 @@ from trt_runtime.cli.parser import COMMANDS, build_parser
 __all__ = ["main"]
 
 
+def _show_warning(message: Any, category: type[Warning], *_args: Any, **_kwargs: Any) -> None:
+    Output().warn(str(message))
+
+
+@contextlib.contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Print warnings as ``trt-runtime: warning: ...`` lines while a command runs."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
+    with _warnings_as_lines():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
     try:

@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 PROG = "trt-runtime"
+#: Longest JSON document (in characters) printed indented; longer ones are one line.
+INDENT_LIMIT = 1 << 20
+#: Longest table drawn with rich; longer ones are printed as aligned plain text.
+RICH_TABLE_ROWS = 500
 
 
 class CliError(Exception):
@@ -117,9 +121,17 @@ class Output:
         print(f"{PROG}: warning: {line}", file=sys.stderr, flush=True)
 
     def emit(self, document: Any) -> None:
-        """Print the JSON document of the command (``--json`` only)."""
+        """Print the JSON document of the command (``--json`` only).
+
+        Indented, unless it exceeds :data:`INDENT_LIMIT` characters: then it is one line,
+        since only the compact form has a C encoder (indenting 16K bindings takes seconds).
+        """
         if self.json_mode:
-            sys.stdout.write(json.dumps(jsonable(document), indent=2, sort_keys=False) + "\n")
+            data = jsonable(document)
+            text = json.dumps(data)
+            if len(text) <= INDENT_LIMIT:
+                text = json.dumps(data, indent=2)
+            sys.stdout.write(text + "\n")
             sys.stdout.flush()
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -128,7 +140,8 @@ class Output:
             return
         cells = [[cell(v) for v in row] for row in rows]
         console = self.console
-        if console is not None:
+        # rich lays out a table in time that grows fast with its rows; long ones print plain.
+        if console is not None and len(cells) <= RICH_TABLE_ROWS:
             from rich.table import Table
 
             table = Table(title=_escape(title) or None, title_justify="left")
@@ -140,6 +153,7 @@ class Output:
             return
         if title:
             print(title)
+        sys.stdout.flush()
         widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
         print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
         print("  ".join("-" * w for w in widths))
@@ -193,8 +207,18 @@ def compact(value: Any) -> str:
     return cell(value)
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON types: dataclasses and mappings to dicts, bytes to ``<N bytes>``."""
+    kind = type(value)
+    if kind in _PLAIN:  # the common case first: reports hold tens of thousands of these
+        return value
+    if kind is dict:
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):

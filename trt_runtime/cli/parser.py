@@ -17,7 +17,7 @@ from trt_runtime.cli.build import add_build_parser, build_command
 from trt_runtime.cli.cache import CACHE_ACTIONS, cache_command
 from trt_runtime.cli.demo import demo_command
 from trt_runtime.cli.engine_files import FORCE_HELP
-from trt_runtime.cli.inspect import inspect_command
+from trt_runtime.cli.inspect import TABLE_ROWS, inspect_command
 from trt_runtime.cli.io_options import add_compare_options, add_input_options, add_log_level
 from trt_runtime.cli.output import PROG, UsageError
 from trt_runtime.cli.run import run_command
@@ -28,6 +28,17 @@ __all__ = ["COMMANDS", "build_parser"]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+def _seed(text: str) -> int:
+    """A ``--seed`` value: an integer in ``[0, 2**32)``, the seeds numpy accepts."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]}")
+    return value
 
 
 #: The commands, in the order ``--help`` lists them.
@@ -90,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-load", action="store_true",
                    help="never deserialize the engine; show only what the container records")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    p.add_argument("--all", dest="all_rows", action="store_true",
+                   help=f"list every binding (the text table stops after {TABLE_ROWS} rows)")
     p.set_defaults(handler=inspect_command)
 
     p = command("run", "run an engine once on random or given inputs; write outputs as .npy")
@@ -97,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", metavar="NAME", default=None, help="backend (default: first available)")
     p.add_argument("--input", metavar="NAME=FILE.npy", action="append", default=[],
                    help="take input NAME from a .npy file (repeatable); others are random")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
     add_input_options(p)
     add_compare_options(p)
     add_log_level(p)
@@ -119,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", metavar="S", type=float, default=None,
                    help="time for at least S seconds (and at least --iterations calls)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default: 20)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
     add_input_options(p)
     add_log_level(p)
     _add_settings(p)

@@ -13,7 +13,7 @@ import os
 import re
 from typing import IO, Any
 
-from trt_runtime.errors import EngineError, FormatError
+from trt_runtime.errors import EngineError, FormatError, SettingsError
 from trt_runtime.formats.plan import MIN_PLAN_SIZE, PLAN_MAGICS, inspect_plan, write_plan
 from trt_runtime.formats.pte import BACKEND_ID, Delegate, Program, is_pte, parse_pte
 from trt_runtime.formats.source import EngineData, EngineInput, atomic_writer, open_buffer
@@ -86,10 +86,10 @@ def _check_options(options: dict[str, Any]) -> tuple[int | None, str | None]:
         raise TypeError(f"unknown format option(s) {unknown}; expected one of {', '.join(FORMAT_OPTIONS)}")
     index = options.get("delegate_index")
     if index is not None and (not isinstance(index, int) or isinstance(index, bool) or index < 0):
-        raise ValueError(f"delegate_index must be a non-negative integer; got {index!r}")
+        raise SettingsError(f"delegate_index must be a non-negative integer; got {index!r}")
     method = options.get("method")
     if method is not None and not isinstance(method, str):
-        raise ValueError(f"method must be a string; got {method!r}")
+        raise SettingsError(f"method must be a string; got {method!r}")
     return index, method
 
 

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from trt_runtime.errors import SettingsError
 from trt_runtime.formats.plan import write_plan
 from trt_runtime.formats.source import EngineData
 from trt_runtime.formats.tr01 import write_tr01
@@ -28,12 +29,12 @@ def format_for_path(path: str | os.PathLike[str], format: str | None = None) -> 
     """``format`` checked, or the container ``path``'s extension names; ValueError if neither."""
     if format is not None:
         if format not in ENGINE_FORMATS:
-            raise ValueError(f"format must be one of {', '.join(ENGINE_FORMATS)}; got {format!r}")
+            raise SettingsError(f"format must be one of {', '.join(ENGINE_FORMATS)}; got {format!r}")
         return format
     suffix = Path(path).suffix.lower()
     if suffix not in EXTENSIONS:
         known = ", ".join(f"{ext} ({kind})" for ext, kind in EXTENSIONS.items())
-        raise ValueError(
+        raise SettingsError(
             f"cannot tell the format of {os.fspath(path)!r} from its extension {suffix or '(none)'!r}; "
             f"use one of {known}, or name the format (plan, tr01, pte)"
         )
