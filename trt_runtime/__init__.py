@@ -12,6 +12,7 @@ from trt_runtime.contexts import (
     runtime_cache,
     runtime_config,
     set_cuda_graph_strategy,
+    set_dynamic_shapes_kernel_specialization_strategy,
     set_dynamic_shapes_kernel_strategy,
 )
 from trt_runtime.engine import EngineBase
@@ -53,8 +54,11 @@ from trt_runtime.registry import (
 )
 from trt_runtime.settings import (
     CudaGraphStrategy,
+    CudaGraphStrategyName,
     DynamicShapesKernelSpecializationStrategy,
+    DynamicShapesKernelSpecializationStrategyName,
     RuntimeSettings,
+    SettingsOverrides,
 )
 
 __version__ = "0.1.0"
@@ -72,8 +76,10 @@ __all__ = [
     "CacheWarning",
     "CapabilityError",
     "CudaGraphStrategy",
+    "CudaGraphStrategyName",
     "DataDependentShapeError",
     "DynamicShapesKernelSpecializationStrategy",
+    "DynamicShapesKernelSpecializationStrategyName",
     "Engine",
     "EngineBase",
     "EngineError",
@@ -85,6 +91,7 @@ __all__ = [
     "RuntimeCache",
     "RuntimeCacheHandle",
     "RuntimeSettings",
+    "SettingsOverrides",
     "StaleCacheWarning",
     "TensorSpec",
     "TrtRuntimeError",
@@ -100,5 +107,6 @@ __all__ = [
     "runtime_cache",
     "runtime_config",
     "set_cuda_graph_strategy",
+    "set_dynamic_shapes_kernel_specialization_strategy",
     "set_dynamic_shapes_kernel_strategy",
 ]

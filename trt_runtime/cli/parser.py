@@ -45,11 +45,30 @@ def _add_globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                        help="show the traceback of an error")
 
 
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores like the new one and warns on stderr."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        import sys
+
+        print(f"{PROG}: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _add_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph-strategy", choices=_CUDA_GRAPH_CHOICES, default=None,
                         help="CUDA graph strategy (default: the engine's default, disabled)")
-    parser.add_argument("--dynamic-shapes-kernel-strategy", choices=_DYNAMIC_CHOICES, default=None,
+    new = "--dynamic-shapes-kernel-specialization-strategy"
+    parser.add_argument(new, choices=_DYNAMIC_CHOICES, default=None,
                         help="dynamic-shapes kernel specialization strategy (default: lazy)")
+    parser.add_argument("--dynamic-shapes-kernel-strategy", choices=_DYNAMIC_CHOICES,
+                        dest="dynamic_shapes_kernel_specialization_strategy", action=_DeprecatedAlias,
+                        new=new, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,8 +25,10 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     if getattr(args, "cuda_graph_strategy", None):
         overrides["cuda_graph_strategy"] = args.cuda_graph_strategy
-    if getattr(args, "dynamic_shapes_kernel_strategy", None):
-        overrides["dynamic_shapes_kernel_specialization_strategy"] = args.dynamic_shapes_kernel_strategy
+    if getattr(args, "dynamic_shapes_kernel_specialization_strategy", None):
+        overrides["dynamic_shapes_kernel_specialization_strategy"] = (
+            args.dynamic_shapes_kernel_specialization_strategy
+        )
     return overrides
 
 

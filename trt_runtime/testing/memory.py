@@ -63,7 +63,7 @@ CACHE_MAGIC = b"TRTMEMC1"
 _CAPABILITY_FLAGS = (
     "supports_runtime_cache",
     "supports_cuda_graph_strategy",
-    "supports_dynamic_shapes_strategy",
+    "supports_dynamic_shapes_kernel_specialization_strategy",
     "supports_output_allocator",
     "supports_host_io",
     "supports_preallocated_outputs",
@@ -203,7 +203,8 @@ class MemoryEngine(EngineBase):
         settings: SettingsLike = None,
     ) -> None:
         self._ops = tuple(ops)
-        self.device = device
+        #: The device the container named (0 when none: this backend has no devices).
+        self.device = 0 if device is None else device
         #: Every context this engine created, in order (destroyed ones included).
         self.contexts: list[MemoryContext] = []
         #: How many times :meth:`_run` reached the numeric work (after validation).
