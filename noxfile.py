@@ -11,6 +11,8 @@ CONSTRAINTS = ("-c", "constraints.txt")
 
 
 def _install(session: nox.Session, extras: str, *extra: str) -> None:
+    # -e is a strict editable install (pyproject's [tool.distutils.editable_wheel]), which
+    # mypy and pyright follow.
     session.install(*CONSTRAINTS, "-e", f".[{extras}]", *extra)
 
 
@@ -38,9 +40,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the core and the backends."""
-    _install(session, "test", "mypy>=1.10")
+    """mypy over the core and the backends; mypy --strict and pyright over a user's script."""
+    _install(session, "test")
     session.run("mypy", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "tests/test_user_types.py")
 
 
 @nox.session

@@ -421,7 +421,7 @@ def test_cli_bench_plot(capsys: pytest.CaptureFixture[str], memory_engine: Path,
         import matplotlib  # noqa: F401
     except ImportError:
         assert code == 1
-        assert "trt-runtime[plot]" in _one_error_line(err)
+        assert "-e '.[plot]'" in _one_error_line(err)
         return
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -732,7 +732,7 @@ def test_cli_backends_lists_installed_with_reasons_and_capabilities(
 
 
 #: An install hint as backends give it, with text rich would read as markup.
-HINT = "pip install 'trt-runtime[torchbind]' [bold]x[/bold]"
+HINT = "pip install -c constraints.txt -e '.[torchbind]' [bold]x[/bold]"
 
 
 class _HintedBackend(MemoryBackend):
@@ -755,7 +755,7 @@ def test_cli_backends_prints_install_hint_intact(
     row = next(ln for ln in out.splitlines() if "hinted" in ln)
     assert HINT in row
     torchbind = [ln for ln in out.splitlines() if "torchbind" in ln and "trt-runtime" in ln and ln is not row]
-    assert all("trt-runtime[torchbind]" in ln for ln in torchbind)
+    assert all("-e '.[torchbind]'" in ln for ln in torchbind)
 
 
 def test_cli_file_names_print_as_written(
@@ -780,7 +780,7 @@ def test_cli_spinner_text_is_not_markup(capsys: pytest.CaptureFixture[str]) -> N
 
     out = Output()
     out._console = rich_console.Console(file=sys.stdout, force_terminal=True, emoji=False)
-    with out.status("pip install 'trt-runtime[torchbind]'") as update:
+    with out.status("pip install -c constraints.txt -e '.[torchbind]'") as update:
         update("now [bold]x[/bold]")
     printed = capsys.readouterr().out
     assert "now [bold]x[/bold]" in printed

@@ -155,7 +155,7 @@ def test_python_backend_availability_without_tensorrt(monkeypatch) -> None:
     availability = PythonBackend().is_available()
     assert not availability
     assert availability.reason == RTX_HINT
-    assert "pip install 'trt-runtime[rtx]'" in RTX_HINT
+    assert "pip install -c constraints.txt -e '.[rtx]'" in RTX_HINT
     with pytest.raises(BackendUnavailableError, match=re.escape(RTX_HINT)):
         PythonBackend().load_engine(EngineSource(b"plan"))
 
@@ -165,7 +165,7 @@ def test_python_backend_availability_without_cuda_python(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     availability = PythonBackend().is_available()
     assert not availability and availability.reason == CUDA_HINT
-    assert "pip install 'trt-runtime[cuda]'" in CUDA_HINT
+    assert "pip install -c constraints.txt -e '.[cuda]'" in CUDA_HINT
 
 
 def _fake_cuda_python(monkeypatch: pytest.MonkeyPatch) -> None:

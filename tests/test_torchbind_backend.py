@@ -58,7 +58,7 @@ def test_torchbind_backend_unavailable_names_the_extra(monkeypatch: pytest.Monke
     availability = TorchbindBackend().is_available()
     assert not availability
     assert availability.reason == (
-        "the 'torchbind' backend needs torch-tensorrt-rtx: pip install 'trt-runtime[torchbind]'"
+        "the 'torchbind' backend needs torch-tensorrt-rtx: pip install -c constraints.txt -e '.[torchbind]'"
     )
 
 

@@ -287,7 +287,7 @@ class CudaEventTimer:
         try:
             from cuda.core import Device, EventOptions
         except Exception as exc:
-            return None, f"cuda.core is not importable ({exc}): pip install 'trt-runtime[cuda]'"
+            return None, f"cuda.core is not importable ({exc}): pip install -c constraints.txt -e '.[cuda]'"
         try:
             dev = Device() if device is None else Device(device)
             dev.set_current()
@@ -438,7 +438,7 @@ def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], t
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ImportError("plotting needs matplotlib: pip install 'trt-runtime[plot]'") from exc
+        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'") from exc
     if not results:
         raise ValueError("nothing to plot: no benchmark results")
     target = Path(path)

@@ -19,8 +19,8 @@ from trt_runtime.settings import RuntimeSettings
 
 __all__ = ["PythonBackend", "RTX_HINT", "CUDA_HINT"]
 
-RTX_HINT = "the 'python' backend needs tensorrt-rtx: pip install 'trt-runtime[rtx]'"
-CUDA_HINT = "the 'python' backend needs cuda-python: pip install 'trt-runtime[cuda]'"
+RTX_HINT = "the 'python' backend needs tensorrt-rtx: pip install -c constraints.txt -e '.[rtx]'"
+CUDA_HINT = "the 'python' backend needs cuda-python: pip install -c constraints.txt -e '.[cuda]'"
 
 _log = logging.getLogger("trt_runtime.python")
 _trt_log = logging.getLogger("trt_runtime.python.tensorrt")

@@ -172,7 +172,8 @@ def load_runtime(bridge: TorchBridge | None = None) -> TorchbindRuntime:
                 bridge = TorchBridge()
             except ImportError as exc:
                 raise BackendUnavailableError(
-                    f"the 'torchbind' backend needs torch: pip install 'trt-runtime[torchbind]' ({exc})"
+                    "the 'torchbind' backend needs torch: "
+                    f"pip install -c constraints.txt -e '.[torchbind]' ({exc})"
                 ) from exc
         loaded_here = False
         if not bridge.is_registered():

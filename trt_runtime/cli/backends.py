@@ -1,7 +1,7 @@
 """``trt-runtime backends``: installed backends, whether they run here and why not, capabilities.
 
 A backend that cannot run here says why, usually with the extra to install (for example
-``pip install 'trt-runtime[torchbind]'``); that text is printed as written.
+``pip install -c constraints.txt -e '.[torchbind]'``); that text is printed as written.
 """
 
 from __future__ import annotations

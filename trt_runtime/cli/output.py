@@ -2,7 +2,7 @@
 
 :class:`Output` sends a command's text to rich when it is installed (``trt-runtime[cli]``)
 and to plain ``print`` otherwise. Text that comes from users or data (file names,
-backend reasons, install hints such as ``pip install 'trt-runtime[torchbind]'``) is never
+backend reasons, install hints such as ``pip install -c constraints.txt -e '.[torchbind]'``) is never
 read as rich markup: lines are printed with markup off, and table cells, titles and
 spinner text are escaped with :func:`rich.markup.escape`.
 

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-out", dest="json_path", metavar="PATH", type=Path, default=None,
                    help="also write the results, with raw samples, as JSON to PATH")
     p.add_argument("--plot", metavar="PATH", type=Path, default=None,
-                   help="write a latency box plot PNG to PATH (needs matplotlib: trt-runtime[plot])")
+                   help="write a latency box plot PNG to PATH "
+                        "(needs matplotlib: pip install -c constraints.txt -e '.[plot]')")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=bench_command)

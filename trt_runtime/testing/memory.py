@@ -439,7 +439,9 @@ class MemoryBackend:
         try:
             import numpy  # noqa: F401
         except ImportError:
-            return Availability(False, "the 'memory' backend needs numpy: pip install 'trt-runtime[test]'")
+            return Availability(
+                False, "the 'memory' backend needs numpy: pip install -c constraints.txt -e '.[test]'"
+            )
         return Availability(True)
 
     def load_engine(

@@ -1,6 +1,6 @@
 """Hypothesis strategies for runtime settings, cache payloads and operation sequences.
 
-Needs ``hypothesis`` (``pip install 'trt-runtime[test]'``).
+Needs ``hypothesis`` (``pip install -c constraints.txt -e '.[test]'``).
 """
 
 from __future__ import annotations
