@@ -461,10 +461,11 @@ def test_cli_missing_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str],
 
 def test_cli_malformed_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.plan"
-    bad.write_bytes(b"hello")
-    code, _, err = _run(capsys, "--json", "inspect", bad)
+    bad.write_bytes(b"vtrt" + bytes(6))
+    code, out, err = _run(capsys, "--json", "inspect", bad)
     assert code == 1
     assert "too small" in _one_error_line(err)
+    assert "too small" in json.loads(out)["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -528,9 +529,14 @@ def test_cli_unknown_magic_is_refused(
     capsys: pytest.CaptureFixture[str], random_file: Path, command: str, json_mode: bool
 ) -> None:
     code, out, err = _run(capsys, *(["--json"] if json_mode else []), command, random_file)
-    assert code == 1 and out == ""
+    assert code == 1
     line = _one_error_line(err)
-    assert f"{random_file} is not a TensorRT engine: it starts with" in line
+    if json_mode:
+        assert json.loads(out) == {"error": {"message": line.removeprefix("trt-runtime: error: "),
+                                             "exit_code": 1, "kind": "failure"}}
+    else:
+        assert out == ""
+    assert f"{random_file} is not an engine file (unknown magic" in line
     for magic in ("'vtrt'", "'ptrt'", "'TR01'", "'TR02'", "'ET..'"):
         assert magic in line
     assert "--force" in line
@@ -541,10 +547,10 @@ def test_cli_unknown_magic_is_refused_before_any_backend(
 ) -> None:
     # 'memory' runs here: the refusal comes from the magic, not from a missing GPU.
     code, _, err = _run(capsys, "run", random_file, "--backend", "memory")
-    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
+    assert code == 1 and "is not an engine file" in _one_error_line(err)
     code, _, err = _run(capsys, "bench", random_file, "--backend", "all")
-    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
-    with pytest.raises(cli.CliError, match="is not a TensorRT engine"):
+    assert code == 1 and "is not an engine file" in _one_error_line(err)
+    with pytest.raises(cli.CliError, match="is not an engine file"):
         cli.inspect_file(random_file, load=False)
 
 
@@ -568,7 +574,7 @@ def test_cli_force_reads_unknown_magic_as_a_plan(
     assert doc["format"] == "plan" and doc["flavour"] == "unknown"
     assert doc["file_bytes"] == 1 << 20
     assert len(doc["warnings"]) == 1 and "read as a plan of unknown flavour (--force)" in doc["warnings"][0]
-    assert err.startswith("trt-runtime: warning: ") and "is not a TensorRT engine" in err
+    assert err.startswith("trt-runtime: warning: ") and "is not an engine file" in err
     report = cli.inspect_file(random_file, load=False, force=True)
     assert report["flavour"] == "unknown"
 
@@ -581,14 +587,14 @@ def test_cli_force_passes_unknown_magic_on_to_the_backend(
     assert code == 1
     assert "reading it as a plan of unknown flavour (--force)" in err
     line = _one_error_line(err)  # now the backend's own refusal
-    assert "is not a TensorRT engine" not in line and "memory" in line.lower()
+    assert "is not an engine file" not in line and "memory" in line.lower()
 
 
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
         (b"", "is empty (0 bytes)"),
-        (b"hello", "too small"),
+        (b"vtrt", "too small"),
         (b"TR09" + bytes(100), "unknown magic b'TR09'"),
     ],
 )
@@ -601,7 +607,7 @@ def test_cli_files_the_format_checks_explain(
         code, _, err = _run(capsys, command, bad, "--backend", "memory")
         assert code == 1
         line = _one_error_line(err)
-        assert needle in line and "is not a TensorRT engine" not in line
+        assert needle in line and "is not an engine file" not in line
 
 
 # -- cache ----------------------------------------------------------------------------

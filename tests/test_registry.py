@@ -116,7 +116,7 @@ def test_registry_missing_dependency_names_extra(monkeypatch):
     assert "fake" in registry.installed_backends()
     assert "fake" not in registry.available_backends()
     assert registry.backend_status()["fake"].reason == reason
-    with pytest.raises(BackendUnavailableError, match=r"pip install 'trt-runtime\[fake\]'"):
+    with pytest.raises(BackendUnavailableError, match=r"pip install -c constraints.txt -e '\.\[fake\]'"):
         registry.get_backend("fake")
 
 

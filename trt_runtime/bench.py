@@ -35,6 +35,7 @@ __all__ = [
     "Stats",
     "bench_engine",
     "benchmark",
+    "check_plotting",
     "percentile",
     "plot_results",
     "summarize",
@@ -430,15 +431,22 @@ def write_json(
     return target
 
 
-def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:
-    """Draw a latency box plot per result into a PNG (needs matplotlib: ``trt-runtime[plot]``)."""
-    try:
-        import matplotlib
+def check_plotting() -> None:
+    """Raise ImportError with the install line when matplotlib is missing (check before measuring)."""
+    import importlib.util
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'") from exc
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'")
+
+
+def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Draw a latency box plot per result into a PNG (needs matplotlib, the ``plot`` extra)."""
+    check_plotting()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     if not results:
         raise ValueError("nothing to plot: no benchmark results")
     target = Path(path)

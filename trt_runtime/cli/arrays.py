@@ -56,11 +56,7 @@ def make_inputs(specs: Sequence[Any], given: Mapping[str, Path] | None = None, s
         dtype = numpy_dtype(spec.dtype)
         if spec.name in given:
             file = given[spec.name]
-            check_file(file)
-            try:
-                array = np.load(file, allow_pickle=False)
-            except ValueError as exc:
-                raise CliError(f"--input {spec.name}={file} is not a .npy array: {exc}") from exc
+            array = _load_npy(spec.name, file)
             arrays.append(np.ascontiguousarray(array))
             continue
         shape = concrete_shape(spec)
@@ -72,6 +68,28 @@ def make_inputs(specs: Sequence[Any], given: Mapping[str, Path] | None = None, s
             array = rng.integers(0, 8, shape).astype(dtype)
         arrays.append(array)
     return arrays
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _load_npy(name: str, file: Path) -> Any:
+    """The array in ``file``, or one clear line on why it is not a ``.npy`` array."""
+    import numpy as np
+
+    check_file(file)
+    with open(file, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if head != _NPY_MAGIC:
+        raise CliError(
+            f"--input {name}={file} is not a .npy file: it starts with {head!r}; "
+            f"expected {_NPY_MAGIC!r} (what numpy.save writes)"
+        )
+    try:
+        return np.load(file, allow_pickle=False)
+    except ValueError as exc:  # a header numpy reads but an object array, or truncated data
+        detail = str(exc).split(";")[0].split(" when allow_pickle")[0]
+        raise CliError(f"--input {name}={file} is not a plain .npy array: {detail}") from exc
 
 
 def output_to_numpy(value: Any) -> Any:

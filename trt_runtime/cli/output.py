@@ -19,10 +19,8 @@ import enum
 import json
 import os
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -35,7 +33,6 @@ __all__ = [
     "describe_exception",
     "human_size",
     "jsonable",
-    "new_dir",
     "print_error",
 ]
 
@@ -220,14 +217,6 @@ def human_size(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{size:.1f} {unit} ({n:,} bytes)"
         size /= 1024
     return f"{n} B"  # pragma: no cover - loop always returns
-
-
-def new_dir(path: Path | None, prefix: str) -> tuple[Path, bool]:
-    """``(path, False)`` after creating it, or ``(a new temporary directory, True)``."""
-    if path is None:
-        return Path(tempfile.mkdtemp(prefix=prefix)), True
-    path.mkdir(parents=True, exist_ok=True)
-    return path, False
 
 
 def print_error(message: str, debug: bool) -> None:

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo", "build a small engine, write it as plan / TR01 / .pte, inspect and run it")
     p.add_argument("--out", metavar="DIR", type=Path, default=None,
-                   help="output directory (default: a new temporary directory, printed)")
+                   help="directory for the files, kept (default: a temporary directory, "
+                        "removed at the end)")
     p.add_argument("--backend", metavar="NAME", default=None,
                    help="backend for the GPU part (default: the first available)")
     p.set_defaults(handler=demo_command)
@@ -114,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime-cache", metavar="PATH", type=Path, default=None,
                    help="load the runtime cache from PATH (if it exists) and save it back after the run")
     p.add_argument("--output-dir", metavar="DIR", type=Path, default=None,
-                   help="where outputs (NAME.npy) and generated inputs (inputs/NAME.npy) go "
-                        "(default: a new temporary directory, printed)")
+                   help="write outputs (NAME.npy) and the inputs used (inputs/NAME.npy) there, "
+                        "after a successful run (default: write nothing)")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=run_command)

@@ -1,8 +1,9 @@
 """``trt-runtime run FILE``: run an engine once on random or given inputs; write ``.npy`` files.
 
 The engine runs twice on the same inputs: the first call includes creating the execution
-context and, on TensorRT-RTX, compiling kernels; both times are reported. Outputs go to
-``DIR/<name>.npy`` and the inputs used to ``DIR/inputs/<name>.npy``.
+context and, on TensorRT-RTX, compiling kernels; both times are reported. With
+``--output-dir DIR`` the outputs go to ``DIR/<name>.npy`` and the inputs used to
+``DIR/inputs/<name>.npy``, written after the run succeeded; without it nothing is written.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 from typing import Any
 
 from trt_runtime.cli.arrays import make_inputs, output_to_numpy, parse_given_inputs
-from trt_runtime.cli.engine_files import backend_reason, check_engine_file
-from trt_runtime.cli.output import CliError, Output, jsonable, new_dir
+from trt_runtime.cli.engine_files import backend_reason, check_backend_name, check_engine_file, engine_backend
+from trt_runtime.cli.output import CliError, Output, UsageError, jsonable
 
 __all__ = ["run_command", "settings_dict", "settings_overrides"]
 
@@ -46,18 +47,19 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
     import trt_runtime
 
     given = parse_given_inputs(args.input)
+    check_backend_name(args.backend)
+    if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
+        raise UsageError(f"--output-dir {args.output_dir} is a file, not a directory")
     check_engine_file(args.file, force=args.force, out=out)
-    backend_name = args.backend
+    backend_name = engine_backend(args.file, args.backend)
     reason = backend_reason(backend_name)
     if reason:
         raise CliError(f"cannot run {args.file}: {reason}")
-    engine = trt_runtime.load(args.file, backend=backend_name, device=args.device,
+    engine = trt_runtime.load(args.file, backend=trt_runtime.get_backend(backend_name), device=args.device,
                               settings=settings_overrides(args))
     with contextlib.closing(engine):
         inputs = make_inputs(engine.inputs, given, args.seed)
-        outdir, fresh = new_dir(args.output_dir, "trt-runtime-run-")
-        if fresh:
-            out.info(f"output directory: {outdir}")
+        outdir = args.output_dir
         cache_cm: Any = contextlib.nullcontext()
         cache_existed = None
         if args.runtime_cache is not None:
@@ -74,14 +76,16 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
             engine.synchronize()
             second_ms = (time.perf_counter() - t0) * 1000.0
         written = []
-        (outdir / "inputs").mkdir(exist_ok=True)
-        for spec, array in zip(engine.inputs, inputs, strict=True):
-            np.save(outdir / "inputs" / f"{spec.name}.npy", array)
+        if outdir is not None:
+            (outdir / "inputs").mkdir(parents=True, exist_ok=True)
+            for spec, array in zip(engine.inputs, inputs, strict=True):
+                np.save(outdir / "inputs" / f"{spec.name}.npy", array)
         for spec, value in zip(engine.outputs, results, strict=True):
             array = output_to_numpy(value)
-            target = outdir / f"{spec.name}.npy"
-            np.save(target, array)
-            written.append({"name": spec.name, "path": os.fspath(target),
+            target = None if outdir is None else outdir / f"{spec.name}.npy"
+            if target is not None:
+                np.save(target, array)
+            written.append({"name": spec.name, "path": None if target is None else os.fspath(target),
                             "dtype": str(array.dtype), "shape": list(array.shape)})
         document = {
             "file": os.fspath(args.file),
@@ -94,7 +98,7 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
             },
             "first_call_ms": first_ms,
             "second_call_ms": second_ms,
-            "output_dir": os.fspath(outdir),
+            "output_dir": None if outdir is None else os.fspath(outdir),
             "outputs": written,
         }
     out.emit(document)
@@ -102,5 +106,6 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
     out.fields([("first call", f"{first_ms:.2f} ms (includes context creation and JIT)"),
                 ("second call", f"{second_ms:.3f} ms")])
     out.table("outputs", ["name", "dtype", "shape", "file"],
-              [[w["name"], w["dtype"], tuple(w["shape"]), w["path"]] for w in written])
+              [[w["name"], w["dtype"], tuple(w["shape"]), w["path"] or "not written (no --output-dir)"]
+               for w in written])
     return 0

@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.engine import EngineBase
@@ -412,6 +413,11 @@ class MemoryBackend:
     """
 
     engine_class: type[MemoryEngine] = MemoryEngine
+    #: The engine format it reads (see :func:`trt_runtime.registry.engine_magics`): ``trt_runtime.load``
+    #: gives it ``.mem`` files without being told the backend.
+    engine_magics: Mapping[bytes, str] = MappingProxyType({ENGINE_MAGIC: "memory test engine (.mem)"})
+    #: What ``trt-runtime backends`` says it is.
+    description = "test backend: numpy on the CPU, .mem engines"
 
     def __init__(
         self, *, cache_merges: bool = False, without: Iterable[str] = (), name: str = "memory"
