@@ -75,7 +75,7 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
             engine.execute(*inputs)
             engine.synchronize()
             second_ms = (time.perf_counter() - t0) * 1000.0
-        written = []
+        written: list[dict[str, Any]] = []
         if outdir is not None:
             (outdir / "inputs").mkdir(parents=True, exist_ok=True)
             for spec, array in zip(engine.inputs, inputs, strict=True):
