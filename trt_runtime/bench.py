@@ -433,10 +433,10 @@ def write_json(
 
 def check_plotting() -> None:
     """Raise ImportError with the install line when matplotlib is missing (check before measuring)."""
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'") from exc
 
 
 def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:

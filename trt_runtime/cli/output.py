@@ -89,6 +89,8 @@ class Output:
             self._console = Console(
                 file=sys.stdout, highlight=False, soft_wrap=True, width=width, emoji=False
             )
+            # rich exits 1 on a closed pipe; main() ends such a command quietly with 0.
+            self._console.on_broken_pipe = _broken_pipe
         return self._console
 
     def _print(self, text: str) -> None:
@@ -167,6 +169,10 @@ class Output:
             return
         self._print(text)
         yield lambda _text: None
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError("stdout was closed")
 
 
 def cell(value: Any) -> str:
