@@ -48,9 +48,11 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the documentation site with warnings as errors."""
-    _install(session, "test", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25")
+    """Build the documentation site with warnings as errors (broken links and anchors too), and
+    run every code block of the README and docs/ (tests/test_docs.py)."""
+    _install(session, "test")
     session.run("mkdocs", "build", "--strict", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "tests/test_docs.py")
 
 
 @nox.session
