@@ -247,3 +247,21 @@ def test_docs_broken_anchor_fails_the_strict_build(tmp_path: Path) -> None:
     broken = _mkdocs(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert broken.returncode != 0
     assert "no-such-section" in broken.stdout + broken.stderr
+
+
+def test_docs_concepts_shows_load_as_it_is() -> None:
+    """concepts.md's signature of ``load`` puts each parameter on the right side of ``*``."""
+    import inspect
+
+    import trt_runtime
+
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    shown = re.search(r"`trt_runtime\.load\(([^)]*)\)`", text)
+    assert shown is not None
+    before, _, after = shown[1].partition("*")
+    params = inspect.signature(trt_runtime.load).parameters
+    for name in re.findall(r"(\w+)=", before):
+        assert params[name].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+    for name in re.findall(r"(\w+)=", after):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+    assert "device" in after

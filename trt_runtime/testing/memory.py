@@ -25,7 +25,8 @@ depending on ``MemoryBackend(cache_merges=...)``; the capability
 
 Thread-safety: calls on one engine are serialized by :class:`~trt_runtime.EngineBase`'s
 lock. The backend is registered as the ``memory`` entry point of
-``trt_runtime.backends``; it is never chosen unless named (``get_backend("memory")``).
+``trt_runtime.backends``; the default order never picks it, but :func:`trt_runtime.load`
+gives it files in its own format (``engine_magics``) when no backend is named.
 """
 
 from __future__ import annotations
