@@ -1,7 +1,7 @@
 """After the README's install, ``mypy --strict`` and pyright resolve ``trt_runtime`` and
 ``trt_runtime_backends`` and accept a user's script written from the docs, and reject misuse.
 
-The checkers run in a temporary directory on copies of ``tests/typing/*.py``, so what they
+The checkers run in a temporary directory on copies of ``tests/typecheck/*.py``, so what they
 find is the *installed* package (the strict editable install's link tree, or a wheel),
 never the checkout's folders through the current directory. pyright is ``basedpyright``
 from PyPI: the pyright engine with node bundled in a wheel, so nothing is downloaded at
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent / "typing"
+HERE = Path(__file__).parent / "typecheck"
 SCRIPTS = ("user_script.py", "bad_script.py")
 
 
