@@ -4,8 +4,9 @@
 The checkers run in a temporary directory on copies of ``tests/typecheck/*.py``, so what they
 find is the *installed* package (the strict editable install's link tree, or a wheel),
 never the checkout's folders through the current directory. pyright is ``basedpyright``
-from PyPI: the pyright engine with node bundled in a wheel, so nothing is downloaded at
-run time (PyPI's ``pyright`` fetches its npm package on first use).
+from PyPI (the ``test`` extra): the pyright engine with node bundled in a wheel, so nothing
+is downloaded at run time. PyPI's ``pyright`` fetches its npm package on first use; when it
+is installed the same checks run with it too.
 """
 
 from __future__ import annotations
@@ -44,10 +45,23 @@ def _mypy(tmp_path: Path, script: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def _pyright(tmp_path: Path, script: str) -> dict[str, object]:
-    exe = shutil.which("basedpyright", path=str(Path(sys.executable).parent)) or shutil.which("basedpyright")
+PYRIGHTS = {
+    "basedpyright": "basedpyright is not installed: pip install -c constraints.txt -e '.[test]'",
+    # PyPI's pyright runs node and fetches pyright's npm package on first use: optional here.
+    "pyright": "PyPI's pyright is not installed (optional: pip install pyright; needs node or npm access)",
+}
+
+
+@pytest.fixture(params=sorted(PYRIGHTS))
+def pyright(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    exe = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if exe is None:
-        pytest.skip("basedpyright is not installed: pip install -c constraints.txt -e '.[test]'")
+        pytest.skip(PYRIGHTS[name])
+    return exe
+
+
+def _pyright(exe: str, tmp_path: Path, script: str) -> dict[str, object]:
     (tmp_path / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "strict"}))
     done = subprocess.run(
         [exe, "--outputjson", "--pythonpath", sys.executable, script],
@@ -77,16 +91,16 @@ def test_user_types_mypy_strict_rejects_misuse(tmp_path: Path) -> None:
     assert "cuda_graph" in text and "Literal['fast']" in text
 
 
-def test_user_types_pyright_accepts_the_documented_api(tmp_path: Path) -> None:
-    report = _pyright(_copy_scripts(tmp_path), "user_script.py")
+def test_user_types_pyright_accepts_the_documented_api(pyright: str, tmp_path: Path) -> None:
+    report = _pyright(pyright, _copy_scripts(tmp_path), "user_script.py")
     errors = _pyright_errors(report)
     assert errors == [], json.dumps(errors, indent=1)
     summary = report["summary"]
     assert isinstance(summary, dict) and summary["filesAnalyzed"] >= 1
 
 
-def test_user_types_pyright_rejects_misuse(tmp_path: Path) -> None:
-    errors = _pyright_errors(_pyright(_copy_scripts(tmp_path), "bad_script.py"))
+def test_user_types_pyright_rejects_misuse(pyright: str, tmp_path: Path) -> None:
+    errors = _pyright_errors(_pyright(pyright, _copy_scripts(tmp_path), "bad_script.py"))
     found = {int(e["range"]["start"]["line"]) + 1 for e in errors}  # type: ignore[index]
     assert found == _expected_error_lines(), json.dumps(errors, indent=1)
 
