@@ -50,7 +50,7 @@ def typecheck(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors (broken links and anchors too), and
     run every code block of the README and docs/ (tests/test_docs.py)."""
-    _install(session, "test")
+    _install(session, "test", "ruff>=0.5")  # mkdocstrings formats signatures with ruff
     session.run("mkdocs", "build", "--strict", *session.posargs)
     session.run("python", "-m", "pytest", "-q", "tests/test_docs.py")
 
