@@ -425,7 +425,7 @@ def test_cli_bench_plot(capsys: pytest.CaptureFixture[str], memory_engine: Path,
         import matplotlib  # noqa: F401
     except ImportError:
         assert code == 1
-        assert "trt-runtime[plot]" in _one_error_line(err)
+        assert "-e '.[plot]'" in _one_error_line(err)
         return
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -465,10 +465,11 @@ def test_cli_missing_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str],
 
 def test_cli_malformed_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.plan"
-    bad.write_bytes(b"hello")
-    code, _, err = _run(capsys, "--json", "inspect", bad)
+    bad.write_bytes(b"vtrt" + bytes(6))
+    code, out, err = _run(capsys, "--json", "inspect", bad)
     assert code == 1
     assert "too small" in _one_error_line(err)
+    assert "too small" in json.loads(out)["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -532,9 +533,14 @@ def test_cli_unknown_magic_is_refused(
     capsys: pytest.CaptureFixture[str], random_file: Path, command: str, json_mode: bool
 ) -> None:
     code, out, err = _run(capsys, *(["--json"] if json_mode else []), command, random_file)
-    assert code == 1 and out == ""
+    assert code == 1
     line = _one_error_line(err)
-    assert f"{random_file} is not a TensorRT engine: it starts with" in line
+    if json_mode:
+        assert json.loads(out) == {"error": {"message": line.removeprefix("trt-runtime: error: "),
+                                             "exit_code": 1, "kind": "failure"}}
+    else:
+        assert out == ""
+    assert f"{random_file} is not an engine file (unknown magic" in line
     for magic in ("'vtrt'", "'ptrt'", "'TR01'", "'TR02'", "'ET..'"):
         assert magic in line
     assert "--force" in line
@@ -545,10 +551,10 @@ def test_cli_unknown_magic_is_refused_before_any_backend(
 ) -> None:
     # 'memory' runs here: the refusal comes from the magic, not from a missing GPU.
     code, _, err = _run(capsys, "run", random_file, "--backend", "memory")
-    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
+    assert code == 1 and "is not an engine file" in _one_error_line(err)
     code, _, err = _run(capsys, "bench", random_file, "--backend", "all")
-    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
-    with pytest.raises(cli.CliError, match="is not a TensorRT engine"):
+    assert code == 1 and "is not an engine file" in _one_error_line(err)
+    with pytest.raises(cli.CliError, match="is not an engine file"):
         cli.inspect_file(random_file, load=False)
 
 
@@ -572,7 +578,7 @@ def test_cli_force_reads_unknown_magic_as_a_plan(
     assert doc["format"] == "plan" and doc["flavour"] == "unknown"
     assert doc["file_bytes"] == 1 << 20
     assert len(doc["warnings"]) == 1 and "read as a plan of unknown flavour (--force)" in doc["warnings"][0]
-    assert err.startswith("trt-runtime: warning: ") and "is not a TensorRT engine" in err
+    assert err.startswith("trt-runtime: warning: ") and "is not an engine file" in err
     report = cli.inspect_file(random_file, load=False, force=True)
     assert report["flavour"] == "unknown"
 
@@ -585,14 +591,14 @@ def test_cli_force_passes_unknown_magic_on_to_the_backend(
     assert code == 1
     assert "reading it as a plan of unknown flavour (--force)" in err
     line = _one_error_line(err)  # now the backend's own refusal
-    assert "is not a TensorRT engine" not in line and "memory" in line.lower()
+    assert "is not an engine file" not in line and "memory" in line.lower()
 
 
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
         (b"", "is empty (0 bytes)"),
-        (b"hello", "too small"),
+        (b"vtrt", "too small"),
         (b"TR09" + bytes(100), "unknown magic b'TR09'"),
     ],
 )
@@ -605,7 +611,7 @@ def test_cli_files_the_format_checks_explain(
         code, _, err = _run(capsys, command, bad, "--backend", "memory")
         assert code == 1
         line = _one_error_line(err)
-        assert needle in line and "is not a TensorRT engine" not in line
+        assert needle in line and "is not an engine file" not in line
 
 
 # -- cache ----------------------------------------------------------------------------
@@ -736,7 +742,7 @@ def test_cli_backends_lists_installed_with_reasons_and_capabilities(
 
 
 #: An install hint as backends give it, with text rich would read as markup.
-HINT = "pip install 'trt-runtime[torchbind]' [bold]x[/bold]"
+HINT = "pip install -c constraints.txt -e '.[torchbind]' [bold]x[/bold]"
 
 
 class _HintedBackend(MemoryBackend):
@@ -759,7 +765,7 @@ def test_cli_backends_prints_install_hint_intact(
     row = next(ln for ln in out.splitlines() if "hinted" in ln)
     assert HINT in row
     torchbind = [ln for ln in out.splitlines() if "torchbind" in ln and "trt-runtime" in ln and ln is not row]
-    assert all("trt-runtime[torchbind]" in ln for ln in torchbind)
+    assert all("-e '.[torchbind]'" in ln for ln in torchbind)
 
 
 def test_cli_file_names_print_as_written(
@@ -784,7 +790,7 @@ def test_cli_spinner_text_is_not_markup(capsys: pytest.CaptureFixture[str]) -> N
 
     out = Output()
     out._console = rich_console.Console(file=sys.stdout, force_terminal=True, emoji=False)
-    with out.status("pip install 'trt-runtime[torchbind]'") as update:
+    with out.status("pip install -c constraints.txt -e '.[torchbind]'") as update:
         update("now [bold]x[/bold]")
     printed = capsys.readouterr().out
     assert "now [bold]x[/bold]" in printed

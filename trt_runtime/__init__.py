@@ -12,6 +12,7 @@ from trt_runtime.contexts import (
     runtime_cache,
     runtime_config,
     set_cuda_graph_strategy,
+    set_dynamic_shapes_kernel_specialization_strategy,
     set_dynamic_shapes_kernel_strategy,
 )
 from trt_runtime.engine import EngineBase
@@ -56,8 +57,11 @@ from trt_runtime.registry import (
 )
 from trt_runtime.settings import (
     CudaGraphStrategy,
+    CudaGraphStrategyName,
     DynamicShapesKernelSpecializationStrategy,
+    DynamicShapesKernelSpecializationStrategyName,
     RuntimeSettings,
+    SettingsOverrides,
 )
 
 __version__ = "0.1.0"
@@ -76,8 +80,10 @@ __all__ = [
     "CacheWarning",
     "CapabilityError",
     "CudaGraphStrategy",
+    "CudaGraphStrategyName",
     "DataDependentShapeError",
     "DynamicShapesKernelSpecializationStrategy",
+    "DynamicShapesKernelSpecializationStrategyName",
     "Engine",
     "EngineBase",
     "EngineError",
@@ -90,6 +96,7 @@ __all__ = [
     "RuntimeCacheHandle",
     "RuntimeSettings",
     "SettingsError",
+    "SettingsOverrides",
     "StaleCacheWarning",
     "StorageError",
     "TensorSpec",
@@ -106,5 +113,6 @@ __all__ = [
     "runtime_cache",
     "runtime_config",
     "set_cuda_graph_strategy",
+    "set_dynamic_shapes_kernel_specialization_strategy",
     "set_dynamic_shapes_kernel_strategy",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "Stats",
     "bench_engine",
     "benchmark",
+    "check_plotting",
     "percentile",
     "plot_results",
     "summarize",
@@ -289,7 +290,7 @@ class CudaEventTimer:
         try:
             from cuda.core import Device, EventOptions
         except Exception as exc:
-            return None, f"cuda.core is not importable ({exc}): pip install 'trt-runtime[cuda]'"
+            return None, f"cuda.core is not importable ({exc}): pip install -c constraints.txt -e '.[cuda]'"
         try:
             dev = Device() if device is None else Device(device)
             dev.set_current()
@@ -449,15 +450,22 @@ def write_json(
     return target
 
 
-def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:
-    """Draw a latency box plot per result into a PNG (needs matplotlib: ``trt-runtime[plot]``)."""
+def check_plotting() -> None:
+    """Raise ImportError with the install line when matplotlib is missing (check before measuring)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError as exc:
-        raise ImportError("plotting needs matplotlib: pip install 'trt-runtime[plot]'") from exc
+        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'") from exc
+
+
+def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Draw a latency box plot per result into a PNG (needs matplotlib, the ``plot`` extra)."""
+    check_plotting()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     if not results:
         raise SettingsError("nothing to plot: no benchmark results")
     target = Path(path)

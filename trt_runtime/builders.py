@@ -95,7 +95,7 @@ def import_tensorrt() -> Any:
                 import tensorrt as trt
             except ImportError as exc:
                 raise ImportError(
-                    "building engines needs tensorrt-rtx: pip install 'trt-runtime[rtx]'"
+                    "building engines needs tensorrt-rtx: pip install -c constraints.txt -e '.[rtx]'"
                 ) from exc
         _TRT = trt
     return _TRT

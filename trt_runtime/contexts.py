@@ -6,13 +6,21 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+from typing_extensions import Unpack
 
 from trt_runtime.cache import RuntimeCache
 from trt_runtime.errors import CacheError, CacheWarning, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import Engine
-from trt_runtime.settings import CudaGraphStrategy, DynamicShapesKernelSpecializationStrategy
+from trt_runtime.settings import (
+    CudaGraphStrategy,
+    CudaGraphStrategyName,
+    DynamicShapesKernelSpecializationStrategy,
+    DynamicShapesKernelSpecializationStrategyName,
+    SettingsOverrides,
+)
 
 __all__ = [
     "enable_cudagraphs",
@@ -20,8 +28,12 @@ __all__ = [
     "runtime_cache",
     "runtime_config",
     "set_cuda_graph_strategy",
+    "set_dynamic_shapes_kernel_specialization_strategy",
     "set_dynamic_shapes_kernel_strategy",
 ]
+
+#: What the context managers yield: the target they were given, with its own type.
+TargetT = TypeVar("TargetT")
 
 
 def engines_of(target: Any) -> list[Engine]:
@@ -43,7 +55,7 @@ def engines_of(target: Any) -> list[Engine]:
 
 
 @contextlib.contextmanager
-def runtime_config(target: Any, **overrides: Any) -> Iterator[Any]:
+def runtime_config(target: TargetT, **overrides: Unpack[SettingsOverrides]) -> Iterator[TargetT]:
     """Apply settings ``overrides`` to every engine of ``target`` for the block.
 
     Changing settings drops an engine's execution context; a new one is created
@@ -65,11 +77,11 @@ def runtime_config(target: Any, **overrides: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def enable_cudagraphs(
-    target: Any,
-    cuda_graph_strategy: str | CudaGraphStrategy | None = None,
+    target: TargetT,
+    cuda_graph_strategy: CudaGraphStrategy | CudaGraphStrategyName | None = None,
     *,
     outer: bool | str | OuterGraph = False,
-) -> Iterator[Any]:
+) -> Iterator[TargetT]:
     """Run ``target`` with CUDA graphs in the block.
 
     ``cuda_graph_strategy`` is TensorRT-RTX's own capture inside the engine (default
@@ -104,14 +116,15 @@ def enable_cudagraphs(
                 engine.outer_graph = previous
 
 
-def set_cuda_graph_strategy(target: Any, strategy: str | CudaGraphStrategy) -> None:
+def set_cuda_graph_strategy(target: Any, strategy: CudaGraphStrategy | CudaGraphStrategyName) -> None:
     """Set the CUDA graph strategy of every engine of ``target`` (not scoped)."""
     for engine in engines_of(target):
         engine.runtime_settings = engine.runtime_settings.merge(cuda_graph_strategy=strategy)
 
 
-def set_dynamic_shapes_kernel_strategy(
-    target: Any, strategy: str | DynamicShapesKernelSpecializationStrategy
+def set_dynamic_shapes_kernel_specialization_strategy(
+    target: Any,
+    strategy: DynamicShapesKernelSpecializationStrategy | DynamicShapesKernelSpecializationStrategyName,
 ) -> None:
     """Set the dynamic-shapes kernel specialization strategy of every engine (not scoped)."""
     for engine in engines_of(target):
@@ -176,6 +189,20 @@ def _caches_per_model(
         cache = RuntimeCache()
         cache.load_from_stream(stream)
     return [(engines, cache)], stream
+
+
+def set_dynamic_shapes_kernel_strategy(
+    target: Any,
+    strategy: DynamicShapesKernelSpecializationStrategy | DynamicShapesKernelSpecializationStrategyName,
+) -> None:
+    """Deprecated alias of :func:`set_dynamic_shapes_kernel_specialization_strategy`."""
+    warnings.warn(
+        "set_dynamic_shapes_kernel_strategy is deprecated; use "
+        "set_dynamic_shapes_kernel_specialization_strategy (the RuntimeSettings field's name)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    set_dynamic_shapes_kernel_specialization_strategy(target, strategy)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import Self
+
 from trt_runtime.errors import CapabilityError, EngineError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import Backend, TensorSpec
@@ -104,7 +106,7 @@ class EngineBase(abc.ABC):
             settings.dynamic_shapes_kernel_specialization_strategy
             is not DynamicShapesKernelSpecializationStrategy.LAZY
         ):
-            caps.require("supports_dynamic_shapes_strategy", self._backend.name)
+            caps.require("supports_dynamic_shapes_kernel_specialization_strategy", self._backend.name)
         if settings.runtime_cache is not None:
             caps.require("supports_runtime_cache", self._backend.name)
 
@@ -231,7 +233,7 @@ class EngineBase(abc.ABC):
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self) -> EngineBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

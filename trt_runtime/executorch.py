@@ -176,7 +176,7 @@ def load_program(path: str | os.PathLike[str]) -> Any:
     except ImportError as exc:
         raise ImportError(
             "load_program needs ExecuTorch's deserializer, which imports torch "
-            f"({exc}): pip install 'trt-runtime[executorch]'"
+            f"({exc}): pip install -c constraints.txt -e '.[executorch]'"
         ) from exc
     with os.fdopen(open_engine_file(path), "rb") as f:
         data = f.read()

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from typing_extensions import Self
 
 from trt_runtime.errors import SettingsError
 
 if TYPE_CHECKING:
     from trt_runtime.graphs import OuterGraph
     from trt_runtime.settings import RuntimeSettings
+
+#: The array kind an engine call takes and returns (numpy, torch, cupy, ...).
+ArrayT = TypeVar("ArrayT")
 
 __all__ = [
     "Availability",
@@ -41,7 +46,8 @@ class BackendCapabilities:
 
     supports_runtime_cache: bool = False
     supports_cuda_graph_strategy: bool = False
-    supports_dynamic_shapes_strategy: bool = False
+    #: ``RuntimeSettings.dynamic_shapes_kernel_specialization_strategy`` other than ``lazy``.
+    supports_dynamic_shapes_kernel_specialization_strategy: bool = False
     supports_output_allocator: bool = False
     supports_host_io: bool = False
     #: ``execute(..., outputs=[...])`` writes into caller-preallocated device arrays.
@@ -57,6 +63,19 @@ class BackendCapabilities:
     cache_deserialize_merges: bool = False
     #: A human-readable note on why a capability is missing (e.g. which version adds it).
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def supports_dynamic_shapes_strategy(self) -> bool:
+        """Deprecated alias of :attr:`supports_dynamic_shapes_kernel_specialization_strategy`."""
+        import warnings
+
+        warnings.warn(
+            "BackendCapabilities.supports_dynamic_shapes_strategy is deprecated; use "
+            "supports_dynamic_shapes_kernel_specialization_strategy",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.supports_dynamic_shapes_kernel_specialization_strategy
 
     def require(self, capability: str, backend: str) -> None:
         """Raise :class:`CapabilityError` naming the missing capability and why."""
@@ -174,14 +193,24 @@ class Engine(Protocol):
     engine (weights shared, nothing deserialized again) with its own lazily created
     execution context, stream and buffers, the same device, and the same
     :attr:`runtime_settings` and :attr:`outer_graph` as the original at the time of the
-    call. Closing either leaves the other usable. :class:`~trt_runtime.pool.EnginePool`
-    calls it to give each concurrent caller its own context.
+    call. Closing either leaves the other usable. ``trt_runtime.load(..., contexts=N)``
+    relies on it to give each concurrent caller its own context.
+
+    ``with trt_runtime.load(...) as engine:`` closes the engine at the end of the block.
+    :meth:`execute` returns arrays of the kind it was given (numpy in, numpy out; torch in,
+    torch out; see the device contract); calling the engine returns one output bare and
+    several as a tuple, which depends on the engine, so its static type is ``Any``.
     """
 
     name: str
 
     @property
     def backend(self) -> Backend: ...
+
+    @property
+    def device(self) -> int:
+        """The CUDA device the engine runs on (0 for a backend without devices)."""
+        ...
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]: ...
@@ -230,14 +259,18 @@ class Engine(Protocol):
         ...
 
     def execute(
-        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None
-    ) -> list[Any]: ...
+        self, *inputs: ArrayT, stream: Any = None, outputs: Sequence[ArrayT] | None = None
+    ) -> list[ArrayT]: ...
 
     def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any: ...
 
     def synchronize(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
 
 
 @runtime_checkable

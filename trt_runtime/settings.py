@@ -14,7 +14,9 @@ import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from typing_extensions import Unpack
 
 from trt_runtime.errors import SettingsError
 from trt_runtime.validation import json_document, path_text, show
@@ -24,9 +26,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CudaGraphStrategy",
+    "CudaGraphStrategyName",
     "DynamicShapesKernelSpecializationStrategy",
+    "DynamicShapesKernelSpecializationStrategyName",
     "RuntimeSettings",
     "SettingsLike",
+    "SettingsOverrides",
 ]
 
 
@@ -85,6 +90,27 @@ class DynamicShapesKernelSpecializationStrategy(_CodedEnum):
     NONE = ("none", 2)
 
 
+#: The string values :class:`CudaGraphStrategy` accepts (what a type checker allows).
+CudaGraphStrategyName = Literal["disabled", "whole_graph_capture"]
+#: The string values :class:`DynamicShapesKernelSpecializationStrategy` accepts.
+DynamicShapesKernelSpecializationStrategyName = Literal["lazy", "eager", "none"]
+
+
+class SettingsOverrides(TypedDict, total=False):
+    """The keyword arguments of :meth:`RuntimeSettings.merge` and
+    :func:`~trt_runtime.runtime_config`: each field by its enum member or its string value.
+
+    Integer codes and member names are accepted at run time as well; the type lists the
+    spellings the docs use, so that a type checker rejects ``cuda_graph="oops"``.
+    """
+
+    cuda_graph_strategy: CudaGraphStrategy | CudaGraphStrategyName
+    dynamic_shapes_kernel_specialization_strategy: (
+        DynamicShapesKernelSpecializationStrategy | DynamicShapesKernelSpecializationStrategyName
+    )
+    runtime_cache: RuntimeCache | str | os.PathLike[str] | None
+
+
 _FIELDS = (
     "cuda_graph_strategy",
     "dynamic_shapes_kernel_specialization_strategy",
@@ -108,6 +134,20 @@ class RuntimeSettings:
     )
     runtime_cache: RuntimeCache | Path | None = None
 
+    if TYPE_CHECKING:
+        # What the generated __init__ accepts, for type checkers: string values and codes
+        # beside the enum members, any path-like for the cache (__post_init__ converts).
+        def __init__(
+            self,
+            cuda_graph_strategy: CudaGraphStrategy | CudaGraphStrategyName | int = ...,
+            dynamic_shapes_kernel_specialization_strategy: (
+                DynamicShapesKernelSpecializationStrategy
+                | DynamicShapesKernelSpecializationStrategyName
+                | int
+            ) = ...,
+            runtime_cache: RuntimeCache | str | os.PathLike[str] | None = None,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(
             self,
@@ -125,7 +165,7 @@ class RuntimeSettings:
         object.__setattr__(self, "runtime_cache", _parse_cache(self.runtime_cache))
 
     # -- derivation -------------------------------------------------------------
-    def merge(self, **overrides: Any) -> RuntimeSettings:
+    def merge(self, **overrides: Unpack[SettingsOverrides]) -> RuntimeSettings:
         """Return a copy with ``overrides`` applied; unknown fields are an error."""
         unknown = sorted(set(overrides) - set(_FIELDS))
         if unknown:
@@ -133,7 +173,7 @@ class RuntimeSettings:
                 f"unknown runtime setting(s) {', '.join(map(repr, unknown))}; "
                 f"valid settings are {', '.join(map(repr, _FIELDS))}"
             )
-        return dataclasses.replace(self, **overrides)
+        return dataclasses.replace(self, **overrides)  # type: ignore[arg-type]
 
     @classmethod
     def coerce(cls, value: SettingsLike) -> RuntimeSettings:
@@ -143,7 +183,8 @@ class RuntimeSettings:
         if isinstance(value, cls):
             return value
         if isinstance(value, Mapping):
-            return cls().merge(**dict(value))
+            fields: dict[str, Any] = dict(value)
+            return cls().merge(**fields)
         raise TypeError(
             f"runtime settings must be None, a mapping or RuntimeSettings; got {type(value).__name__}"
         )
@@ -207,9 +248,9 @@ class RuntimeSettings:
             if isinstance(code, bool) or not isinstance(code, numbers.Integral):
                 raise SettingsError(f"{field} code must be an int; got {show(code)}")
         return cls(
-            cuda_graph_strategy=cuda_graph_code,  # type: ignore[arg-type]
-            dynamic_shapes_kernel_specialization_strategy=dynamic_shapes_code,  # type: ignore[arg-type]
-            runtime_cache=runtime_cache,  # type: ignore[arg-type]
+            cuda_graph_strategy=cuda_graph_code,
+            dynamic_shapes_kernel_specialization_strategy=dynamic_shapes_code,
+            runtime_cache=runtime_cache,
         )
 
 

@@ -19,8 +19,8 @@ from trt_runtime.settings import RuntimeSettings
 
 __all__ = ["PythonBackend", "RTX_HINT", "CUDA_HINT"]
 
-RTX_HINT = "the 'python' backend needs tensorrt-rtx: pip install 'trt-runtime[rtx]'"
-CUDA_HINT = "the 'python' backend needs cuda-python: pip install 'trt-runtime[cuda]'"
+RTX_HINT = "the 'python' backend needs tensorrt-rtx: pip install -c constraints.txt -e '.[rtx]'"
+CUDA_HINT = "the 'python' backend needs cuda-python: pip install -c constraints.txt -e '.[cuda]'"
 
 _log = logging.getLogger("trt_runtime.python")
 _trt_log = logging.getLogger("trt_runtime.python.tensorrt")
@@ -29,7 +29,7 @@ _ONE_CONTEXT = "one execution context per engine; calls on an engine are seriali
 _RTX_CAPS = BackendCapabilities(
     supports_runtime_cache=True,
     supports_cuda_graph_strategy=True,
-    supports_dynamic_shapes_strategy=True,
+    supports_dynamic_shapes_kernel_specialization_strategy=True,
     supports_output_allocator=True,
     supports_host_io=True,
     supports_preallocated_outputs=True,
@@ -46,7 +46,7 @@ _TRT_NOTE = "needs TensorRT-RTX (tensorrt-rtx); only full TensorRT is installed"
 _TRT_CAPS = BackendCapabilities(
     supports_runtime_cache=False,
     supports_cuda_graph_strategy=False,
-    supports_dynamic_shapes_strategy=False,
+    supports_dynamic_shapes_kernel_specialization_strategy=False,
     supports_output_allocator=True,
     supports_host_io=True,
     supports_preallocated_outputs=True,
@@ -59,7 +59,7 @@ _TRT_CAPS = BackendCapabilities(
         "supports_multiple_contexts": _ONE_CONTEXT,
         "supports_runtime_cache": _TRT_NOTE,
         "supports_cuda_graph_strategy": _TRT_NOTE,
-        "supports_dynamic_shapes_strategy": _TRT_NOTE,
+        "supports_dynamic_shapes_kernel_specialization_strategy": _TRT_NOTE,
     },
 )
 

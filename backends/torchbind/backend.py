@@ -91,7 +91,7 @@ class TorchbindBackend:
                     for flag in (
                         "supports_runtime_cache",
                         "supports_cuda_graph_strategy",
-                        "supports_dynamic_shapes_strategy",
+                        "supports_dynamic_shapes_kernel_specialization_strategy",
                         "supports_output_allocator",
                         "supports_host_io",
                         "supports_preallocated_outputs",
@@ -198,7 +198,7 @@ def _require(caps: BackendCapabilities, settings: RuntimeSettings, backend: str)
         caps.require("supports_cuda_graph_strategy", backend)
     lazy = DynamicShapesKernelSpecializationStrategy.LAZY
     if settings.dynamic_shapes_kernel_specialization_strategy is not lazy:
-        caps.require("supports_dynamic_shapes_strategy", backend)
+        caps.require("supports_dynamic_shapes_kernel_specialization_strategy", backend)
     if settings.runtime_cache is not None:
         caps.require("supports_runtime_cache", backend)
 

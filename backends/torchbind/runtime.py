@@ -63,7 +63,7 @@ class TorchbindRuntime:
                 f"{ADDED_IN['update_runtime_settings']}; {found}"
             )
             notes["supports_cuda_graph_strategy"] = note
-            notes["supports_dynamic_shapes_strategy"] = note
+            notes["supports_dynamic_shapes_kernel_specialization_strategy"] = note
         if not cache:
             notes["supports_runtime_cache"] = (
                 f"RuntimeCacheHandle and Engine.update_runtime_settings need torch-tensorrt-rtx >= "
@@ -73,7 +73,7 @@ class TorchbindRuntime:
             note = f"runtime settings and caches need TensorRT-RTX; {found}"
             for flag in (
                 "supports_cuda_graph_strategy",
-                "supports_dynamic_shapes_strategy",
+                "supports_dynamic_shapes_kernel_specialization_strategy",
                 "supports_runtime_cache",
             ):
                 notes[flag] = note
@@ -92,7 +92,7 @@ class TorchbindRuntime:
         return BackendCapabilities(
             supports_runtime_cache=cache,
             supports_cuda_graph_strategy=settings,
-            supports_dynamic_shapes_strategy=settings,
+            supports_dynamic_shapes_kernel_specialization_strategy=settings,
             supports_output_allocator=True,
             supports_host_io=True,
             supports_preallocated_outputs=True,
@@ -172,7 +172,8 @@ def load_runtime(bridge: TorchBridge | None = None) -> TorchbindRuntime:
                 bridge = TorchBridge()
             except ImportError as exc:
                 raise BackendUnavailableError(
-                    f"the 'torchbind' backend needs torch: pip install 'trt-runtime[torchbind]' ({exc})"
+                    "the 'torchbind' backend needs torch: "
+                    f"pip install -c constraints.txt -e '.[torchbind]' ({exc})"
                 ) from exc
         loaded_here = False
         if not bridge.is_registered():

@@ -54,8 +54,9 @@ __all__ = [
 
 
 # -- default location ---------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """The per-user cache directory of trt-runtime (created with mode 0700 if missing).
+def default_cache_dir(*, create: bool = True) -> Path:
+    """The per-user cache directory of trt-runtime (created with mode 0700 if missing,
+    unless ``create`` is false: read-only callers such as ``trt-runtime cache info``).
 
     ``TRT_RUNTIME_CACHE_DIR`` overrides the platform's user cache directory.
     """
@@ -66,7 +67,8 @@ def default_cache_dir() -> Path:
         directory = Path(override)
     else:
         directory = Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if create:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return directory
 
 

@@ -77,12 +77,7 @@ def make_inputs(
         dtype = numpy_dtype(spec.dtype)
         if spec.name in given or spec.name in loaded:
             if spec.name in given:
-                file = given[spec.name]
-                check_file(file)
-                try:
-                    array = np.load(file, allow_pickle=False)
-                except ValueError as exc:
-                    raise CliError(f"--input {spec.name}={file} is not a .npy array: {exc}") from exc
+                array = _load_npy(spec.name, given[spec.name])
             else:
                 array = loaded[spec.name]
             reason = check_in_profiles(spec, array.shape)
@@ -115,7 +110,9 @@ def load_npz(path: Path, option: str) -> dict[str, Any]:
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise CliError(f"{option} {path} is not an .npz file of named arrays (numpy.savez): it holds one array (.npy)")
+            raise CliError(
+                f"{option} {path} is not an .npz file of named arrays (numpy.savez): it holds one array"
+            )
         with archive:
             return {name: archive[name] for name in archive.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
@@ -130,6 +127,28 @@ def save_npz(path: Path, arrays: Mapping[str, Any]) -> None:
 
     with atomic_writer(path) as f:
         np.savez(f, **arrays)
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _load_npy(name: str, file: Path) -> Any:
+    """The array in ``file``, or one clear line on why it is not a ``.npy`` array."""
+    import numpy as np
+
+    check_file(file)
+    with open(file, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if head != _NPY_MAGIC:
+        raise CliError(
+            f"--input {name}={file} is not a .npy file: it starts with {head!r}; "
+            f"expected {_NPY_MAGIC!r} (what numpy.save writes)"
+        )
+    try:
+        return np.load(file, allow_pickle=False)
+    except ValueError as exc:  # a header numpy reads but an object array, or truncated data
+        detail = str(exc).split(";")[0].split(" when allow_pickle")[0]
+        raise CliError(f"--input {name}={file} is not a plain .npy array: {detail}") from exc
 
 
 def output_to_numpy(value: Any) -> Any:

@@ -16,7 +16,7 @@ import contextlib
 import os
 from typing import Any
 
-from trt_runtime.cli.engine_files import backend_reason, check_engine_file
+from trt_runtime.cli.engine_files import backend_reason, check_backend_name, check_engine_file, engine_backend
 from trt_runtime.cli.io_options import input_arrays, set_log_level
 from trt_runtime.cli.output import CliError, Output, UsageError
 from trt_runtime.cli.run import settings_dict, settings_overrides
@@ -36,11 +36,14 @@ def bench_command(args: argparse.Namespace, out: Output) -> int:
     if args.duration is not None and not args.duration >= 0:
         raise UsageError(f"--duration must be a number of seconds >= 0; got {args.duration}")
     set_log_level(args.log_level)
+    for name in args.backend:
+        check_backend_name(name, also=("all",))
+    if args.plot is not None:
+        bench.check_plotting()  # before the work, not after it
     check_engine_file(args.file, force=args.force, out=out)
     from trt_runtime.errors import TrtRuntimeError
 
-
-    names: list[str | None] = list(args.backend) or [None]
+    names: list[str | None] = list(args.backend) or [engine_backend(args.file, None)]
     every = "all" in names
     if every:
         names = list(trt_runtime.available_backends())
@@ -58,7 +61,8 @@ def bench_command(args: argparse.Namespace, out: Output) -> int:
     inputs: list[Any] | None = None
     for name in names:
         try:
-            engine = trt_runtime.load(args.file, backend=name, device=args.device, settings=overrides)
+            engine = trt_runtime.load(args.file, backend=trt_runtime.get_backend(name), device=args.device,
+                                      settings=overrides)
         except TrtRuntimeError as exc:
             if not every:
                 raise

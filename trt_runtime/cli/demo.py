@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import backend_reason, spec_dict
+from trt_runtime.cli.engine_files import backend_reason, check_backend_name, spec_dict
 from trt_runtime.cli.inspect import inspect_file, render_inspect
-from trt_runtime.cli.output import PROG, CliError, Output, human_size, new_dir
+from trt_runtime.cli.output import PROG, CliError, Output, UsageError, human_size
 
 __all__ = ["demo_command", "write_pte"]
 
@@ -145,11 +145,25 @@ def _build_engine(outdir: Path, progress: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def demo_command(args: argparse.Namespace, out: Output) -> int:
-    """``trt-runtime demo``."""
+    """``trt-runtime demo``: the files go to ``--out DIR`` (kept) or a temporary directory
+    removed at the end, so that a demo leaves nothing behind unless asked to."""
+    import tempfile
+
+    check_backend_name(args.backend)
+    if args.out is not None:
+        if args.out.exists() and not args.out.is_dir():
+            raise UsageError(f"--out {args.out} is a file; give a directory (new or existing)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        out.notice(f"demo output directory: {args.out}")
+        return _demo(args, out, args.out)
+    with tempfile.TemporaryDirectory(prefix="trt-runtime-demo-") as tmp:
+        out.notice(f"demo output directory: {tmp} (temporary, removed at the end; --out DIR keeps the files)")
+        return _demo(args, out, Path(tmp))
+
+
+def _demo(args: argparse.Namespace, out: Output, outdir: Path) -> int:
     from trt_runtime.formats import write_plan, write_tr01
 
-    outdir, fresh = new_dir(args.out, "trt-runtime-demo-")
-    out.notice(f"demo output directory: {outdir}" + (" (new temporary directory)" if fresh else ""))
     document: dict[str, Any] = {"output_dir": os.fspath(outdir), "files": {}, "inspect": {}, "gpu": {}}
 
     # 1. build ---------------------------------------------------------------------

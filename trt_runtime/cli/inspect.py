@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import backend_reason, check_file, spec_dict, unknown_magic
+from trt_runtime.cli.engine_files import (
+    backend_reason,
+    check_backend_name,
+    check_file,
+    declared_magics,
+    engine_backend,
+    spec_dict,
+    unknown_magic,
+)
 from trt_runtime.cli.output import CliError, Output, compact, describe_exception, human_size
 
 __all__ = ["TABLE_ROWS", "inspect_command", "inspect_file", "render_inspect"]
@@ -57,6 +65,7 @@ def inspect_file(
     from trt_runtime.formats import describe, read_engine_source
 
     file = Path(path)
+    check_backend_name(backend)
     check_file(file)
     warnings: list[str] = []
     magic_reason = unknown_magic(file)
@@ -71,9 +80,10 @@ def inspect_file(
     specs_recorded = metadata.get("compile_specs")
     compile_specs = None if specs_recorded is None else {str(k): str(v) for k, v in specs_recorded.items()}
     warnings.extend(str(w) for w in metadata.get("warnings") or ())
+    declared = [what for magic, what in declared_magics().items() if bytes(source.data[:len(magic)]) == magic]
     report: dict[str, Any] = {
         "path": os.fspath(file),
-        "format": container.get("format", source.format),
+        "format": declared[0] if declared else container.get("format", source.format),
         "file_bytes": file.stat().st_size,
         "engine_bytes": len(source.data),
         "name": source.name,
@@ -89,6 +99,7 @@ def inspect_file(
         "metadata": metadata,
     }
     if not source.bindings:
+        backend = engine_backend(file, backend)
         reason = backend_reason(backend) if load else "not loaded (--no-load)"
         specs: tuple[Any, ...] = ()
         if load and not reason:

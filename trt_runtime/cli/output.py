@@ -2,7 +2,7 @@
 
 :class:`Output` sends a command's text to rich when it is installed (``trt-runtime[cli]``)
 and to plain ``print`` otherwise. Text that comes from users or data (file names,
-backend reasons, install hints such as ``pip install 'trt-runtime[torchbind]'``) is never
+backend reasons, install hints such as ``pip install -c constraints.txt -e '.[torchbind]'``) is never
 read as rich markup: lines are printed with markup off, and table cells, titles and
 spinner text are escaped with :func:`rich.markup.escape`.
 
@@ -19,10 +19,8 @@ import enum
 import json
 import os
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -35,7 +33,6 @@ __all__ = [
     "describe_exception",
     "human_size",
     "jsonable",
-    "new_dir",
     "print_error",
 ]
 
@@ -78,6 +75,8 @@ class Output:
         self.json_mode = json_mode
         self._plain = plain
         self._console: Any = None
+        #: A JSON document was printed: an error after it must not print a second one.
+        self.emitted = False
 
     @property
     def console(self) -> Any:
@@ -96,6 +95,8 @@ class Output:
             self._console = Console(
                 file=sys.stdout, highlight=False, soft_wrap=True, width=width, emoji=False
             )
+            # rich exits 1 on a closed pipe; main() ends such a command quietly with 0.
+            self._console.on_broken_pipe = _broken_pipe
         return self._console
 
     def _print(self, text: str) -> None:
@@ -133,6 +134,7 @@ class Output:
                 text = json.dumps(data, indent=2)
             sys.stdout.write(text + "\n")
             sys.stdout.flush()
+            self.emitted = True
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         """A table (rich, or aligned plain text); every cell is text, never markup."""
@@ -184,6 +186,10 @@ class Output:
             return
         self._print(text)
         yield lambda _text: None
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError("stdout was closed")
 
 
 def cell(value: Any) -> str:
@@ -244,14 +250,6 @@ def human_size(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{size:.1f} {unit} ({n:,} bytes)"
         size /= 1024
     return f"{n} B"  # pragma: no cover - loop always returns
-
-
-def new_dir(path: Path | None, prefix: str) -> tuple[Path, bool]:
-    """``(path, False)`` after creating it, or ``(a new temporary directory, True)``."""
-    if path is None:
-        return Path(tempfile.mkdtemp(prefix=prefix)), True
-    path.mkdir(parents=True, exist_ok=True)
-    return path, False
 
 
 def print_error(message: str, debug: bool) -> None:

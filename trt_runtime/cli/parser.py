@@ -58,11 +58,30 @@ def _add_globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                        help="show the traceback of an error")
 
 
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores like the new one and warns on stderr."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        import sys
+
+        print(f"{PROG}: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _add_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph-strategy", choices=_CUDA_GRAPH_CHOICES, default=None,
                         help="CUDA graph strategy (default: the engine's default, disabled)")
-    parser.add_argument("--dynamic-shapes-kernel-strategy", choices=_DYNAMIC_CHOICES, default=None,
+    new = "--dynamic-shapes-kernel-specialization-strategy"
+    parser.add_argument(new, choices=_DYNAMIC_CHOICES, default=None,
                         help="dynamic-shapes kernel specialization strategy (default: lazy)")
+    parser.add_argument("--dynamic-shapes-kernel-strategy", choices=_DYNAMIC_CHOICES,
+                        dest="dynamic_shapes_kernel_specialization_strategy", action=_DeprecatedAlias,
+                        new=new, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo", "build a small engine, write it as plan / TR01 / .pte, inspect and run it")
     p.add_argument("--out", metavar="DIR", type=Path, default=None,
-                   help="output directory (default: a new temporary directory, printed)")
+                   help="directory for the files, kept (default: a temporary directory, "
+                        "removed at the end)")
     p.add_argument("--backend", metavar="NAME", default=None,
                    help="backend for the GPU part (default: the first available)")
     p.set_defaults(handler=demo_command)
@@ -118,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime-cache", metavar="PATH", type=Path, default=None,
                    help="load the runtime cache from PATH (if it exists) and save it back after the run")
     p.add_argument("--output-dir", metavar="DIR", type=Path, default=None,
-                   help="where outputs (NAME.npy) and generated inputs (inputs/NAME.npy) go "
-                        "(default: a new temporary directory, printed)")
+                   help="write outputs (NAME.npy) and the inputs used (inputs/NAME.npy) there, "
+                        "after a successful run (default: write nothing)")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=run_command)
@@ -139,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-out", dest="json_path", metavar="PATH", type=Path, default=None,
                    help="also write the results, with raw samples, as JSON to PATH")
     p.add_argument("--plot", metavar="PATH", type=Path, default=None,
-                   help="write a latency box plot PNG to PATH (needs matplotlib: trt-runtime[plot])")
+                   help="write a latency box plot PNG to PATH "
+                        "(needs matplotlib: pip install -c constraints.txt -e '.[plot]')")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=bench_command)

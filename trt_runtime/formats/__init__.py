@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import IO, Any
 
 from trt_runtime.errors import EngineError, FormatError, SettingsError
@@ -44,11 +45,13 @@ __all__ = [
     "describe",
     "detect_format",
     "encode_metadata",
+    "known_magics",
     "pack_tr01",
     "parse_pte",
     "parse_tr01",
     "read_engine_source",
     "resolve_device",
+    "unknown_magic",
     "write_plan",
     "write_tr01",
 ]
@@ -78,6 +81,36 @@ def detect_format(view: memoryview) -> str:
     if is_pte(view):
         return "pte"
     return "plan"
+
+
+def known_magics(extra: Mapping[bytes, str] | None = None) -> str:
+    """The first bytes an engine file may start with, as one human-readable list.
+
+    ``extra`` maps further magics to what they are (the engine formats backends declare).
+    """
+    plans = [f"{magic.decode('ascii')!r} ({flavour} plan)" for magic, flavour in PLAN_MAGICS.items()]
+    blobs = f"{MAGIC_TR01.decode('ascii')!r} / {MAGIC_TR02.decode('ascii')!r} (ExecuTorch TensorRT blob)"
+    others = [f"{magic.decode('latin-1')!r} ({what})" for magic, what in (extra or {}).items()]
+    return ", ".join([*plans, blobs, "'ET..' at byte 4 (.pte program)", *others])
+
+
+def unknown_magic(data: EngineInput, name: str, extra: Mapping[bytes, str] | None = None) -> str:
+    """Why ``data`` is not an engine file by its first bytes, or '' when it may be one.
+
+    Blobs, programs, plans of a known flavour and the magics in ``extra`` pass; so does an
+    empty input (the format checks say "empty"). Anything else, however short, is named
+    with its first bytes and the magics that are known.
+    """
+    view = memoryview(data)
+    head = bytes(view[:16])
+    if not head or detect_format(view) != "plan" or head[:4] in PLAN_MAGICS:
+        return ""
+    if any(head.startswith(magic) for magic in extra or {}):
+        return ""
+    return (
+        f"{name} is not an engine file (unknown magic {head[:4]!r}, hex {head[:4].hex()}); "
+        f"known magics: {known_magics(extra)}"
+    )
 
 
 def _check_options(options: dict[str, Any]) -> tuple[int | None, str | None]:

@@ -122,7 +122,7 @@ class BackendConformance(DeviceContractTests, OuterGraphTests, ConcurrencyTests)
         )
         shapes = (
             list(DynamicShapesKernelSpecializationStrategy)
-            if caps.supports_dynamic_shapes_strategy
+            if caps.supports_dynamic_shapes_kernel_specialization_strategy
             else [DynamicShapesKernelSpecializationStrategy.LAZY]
         )
         for graph in graphs:
@@ -166,7 +166,7 @@ class BackendConformance(DeviceContractTests, OuterGraphTests, ConcurrencyTests)
         self, backend: Backend, engine: Engine, harness: BackendHarness
     ) -> None:
         self._skip_unless(backend, "supports_cuda_graph_strategy")
-        self._skip_unless(backend, "supports_dynamic_shapes_strategy")
+        self._skip_unless(backend, "supports_dynamic_shapes_kernel_specialization_strategy")
         self.run_and_check(engine, harness)
         before = engine.runtime_settings
         with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
@@ -210,7 +210,8 @@ class BackendConformance(DeviceContractTests, OuterGraphTests, ConcurrencyTests)
 
         cases: list[tuple[str, dict[str, Any]]] = [
             ("supports_cuda_graph_strategy", {"cuda_graph_strategy": "whole_graph_capture"}),
-            ("supports_dynamic_shapes_strategy", {"dynamic_shapes_kernel_specialization_strategy": "eager"}),
+            ("supports_dynamic_shapes_kernel_specialization_strategy",
+             {"dynamic_shapes_kernel_specialization_strategy": "eager"}),
             ("supports_runtime_cache", {"runtime_cache": RuntimeCache()}),
         ]
         missing = [(cap, o) for cap, o in cases if not getattr(backend.capabilities, cap)]

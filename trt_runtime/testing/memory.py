@@ -25,7 +25,8 @@ depending on ``MemoryBackend(cache_merges=...)``; the capability
 
 Thread-safety: calls on one engine are serialized by :class:`~trt_runtime.EngineBase`'s
 lock. The backend is registered as the ``memory`` entry point of
-``trt_runtime.backends``; it is never chosen unless named (``get_backend("memory")``).
+``trt_runtime.backends``; the default order never picks it, but :func:`trt_runtime.load`
+gives it files in its own format (``engine_magics``) when no backend is named.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.engine import EngineBase
@@ -63,7 +65,7 @@ CACHE_MAGIC = b"TRTMEMC1"
 _CAPABILITY_FLAGS = (
     "supports_runtime_cache",
     "supports_cuda_graph_strategy",
-    "supports_dynamic_shapes_strategy",
+    "supports_dynamic_shapes_kernel_specialization_strategy",
     "supports_output_allocator",
     "supports_host_io",
     "supports_preallocated_outputs",
@@ -203,7 +205,8 @@ class MemoryEngine(EngineBase):
         settings: SettingsLike = None,
     ) -> None:
         self._ops = tuple(ops)
-        self.device = device
+        #: The device the container named (0 when none: this backend has no devices).
+        self.device = 0 if device is None else device
         #: Every context this engine created, in order (destroyed ones included).
         self.contexts: list[MemoryContext] = []
         #: How many times :meth:`_run` reached the numeric work (after validation).
@@ -413,6 +416,11 @@ class MemoryBackend:
     """
 
     engine_class: type[MemoryEngine] = MemoryEngine
+    #: The engine format it reads (see :func:`trt_runtime.registry.engine_magics`): ``trt_runtime.load``
+    #: gives it ``.mem`` files without being told the backend.
+    engine_magics: Mapping[bytes, str] = MappingProxyType({ENGINE_MAGIC: "memory test engine (.mem)"})
+    #: What ``trt-runtime backends`` says it is.
+    description = "test backend: numpy on the CPU, .mem engines"
 
     def __init__(
         self, *, cache_merges: bool = False, without: Iterable[str] = (), name: str = "memory"
@@ -440,7 +448,9 @@ class MemoryBackend:
         try:
             import numpy  # noqa: F401
         except ImportError:
-            return Availability(False, "the 'memory' backend needs numpy: pip install 'trt-runtime[test]'")
+            return Availability(
+                False, "the 'memory' backend needs numpy: pip install -c constraints.txt -e '.[test]'"
+            )
         return Availability(True)
 
     def load_engine(
