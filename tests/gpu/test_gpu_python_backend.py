@@ -518,7 +518,7 @@ def test_python_backend_device_out_of_range_is_named(python_backend, engines) ->
 
     _, count = runtime.cudaGetDeviceCount()
     plan = engines("mlp_fp16").plan
-    expected = rf"device={count} does not exist: this machine has {count} CUDA device\(s\) \(0\.\.{count - 1}\)"
+    expected = rf"device={count} does not exist: this machine has {count} CUDA device\(s\)"
     with pytest.raises(EngineError, match=expected):
         python_backend.load_engine(EngineSource(plan), device=count)
     from_blob = rf"names device_id {count}, but this machine has {count} CUDA device\(s\)"
