@@ -28,6 +28,7 @@ from trt_runtime.errors import (
     FormatError,
     InputError,
     LostUpdateWarning,
+    RequestError,
     StaleCacheWarning,
     TrtRuntimeError,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "LostUpdateWarning",
     "OuterGraph",
     "RuntimeCache",
+    "RequestError",
     "RuntimeCacheHandle",
     "RuntimeSettings",
     "StaleCacheWarning",
