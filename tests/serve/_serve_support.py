@@ -18,6 +18,10 @@ import pytest
 from trt_runtime import TensorSpec
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
+# Ray replaces 127.0.0.1 in a cluster address with the machine's own address unless
+# "clusters" are off (its Windows/macOS mode): keep every node and driver on loopback.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 #: Set to 1 (CI does; CI=true too) to make a missing Ray Serve a failure instead of a skip.
 REQUIRE_ENV = "TRT_RUNTIME_REQUIRE_SERVE"
 #: Loopback only; fixed ports, one per test module so modules never collide.
