@@ -51,7 +51,7 @@ def two_nodes() -> Any:
 
 
 def test_serve_two_nodes_place_one_replica_on_each(two_nodes: Any) -> None:
-    cluster, _worker, handle = two_nodes
+    _cluster, _worker, handle = two_nodes
     node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(node_ids) == 2
     seen: set[str] = set()

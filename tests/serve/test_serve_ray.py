@@ -72,7 +72,8 @@ def test_serve_concurrent_http_and_handle_clients_get_their_own_results(cluster:
             status, body, media = post(f"{BASE}/single/", npy(x), "application/x-npy")
             assert (status, media) == (200, "application/x-npy"), body
             return load_npy(body)
-        status, body, media = post(f"{BASE}/single/infer", json.dumps(x.tolist()).encode(), "application/json")
+        body = json.dumps(x.tolist()).encode()
+        status, body, media = post(f"{BASE}/single/infer", body, "application/json")
         assert (status, media) == (200, "application/json"), body
         return np.asarray(json.loads(body), np.float32)
 

@@ -19,6 +19,7 @@ from trt_runtime.cli.engine_files import FORCE_HELP
 from trt_runtime.cli.inspect import inspect_command
 from trt_runtime.cli.output import PROG, UsageError
 from trt_runtime.cli.run import run_command
+from trt_runtime.cli.serve import add_serve_parser
 
 __all__ = ["COMMANDS", "build_parser"]
 
@@ -29,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: The commands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "inspect", "run", "bench", "cache", "backends")
+COMMANDS = ("demo", "inspect", "run", "bench", "serve", "cache", "backends")
 _CUDA_GRAPH_CHOICES = ("disabled", "whole_graph_capture")
 _DYNAMIC_CHOICES = ("lazy", "eager", "none")
 
@@ -116,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=bench_command)
+
+    add_serve_parser(command)
 
     p = command("cache", "show or clear the per-user runtime cache directory")
     p.add_argument("action", nargs="?", choices=CACHE_ACTIONS, default=CACHE_ACTIONS[0],

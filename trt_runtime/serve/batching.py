@@ -73,7 +73,9 @@ class BatchRunner:
                 self._run_chunk(chunk, requests, answers)
         return answers
 
-    def _run_chunk(self, chunk: list[int], requests: Sequence[tuple[Any, ...]], answers: list[Answer]) -> None:
+    def _run_chunk(
+        self, chunk: list[int], requests: Sequence[tuple[Any, ...]], answers: list[Answer]
+    ) -> None:
         import numpy as np
 
         if len(chunk) == 1:
@@ -94,7 +96,9 @@ class BatchRunner:
         total = batch[0].shape[0]
         bad = [o.shape for o in result if o.ndim == 0 or o.shape[0] != total]
         if bad:
-            error = EngineError(f"engine outputs {bad} do not have the batch's {total} rows first; cannot split")
+            error = EngineError(
+                f"engine outputs {bad} do not have the batch's {total} rows first; cannot split"
+            )
             for i in chunk:
                 answers[i] = error
             return

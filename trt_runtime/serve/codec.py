@@ -88,7 +88,9 @@ def _decode_json(body: bytes, inputs: Sequence[TensorSpec]) -> Decoded:
     if isinstance(doc, list):
         value = _json_array(doc, inputs[0]) if len(inputs) == 1 else doc
         return Decoded((value,), {}, "json")
-    raise RequestError(f"JSON request must be an array or an object keyed by input name; got {doc!r:.40}", 400)
+    raise RequestError(
+        f"JSON request must be an array or an object keyed by input name; got {doc!r:.40}", 400
+    )
 
 
 def _json_array(value: Any, spec: TensorSpec) -> Any:
@@ -105,7 +107,7 @@ def _json_array(value: Any, spec: TensorSpec) -> Any:
         raise RequestError(f"{where}: JSON array must hold numbers; got {_first(raw)!r}", 400)
     target = to_numpy(spec.dtype)
     if raw.dtype.kind == "f" and target.kind in "biu" and raw.size and not np.all(np.mod(raw, 1) == 0):
-        bad = raw[np.mod(raw, 1) != 0].flat[0]
+        bad = raw[np.mod(raw, 1) != 0].flat[0].item()
         raise RequestError(f"{where} has dtype {spec.dtype}; got the non-integer JSON number {bad!r}", 422)
     with np.errstate(over="ignore", invalid="ignore"):
         converted = raw.astype(target)
@@ -115,7 +117,7 @@ def _json_array(value: Any, spec: TensorSpec) -> Any:
 
 
 def _first(raw: Any) -> Any:
-    return raw.flat[0] if raw.size else raw
+    return raw.flat[0].item() if raw.size else raw.tolist()
 
 
 def read_npy(data: bytes, what: str) -> Any:
@@ -171,13 +173,17 @@ def _read_npz(data: bytes, max_bytes: int) -> dict[str, Any]:
     return arrays
 
 
-def encode_result(outputs: Sequence[Any], names: Sequence[str], encoding: str, bare: bool) -> tuple[bytes, str]:
+def encode_result(
+    outputs: Sequence[Any], names: Sequence[str], encoding: str, bare: bool
+) -> tuple[bytes, str]:
     """``(body, media type)`` answering a request read as ``encoding`` (bare or keyed)."""
     import numpy as np
 
     single = bare and len(outputs) == 1
     if encoding == "json":
-        doc: Any = outputs[0].tolist() if single else {n: o.tolist() for n, o in zip(names, outputs, strict=True)}
+        doc: Any = (
+            outputs[0].tolist() if single else {n: o.tolist() for n, o in zip(names, outputs, strict=True)}
+        )
         return json.dumps(doc).encode(), _JSON
     buffer = io.BytesIO()
     if single:

@@ -31,8 +31,8 @@ from trt_runtime.serve.validation import RequestChecker
 
 __all__ = ["EngineServer", "build_app"]
 
-_LATENCY_MS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000]
-_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+_LATENCY_MS: list[float] = [0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000]
+_SIZES: list[float] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
 class _Stats:
@@ -45,7 +45,7 @@ class _Stats:
         self.call_rows: collections.Counter[int] = collections.Counter()
         tags = ("engine", "status")
         self.requests = metrics.Counter(
-            "trt_runtime_serve_requests", description="Requests answered, by status.", tag_keys=tags
+            "trt_runtime_serve_requests", description="Requests answered, by status.", tag_keys=tags,  # type: ignore[arg-type]
         )
         self.latency = metrics.Histogram(
             "trt_runtime_serve_latency_ms", description="Time from a request's arrival to its answer.",
@@ -118,8 +118,9 @@ class EngineServer:
             on_call=self._stats.call,
         )
         self._pool = ThreadPoolExecutor(max_workers=self.options.contexts, thread_name_prefix="trt-serve")
-        self._batched.set_max_batch_size(self.options.max_batch)
-        self._batched.set_batch_wait_timeout_s(self.options.batch_wait_ms / 1e3)
+        batched: Any = self._batched  # @serve.batch adds the setters
+        batched.set_max_batch_size(self.options.max_batch)
+        batched.set_batch_wait_timeout_s(self.options.batch_wait_ms / 1e3)
         self._node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
     # -- health --------------------------------------------------------------------------
@@ -160,7 +161,9 @@ class EngineServer:
         started = time.perf_counter()
         torch_out = any(_is_torch(v) for v in (*args, *named.values()))
         try:
-            arrays = self.checker.check([_to_numpy(v) for v in args], {k: _to_numpy(v) for k, v in named.items()})
+            arrays = self.checker.check(
+                [_to_numpy(v) for v in args], {k: _to_numpy(v) for k, v in named.items()}
+            )
             outputs = await self._run(arrays)
         except RequestError as exc:
             self._stats.answered(exc.status, started)
@@ -306,13 +309,12 @@ def build_app(
     source: bytes | str = bytes(engine) if isinstance(engine, (bytes, bytearray)) else os.path.abspath(engine)
     ongoing = max_ongoing_requests or max(64, 2 * opts.max_batch)
     deployment = serve.deployment(
-        server_class or EngineServer,
         name=name,
         num_replicas=replicas,
         max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
         **(deployment_options or {}),
-    )
+    )(server_class or EngineServer)
     return deployment.bind(source, opts)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.graphs import OuterGraph
-from trt_runtime.settings import RuntimeSettings
+from trt_runtime.settings import RuntimeSettings, SettingsLike
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ServeOptions"]
 
@@ -32,7 +32,7 @@ class ServeOptions:
 
     backend: str | None = None
     device: int | None = None
-    settings: RuntimeSettings | None = None
+    settings: SettingsLike = None
     contexts: int = 1
     outer_graph: bool | str = False
     max_batch: int = 16

@@ -46,7 +46,7 @@ def open_engine(
 
     backend = get_backend(options.backend)
     device = options.device if device is None else device
-    settings = options.settings or trt_runtime.RuntimeSettings()
+    settings = trt_runtime.RuntimeSettings.coerce(options.settings)
     cache = None
     if options.runtime_cache is not None and backend.capabilities.supports_runtime_cache:
         path = node_cache_path(backend, device) if options.runtime_cache == "auto" else options.runtime_cache

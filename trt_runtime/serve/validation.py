@@ -81,7 +81,9 @@ class RequestChecker:
             raise RequestError(f"{where} must have shape {list(spec.shape)} (-1: any); got {list(shape)}")
         if spec.profiles and not any(_fits(shape, lo, hi) for lo, _opt, hi in spec.profiles):
             ranges = "; ".join(f"{list(lo)}..{list(hi)}" for lo, _o, hi in spec.profiles)
-            raise RequestError(f"{where} has shape {list(shape)}, outside every optimization profile ({ranges})")
+            raise RequestError(
+                f"{where} has shape {list(shape)}, outside every optimization profile ({ranges})"
+            )
 
     # -- batches ------------------------------------------------------------------------
     def signature(self, arrays: Sequence[Any]) -> Signature:
@@ -109,12 +111,13 @@ class RequestChecker:
 
     def warmup_arrays(self) -> tuple[Any, ...]:
         """Zeros at each input's first-profile ``opt`` shape (its static shape without profiles)."""
-        from trt_runtime.dtypes import to_numpy
-
         import numpy as np
 
+        from trt_runtime.dtypes import to_numpy
+
         return tuple(
-            np.zeros(s.profiles[0][1] if s.profiles else s.shape, dtype=to_numpy(s.dtype)) for s in self.inputs
+            np.zeros(s.profiles[0][1] if s.profiles else s.shape, dtype=to_numpy(s.dtype))
+            for s in self.inputs
         )
 
 
