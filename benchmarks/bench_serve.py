@@ -37,9 +37,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 HOST = "127.0.0.1"
-#: Seconds a deployment change costs, and the fixed part of a run, for the time plan.
+#: Seconds a new deployment, a scaling step and the fixed part of a run cost, for the time plan.
 DEPLOY_S = 8.0
-FIXED_S = 120.0
+SCALE_S = 4.0
+FIXED_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--replicas", default="1,2,4")
     p.add_argument("--duration", type=float, default=2.0, help="seconds measured per cell (may shrink)")
     p.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each cell's window")
-    p.add_argument("--budget-s", type=float, default=500.0, help="the whole run must fit this (seconds)")
+    p.add_argument("--budget-s", type=float, default=480.0, help="the whole run must fit this (seconds)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--batch-wait-ms", type=float, default=1.0)
     p.add_argument("--procs", type=int, default=8, help="load-generator processes")
@@ -315,18 +316,18 @@ def main(argv: list[str] | None = None) -> int:
     deployments = len(grid) * len(args.replicas)
     cells = deployments * len(args.clients)
     spent = time.perf_counter() - started
-    room = args.budget_s - spent - FIXED_S - deployments * DEPLOY_S
-    per_cell = min(args.duration, max(0.5, room / max(1, cells) - args.warmup - 0.4))
-    print(f"plan: {deployments} deployments, {cells} cells x ({per_cell:.2f} s + {args.warmup} s warm-up); "
-          f"about {spent + FIXED_S + deployments * DEPLOY_S + cells * (per_cell + args.warmup + 0.4):.0f} s "
-          f"of a {args.budget_s:.0f} s budget", flush=True)
+    setup = spent + FIXED_S + len(grid) * DEPLOY_S + (deployments - len(grid)) * SCALE_S
+    per_cell = min(args.duration, max(0.5, (args.budget_s - setup) / max(1, cells) - args.warmup - 0.4))
+    print(f"plan: {len(grid)} deployments scaled to {args.replicas} replicas, {cells} cells x "
+          f"({per_cell:.2f} s + {args.warmup} s warm-up); about "
+          f"{setup + cells * (per_cell + args.warmup + 0.4):.0f} s of a {args.budget_s:.0f} s budget", flush=True)
     args.duration = per_cell
     direct = [measure_direct(w, outer, 1.0, out / "runtime.cache" if not args.smoke else None)
               for w in workloads for outer in ((False, True) if w.key in ("mlp", "smoke") else (False,))]
     import ray
     from ray import serve
 
-    small = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024} if args.smoke else {}
+    small = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024} if args.smoke else {"num_gpus": 1}
     ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address=HOST, **small)
     serve.start(http_options={"host": HOST, "port": args.port})
     by_key = {w.key: w for w in workloads}
