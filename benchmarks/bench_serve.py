@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     per_cell = min(args.duration, max(0.5, (args.budget_s - setup) / max(1, cells) - args.warmup - 0.4))
     print(f"plan: {len(grid)} deployments scaled to {args.replicas} replicas, {cells} cells x "
           f"({per_cell:.2f} s + {args.warmup} s warm-up); about "
-          f"{setup + cells * (per_cell + args.warmup + 0.4):.0f} s of a {args.budget_s:.0f} s budget", flush=True)
+          f"{setup + cells * (per_cell + args.warmup + 0.4):.0f} s of a {args.budget_s:.0f} s budget",
+          flush=True)
     args.duration = per_cell
     direct = [measure_direct(w, outer, 1.0, out / "runtime.cache" if not args.smoke else None)
               for w in workloads for outer in ((False, True) if w.key in ("mlp", "smoke") else (False,))]
