@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     small = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024} if args.smoke else {"num_gpus": 1}
-    ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address=HOST, **small)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address=HOST, **small)
     serve.start(http_options={"host": HOST, "port": args.port})
     by_key = {w.key: w for w in workloads}
     try:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only (before Ray is imported)
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'trt-runtime[serve]'")
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
 
 PORT = 18625
 
@@ -34,7 +34,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     built = builders.build_mlp(width=256, layers=8, batch=None, dtype="float16", max_batch=64)
     cache = tmp_path_factory.mktemp("serve-cache") / "runtime.cache"
-    ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1", num_gpus=1)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             num_gpus=1)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     options = ServeOptions(backend="python", max_batch=32, batch_wait_ms=20, runtime_cache=cache)
     handle = serve.run(build_app(built.plan, options, replicas=2, gpus_per_replica=0.5, cpus_per_replica=1),

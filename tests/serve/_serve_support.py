@@ -44,9 +44,18 @@ def require_serve() -> Any:
     return serve
 
 
+def keep_ray_on_loopback() -> None:
+    """Make Ray keep 127.0.0.1 in cluster addresses even if it was imported before this module
+    set the environment variable (it reads the constant at call time)."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def ray_init_args(num_cpus: int) -> dict[str, Any]:
     """Small, loopback-only, dashboard-free local Ray."""
     return {
+        "address": "local",  # a new Ray, never the last cluster this machine ran
         "num_cpus": num_cpus,
         "include_dashboard": False,
         "_node_ip_address": HOST,

@@ -12,6 +12,7 @@ from _serve_support import (
     HOST,
     PORT_CLUSTER_HEAD,
     PORT_CLUSTER_WORKER,
+    keep_ray_on_loopback,
     load_npy,
     npy,
     post,
@@ -35,6 +36,7 @@ NODE = {"num_cpus": 1, "node_ip_address": HOST, "object_store_memory": 80 * 1024
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Any:
+    keep_ray_on_loopback()
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     worker = cluster.add_node(**NODE, env_vars={"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(PORT_CLUSTER_WORKER)})
     ray.init(address=cluster.address, log_to_driver=False)

@@ -18,6 +18,7 @@ from _serve_support import (
     HOST,
     PORT_SINGLE,
     get_json,
+    keep_ray_on_loopback,
     load_npy,
     npy,
     pair_engine,
@@ -42,6 +43,7 @@ MAX_BODY = 4096
 
 @pytest.fixture(scope="module")
 def cluster() -> Any:
+    keep_ray_on_loopback()
     ray.init(**ray_init_args(num_cpus=2))
     serve.start(http_options={"host": HOST, "port": PORT_SINGLE})
     options = ServeOptions(backend="memory", max_batch=8, batch_wait_ms=50, max_body_bytes=MAX_BODY,

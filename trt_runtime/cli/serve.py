@@ -40,7 +40,8 @@ def add_serve_parser(command: Any) -> None:
     p.add_argument("--route-prefix", default="/", help="URL path of the engine (default: /)")
     p.add_argument("--name", default="trt-engine", help="Ray Serve application name (default: trt-engine)")
     p.add_argument("--address", metavar="ADDR", default=None,
-                   help="join the Ray cluster at ADDR (default: start a local Ray)")
+                   help="join the Ray cluster at ADDR ('auto': the one 'ray start' began here; "
+                        "default: start a new local Ray)")
     p.add_argument("--backend", metavar="NAME", default=None, help="backend (default: first available)")
     p.add_argument("--device", type=int, default=None,
                    help="CUDA device (default: the replica's GPU, else the container's)")
@@ -88,7 +89,8 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started = not ray.is_initialized() and args.address is None
     try:
-        ray.init(address=args.address, log_to_driver=False) if args.address else ray.init(log_to_driver=False)
+        # "local": always a new Ray here, never the last cluster this machine ran (Ray's default).
+        ray.init(address=args.address or "local", log_to_driver=False)
         serve.start(http_options={"host": args.host, "port": args.port})
         out.info(f"deploying {args.file.name}: {args.replicas} replica(s), max batch {args.max_batch}, "
                  f"batch wait {args.batch_wait_ms} ms")
