@@ -8,9 +8,9 @@ and progress when installed (``trt-runtime[cli]``); plain text otherwise.
 One module per command (:mod:`~trt_runtime.cli.demo`, :mod:`~trt_runtime.cli.inspect`,
 :mod:`~trt_runtime.cli.run`, :mod:`~trt_runtime.cli.bench`, :mod:`~trt_runtime.cli.serve`,
 :mod:`~trt_runtime.cli.cache`, :mod:`~trt_runtime.cli.backends`); what they share:
-:mod:`~trt_runtime.cli.output` (console, errors, JSON), :mod:`~trt_runtime.cli.engine_files` (which files are engines),
-:mod:`~trt_runtime.cli.arrays` (inputs and outputs), :mod:`~trt_runtime.cli.parser` and
-:mod:`~trt_runtime.cli.entry_point` (``main``, the console script).
+:mod:`~trt_runtime.cli.output` (console, errors, JSON), :mod:`~trt_runtime.cli.engine_files`
+(which files are engines), :mod:`~trt_runtime.cli.arrays` (inputs and outputs),
+:mod:`~trt_runtime.cli.parser` and :mod:`~trt_runtime.cli.entry_point` (``main``, the console script).
 """
 
 from __future__ import annotations
