@@ -41,7 +41,7 @@ def two_nodes() -> Any:
     worker = cluster.add_node(**NODE, env_vars={"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(PORT_CLUSTER_WORKER)})
     ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()
-    serve.start(http_options={"host": HOST, "port": PORT_CLUSTER_HEAD, "location": "EveryNode"})
+    serve.start(proxy_location="EveryNode", http_options={"host": HOST, "port": PORT_CLUSTER_HEAD})
     options = ServeOptions(backend="memory", max_batch=4, batch_wait_ms=5, runtime_cache=None)
     # One CPU per replica and per node: the two replicas must take one node each.
     handle = serve.run(build_app(single_engine(), options, replicas=2, cpus_per_replica=1, name="Spread"),
