@@ -297,3 +297,18 @@ def _check_distinct(handle: Any, ids: Any) -> None:
     responses = {i: handle.remote(x) for i, x in inputs.items()}
     for i, response in responses.items():
         np.testing.assert_array_equal(response.result(timeout_s=30), reference(inputs[i]))
+
+
+def test_serve_health_check_fails_without_a_context() -> None:
+    server = EngineServer(single_engine(), ServeOptions(backend="memory", runtime_cache=None))
+    try:
+        server.check_health()  # constructed: engine and first context exist
+        info = server.describe()
+        assert (info["engine"], info["max_batch"], info["runtime_cache"]) == ("affine", 16, None)
+        server.engine.invalidate_context()
+        with pytest.raises(RuntimeError, match="'affine' is closed or has no execution context"):
+            server.check_health()
+    finally:
+        server.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        server.check_health()
