@@ -37,6 +37,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 HOST = "127.0.0.1"
+# One machine: Ray's agents and addresses stay on loopback (Ray otherwise resolves the
+# machine's own address for them). Set before Ray is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 #: Seconds a new deployment, a scaling step and the fixed part of a run cost, for the time plan.
 DEPLOY_S = 8.0
 SCALE_S = 4.0
