@@ -19,9 +19,10 @@ def _install(session: nox.Session, extras: str, *extra: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """CPU test suite (GPU tests skip with their reason)."""
-    _install(session, "rtx,cuda,cli,test")
+    _install(session, "rtx,cuda,cli,test,serve")
     session.install(*CONSTRAINTS, "--no-deps", "executorch")
-    session.run("python", "-m", "pytest", *session.posargs, env={"TRT_RUNTIME_REQUIRE_EXECUTORCH": "1"})
+    session.run("python", "-m", "pytest", *session.posargs,
+                env={"TRT_RUNTIME_REQUIRE_EXECUTORCH": "1", "TRT_RUNTIME_REQUIRE_SERVE": "1"})
 
 
 @nox.session

@@ -29,6 +29,7 @@ __all__ = [
     "FormatError",
     "InputError",
     "LostUpdateWarning",
+    "RequestError",
     "SettingsError",
     "StaleCacheWarning",
     "StorageError",
@@ -78,6 +79,14 @@ class BuildError(TrtRuntimeError):
 
 class InputError(TrtRuntimeError, ValueError):
     """Inputs handed to an engine have the wrong count, dtype, shape or device."""
+
+
+class RequestError(InputError):
+    """A served request is malformed or does not fit the engine; ``status`` is its HTTP code."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class FormatError(TrtRuntimeError, ValueError):

@@ -21,6 +21,7 @@ from trt_runtime.cli.inspect import TABLE_ROWS, inspect_command
 from trt_runtime.cli.io_options import add_compare_options, add_input_options, add_log_level
 from trt_runtime.cli.output import PROG, UsageError
 from trt_runtime.cli.run import run_command
+from trt_runtime.cli.serve import add_serve_parser
 
 __all__ = ["COMMANDS", "build_parser"]
 
@@ -42,7 +43,7 @@ def _seed(text: str) -> int:
 
 
 #: The commands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "build", "inspect", "run", "bench", "cache", "backends")
+COMMANDS = ("demo", "build", "inspect", "run", "bench", "serve", "cache", "backends")
 _CUDA_GRAPH_CHOICES = ("disabled", "whole_graph_capture")
 _DYNAMIC_CHOICES = ("lazy", "eager", "none")
 
@@ -164,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=bench_command)
+
+    _add_settings(add_serve_parser(command))
 
     p = command("cache", "show or clear the per-user runtime cache directory")
     p.add_argument("action", nargs="?", choices=CACHE_ACTIONS, default=CACHE_ACTIONS[0],
