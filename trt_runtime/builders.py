@@ -160,7 +160,7 @@ def _build(
     flag = getattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION", None)
     if require_user_allocation and flag is not None:
         config.set_flag(flag)
-    if strict_fp32:  # TF32 is on by default: IEEE float32 math needs it off
+    if strict_fp32:  # TF32 is on by default (TensorRT-RTX 1.6.1 uses TF32 even with it cleared)
         config.clear_flag(trt.BuilderFlag.TF32)
     for ranges in profiles:
         profile = builder.create_optimization_profile()

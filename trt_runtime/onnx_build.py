@@ -12,7 +12,9 @@ so every layer runs in the type the ONNX graph gives it. ``precision`` therefore
 
 * ``None``: the model's types with TensorRT's defaults (``BuilderFlag.TF32`` on: float32
   matrix multiplies and convolutions may use TF32 tensor cores);
-* ``"fp32"``: the model's types with TF32 off (IEEE float32 math);
+* ``"fp32"``: the model's types with ``BuilderFlag.TF32`` cleared. TensorRT-RTX 1.6.1 still
+  uses TF32 for float32 matrix multiplies and convolutions (measured on an H100: results
+  bit-identical to the default build), so expect TF32's rounding either way;
 * ``"fp16"``: the model's float32 tensors and weights are converted to float16 before
   parsing, with float32 inputs and outputs kept (casts at the edges), using
   onnxconverter-common's converter (``pip install 'trt-runtime[onnx]'``).

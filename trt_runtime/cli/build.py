@@ -34,8 +34,8 @@ def add_build_parser(parser: argparse.ArgumentParser) -> None:
                            help="convert the model's float32 tensors to float16 before building "
                                 "(inputs and outputs stay float32; needs trt-runtime[onnx])")
     precision.add_argument("--fp32", dest="precision", action="store_const", const="fp32",
-                           help="IEEE float32 math: the model's types with TF32 off "
-                                "(default: the model's types, TF32 allowed)")
+                           help="the model's types with BuilderFlag.TF32 cleared (TensorRT-RTX 1.6.1 still "
+                                "uses TF32; default: the model's types, TF32 allowed)")
     parser.add_argument("--shapes", metavar="NAME:AxB,...", action="append", default=[],
                         help="fixed shape of inputs, e.g. x:1x3x64x64 (repeatable, or comma-separated)")
     parser.add_argument("--min-shapes", metavar="NAME:AxB,...", action="append", default=[],

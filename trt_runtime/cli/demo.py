@@ -136,7 +136,7 @@ def _build_engine(outdir: Path, progress: Any) -> tuple[Any, dict[str, Any]]:
     from trt_runtime.onnx_build import build_onnx
 
     onnx_path = model.save(outdir / f"{model.name}.onnx")
-    # fp32: IEEE float32 math (TF32 off), so the float64 reference check holds at 1e-3.
+    # fp32 (TF32 cleared; TensorRT-RTX 1.6.1 keeps TF32, ~3e-4 of the peak): within the 1e-3 check.
     engine = build_onnx(onnx_path, shapes=model.shapes, precision="fp32", progress=progress,
                         log_level="error")
     built = builders.BuiltEngine(engine.plan, engine.inputs, engine.outputs, {}, model.reference,
