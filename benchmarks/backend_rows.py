@@ -89,12 +89,12 @@ def python_prebound(wb: Workbench) -> Bench:
     return Bench(calls, stream_handle(own), check=check, info={"stream": "engine.stream"})
 
 
-def _outer_engine(wb: Workbench, mode: str) -> Any:
-    """A python engine of its own under ``enable_cudagraphs(engine, outer=mode)``."""
+def _outer_engine(wb: Workbench, mode: str, backend_name: str = "python") -> Any:
+    """An engine of its own under ``enable_cudagraphs(engine, outer=mode)``."""
     import trt_runtime
 
     def make() -> tuple[Any, Callable[[], None]]:
-        engine = _load(wb, "python", f"outer-{mode}")
+        engine = _load(wb, backend_name, f"outer-{mode}")
         wrap = trt_runtime.enable_cudagraphs(engine, outer=mode)
         try:
             wrap.__enter__()
@@ -110,7 +110,7 @@ def _outer_engine(wb: Workbench, mode: str) -> Any:
 
         return engine, close
 
-    return wb.shared(f"python:outer-{mode}", make)
+    return wb.shared(f"{backend_name}:outer-{mode}", make)
 
 
 def python_outer_copy(wb: Workbench) -> Bench:
@@ -127,11 +127,20 @@ def python_outer_replay(wb: Workbench) -> Bench:
     """The replay floor: ``engine(s)`` in ``"view"`` mode where ``s`` is the engine's own
     static input buffer (``engine.static_inputs(shape, as_torch=True)``): no input copy,
     outputs are views of the static outputs; one graph launch per call."""
-    engine = _outer_engine(wb, "view")
+    return _outer_replay(wb, "python")
+
+
+def torchbind_outer_replay(wb: Workbench) -> Bench:
+    """The torchbind backend's replay floor, called like ``python-outer-replay``."""
+    return _outer_replay(wb, "torchbind")
+
+
+def _outer_replay(wb: Workbench, backend_name: str) -> Bench:
+    engine = _outer_engine(wb, "view", backend_name)
     static_inputs = getattr(engine, "static_inputs", None)
     if static_inputs is None:
-        raise RowSkip("the python engine has no static_inputs() (the replay floor passes the engine's "
-                      "own static input buffers back)")
+        raise RowSkip(f"the {backend_name} engine has no static_inputs() (the replay floor passes the "
+                      "engine's own static input buffers back)")
     statics = []
     for x in wb.tensors.inputs:
         (buffer,) = static_inputs(tuple(x.shape), as_torch=True)

@@ -9,18 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from trt_runtime.contract import stream_handle
+
 __all__ = ["TorchDevice", "TorchEventTimer", "stream_handle"]
-
-
-def stream_handle(stream: Any) -> int:
-    """The ``cudaStream_t`` of a torch, cuda.core or ``__cuda_stream__`` stream (or an int)."""
-    if hasattr(stream, "cuda_stream"):
-        return int(stream.cuda_stream)
-    if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    if hasattr(stream, "handle"):
-        return int(stream.handle)
-    return int(stream)
 
 
 class TorchEventTimer:

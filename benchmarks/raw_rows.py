@@ -12,6 +12,10 @@ on a private torch stream.
 * ``raw-bind-alloc``: what a runtime must do per call without caching: ``set_input_shape``
   (dynamic inputs), ``set_tensor_address`` of the input, ``torch.empty`` of the output,
   ``set_tensor_address`` of the output, ``execute_async_v3``.
+* ``raw-graph-replay``: the floor of any outer CUDA graph: per shape, a context of its
+  own, bound to static tensors, ``execute_async_v3`` captured into a
+  ``torch.cuda.CUDAGraph`` after one eager run; a call is ``graph.replay()`` on torch's
+  current stream.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 from .row_base import Bench, RowSkip, Workbench
 
-__all__ = ["bind_alloc", "new_context", "open_engine", "prebound"]
+__all__ = ["bind_alloc", "graph_replay", "new_context", "open_engine", "prebound"]
 
 
 @dataclasses.dataclass
@@ -209,3 +213,45 @@ def bind_alloc(wb: Workbench) -> Bench:
 
     info = {"stream": "private torch stream", "context": how}
     return Bench(calls, handle, close, check, info)
+
+
+def graph_replay(wb: Workbench) -> Bench:
+    """``raw-graph-replay``: a bare ``torch.cuda.CUDAGraph`` replay of ``execute_async_v3``."""
+    raw = _raw_engine(wb)
+    torch = wb.torch
+    tensors = wb.tensors
+    side = wb.device.new_stream()
+    handle = int(side.cuda_stream)
+    keep: list[Any] = []  # contexts, their memory, the static tensors and graphs
+    graphs = []
+    for x, out_shape in zip(tensors.inputs, tensors.out_shapes, strict=True):
+        context, memory, how = _context(wb, raw)
+        y = torch.empty(out_shape, dtype=tensors.outputs[0].dtype, device=x.device)
+        context.set_input_shape(raw.input_name, tuple(x.shape))
+        context.set_tensor_address(raw.input_name, x.data_ptr())
+        context.set_tensor_address(raw.output_name, y.data_ptr())
+        execute = _checked(context.execute_async_v3, handle)
+        with torch.cuda.stream(side):
+            execute()  # TensorRT-RTX compiles its kernels on a first run: not capturable
+        side.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            execute()
+        keep.append((context, memory, y))
+        graphs.append(graph)
+    wb.device.synchronize()
+    calls: list[Callable[[], Any]] = [g.replay for g in graphs]
+    current = int(torch.cuda.current_stream().cuda_stream)
+
+    def check() -> Any:
+        calls[0]()
+        wb.device.synchronize()
+        return keep[0][2].clone()
+
+    def close() -> None:
+        wb.device.synchronize()
+        graphs.clear()
+        keep.clear()
+
+    info = {"stream": "torch's current stream", "context": how, "graphs": "one per shape, own context each"}
+    return Bench(calls, current, close, check, info)

@@ -16,7 +16,10 @@ from .runner import METRICS, RowResult
 __all__ = ["CACHE_TARGET", "REFERENCES", "TARGETS", "Target", "compute_ratios", "evaluate"]
 
 #: Reference row -> suffix of the ratio keys against it (``enqueue_vs_bind_alloc``...).
-REFERENCES = {"raw-bind-alloc": "bind_alloc", "raw-prebound": "prebound", "execute-engine-op": "op"}
+REFERENCES = {
+    "raw-bind-alloc": "bind_alloc", "raw-prebound": "prebound", "execute-engine-op": "op",
+    "raw-graph-replay": "graph", "python-outer-replay": "python_replay",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,17 +33,24 @@ class Target:
     metric: str
     limit: float
     workloads: tuple[str, ...]
+    #: Also met when ``row - reference`` is at most this many µs (raw calls of a few µs).
+    slack_us: float | None = None
 
 
+_ALL = ("tiny", "mlp", "convnet", "dynamic")
 TARGETS = (
-    Target("natural", "python engine(x) <= 1.10x raw bind+alloc loop",
-           "python-natural", "raw-bind-alloc", "enqueue", 1.10, ("tiny", "mlp")),
-    Target("prebound", "python execute(x, outputs=[y], stream=engine.stream) <= 1.10x raw pre-bound loop",
-           "python-prebound", "raw-prebound", "enqueue", 1.10, ("tiny", "mlp")),
+    Target("natural", "python engine(x) <= 1.10x raw bind+alloc loop, or <= +2.0 us",
+           "python-natural", "raw-bind-alloc", "enqueue", 1.10, _ALL, 2.0),
+    Target("prebound", "python execute(x, outputs=[y], stream=engine.stream) <= 1.10x raw pre-bound loop, "
+           "or <= +1.5 us", "python-prebound", "raw-prebound", "enqueue", 1.10, _ALL, 1.5),
     Target("outer-replay", "outer-graph replay <= 0.60x raw pre-bound loop",
            "python-outer-replay", "raw-prebound", "enqueue", 0.60, ("tiny", "mlp")),
     Target("torchbind", "torchbind engine(x) <= 1.10x bare execute_engine op",
            "torchbind", "execute-engine-op", "enqueue", 1.10, ("tiny", "mlp")),
+    Target("outer-replay-floor", "python outer replay <= 1.10x a bare CUDA-graph replay, or <= +1.5 us",
+           "python-outer-replay", "raw-graph-replay", "enqueue", 1.10, _ALL, 1.5),
+    Target("torchbind-outer", "torchbind outer replay <= 1.3x the python outer replay",
+           "torchbind-outer-replay", "python-outer-replay", "enqueue", 1.30, _ALL),
 )
 #: Warm runtime cache first inference must be at least this many times faster than cold
 #: (median of the fresh-process pairs' ratios).
@@ -103,7 +113,13 @@ def evaluate(results: Sequence[RowResult], cold_warm: Mapping[str, Any] | None) 
                 value = mine / theirs
                 entry["value"] = value
                 entry["detail"] = f"{mine:.2f} / {theirs:.2f} us = {value:.2f}x"
-            passed = None if entry["value"] is None else entry["value"] <= target.limit
+                if target.slack_us is not None and value > target.limit and mine - theirs <= target.slack_us:
+                    entry["detail"] += f"; +{mine - theirs:.2f} us <= {target.slack_us} us"
+            passed = None if entry["value"] is None else (
+                entry["value"] <= target.limit
+                or (target.slack_us is not None and mine is not None and theirs is not None
+                    and mine - theirs <= target.slack_us)
+            )
             entry["verdict"] = _verdict(passed)
             out.append(entry)
     out.append(_cache_entry(cold_warm))

@@ -16,7 +16,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.protocols import BackendCapabilities, CacheKey
+from trt_runtime.cache import CacheKey
+from trt_runtime.protocols import BackendCapabilities
 
 KEY = CacheKey(flavour="tensorrt_rtx", version="1.6.1.120", compute_capability="9.0", driver="13000")
 OTHER_KEY = CacheKey(flavour="tensorrt_rtx", version="1.6.1.120", compute_capability="8.9", driver="13000")

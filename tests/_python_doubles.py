@@ -3,9 +3,12 @@ CPU tests: the engine runs its real code paths against them and they record ever
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
+import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -206,7 +209,7 @@ class _FakeRuntime:
         self.calls: list[tuple[Any, ...]] = []
         #: Every cudaMemcpyAsync as (kind, dst, src, nbytes, stream).
         self.copies: list[tuple[int, int, int, int, int]] = []
-        self._events = iter(range(900, 1000))
+        self._events = itertools.count(900)
 
     def cudaEventCreateWithFlags(self, flags: int) -> tuple[int, int]:
         return (0, next(self._events))
@@ -286,6 +289,12 @@ class _FakeState:
 
     def activate(self) -> None:
         self.activations += 1
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[_FakeState]:
+        """Like cuda.DeviceState.scope: the device current for the block (counted)."""
+        self.scopes = getattr(self, "scopes", 0) + 1
+        yield self
 
     def __init__(self) -> None:
         self._handles = itertools.count(4242, 101)  # the engine's stream first: 4242
@@ -424,3 +433,10 @@ class FakeTorch(types.ModuleType):
     def cuda_tensor(self, shape: tuple[int, ...], dtype: Any = None, **kwargs: Any) -> Any:
         """A CUDA tensor on device 0 (a test helper, not torch API)."""
         return self.Tensor(shape, dtype, 0, **kwargs)
+
+
+def fake_torch_fixture(monkeypatch: Any) -> FakeTorch:
+    """Body of a ``torch`` fixture: a :class:`FakeTorch` installed as ``sys.modules['torch']``."""
+    fake = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return fake

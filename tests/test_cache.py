@@ -269,7 +269,7 @@ def test_cache_package_keeps_its_names() -> None:
     from trt_runtime.cache import framing, runtime_cache, storage
 
     assert sorted(package.__all__) == sorted([
-        "FORMAT_VERSION", "HEADER_SIZE", "MAGIC", "STALE_TEMP_SECONDS", "RuntimeCache",
+        "FORMAT_VERSION", "HEADER_SIZE", "MAGIC", "STALE_TEMP_SECONDS", "CacheKey", "RuntimeCache",
         "decode", "default_cache_dir", "default_cache_path", "encode",
     ])
     assert package.RuntimeCache is runtime_cache.RuntimeCache is trt_runtime.RuntimeCache
@@ -277,6 +277,7 @@ def test_cache_package_keeps_its_names() -> None:
     assert package.MAGIC == b"\x89TRTRC\r\n" and package.FORMAT_VERSION == 1 and package.HEADER_SIZE == 56
     assert package.default_cache_dir is storage.default_cache_dir
     assert package.STALE_TEMP_SECONDS == storage.STALE_TEMP_SECONDS
+    assert package.CacheKey is trt_runtime.CacheKey  # a value of the cache package, not of protocols
 
 
 def test_cache_storage_checkpoint_hook_sees_every_save_point(
@@ -511,7 +512,8 @@ class _Engine(EngineBase):
     def _destroy_context(self, context: object) -> None:
         pass
 
-    def _run(self, context: object, inputs: Sequence[object], stream: object) -> list[object]:
+    def _run(self, context: object, inputs: Sequence[object], stream: object, outputs: object = None
+             ) -> list[object]:
         return [context["native"]]  # type: ignore[index]
 
 

@@ -335,7 +335,7 @@ def test_conformance_memory_drain_reaches_handle_once():
     handle = backend.handles[-1]
     assert handle.deserialize_calls == 1
     assert handle.materialize_calls == 2
-    assert engine.contexts[0].config.runtime_cache is engine.contexts[1].config.runtime_cache
+    assert engine.created_contexts[0].config.runtime_cache is engine.created_contexts[1].config.runtime_cache
 
 
 def test_conformance_memory_serialize_changes_after_run():
@@ -357,7 +357,7 @@ def test_conformance_memory_context_records_settings():
     engine.execute(x, b)
     graphs = [str(s.cuda_graph_strategy) for s in engine.context_settings]
     assert graphs == ["disabled", "whole_graph_capture"]
-    assert engine.contexts[0].destroyed and not engine.contexts[1].destroyed
+    assert engine.created_contexts[0].destroyed and not engine.created_contexts[1].destroyed
     assert engine.current_context.config.cuda_graph_strategy == "whole_graph_capture"
 
 

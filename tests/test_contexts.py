@@ -261,8 +261,8 @@ def test_contexts_runtime_cache_shared_by_engines(backend, tmp_path):
         run(b)
         assert cache.drain_count == 1
         assert backend.handles[-1].deserialize_calls == 1
-    native_a = a.contexts[0].config.runtime_cache
-    assert native_a is b.contexts[0].config.runtime_cache
+    native_a = a.created_contexts[0].config.runtime_cache
+    assert native_a is b.created_contexts[0].config.runtime_cache
     assert a.runtime_settings.runtime_cache is None and b.runtime_settings.runtime_cache is None
 
 
@@ -318,6 +318,6 @@ def test_contexts_cache_path_settings_share_one_cache(backend, tmp_path):
     assert a.runtime_settings == b.runtime_settings  # paths compare by value
     run(a)
     run(b)
-    assert a.contexts[0].config.runtime_cache is b.contexts[0].config.runtime_cache
+    assert a.created_contexts[0].config.runtime_cache is b.created_contexts[0].config.runtime_cache
     assert RuntimeCache.shared(path).has_cache()
     assert len(backend.handles) == 1

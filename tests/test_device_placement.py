@@ -273,3 +273,18 @@ def test_device_placement_settings_cache_path_never_mixes_models(tmp_path: Any) 
     RuntimeCache.shared(path).save()
     key, _ = decode(path.read_bytes())
     assert key is not None and key.compute_capability == "9.0"
+
+
+def test_device_placement_contexts_are_made_on_the_engine_device(gpus: FakeGpus) -> None:
+    """``engine.contexts = N`` (what ``load(..., contexts=N)`` does) makes each lane's stream
+    on the engine's device and gives the caller its own device back."""
+    from _python_doubles import _fake_backend, _FakeRuntime
+
+    last = len(gpus.sms) - 1
+    engine = PythonEngine.__new__(PythonEngine)
+    engine._init(_fake_backend(), _FakeTrtEngine(), cuda.DeviceState(last), _blob(last), None,
+                 runtime=_FakeRuntime())
+    gpus.make_current(0)
+    engine.contexts = 3
+    assert engine.contexts == 3 and gpus.current() == 0  # the caller keeps its device
+    assert [lane._stream.device for lane in engine._pool.lanes] == [last] * 3

@@ -185,7 +185,7 @@ def test_python_outer_graph_dropped_on_settings_change_and_recaptured() -> None:
         (first_exec,) = engine._res.graph_execs
         with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
             assert ("exec_destroy", first_exec) in engine._rt.calls
-            assert engine._slots == {}
+            assert len(engine._slots) == 0
             engine.execute(x)
             engine.execute(x)
             assert engine.graph_captures == 2
@@ -281,3 +281,23 @@ def test_python_outer_graph_destroyed_with_the_engine() -> None:
     del collected
     gc.collect()
     assert ("exec_destroy", graph_exec) in rt.calls
+
+
+def test_python_outer_graph_lru_keeps_max_graphs_and_counts() -> None:
+    from trt_runtime import OuterGraph
+
+    engine = _fake_engine()
+    engine.outer_graph = OuterGraph(outputs="copy", max_graphs=2)
+    for batch in (2, 3, 2, 4):  # 2 was used after 3: 3 is evicted when 4 comes
+        engine.execute(np.ones((batch, 4), np.float32))
+    stats = engine.graph_stats()
+    assert stats == {"graphs": 2, "hits": 1, "misses": 3, "captures": 3, "evictions": 1, "max_graphs": 2}
+    rt = engine._rt
+    rt.calls.clear()
+    engine.execute(np.ones((2, 4), np.float32))  # still there: a replay
+    assert _count(rt.calls, "launch") == 1 and engine.graph_captures == 3
+    engine.execute(np.ones((3, 4), np.float32))  # evicted: captured again
+    assert engine.graph_captures == 4 and engine.graph_stats()["evictions"] == 2
+    assert any(c[0] == "exec_destroy" for c in rt.calls)  # the evicted graph was destroyed
+    with pytest.raises(ValueError, match="max_graphs must be an int >= 1; got 0"):
+        OuterGraph(max_graphs=0)

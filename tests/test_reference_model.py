@@ -168,7 +168,7 @@ def _replay(capabilities_off, ops):
         assert engine.runtime_settings == model.settings
         assert engine.has_context() == model.has_context
         assert engine.context_creations == model.context_creations
-        assert len(engine.contexts) == model.context_creations
+        assert len(engine.created_contexts) == model.context_creations
     while stack:
         stack.pop().__exit__(None, None, None)
         model.exit_config()

@@ -151,3 +151,19 @@ def test_registry_import_is_light():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "", f"import trt_runtime pulled in {result.stdout.strip()}"
+
+
+def test_registry_capability_flags_defined_once() -> None:
+    from trt_runtime.protocols import BackendCapabilities
+
+    flags = BackendCapabilities.flags()
+    assert flags[0] == "supports_runtime_cache" and "notes" not in flags
+    on = BackendCapabilities.all_on()
+    assert all(getattr(on, f) for f in flags)
+    off = BackendCapabilities.all_off("no GPU here")
+    assert not any(getattr(off, f) for f in flags) and off.notes == dict.fromkeys(flags, "no GPU here")
+    some = on.without("supports_host_io", note="why")
+    assert not some.supports_host_io and some.supports_runtime_cache
+    assert some.notes == {"supports_host_io": "why"}
+    with pytest.raises(ValueError, match=r"unknown capability flag\(s\) \['supports_teleport'\]"):
+        on.without("supports_teleport")

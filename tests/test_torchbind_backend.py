@@ -223,8 +223,8 @@ def test_torchbind_capabilities_full_on_2_14() -> None:
     assert not caps.cache_deserialize_merges
     # what 2.14 cannot do is said, and only that
     missing = sorted(k for k in caps.notes if k.startswith("supports_"))
-    assert missing == ["supports_multiple_contexts", "supports_profile_selection"]
-    assert not caps.supports_multiple_contexts and not caps.supports_profile_selection
+    assert missing == ["supports_profile_selection"]
+    assert caps.supports_multiple_contexts and not caps.supports_profile_selection
     assert "_auto_select_profiles" in caps.notes["supports_profile_selection"]
     assert "replaces" in caps.notes["cache_deserialize_merges"]
 
@@ -353,7 +353,7 @@ def test_torchbind_cache_pending_bytes_drained_exactly_once(version: str) -> Non
             self.pending: bytes | None = warm
             self.drains = 0
 
-        def ensure_materialized(self, config: Any, *, backend: Any = None) -> Any:
+        def ensure_materialized(self, config: Any, *, backend: Any = None, key: Any = None) -> Any:
             native = handle.ensure_materialized(config)
             if self.pending is not None and handle.has_cache():
                 handle.deserialize(self.pending)
@@ -399,7 +399,7 @@ def test_torchbind_cache_from_another_backend_is_refused() -> None:
     engine = backend.load_engine(source())
 
     class Foreign:
-        def ensure_materialized(self, config: Any, *, backend: Any = None) -> Any:
+        def ensure_materialized(self, config: Any, *, backend: Any = None, key: Any = None) -> Any:
             return object()
 
     with pytest.raises(CacheError, match="not torch-tensorrt's RuntimeCacheHandle"):

@@ -184,7 +184,9 @@ def test_torchbind_bridge_streams() -> None:
     assert bridge.resolve_stream(type("CoreStream", (), {"handle": 99})(), 0).handle == 99
     proto = type("Proto", (), {"__cuda_stream__": lambda self: (0, 55)})()
     assert bridge.resolve_stream(proto, 0).handle == 55
-    with pytest.raises(TypeError, match=r"stream must be None, a torch\.cuda\.Stream"):
+    attribute = type("Attribute", (), {"__cuda_stream__": (0, 56)})()  # the attribute form too
+    assert bridge.resolve_stream(attribute, 0).handle == 56
+    with pytest.raises(TypeError, match=r"stream must be None, an int cudaStream_t.*got float"):
         bridge.resolve_stream(1.5, 0)
     assert bridge.stream_scope(mine) == ("stream-context", mine)
     assert bridge.new_stream(2).device == 2

@@ -44,8 +44,8 @@ def test_torchbind_contract_cuda_torch_in_cuda_torch_out_through_the_hot_path(
     engine = backend.load_engine(source(bindings=(X, Y, OUT, spec2)))
     engine(*inputs())  # the first call creates the context and validates the shapes
     slow: list[Any] = []
-    original = engine._execute
-    monkeypatch.setattr(engine, "_execute", lambda *a: slow.append(a) or original(*a))
+    original = engine._call  # the core pipeline's general path
+    monkeypatch.setattr(engine, "_call", lambda *a: slow.append(a) or original(*a))
     first, second = engine(*inputs())
     (again, _) = engine.execute(*inputs())
     assert slow == [], "static CUDA inputs of validated shapes must take the hot path"
@@ -76,7 +76,7 @@ def test_torchbind_contract_hot_path_leaves_anything_else_to_the_full_check(
     engine = backend.load_engine(source())
     engine(*inputs())
     slow: list[Any] = []
-    monkeypatch.setattr(engine, "_execute", lambda *a: slow.append(a) or [])
+    monkeypatch.setattr(engine, "_call", lambda *a: slow.append(a) or [])
     engine.execute(*make())
     assert len(slow) == 1
 

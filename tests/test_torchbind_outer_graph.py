@@ -24,6 +24,7 @@ from trt_runtime_backends.torchbind import graphs as graphs_module
 
 from trt_runtime.contexts import enable_cudagraphs, runtime_config
 from trt_runtime.errors import CapabilityError, EngineError, InputError
+from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.settings import CudaGraphStrategy, RuntimeSettings
 
@@ -206,16 +207,19 @@ def test_torchbind_outer_graph_orders_replays_across_caller_streams() -> None:
         assert b.syncs == 1
 
 
-def test_torchbind_outer_graph_oldest_graph_evicted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(graphs_module, "MAX_GRAPHS", 2)
+def test_torchbind_outer_graph_least_recently_used_graph_evicted() -> None:
     engine, bridge = dynamic_engine()
-    with enable_cudagraphs(engine, outer=True):
-        for rows in (1, 2, 3):
-            engine.execute(dyn(rows))
-        assert [g.resets for g in bridge.captured] == [1, 0, 0]
-        assert ("sync device", "cuda:0") in bridge.events
-        engine.execute(dyn(1))
-        assert engine.graph_captures == 4
+    engine.outer_graph = OuterGraph(max_graphs=2)
+    for rows in (1, 2, 1, 3):  # 1 was used after 2: 2 goes
+        engine.execute(dyn(rows))
+    assert [g.resets for g in bridge.captured] == [0, 1, 0]
+    assert ("sync device", "cuda:0") in bridge.events
+    engine.execute(dyn(1))  # still there: replayed
+    assert engine.graph_captures == 3
+    engine.execute(dyn(2))
+    assert engine.graph_captures == 4
+    stats = engine._graphs.cache.stats()
+    assert stats["evictions"] == 2 and stats["captures"] == 4 and stats["graphs"] == 2
 
 
 # -- what is refused, and the fallback -------------------------------------------------------------

@@ -6,7 +6,7 @@ them on first use.
 
 from __future__ import annotations
 
-from trt_runtime.cache import RuntimeCache
+from trt_runtime.cache import CacheKey, RuntimeCache
 from trt_runtime.contexts import (
     enable_cudagraphs,
     runtime_cache,
@@ -25,6 +25,7 @@ from trt_runtime.errors import (
     CacheLockTimeout,
     CacheWarning,
     CapabilityError,
+    ContextLeaseTimeout,
     DataDependentShapeError,
     EngineError,
     FormatError,
@@ -42,7 +43,6 @@ from trt_runtime.protocols import (
     Availability,
     Backend,
     BackendCapabilities,
-    CacheKey,
     Engine,
     EngineSource,
     RuntimeCacheHandle,
@@ -80,6 +80,7 @@ __all__ = [
     "CacheLockTimeout",
     "CacheWarning",
     "CapabilityError",
+    "ContextLeaseTimeout",
     "CudaGraphStrategy",
     "CudaGraphStrategyName",
     "DataDependentShapeError",

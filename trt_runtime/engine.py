@@ -1,17 +1,29 @@
-"""The engine lifecycle every backend shares: settings, lazy execution context, cache binding."""
+"""The call pipeline every backend shares: :class:`EngineBase`.
+
+:meth:`EngineBase.execute` (and ``__call__``) is the only way into a call, written once:
+lease an execution context (a *lane*, see :mod:`trt_runtime.lease`) -> the backend's fast
+path for a call it validated before -> else validate inputs and outputs, make sure the
+lane has a context, and run it under the outer CUDA graph or eagerly. A backend fills
+hooks (see docs/writing-a-backend.md); none overrides ``execute`` or ``__call__``.
+
+Settings, the outer graph and the number of contexts apply to every lane exactly once,
+with every lane leased (so in-flight calls finish first).
+"""
 
 from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
-from trt_runtime.errors import CapabilityError, EngineError
+from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
+from trt_runtime.lease import ContextPool
 from trt_runtime.protocols import Backend, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -19,6 +31,7 @@ from trt_runtime.settings import (
     RuntimeSettings,
     SettingsLike,
 )
+from trt_runtime.validation import seconds, show
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -27,16 +40,15 @@ __all__ = ["EngineBase"]
 
 
 class EngineBase(abc.ABC):
-    """Base class for backend engines.
+    """Base class for backend engines: owns the call pipeline and the lifecycle.
 
-    It owns what the conformance suite checks: settings changes invalidate the
-    execution context, which is created lazily on the next :meth:`execute`, once per
-    distinct settings value, counted by :attr:`context_creations`. Subclasses provide
-    :meth:`_create_context`, :meth:`_destroy_context` and :meth:`_run`.
+    Settings changes invalidate the execution context(s), created lazily on the next
+    call, once per distinct settings value, counted by :attr:`context_creations`.
 
-    Thread-safety: settings changes and context creation are serialized by a lock;
-    concurrent :meth:`execute` calls on one engine are serialized as well, since a
-    TensorRT execution context is not re-entrant.
+    Thread-safety: any number of threads may call one engine. A call leases one of
+    :attr:`contexts` execution contexts (FIFO among waiters, at most
+    :attr:`lease_timeout` seconds); settings changes, ``outer_graph``, ``contexts`` and
+    ``close()`` wait for the calls in flight and apply to every context once.
     """
 
     def __init__(
@@ -50,15 +62,22 @@ class EngineBase(abc.ABC):
     ) -> None:
         self.name = name
         self._backend = backend
+        #: The backend's capabilities, read once (a backend's do not change after a load).
+        self._caps = backend.capabilities
         self._inputs = tuple(inputs)
         self._outputs = tuple(outputs)
+        #: Serializes administrative changes (not calls: those lease a lane).
         self._lock = threading.RLock()
+        self._exclusive_owner: int | None = None
         self._context: Any = None
         self._creations = 0
         self._closed = False
         self._outer_graph: OuterGraph | None = None
         self._graph_captures = 0
         self._settings = RuntimeSettings()
+        self._lease_timeout: float | None = None
+        #: The lanes: this engine first, then clones made by :meth:`_clone_lane`.
+        self._pool: ContextPool[EngineBase] = ContextPool(name, [self])
         self.runtime_settings = RuntimeSettings.coerce(settings)
 
     # -- metadata ---------------------------------------------------------------
@@ -83,6 +102,98 @@ class EngineBase(abc.ABC):
         """Names of outputs whose shapes are only known after execution."""
         return [o.name for o in self._outputs if o.data_dependent]
 
+    @property
+    def device(self) -> int:
+        """The CUDA device the engine runs on (every context is created there)."""
+        return 0
+
+    @property
+    def profile(self) -> int | None:
+        """The optimization profile calls use; ``None`` picks the first that fits."""
+        return None
+
+    @profile.setter
+    def profile(self, value: int | None) -> None:
+        if value is not None:
+            self._backend.capabilities.require("supports_profile_selection", self._backend.name)
+
+    # -- lanes: N execution contexts ------------------------------------------------
+    @property
+    def contexts(self) -> int:
+        """How many execution contexts serve concurrent calls (settable; >1 needs
+        ``supports_multiple_contexts``). Lowering it waits for calls in flight."""
+        return len(self._pool)
+
+    @contexts.setter
+    def contexts(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"contexts must be an int >= 1; got {show(value)}")
+        if value > 1:
+            self._backend.capabilities.require("supports_multiple_contexts", self._backend.name)
+        with self._exclusive():
+            self._check_open()
+            lanes = list(self._pool.lanes)
+            while len(lanes) < value:
+                lanes.append(self._new_lane())
+            for lane in lanes[value:]:
+                lane._close_lane()
+            self._pool.resize(lanes[:value])
+
+    @property
+    def lease_timeout(self) -> float | None:
+        """Seconds a call waits for a free context before
+        :class:`~trt_runtime.ContextLeaseTimeout`; ``None`` (default): no limit."""
+        return self._lease_timeout
+
+    @lease_timeout.setter
+    def lease_timeout(self, value: float | None) -> None:
+        if value is None:
+            self._lease_timeout = None
+            return
+        try:
+            self._lease_timeout = seconds(value, "lease_timeout")
+        except SettingsError:
+            raise SettingsError(
+                f"lease_timeout must be None or a number of seconds >= 0; got {show(value)}"
+            ) from None
+
+    def _new_lane(self) -> EngineBase:
+        lane = self._clone_lane()
+        lane._settings = self._settings
+        lane._outer_graph = self._outer_graph
+        return lane
+
+    @property
+    def _lanes(self) -> tuple[EngineBase, ...]:
+        return self._pool.lanes
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold every lane (calls in flight finish first); re-entrant in one thread."""
+        me = threading.get_ident()
+        if self._exclusive_owner == me:
+            yield
+            return
+        with self._lock, self._pool.all_lanes():
+            self._exclusive_owner = me
+            try:
+                yield
+            finally:
+                self._exclusive_owner = None
+
+    def memory_usage(self) -> dict[str, int]:
+        """Device bytes: ``weights`` (once per engine), ``activations_per_context``,
+        ``activations_total`` (all contexts) and ``contexts``."""
+        weights, per = self._memory_usage()
+        n = len(self._pool)
+        return {
+            "weights": weights, "activations_per_context": per, "activations_total": per * n, "contexts": n,
+        }
+
+    def _memory_usage(self) -> tuple[int, int]:
+        """(weights bytes, activation bytes of one context); 0 where unknown."""
+        return 0, 0
+
     # -- settings and context -----------------------------------------------------
     @property
     def runtime_settings(self) -> RuntimeSettings:
@@ -92,11 +203,12 @@ class EngineBase(abc.ABC):
     def runtime_settings(self, value: SettingsLike) -> None:
         settings = RuntimeSettings.coerce(value)
         self._check_capabilities(settings)
-        with self._lock:
+        with self._exclusive():
             if settings == self._settings:
                 return
-            self._settings = settings
-            self._drop_context()
+            for lane in self._pool.lanes:
+                lane._settings = settings
+                lane._drop_context()
 
     def _check_capabilities(self, settings: RuntimeSettings) -> None:
         caps = self._backend.capabilities
@@ -112,20 +224,22 @@ class EngineBase(abc.ABC):
 
     @property
     def context_creations(self) -> int:
-        return self._creations
+        """Execution contexts created so far, by every lane."""
+        return sum(lane._creations for lane in self._pool.lanes)
 
     def has_context(self) -> bool:
-        return self._context is not None
+        return any(lane._context is not None for lane in self._pool.lanes)
 
     def invalidate_context(self) -> None:
-        """Drop the execution context; the next call creates a new one."""
-        with self._lock:
-            self._drop_context()
+        """Drop the execution context(s); the next call creates a new one."""
+        with self._exclusive():
+            for lane in self._pool.lanes:
+                lane._drop_context()
 
     def _drop_context(self) -> None:
         if self._context is not None:
             context, self._context = self._context, None
-            self.synchronize()
+            self._sync()
             self._drop_graphs()  # graphs hold the context's addresses and kernels
             self._destroy_context(context)
 
@@ -150,23 +264,88 @@ class EngineBase(abc.ABC):
                     f"engine {self.name!r}: outputs {self.data_dependent_outputs} have data-dependent "
                     "shapes; a CUDA graph cannot capture them (run it without the outer graph wrap)"
                 )
-        with self._lock:
+        with self._exclusive():
             if graph == self._outer_graph:
                 return
-            self._outer_graph = graph
-            self.synchronize()
-            self._drop_graphs()
+            for lane in self._pool.lanes:
+                lane._outer_graph = graph
+                lane._sync()
+                lane._drop_graphs()
+
+    def static_inputs(self, *shapes: Sequence[int], profile: int | None = None,
+                      as_torch: bool | None = None) -> list[Any]:
+        """The engine's static input buffers for inputs of these shapes, under the outer graph.
+
+        Passing them (or arrays at the same addresses) as a call's inputs skips the copy
+        into them: the call is then one graph launch plus stream ordering. ``as_torch``:
+        torch views (the backend's default when ``None``). They stay the engine's until the
+        graphs are dropped (a settings change, ``outer_graph`` changing, ``reset_graphs()``,
+        ``close()``); ask again after. With several contexts they are the first context's
+        (other contexts copy them in). Raises :class:`~trt_runtime.EngineError` when
+        ``outer_graph`` is not set, :class:`~trt_runtime.InputError` for shapes the engine
+        does not take.
+        """
+        from trt_runtime.contract import require_outer_graph
+
+        with self._exclusive():
+            self._check_open()
+            self._backend.capabilities.require("supports_outer_cuda_graph", self._backend.name)
+            if profile is not None:
+                self._backend.capabilities.require("supports_profile_selection", self._backend.name)
+            require_outer_graph(self.name, self._outer_graph)
+            checker = self._shape_checker
+            if len(shapes) != len(self._inputs):
+                checker.check_count(len(shapes), "static_inputs()")
+            key = tuple(tuple(int(d) for d in shape) for shape in shapes)
+            chosen = checker.select(key, self.profile if profile is None else profile)
+            return self._static_inputs(key, chosen, as_torch)
+
+    @property
+    def _shape_checker(self) -> Any:
+        """The :class:`~trt_runtime.contract.ShapeChecker` of this engine's inputs."""
+        from trt_runtime.contract import ShapeChecker
+
+        checker = self.__dict__.get("_default_checker")
+        if checker is None:
+            checker = self.__dict__["_default_checker"] = ShapeChecker(self.name, self._inputs)
+        return checker
+
+    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
+                       ) -> list[Any]:
+        """The static inputs of the graph of (``shapes``, ``profile``) on this lane,
+        allocated now when it has not been captured yet."""
+        raise CapabilityError(f"the {self._backend.name!r} backend does not support outer_cuda_graph")
 
     @property
     def graph_captures(self) -> int:
         """How many CUDA graphs the outer wrap has captured (a replay is not a capture)."""
-        return self._graph_captures
+        return sum(lane._graph_captures for lane in self._pool.lanes)
+
+    def graph_stats(self) -> dict[str, int]:
+        """The outer graphs of every context: ``graphs`` kept, ``max_graphs`` per context,
+        and ``hits``, ``misses``, ``captures``, ``evictions`` counted by the core's
+        :class:`~trt_runtime.graphs.GraphCache` (all zero for a backend without one)."""
+        totals = {"graphs": 0, "hits": 0, "misses": 0, "captures": 0, "evictions": 0}
+        limit = 0
+        for lane in self._pool.lanes:
+            cache = lane._graph_cache()
+            if cache is not None:
+                stats = cache.stats()
+                limit = stats["max_graphs"]
+                for key in totals:
+                    totals[key] += stats[key]
+        return {**totals, "max_graphs": limit or (self._outer_graph.max_graphs if self._outer_graph else 0)}
+
+    def _graph_cache(self) -> Any:
+        """This lane's :class:`~trt_runtime.graphs.GraphCache`, if the backend keeps one."""
+        return None
 
     def reset_graphs(self) -> None:
         """Drop every captured graph; the next call under the outer wrap captures again."""
-        with self._lock:
-            self.synchronize()
-            self._drop_graphs()
+        with self._exclusive():
+            for lane in self._pool.lanes:
+                lane._sync()
+                lane._drop_graphs()
 
     def _resolve_cache(self) -> RuntimeCache | None:
         from trt_runtime.cache import RuntimeCache
@@ -177,43 +356,65 @@ class EngineBase(abc.ABC):
         return cache
 
     def ensure_context(self) -> Any:
-        """Create the execution context now if there is none (normally done by execute)."""
-        with self._lock:
+        """Create the execution context now if there is none (normally done by a call)."""
+        with self._exclusive():
             self._check_open()
-            if self._context is None:
-                context = self._create_context(self._settings, self._resolve_cache())
-                if context is None:
-                    raise EngineError(f"engine {self.name!r}: the backend created no execution context")
-                self._context = context
-                self._creations += 1
-            return self._context
+            return self._lane_context()
 
-    # -- execution ----------------------------------------------------------------
-    def execute(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> list[Any]:
+    def _lane_context(self) -> Any:
+        """This lane's context, created if needed (the caller holds the lane)."""
+        if self._context is None:
+            context = self._create_context(self._settings, self._resolve_cache())
+            if context is None:
+                raise EngineError(f"engine {self.name!r}: the backend created no execution context")
+            self._context = context
+            self._creations += 1
+        return self._context
+
+    # -- the call pipeline ------------------------------------------------------------
+    def execute(
+        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> list[Any]:
         """Run the engine; returns one array per output, in :attr:`outputs` order.
 
-        ``outputs``: preallocated arrays to write into, returned as given (needs
-        ``supports_preallocated_outputs``).
+        ``stream``: the caller's stream (anything :func:`trt_runtime.contract.stream_handle`
+        takes), which the work is ordered after and before. ``outputs``: preallocated
+        arrays to write into, returned as given (``supports_preallocated_outputs``).
+        ``profile``: an optimization profile for this call (``supports_profile_selection``).
         """
-        with self._lock:
-            self._check_open()
-            if outputs is not None:
-                self._backend.capabilities.require("supports_preallocated_outputs", self._backend.name)
-            self._validate_inputs(inputs)
-            if outputs is not None:
-                self._validate_outputs(outputs)
-            context = self.ensure_context()
-            if outputs is None:
-                return self._run(context, inputs, stream)
-            return self._run(context, inputs, stream, outputs)
+        raise NotImplementedError  # replaced below by _entry(bare=False)
 
-    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any:
+    def __call__(
+        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> Any:
         """Like :meth:`execute`, but a single output is returned bare, several as a tuple."""
-        result = self.execute(*inputs, stream=stream, outputs=outputs)
-        return result[0] if len(result) == 1 else tuple(result)
+        raise NotImplementedError  # replaced below by _entry(bare=True)
 
-    def synchronize(self) -> None:  # noqa: B027 - optional hook
-        """Wait for work this engine queued (default: nothing to wait for)."""
+    def _call(self, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None, profile: int | None
+              ) -> list[Any]:
+        """The general path of one call on this lane: validate, context, outer graph or eager."""
+        self._check_open()
+        caps = self._caps
+        if outputs is not None and not caps.supports_preallocated_outputs:
+            caps.require("supports_preallocated_outputs", self._backend.name)
+        if profile is not None and not caps.supports_profile_selection:
+            caps.require("supports_profile_selection", self._backend.name)
+        call = self._validate_inputs(inputs, profile)
+        if outputs is not None:
+            self._validate_outputs(outputs, call)
+        context = self._context
+        if context is None:
+            context = self._lane_context()
+        if self._outer_graph is not None:
+            return self._run_outer(context, call, stream, outputs)
+        return self._run(context, call, stream, outputs)
+
+    def synchronize(self) -> None:
+        """Wait for the work every context of this engine queued."""
+        for lane in self._pool.lanes:
+            lane._sync()
 
     # -- lifetime -----------------------------------------------------------------
     def _check_open(self) -> None:
@@ -221,10 +422,18 @@ class EngineBase(abc.ABC):
             raise EngineError(f"engine {self.name!r} is closed")
 
     def close(self) -> None:
-        """Release the context and the engine; idempotent."""
+        """Release the contexts and the engine; idempotent. Calls in flight finish first;
+        calls waiting for a context then raise :class:`~trt_runtime.EngineError`."""
         with self._lock:
             if self._closed:
                 return
+            with self._exclusive():
+                self._pool.close()
+                for lane in reversed(self._pool.lanes):  # clones first, this engine last
+                    lane._close_lane()
+
+    def _close_lane(self) -> None:
+        if not self._closed:
             self._drop_context()
             self._closed = True
             self._release()
@@ -243,10 +452,10 @@ class EngineBase(abc.ABC):
         io = ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in (*self._inputs, *self._outputs))
         return f"<{type(self).__name__} {self.name!r} backend={self._backend.name!r} [{io}]>"
 
-    # -- subclass hooks -----------------------------------------------------------
+    # -- hooks a backend implements ------------------------------------------------
     @abc.abstractmethod
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> Any:
-        """Create an execution context for ``settings``.
+        """Create an execution context for ``settings`` on :attr:`device`.
 
         A backend with a cache calls ``cache.ensure_materialized(config, backend=self.backend)``
         and attaches the native cache it returns to its runtime config.
@@ -256,30 +465,82 @@ class EngineBase(abc.ABC):
     def _destroy_context(self, context: Any) -> None:
         """Release ``context``."""
 
-    @abc.abstractmethod
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None = None
-             ) -> list[Any]:
-        """Execute (eagerly, or under :attr:`outer_graph`); return outputs.
+    def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Any:
+        """Check count, kind, dtype, shape, device and profile of ``inputs`` before any
+        context exists (raise :class:`~trt_runtime.InputError`, with the shared checks of
+        :mod:`trt_runtime.contract`); return what :meth:`_run` takes as ``call``
+        (default: the inputs as given)."""
+        return inputs
 
-        ``outputs`` is only passed by backends declaring ``supports_preallocated_outputs``.
-        A backend with ``supports_outer_cuda_graph`` counts each capture in
-        ``self._graph_captures``.
-        """
+    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:  # noqa: B027 - optional hook
+        """Check preallocated ``outputs`` (count, dtype, device, contiguity; shapes where
+        ``call`` tells them) before any context exists; checks that need output shapes from
+        the context stay in :meth:`_run`."""
+
+    def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
+                   ) -> list[Any] | None:
+        """The backend's fast path for a call like one it validated before (same shapes,
+        same arrays...): its results, or ``None`` to take the general path. It must not
+        raise for bad input (the general path says what is wrong)."""
+        return None
+
+    @abc.abstractmethod
+    def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        """Run a validated ``call`` eagerly (bind, enqueue, outputs)."""
+
+    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        """Run a validated ``call`` under :attr:`outer_graph`: replay the graph of its
+        (shapes, profile) or capture it (counted in ``self._graph_captures``). Only called
+        for backends with ``supports_outer_cuda_graph``."""
+        raise CapabilityError(f"the {self._backend.name!r} backend does not support outer_cuda_graph")
+
+    def _clone_lane(self) -> EngineBase:
+        """A new lane over the same deserialized engine: its own (lazy) context, stream and
+        buffers, on the same device. Needed for ``supports_multiple_contexts``."""
+        raise CapabilityError(f"the {self._backend.name!r} backend does not support multiple_contexts")
+
+    def _sync(self) -> None:  # noqa: B027 - optional hook
+        """Wait for the work this lane queued (default: nothing to wait for)."""
 
     def _drop_graphs(self) -> None:  # noqa: B027 - optional hook
-        """Release captured outer graphs (called with the lock held, after synchronize)."""
-
-    def _validate_inputs(self, inputs: Sequence[Any]) -> None:  # noqa: B027 - optional hook
-        """Check count, dtype, shape and device of ``inputs`` before any context exists.
-
-        Raise :class:`~trt_runtime.InputError`. Backends that can check inputs without a
-        context override this, so bad input never creates a context or materializes a
-        cache; checks that need the context stay in :meth:`_run`.
-        """
-
-    def _validate_outputs(self, outputs: Sequence[Any]) -> None:  # noqa: B027 - optional hook
-        """Check preallocated ``outputs`` (count, dtype, device, contiguity) before any context
-        exists; checks that need output shapes from the context stay in :meth:`_run`."""
+        """Release this lane's captured outer graphs (called after :meth:`_sync`)."""
 
     def _release(self) -> None:  # noqa: B027 - optional hook
-        """Release the engine itself (after the context)."""
+        """Release this lane's engine object (after its context)."""
+
+
+def _entry(bare: bool, name: str, doc: str | None) -> Any:
+    """``execute`` (``bare=False``) and ``__call__`` (``bare=True``): one body, no call
+    between the user and the pipeline (a call is a few µs; a wrapper would be a tenth)."""
+
+    def entry(
+        self: EngineBase, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> Any:
+        pool = self._pool
+        # ContextPool.acquire/release inlined for their uncontended case.
+        try:
+            lane = pool._free.popleft()
+        except IndexError:
+            lane = pool._wait(self._lease_timeout)
+        try:
+            result = lane._call_fast(inputs, stream, outputs) if profile is None else None
+            if result is None:
+                result = lane._call(inputs, stream, outputs, profile)
+        finally:
+            if pool._waiters:
+                pool.release(lane)
+            else:
+                pool._free.append(lane)
+        if bare:
+            return result[0] if len(result) == 1 else tuple(result)
+        return result
+
+    entry.__doc__ = doc
+    entry.__name__ = name
+    entry.__qualname__ = f"EngineBase.{name}"
+    return entry
+
+
+EngineBase.execute = _entry(False, "execute", EngineBase.execute.__doc__)  # type: ignore[method-assign]
+EngineBase.__call__ = _entry(True, "__call__", EngineBase.__call__.__doc__)  # type: ignore[method-assign]

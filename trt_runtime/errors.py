@@ -21,6 +21,7 @@ __all__ = [
     "BackendUnavailableError",
     "BuildError",
     "CacheError",
+    "ContextLeaseTimeout",
     "CacheLockTimeout",
     "CacheWarning",
     "CapabilityError",
@@ -63,6 +64,10 @@ class CapabilityError(BackendError, NotImplementedError):
 
 class EngineError(TrtRuntimeError):
     """An engine could not be deserialized, inspected or executed."""
+
+
+class ContextLeaseTimeout(EngineError, TimeoutError):
+    """No execution context of the engine became free within ``lease_timeout``."""
 
 
 class DataDependentShapeError(EngineError):

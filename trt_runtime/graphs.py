@@ -14,10 +14,16 @@ with ``BackendCapabilities.supports_outer_cuda_graph``.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from typing import Generic, TypeVar
 
 from trt_runtime.errors import SettingsError
 
-__all__ = ["OUTPUT_MODES", "OuterGraph"]
+__all__ = ["DEFAULT_MAX_GRAPHS", "OUTPUT_MODES", "GraphCache", "OuterGraph"]
+
+#: Graphs kept per execution context by default (each holds static buffers).
+DEFAULT_MAX_GRAPHS = 32
 
 #: ``copy``: every call returns new arrays (a device-to-device copy of the engine's static
 #: output buffers, queued on the engine's stream). ``view``: zero-copy views of the static
@@ -42,11 +48,15 @@ class OuterGraph:
     """
 
     outputs: str = "copy"
+    #: Graphs kept per execution context; beyond it the least recently used is released.
+    max_graphs: int = DEFAULT_MAX_GRAPHS
 
     def __post_init__(self) -> None:
         if self.outputs not in OUTPUT_MODES:
             allowed = ", ".join(repr(m) for m in OUTPUT_MODES)
             raise SettingsError(f"outer graph outputs must be one of {allowed}; got {self.outputs!r}")
+        if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
+            raise SettingsError(f"outer graph max_graphs must be an int >= 1; got {self.max_graphs!r}")
 
     @classmethod
     def coerce(cls, value: OuterGraph | bool | str | None) -> OuterGraph | None:
@@ -63,3 +73,97 @@ class OuterGraph:
             f"outer graph must be None, a bool, one of {', '.join(map(repr, OUTPUT_MODES))} "
             f"or OuterGraph; got {type(value).__name__} {value!r}"
         )
+
+
+K = TypeVar("K", bound=Hashable)
+G = TypeVar("G")
+
+
+class GraphCache(Generic[K, G]):
+    """The captured graphs of one execution context, by (input shapes, profile): an LRU.
+
+    The core owns the rules (what a key is, how many are kept, when all go); a backend
+    stores whatever its graphs are and is called back to release one (``release``) when
+    it is evicted or the cache is cleared. ``hits``, ``misses``, ``captures`` and
+    ``evictions`` count lookups that found a graph, lookups that did not, graphs added
+    and graphs evicted. A backend's hot path may look graphs up in its own shortcut
+    table and report the replay with :meth:`touch`.
+    """
+
+    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses")
+
+    def __init__(self, release: Callable[[G], None], max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        self._entries: OrderedDict[K, G] = OrderedDict()
+        self._release = release
+        self.max_graphs = max_graphs
+        self.hits = self.misses = self.captures = self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._entries)
+
+    def values(self) -> list[G]:
+        return list(self._entries.values())
+
+    def get(self, key: K) -> G | None:
+        """The graph for ``key`` (now the most recently used), counted as a hit or a miss."""
+        graph = self._entries.get(key)
+        if graph is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return graph
+
+    def peek(self, key: K) -> G | None:
+        """The graph for ``key`` without counting or reordering."""
+        return self._entries.get(key)
+
+    def touch(self, key: K) -> None:
+        """A replay of ``key`` found through a backend's own shortcut: count it, refresh it."""
+        self.hits += 1
+        self._entries.move_to_end(key)
+
+    def add(self, key: K, graph: G, *, captured: bool = True) -> list[G]:
+        """Keep ``graph`` for ``key``; returns the graphs evicted to stay within
+        ``max_graphs`` (already released). ``captured=False``: a placeholder (static
+        buffers reserved before any capture), not counted as a capture."""
+        self._entries[key] = graph
+        self._entries.move_to_end(key)
+        if captured:
+            self.captures += 1
+        evicted = []
+        while len(self._entries) > self.max_graphs:
+            _, old = self._entries.popitem(last=False)
+            self.evictions += 1
+            self._release(old)
+            evicted.append(old)
+        return evicted
+
+    def pop(self, key: K) -> G | None:
+        graph = self._entries.pop(key, None)
+        if graph is not None:
+            self._release(graph)
+        return graph
+
+    def clear(self) -> None:
+        """Release every graph (counts are kept)."""
+        entries = list(self._entries.values())
+        self._entries.clear()
+        for graph in entries:
+            self._release(graph)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "graphs": len(self._entries),
+            "max_graphs": self.max_graphs,
+            "hits": self.hits,
+            "misses": self.misses,
+            "captures": self.captures,
+            "evictions": self.evictions,
+        }

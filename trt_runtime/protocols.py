@@ -11,6 +11,7 @@ from typing_extensions import Self
 from trt_runtime.errors import SettingsError
 
 if TYPE_CHECKING:
+    from trt_runtime.cache.key import CacheKey
     from trt_runtime.graphs import OuterGraph
     from trt_runtime.settings import RuntimeSettings
 
@@ -21,7 +22,6 @@ __all__ = [
     "Availability",
     "Backend",
     "BackendCapabilities",
-    "CacheKey",
     "Engine",
     "EngineSource",
     "RuntimeCacheHandle",
@@ -56,13 +56,44 @@ class BackendCapabilities:
     supports_profile_selection: bool = False
     #: The runtime's own CUDA-graph wrap (:class:`~trt_runtime.graphs.OuterGraph`).
     supports_outer_cuda_graph: bool = False
-    #: ``trt_runtime.load(..., contexts=N)``: several execution contexts of one engine serve
-    #: concurrent callers; its engines implement ``clone()`` (see :class:`Engine`).
+    #: ``trt_runtime.load(..., contexts=N)`` / ``engine.contexts = N``: N execution contexts
+    #: of one deserialized engine serve concurrent callers (its engines implement the
+    #: ``EngineBase._clone_lane`` hook).
     supports_multiple_contexts: bool = False
     #: ``deserialize`` into a cache that already has entries keeps them (merges).
     cache_deserialize_merges: bool = False
     #: A human-readable note on why a capability is missing (e.g. which version adds it).
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def flags(cls) -> tuple[str, ...]:
+        """Every flag, in declaration order: the one list the core, the backends, the kit
+        and docs/backends.md's table (checked by a test) follow."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "notes")
+
+    @classmethod
+    def all_on(cls) -> BackendCapabilities:
+        """Every flag on; turn off what a backend lacks with :meth:`without`."""
+        on: dict[str, Any] = dict.fromkeys(cls.flags(), True)
+        return dataclasses.replace(cls(), **on)
+
+    @classmethod
+    def all_off(cls, reason: str) -> BackendCapabilities:
+        """Nothing supported, every flag noted with ``reason`` (a backend that cannot run)."""
+        return cls(notes={flag: reason for flag in cls.flags()})
+
+    def without(self, *flags: str, note: str = "") -> BackendCapabilities:
+        """A copy with ``flags`` turned off (each noted with ``note`` when given)."""
+        unknown = sorted(set(flags) - set(self.flags()))
+        if unknown:
+            raise SettingsError(
+                f"unknown capability flag(s) {unknown}; expected some of {list(self.flags())}"
+            )
+        notes = dict(self.notes)
+        if note:
+            notes.update(dict.fromkeys(flags, note))
+        off: dict[str, Any] = dict.fromkeys(flags, False)
+        return dataclasses.replace(self, notes=notes, **off)
 
     @property
     def supports_dynamic_shapes_strategy(self) -> bool:
@@ -87,33 +118,6 @@ class BackendCapabilities:
                 f"the {backend!r} backend does not support {capability.removeprefix('supports_')}"
                 + (f": {note}" if note else "")
             )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CacheKey:
-    """What a runtime cache was made for; a cache is only fed to a matching stack."""
-
-    flavour: str  # "tensorrt_rtx" or "tensorrt"
-    version: str
-    compute_capability: str  # "9.0"
-    driver: str  # CUDA driver version as reported by the driver, e.g. "13000"
-
-    def slug(self) -> str:
-        """A file-name-safe form: ``tensorrt_rtx-1.6.1.120-sm90-drv13000``."""
-        cc = self.compute_capability.replace(".", "")
-        raw = f"{self.flavour}-{self.version}-sm{cc}-drv{self.driver}"
-        return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in raw)
-
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CacheKey:
-        fields = [f.name for f in dataclasses.fields(cls)]
-        missing = [f for f in fields if not isinstance(data.get(f), str)]
-        if missing:
-            raise SettingsError(f"cache key lacks string field(s) {missing}; got {dict(data)!r}")
-        return cls(**{f: data[f] for f in fields})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -185,16 +189,12 @@ class RuntimeCacheHandle(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """A deserialized engine with a lazily created execution context.
+    """A deserialized engine with lazily created execution contexts.
 
-    Optional method, required of the engines of a backend with
-    ``supports_multiple_contexts`` (not part of the structural check):
-    ``clone() -> Engine`` returns a new engine object over the *same* deserialized
-    engine (weights shared, nothing deserialized again) with its own lazily created
-    execution context, stream and buffers, the same device, and the same
-    :attr:`runtime_settings` and :attr:`outer_graph` as the original at the time of the
-    call. Closing either leaves the other usable. ``trt_runtime.load(..., contexts=N)``
-    relies on it to give each concurrent caller its own context.
+    ``contexts`` execution contexts (default 1) serve concurrent callers: a call leases a
+    free one (FIFO among waiters; :class:`~trt_runtime.ContextLeaseTimeout` after
+    ``lease_timeout`` seconds). :class:`~trt_runtime.EngineBase` implements all of this;
+    a backend fills its hooks (docs/writing-a-backend.md).
 
     ``with trt_runtime.load(...) as engine:`` closes the engine at the end of the block.
     :meth:`execute` returns arrays of the kind it was given (numpy in, numpy out; torch in,
@@ -209,7 +209,8 @@ class Engine(Protocol):
 
     @property
     def device(self) -> int:
-        """The CUDA device the engine runs on (0 for a backend without devices)."""
+        """The CUDA device every execution context of the engine is created on (0 for a
+        backend without devices)."""
         ...
 
     @property
@@ -258,11 +259,50 @@ class Engine(Protocol):
         """How many CUDA graphs the outer wrap has captured so far."""
         ...
 
+    @property
+    def profile(self) -> int | None:
+        """The optimization profile calls use (``None``: the first holding the shapes)."""
+        ...
+
+    @profile.setter
+    def profile(self, value: int | None) -> None: ...
+
+    @property
+    def contexts(self) -> int:
+        """How many execution contexts serve concurrent calls (settable)."""
+        ...
+
+    @contexts.setter
+    def contexts(self, value: int) -> None: ...
+
+    @property
+    def lease_timeout(self) -> float | None:
+        """Seconds a call waits for a free context (``None``: no limit; settable)."""
+        ...
+
+    @lease_timeout.setter
+    def lease_timeout(self, value: float | None) -> None: ...
+
+    def memory_usage(self) -> dict[str, int]:
+        """Device bytes: ``weights``, ``activations_per_context``, ``activations_total``,
+        and the number of ``contexts``."""
+        ...
+
+    def static_inputs(
+        self, *shapes: Sequence[int], profile: int | None = None, as_torch: bool | None = None
+    ) -> list[Any]:
+        """The static input buffers of the outer graph for these shapes."""
+        ...
+
     def execute(
-        self, *inputs: ArrayT, stream: Any = None, outputs: Sequence[ArrayT] | None = None
+        self, *inputs: ArrayT, stream: Any = None, outputs: Sequence[ArrayT] | None = None,
+        profile: int | None = None,
     ) -> list[ArrayT]: ...
 
-    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any: ...
+    def __call__(
+        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> Any: ...
 
     def synchronize(self) -> None: ...
 

@@ -14,18 +14,11 @@ import threading
 from typing import Any
 
 __all__ = [
-    "KIND_DEVICE",
-    "KIND_HOST",
-    "KIND_TORCH",
     "DeviceArray",
     "c_strides",
     "describe_device_array",
     "torch_module",
 ]
-
-KIND_TORCH = 0
-KIND_DEVICE = 1
-KIND_HOST = 2
 
 _TYPESTR = {
     "f4": "float32",

@@ -8,11 +8,11 @@ import logging
 import threading
 from typing import Any
 
+from trt_runtime.cache import CacheKey
 from trt_runtime.errors import BackendUnavailableError, EngineError
 from trt_runtime.protocols import (
     Availability,
     BackendCapabilities,
-    CacheKey,
     EngineSource,
 )
 from trt_runtime.settings import RuntimeSettings
@@ -25,42 +25,16 @@ CUDA_HINT = "the 'python' backend needs cuda-python: pip install -c constraints.
 _log = logging.getLogger("trt_runtime.python")
 _trt_log = logging.getLogger("trt_runtime.python.tensorrt")
 
-_ONE_CONTEXT = "one execution context per engine; calls on an engine are serialized"
-_RTX_CAPS = BackendCapabilities(
-    supports_runtime_cache=True,
-    supports_cuda_graph_strategy=True,
-    supports_dynamic_shapes_kernel_specialization_strategy=True,
-    supports_output_allocator=True,
-    supports_host_io=True,
-    supports_preallocated_outputs=True,
-    supports_profile_selection=True,
-    supports_outer_cuda_graph=True,
-    supports_multiple_contexts=False,
-    cache_deserialize_merges=False,
-    notes={
-        "cache_deserialize_merges": "IRuntimeCache.deserialize replaces the cache's contents",
-        "supports_multiple_contexts": _ONE_CONTEXT,
-    },
+_RTX_CAPS = BackendCapabilities.all_on().without(
+    "cache_deserialize_merges", note="IRuntimeCache.deserialize replaces the cache's contents"
 )
 _TRT_NOTE = "needs TensorRT-RTX (tensorrt-rtx); only full TensorRT is installed"
-_TRT_CAPS = BackendCapabilities(
-    supports_runtime_cache=False,
-    supports_cuda_graph_strategy=False,
-    supports_dynamic_shapes_kernel_specialization_strategy=False,
-    supports_output_allocator=True,
-    supports_host_io=True,
-    supports_preallocated_outputs=True,
-    supports_profile_selection=True,
-    # The outer wrap is the only CUDA-graph mechanism of full TensorRT.
-    supports_outer_cuda_graph=True,
-    supports_multiple_contexts=False,
-    cache_deserialize_merges=False,
-    notes={
-        "supports_multiple_contexts": _ONE_CONTEXT,
-        "supports_runtime_cache": _TRT_NOTE,
-        "supports_cuda_graph_strategy": _TRT_NOTE,
-        "supports_dynamic_shapes_kernel_specialization_strategy": _TRT_NOTE,
-    },
+# Full TensorRT: no runtime config; the outer wrap is its only CUDA-graph mechanism.
+_TRT_CAPS = _RTX_CAPS.without(
+    "supports_runtime_cache",
+    "supports_cuda_graph_strategy",
+    "supports_dynamic_shapes_kernel_specialization_strategy",
+    note=_TRT_NOTE,
 )
 
 

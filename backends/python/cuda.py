@@ -16,7 +16,6 @@ __all__ = [
     "device_count",
     "driver_version",
     "get_device",
-    "stream_handle",
 ]
 
 _lock = threading.Lock()
@@ -172,27 +171,3 @@ def destroy_event(event: Any, rt: Any = None) -> None:
         (_runtime() if rt is None else rt).cudaEventDestroy(event)
     except Exception:  # interpreter shutdown
         pass
-
-
-def stream_handle(stream: Any) -> int:
-    """The cudaStream_t of ``stream`` as an int.
-
-    Accepts an int handle, a cuda.core ``Stream``, a ``torch.cuda.Stream`` (``cuda_stream``),
-    or any object implementing ``__cuda_stream__``.
-    """
-    if isinstance(stream, int) and not isinstance(stream, bool):
-        return stream
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is not None:
-        value = proto() if callable(proto) else proto
-        return int(value[1])
-    raw = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
-    if raw is not None:
-        return int(raw)
-    handle = getattr(stream, "handle", None)
-    if handle is not None:
-        return int(handle)
-    raise TypeError(
-        "stream must be an int cudaStream_t, a cuda.core Stream, a torch.cuda.Stream or an object "
-        f"with __cuda_stream__; got {type(stream).__name__}"
-    )

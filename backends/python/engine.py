@@ -1,10 +1,13 @@
 """``PythonEngine``: one deserialized engine, its own CUDA stream and a lazy execution context.
 
-The engine's concerns live in one module each, joined here as mixins:
-:mod:`.inspection` (input checks), :mod:`.fast_path` (repeat calls that skip them),
-:mod:`.output_binding` (outputs and host staging), :mod:`.outer_graph` (the outer
-CUDA-graph wrap) and :mod:`.stream_order` (ordering with the caller's stream). This
-module holds the lifecycle: metadata, the execution context, and one call.
+The call pipeline is :class:`~trt_runtime.EngineBase`'s; this engine fills its hooks
+(``_call_fast``, ``_validate_inputs``, ``_run``, ``_run_outer``, ``_clone_lane``...). Its
+concerns live in one module each: :mod:`.contract` (input checks), :mod:`.fast_path`
+(repeat calls that skip them), :mod:`.output_binding` (outputs and host staging),
+:mod:`.graphs` (capture and replay of the outer CUDA graph) and :mod:`.stream_order`
+(ordering with the caller's stream). One ``PythonEngine`` object is one *lane*: one
+execution context with its stream, events, bindings and caches; ``contexts=N`` makes
+N-1 clones over the same ``ICudaEngine``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda, stream_order
-from trt_runtime_backends.python.arrays import KIND_DEVICE, KIND_HOST, KIND_TORCH, DeviceArray
+from trt_runtime_backends.python.arrays import DeviceArray
+from trt_runtime_backends.python.contract import InputInspection, Inspection, TensorInfo
 from trt_runtime_backends.python.execution_context import (
     ExecutionContext,
     Resources,
@@ -25,13 +29,14 @@ from trt_runtime_backends.python.execution_context import (
     trt_enum,
 )
 from trt_runtime_backends.python.fast_path import FastPaths
-from trt_runtime_backends.python.inspection import InputInspection, Inspection, TensorInfo, fmt_shape
-from trt_runtime_backends.python.outer_graph import OuterGraphExecution
+from trt_runtime_backends.python.graphs import OuterGraphExecution
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape, stream_handle
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
+from trt_runtime.graphs import GraphCache
 from trt_runtime.protocols import EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings
 
@@ -77,6 +82,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
     ) -> None:
         # ``runtime`` replaces cuda.bindings.runtime (tests run the engine with a double);
         # ``ordering`` one of stream_order.MODES (default: stream_order.DEFAULT_MODE).
+        self._made_with = (backend, trt_engine, state, source, runtime, ordering)
         self._trt = backend.tensorrt
         self._flavour = backend.flavour
         self._logger = backend.logger
@@ -108,13 +114,13 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         self._order = stream_order.StreamOrder(self._rt, self._stream_handle, mode)
         self._res.events = self._order.events()
         self._event_in, self._event_out = self._res.events
-        self._last_stream_obj: Any = None
-        self._last_stream_handle = 0
+        #: Caller streams seen, by id: (the object, its handle); a few threads' streams.
+        self._caller_streams: dict[int, tuple[Any, int]] = {}
         self._staged_logged = False
         self._stage_in: list[Any] = [None] * self._n_in
         self._stage_out: list[Any] = [None] * self._n_out
         self._torch_device: Any = None
-        self._torch_tensor: Any = None
+        self._torch_tensor = None
         self._torch_empty: Any = None
         self._in_torch_dtypes: tuple[Any, ...] = ()
         self._current_raw_stream: Any = None
@@ -122,15 +128,16 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         self._fast: dict[tuple[int, ...], Any] = {}
         #: Validated torch calls without outputs= by their input shapes (see fast_path).
         self._natural: dict[tuple[Any, ...], Any] = {}
-        #: Outer CUDA-graph slots by (input shapes, profile), and torch replays by shapes.
-        self._slots: dict[tuple[Any, int], Any] = {}
+        #: Outer CUDA-graph slots by (input shapes, profile) (the core's LRU), and torch
+        #: replays by shapes.
+        self._slots: GraphCache[tuple[Any, int], Any] = GraphCache(self._release_slot)
         self._graph_shortcuts: dict[tuple[Any, ...], Any] = {}
-        self._capture_stream: Any = None
+        self._capture_stream = None
         self._output_allocator = "auto"
         self._cache_key: Any = None
         self._context_timings: dict[str, float] = {}
-        #: Validated (input shapes, requested profile) -> the profile they run in.
-        self._checked: dict[tuple[Any, int | None], int] = {}
+        #: Validates input shapes and picks their profile (remembers what it checked).
+        self._shapes = ShapeChecker(source.name, inputs, self._num_profiles)
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
 
     # -- metadata ------------------------------------------------------------------------
@@ -206,10 +213,12 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
     def output_allocator(self, value: str) -> None:
         if value not in ("auto", "always"):
             raise ValueError(f"output_allocator must be one of 'auto', 'always'; got {value!r}")
-        with self._lock:
-            if value != self._output_allocator:
-                self._output_allocator = value
-                self._drop_context()
+        with self._exclusive():
+            for lane in self._lanes:
+                assert isinstance(lane, PythonEngine)
+                if value != lane._output_allocator:
+                    lane._output_allocator = value
+                    lane._drop_context()
 
     @property
     def output_allocators(self) -> dict[str, Any]:
@@ -230,11 +239,17 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
     @profile.setter
     def profile(self, value: int | None) -> None:
         if value is not None:
-            self._check_profile_index(value)
-        with self._lock:
-            self._profile = value
-            self._forget_fast_paths()
-            self._graph_shortcuts.clear()
+            self._shapes.check_profile_index(value)
+        with self._exclusive():
+            for lane in self._lanes:
+                assert isinstance(lane, PythonEngine)
+                lane._profile = value
+                lane._forget_fast_paths()
+                lane._graph_shortcuts.clear()
+
+    @property
+    def _shape_checker(self) -> ShapeChecker:
+        return self._shapes
 
     # -- context lifecycle -------------------------------------------------------------------
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> Any:
@@ -306,7 +321,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         memory = ctx.device_memory
         if memory is None or memory.size < need:
             if memory is not None and self._slots:
-                self.synchronize()
+                self._sync()
                 self._drop_graphs()
             # The old buffer is freed on our stream, after the work that still uses it.
             memory = ctx.device_memory = self._state.allocate(need, self._stream)
@@ -329,12 +344,13 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
             self._res.context = None
         drop_context(context)
 
-    def synchronize(self) -> None:
-        """Wait for all work queued on the engine's stream."""
+    def _sync(self) -> None:
+        """Wait for all work queued on this lane's stream."""
         if getattr(self, "_stream", None) is not None:
             cuda.check(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
 
     def _release(self) -> None:
+        self._caller_streams.clear()
         self._forget_fast_paths()
         self._drop_graphs()
         self._finalizer()
@@ -350,61 +366,61 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
                 except Exception:
                     pass
 
+    # -- lanes ---------------------------------------------------------------------------------
+    def _clone_lane(self) -> PythonEngine:
+        """Another execution context of the same ``ICudaEngine``: its own stream, events,
+        USER_MANAGED activation memory, bindings, fast paths and outer graphs."""
+        backend, trt_engine, state, source, runtime, ordering = self._made_with
+        lane = PythonEngine.__new__(PythonEngine)
+        # The lane's streams and events belong to the engine's device; the caller's
+        # current device is given back after (``load(..., contexts=N)`` leaves it alone).
+        with state.scope():
+            lane._init(backend, trt_engine, state, source, self._settings, runtime, ordering)
+        lane._profile = self._profile
+        lane._output_allocator = self._output_allocator
+        lane._outputs = self._outputs
+        for mine, theirs in zip(lane._out, self._out, strict=True):
+            mine.spec = theirs.spec  # outputs found data-dependent stay so
+        return lane
+
+    def _graph_cache(self) -> GraphCache[tuple[Any, int], Any]:
+        return self._slots
+
+    def _memory_usage(self) -> tuple[int, int]:
+        trt_engine = self._trt_engine
+        if trt_engine is None:
+            return 0, 0
+        per = max(
+            (int(lane._res.context.device_memory.size) for lane in self._lanes  # type: ignore[attr-defined]
+             if lane._res.context is not None and lane._res.context.device_memory is not None),  # type: ignore[attr-defined]
+            default=int(getattr(trt_engine, "device_memory_size_v2", 0) or 0),
+        )
+        weights = int(getattr(trt_engine, "streamable_weights_size", 0) or 0) or len(self._made_with[3].data)
+        return weights, per
+
     # -- execution -----------------------------------------------------------------------------
-    def execute(  # type: ignore[override]
-        self,
-        *inputs: Any,
-        stream: Any = None,
-        outputs: Sequence[Any] | None = None,
-        profile: int | None = None,
-    ) -> list[Any]:
-        """Run the engine; one array per output, in :attr:`outputs` order.
-
-        ``stream``: the caller's stream (cuda.core ``Stream``, int handle,
-        ``torch.cuda.Stream`` or ``__cuda_stream__`` object) the work is ordered after and
-        before. ``outputs``: preallocated device arrays to write into (returned as given).
-        ``profile``: an optimization profile index for this call. Under
-        :attr:`outer_graph` the call is captured once per input shapes and replayed.
-        """
-        return self._execute(inputs, stream, outputs, profile)
-
-    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
-                 profile: int | None = None) -> Any:
-        result = self._execute(inputs, stream, outputs, profile)
-        return result[0] if len(result) == 1 else tuple(result)
-
-    def _execute(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
-                 profile: int | None) -> list[Any]:
-        with self._lock:
-            if not hasattr(self._threads, "ready"):
-                self._activate_thread()
-            if self._outer_graph is not None:
-                return self._run_outer(inputs, stream, outputs, profile)
-            if profile is None:
-                if outputs is None:
-                    if self._natural:
-                        results = self._call_natural(inputs, stream)
-                        if results is not None:
-                            return results
-                elif self._fast:
-                    results = self._call_fast(inputs, outputs, stream)
-                    if results is not None:
-                        return results
-            self._check_open()
-            inspection = self._inspect(inputs, self._profile if profile is None else profile)
-            ctx = self._context
-            if ctx is None:
-                ctx = self.ensure_context()
-            return self._run_inspected(ctx, inputs, inspection, stream, outputs, remember=profile is None)
-
-    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
-        self._inspect(inputs, self._profile)
-
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None = None
-             ) -> list[Any]:
+    def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
+                   ) -> list[Any] | None:
+        if not hasattr(self._threads, "ready"):
+            self._activate_thread()
         if self._outer_graph is not None:
-            return self._run_outer(tuple(inputs), stream, outputs, None)
-        return self._run_inspected(context, inputs, self._inspect(inputs, self._profile), stream, outputs)
+            if outputs is None and self._graph_shortcuts:
+                return self._replay_torch(inputs, stream)
+            return None
+        if outputs is None:
+            if self._natural:
+                return self._call_natural(inputs, stream)
+        elif self._fast:
+            return self._call_prebound(inputs, outputs, stream)
+        return None
+
+    def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Inspection:
+        if not hasattr(self._threads, "ready"):
+            self._activate_thread()
+        return self._inspect(inputs, self._profile if profile is None else profile, remember=profile is None)
+
+    def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        return self._run_inspected(context, call.inputs, call, stream, outputs, remember=call.remember)
 
     def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None:
         """The caller's stream handle to order our work against; ``None`` when there is none
@@ -414,11 +430,16 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
             caller = self._current_raw_stream(self._device) if torch_inputs else None
         elif stream is self._stream:
             return None
-        elif stream is self._last_stream_obj:
-            caller = self._last_stream_handle
         else:
-            caller = cuda.stream_handle(stream)
-            self._last_stream_obj, self._last_stream_handle = stream, caller
+            # Each caller thread often has its own stream: remember a few, by identity.
+            seen = self._caller_streams.get(id(stream))
+            if seen is not None and seen[0] is stream:
+                caller = seen[1]
+            else:
+                caller = stream_handle(stream)
+                if len(self._caller_streams) >= 16:
+                    self._caller_streams.clear()
+                self._caller_streams[id(stream)] = (stream, caller)
         if caller == self._stream_handle or caller in self._order.skip:
             return None
         return caller
@@ -505,13 +526,7 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
         """Select ``profile`` and set the input shapes on the context; read the output shapes."""
         trt_context = ctx.trt_context
         if profile != ctx.profile:
-            if not trt_context.set_optimization_profile_async(profile, self._stream_handle):
-                raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
-            if ctx.user_managed:  # the memory size is asked for next: let the switch finish
-                self.synchronize()
-            ctx.profile = profile
-            ctx.bound.clear()
-            ctx.bound_ptrs = ()
+            self._select_profile(ctx, profile)
         for io, shape in zip(self._in, shapes, strict=False):
             if io.spec.is_dynamic:
                 dims = tuple(int(d) for d in shape)
@@ -539,6 +554,16 @@ class PythonEngine(InputInspection, FastPaths, OutputBinding, OuterGraphExecutio
             if len(ctx.out_shape_cache) >= 64:
                 ctx.out_shape_cache.clear()
             ctx.out_shape_cache[key] = out_shapes
+
+    def _select_profile(self, ctx: ExecutionContext, profile: int) -> None:
+        """Switch the context to optimization ``profile`` (its addresses must be set again)."""
+        if not ctx.trt_context.set_optimization_profile_async(profile, self._stream_handle):
+            raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
+        if ctx.user_managed:  # the memory size is asked for next: let the switch finish
+            self._sync()
+        ctx.profile = profile
+        ctx.bound.clear()
+        ctx.bound_ptrs = ()
 
     def _mark_data_dependent(self, io: TensorInfo) -> None:
         spec = io.spec

@@ -14,17 +14,21 @@ profile changes or the engine closes:
   reads), binds changed addresses, makes each output with ``torch.empty`` from cached
   arguments and goes straight to ``execute_async_v3``.
 
-:class:`FastPaths` is the mixin of ``PythonEngine`` that runs them.
+:class:`FastPaths` is the mixin of ``PythonEngine`` that runs them (from its ``_call_fast``
+hook of the core pipeline).
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trt_runtime_backends.python.arrays import KIND_TORCH, DeviceArray
-from trt_runtime_backends.python.inspection import TensorInfo
+from trt_runtime_backends.python.arrays import DeviceArray
+from trt_runtime_backends.python.contract import TensorInfo
+from trt_runtime_backends.python.lane import LaneState
+
+from trt_runtime.contract import KIND_TORCH
 
 __all__ = ["FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall"]
 
@@ -121,39 +125,16 @@ def _dynamic_dims(
     )
 
 
-class FastPaths:
+class FastPaths(LaneState):
     """Runs and remembers :class:`FastPath` and :class:`NaturalCall` calls (mixin of ``PythonEngine``)."""
-
-    _context: Any
-    _fast: dict[tuple[int, ...], FastPath]
-    _natural: dict[tuple[Any, ...], NaturalCall]
-    _io_names: tuple[str, ...]
-    _in_names: tuple[str, ...]
-    _n_in: int
-    _in_torch_dtypes: tuple[Any, ...]
-    _torch_tensor: Any
-    _torch_device: Any
-    _torch_empty: Any
-    _current_raw_stream: Any
-    _device: int
-    _multi_device: bool
-    _stream: Any
-    _stream_handle: int
-    _order: Any
-    _rt: Any
-
-    if TYPE_CHECKING:  # from PythonEngine
-        def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None: ...
-        def _execute_failed(self) -> None: ...
-        def _set_device(self) -> None: ...
-        def _fit_device_memory(self, ctx: Any) -> None: ...
 
     def _forget_fast_paths(self) -> None:
         self._fast.clear()
         self._natural.clear()
 
     # -- outputs= with the same arrays --------------------------------------------------------
-    def _call_fast(self, inputs: tuple[Any, ...], outputs: Sequence[Any], stream: Any) -> list[Any] | None:
+    def _call_prebound(self, inputs: tuple[Any, ...], outputs: Sequence[Any], stream: Any
+                       ) -> list[Any] | None:
         """Run a call with the very arrays of a remembered :class:`FastPath` whose pointers
         and shapes are unchanged; ``None`` when there is none (the full path runs it)."""
         fast = self._fast.get((*map(id, inputs), *map(id, outputs)))
@@ -185,7 +166,9 @@ class FastPaths:
         ctx = self._context
         if ctx is None:
             return False
-        if ctx.shape_key != fast.shape_key and not self._restore_shapes(ctx, fast):
+        if ctx.shape_key != fast.shape_key and not self._restore_shapes(
+            ctx, fast.shape_key, fast.dynamic_dims, fast.out_shapes
+        ):
             return False
         if ctx.bound_ptrs != fast.ptrs:
             trt_context = ctx.trt_context
@@ -198,20 +181,23 @@ class FastPaths:
         ctx.bound_ptrs = fast.ptrs
         return True
 
-    def _restore_shapes(self, ctx: Any, entry: FastPath | NaturalCall) -> bool:
-        """Set the input shapes ``entry`` was recorded with (same profile only); the output
-        shapes are known from then."""
-        if ctx.profile != entry.shape_key[1]:
-            return False
-        trt_context = ctx.trt_context
+    def _restore_shapes(self, ctx: Any, shape_key: tuple[Any, int],
+                        dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any) -> bool:
+        """Put the context back in a state a fast path or a graph was recorded in: its
+        profile (switched when it differs), its input shapes, memory that fits them; the
+        output shapes are known from then. False when TensorRT refuses a shape."""
         ctx.shape_key = None  # if setting fails halfway, the next call sets the shapes again
-        for name, dims in entry.dynamic_dims:
+        profile = shape_key[1]
+        if ctx.profile != profile:
+            self._select_profile(ctx, profile)
+        trt_context = ctx.trt_context
+        for name, dims in dynamic_dims:
             if not trt_context.set_input_shape(name, dims):
                 return False
-        if entry.dynamic_dims:
+        if dynamic_dims:
             self._fit_device_memory(ctx)
-        ctx.shape_key = entry.shape_key
-        ctx.out_shapes = entry.out_shapes
+        ctx.shape_key = shape_key
+        ctx.out_shapes = out_shapes
         return True
 
     def _remember_fast(self, ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any],
@@ -231,9 +217,13 @@ class FastPaths:
             self._natural.clear()
         self._natural[shapes] = NaturalCall(self, ctx)
 
-    def _call_natural(self, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
-        """Run a call whose torch inputs have shapes an earlier call validated; ``None``
-        when it does not qualify (the full path then checks and runs it)."""
+    def _torch_lookup(self, inputs: tuple[Any, ...], stream: Any, table: dict[Any, Any]
+                      ) -> tuple[Any, int | None] | None:
+        """For contiguous CUDA torch tensors of the right dtypes on the engine's device: the
+        entry of ``table`` for their shapes and the caller's stream to order with (torch's
+        current stream when ``stream`` is None; ``None`` when no event is needed). ``None``
+        for anything else, or shapes ``table`` does not know (one function for both torch
+        fast paths: every call in them counts)."""
         tensor = self._torch_tensor
         device = self._device
         if len(inputs) == 1:  # most engines: no tuple building, one check
@@ -241,7 +231,7 @@ class FastPaths:
             if (type(x) is not tensor or x.dtype is not self._in_torch_dtypes[0] or x.get_device() != device
                     or not x.is_contiguous()):
                 return None
-            entry = self._natural.get((x.shape,))
+            entry = table.get((x.shape,))
         else:
             if len(inputs) != self._n_in:
                 return None
@@ -249,12 +239,28 @@ class FastPaths:
                 if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
                         or not x.is_contiguous()):
                     return None
-            entry = self._natural.get(tuple([x.shape for x in inputs]))
+            entry = table.get(tuple([x.shape for x in inputs]))
         if entry is None:
             return None
+        if stream is None:
+            caller: int | None = self._current_raw_stream(device)
+            if caller in self._order.skip or caller == self._stream_handle:
+                caller = None
+        else:
+            caller = self._caller_stream(stream, True)
+        return entry, caller
+
+    def _call_natural(self, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
+        """Run a call whose torch inputs have shapes an earlier call validated; ``None``
+        when it does not qualify (the full path then checks and runs it)."""
+        found = self._torch_lookup(inputs, stream, self._natural)
+        if found is None:
+            return None
+        entry, caller = found
         ctx = self._context
         if ctx.shape_key is not entry.shape_key and (
-            ctx.shape_key != entry.shape_key and not self._restore_shapes(ctx, entry)
+            ctx.shape_key != entry.shape_key
+            and not self._restore_shapes(ctx, entry.shape_key, entry.dynamic_dims, entry.out_shapes)
         ):
             return None
         if self._multi_device:
@@ -290,12 +296,6 @@ class FastPaths:
                 results.append(y)
         ours = self._stream_handle
         order = self._order
-        if stream is None:
-            caller: int | None = self._current_raw_stream(device)
-            if caller in order.skip or caller == ours:
-                caller = None
-        else:
-            caller = self._caller_stream(stream, True)
         if caller is not None:
             order.before(caller)
         if not trt_context.execute_async_v3(ours):

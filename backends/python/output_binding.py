@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trt_runtime_backends.python import cuda
-from trt_runtime_backends.python.arrays import KIND_DEVICE, KIND_TORCH, DeviceArray, torch_module
-from trt_runtime_backends.python.inspection import TensorInfo, fmt_shape, numel
+from trt_runtime_backends.python.arrays import DeviceArray, torch_module
+from trt_runtime_backends.python.lane import LaneState
 
+from trt_runtime.contract import KIND_DEVICE, KIND_TORCH, fmt_shape, numel
 from trt_runtime.errors import DataDependentShapeError, InputError
 
 __all__ = ["OutputBinding", "host_memory", "make_output_allocator"]
@@ -33,29 +34,15 @@ def host_memory(array: Any) -> tuple[int, int]:
     return int(array.data_ptr()), int(array.numel()) * int(array.element_size())
 
 
-class OutputBinding:
+class OutputBinding(LaneState):
     """Output arrays and host staging (mixin of ``PythonEngine``)."""
 
-    name: str
-    _in: list[TensorInfo]
-    _out: list[TensorInfo]
-    _n_out: int
-    _device: int
-    _rt: Any
-    _state: Any
-    _stream: Any
-    _staged_logged: bool
-    _stage_in: list[Any]
-    _stage_out: list[Any]
-    _torch_tensor: Any
-    _torch_device: Any
+    _staged_logged: bool  # assigned here too
 
-    if TYPE_CHECKING:  # from InputInspection
-        def _is_torch(self, x: Any) -> bool: ...
-        def _check_torch(self, io: TensorInfo, x: Any) -> None: ...
-        def _check_device_array(self, io: TensorInfo, x: Any) -> tuple[int, tuple[int, ...]]: ...
+
 
     # -- host inputs ------------------------------------------------------------------------
+
     def _log_staging(self, host: list[tuple[int, Any]]) -> None:
         if not self._staged_logged:
             self._staged_logged = True

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.metadata
 import importlib.util
 import threading
+from typing import Any
 
+from trt_runtime.cache import CacheKey
 from trt_runtime.errors import BackendUnavailableError, EngineError
 from trt_runtime.formats import resolve_device
 from trt_runtime.protocols import (
     Availability,
     BackendCapabilities,
-    CacheKey,
     EngineSource,
 )
 from trt_runtime.settings import (
@@ -84,21 +86,7 @@ class TorchbindBackend:
         try:
             return self.runtime.capabilities()
         except Exception as exc:
-            reason = str(exc)
-            return BackendCapabilities(
-                notes={
-                    flag: reason
-                    for flag in (
-                        "supports_runtime_cache",
-                        "supports_cuda_graph_strategy",
-                        "supports_dynamic_shapes_kernel_specialization_strategy",
-                        "supports_output_allocator",
-                        "supports_host_io",
-                        "supports_preallocated_outputs",
-                        "supports_outer_cuda_graph",
-                    )
-                }
-            )
+            return BackendCapabilities.all_off(str(exc))
 
     # -- engines --------------------------------------------------------------------------
     def load_engine(
@@ -131,6 +119,25 @@ class TorchbindBackend:
             )
             io = merge_container_flags(source, io)
         inputs, outputs = io
+        make_native = functools.partial(self._build_native, source, index, inputs, outputs)
+        return TorchbindEngine(
+            self,
+            runtime=runtime,
+            native=make_native(),
+            name=source.name,
+            inputs=inputs,
+            outputs=outputs,
+            device=index,
+            settings=settings,
+            make_native=make_native,
+        )
+
+    def _build_native(self, source: EngineSource, index: int, inputs: Any, outputs: Any) -> Any:
+        """One ``torch.classes.tensorrt.Engine`` of ``source`` on device ``index`` (each holds
+        its own copy of the engine, weights included)."""
+        runtime = self.runtime
+        bridge = runtime.bridge
+        data = source.data if isinstance(source.data, bytes) else bytes(source.data)
         major, minor, device_name = bridge.device_properties(index)
         info = runtime.layout.pack(
             name=source.name,
@@ -147,16 +154,7 @@ class TorchbindBackend:
         ):
             native = bridge.engine_class()(info)
         del info, data  # the C++ engine holds its own copy
-        return TorchbindEngine(
-            self,
-            runtime=runtime,
-            native=native,
-            name=source.name,
-            inputs=inputs,
-            outputs=outputs,
-            device=index,
-            settings=settings,
-        )
+        return native
 
     def _resolve_device(self, device: int | None, source: EngineSource) -> int:
         """The core placement rule (:func:`trt_runtime.formats.resolve_device`): ``device``

@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from trt_runtime.contract import stream_handle
+
 __all__ = ["TensorInfo", "TorchBridge"]
 
 #: DLPack device types of CUDA memory (kDLCUDA, kDLCUDAManaged).
@@ -215,26 +217,14 @@ class TorchBridge:
 
     # -- streams -------------------------------------------------------------------------
     def resolve_stream(self, stream: Any, index: int) -> Any:
-        """A torch stream for ``stream``: None (the current stream), a torch stream, a raw
-        ``cudaStream_t`` int, or an object with ``__cuda_stream__`` or ``.handle`` (cuda.core)."""
+        """A torch stream for ``stream``: None (the current stream), a torch stream, or anything
+        :func:`trt_runtime.contract.stream_handle` takes (wrapped in an ``ExternalStream``)."""
         cuda = self.torch.cuda
         if stream is None:
             return self.current_stream(index)
         if isinstance(stream, cuda.Stream):
             return stream
-        handle: Any = None
-        if hasattr(stream, "__cuda_stream__"):
-            handle = stream.__cuda_stream__()[1]
-        elif hasattr(stream, "handle"):
-            handle = stream.handle
-        elif isinstance(stream, int) and not isinstance(stream, bool):
-            handle = stream
-        if handle is None:
-            raise TypeError(
-                "stream must be None, a torch.cuda.Stream, a cudaStream_t int or an object with "
-                f"__cuda_stream__ / .handle; got {type(stream).__name__}"
-            )
-        return cuda.ExternalStream(int(handle), device=f"cuda:{index}")
+        return cuda.ExternalStream(stream_handle(stream), device=f"cuda:{index}")
 
     def current_stream(self, index: int) -> Any:
         """torch's current stream on device ``index``; the stream objects are cached by

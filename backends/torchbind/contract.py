@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, CallKind, ShapeChecker, fmt_shape
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.errors import InputError
 from trt_runtime.protocols import TensorSpec
@@ -29,11 +30,7 @@ from trt_runtime.protocols import TensorSpec
 if TYPE_CHECKING:
     from .bridge import TensorInfo, TorchBridge
 
-__all__ = ["KIND_DEVICE", "KIND_HOST", "KIND_TORCH", "Call", "Contract", "fmt_shape"]
-
-KIND_TORCH = 0
-KIND_DEVICE = 1
-KIND_HOST = 2
+__all__ = ["Call", "Contract"]
 
 #: How many validated input-shape keys (and learned output shapes) an engine remembers.
 _KNOWN_SHAPES = 64
@@ -42,9 +39,9 @@ _KNOWN_SHAPES = 64
 class Call:
     """One call's inputs once checked: the tensors to run, their shapes and the call's kind."""
 
-    __slots__ = ("host", "kind", "shapes", "tensors", "torch_host")
+    __slots__ = ("host", "kind", "shapes", "tensors", "torch_host", "views")
 
-    def __init__(self, kind: int, tensors: list[Any], shapes: tuple[tuple[int, ...], ...],
+    def __init__(self, kind: CallKind, tensors: list[Any], shapes: tuple[tuple[int, ...], ...],
                  host: list[int], torch_host: bool) -> None:
         self.kind = kind
         #: torch tensors: CUDA ones as given (or viewed), host ones still on the host.
@@ -54,11 +51,8 @@ class Call:
         self.host = host
         #: Whether a host input was a CPU torch tensor (host outputs are then CPU tensors).
         self.torch_host = torch_host
-
-
-def fmt_shape(shape: Sequence[int]) -> str:
-    """``(8, 256)``, as the python backend prints shapes."""
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+        #: torch views of the call's ``outputs=`` once checked (None without outputs=).
+        self.views: list[Any] | None = None
 
 
 class Contract:
@@ -82,7 +76,7 @@ class Contract:
         self.outputs = tuple(outputs)
         self.device = device
         self._bridge = bridge
-        self._names = ", ".join(s.name for s in self.inputs)
+        self.shapes = ShapeChecker(engine, self.inputs)
         self.good_shapes: set[tuple[Any, ...]] = set()
         static_out = all(not o.is_dynamic and not o.data_dependent for o in self.outputs)
         self._static_out: tuple[tuple[int, ...], ...] | None = (
@@ -95,10 +89,7 @@ class Contract:
     def inspect(self, inputs: Sequence[Any]) -> Call:
         """Check count, kind, dtype, device, contiguity and shapes; raise :class:`InputError`."""
         if len(inputs) != len(self.inputs):
-            raise InputError(
-                f"engine {self.engine!r} takes {len(self.inputs)} input(s) ({self._names}); "
-                f"got {len(inputs)}"
-            )
+            self.shapes.check_count(len(inputs))
         bridge = self._bridge
         kind = KIND_HOST
         tensors: list[Any] = []
@@ -206,37 +197,7 @@ class Contract:
 
     def check_shapes(self, shapes: tuple[tuple[int, ...], ...]) -> None:
         """Ranks, static dimensions, and one optimization profile holding every dynamic input."""
-        for spec, shape in zip(self.inputs, shapes, strict=True):
-            if len(shape) != len(spec.shape):
-                raise InputError(
-                    f"engine {self.engine!r}: input {spec.name!r} must have {len(spec.shape)} dimension(s) "
-                    f"{fmt_shape(spec.shape)}; got shape {fmt_shape(shape)}"
-                )
-            if any(want >= 0 and want != got for want, got in zip(spec.shape, shape, strict=True)):
-                raise InputError(
-                    f"engine {self.engine!r}: input {spec.name!r} must have shape {fmt_shape(spec.shape)}; "
-                    f"got {fmt_shape(shape)}"
-                )
-        dynamic = [
-            (s, shape) for s, shape in zip(self.inputs, shapes, strict=True) if s.is_dynamic and s.profiles
-        ]
-        if not dynamic:
-            return
-        count = min(len(s.profiles) for s, _ in dynamic)
-        if any(all(_in_profile(s, shape, p) for s, shape in dynamic) for p in range(count)):
-            return
-        nowhere = [
-            (s, shape) for s, shape in dynamic if not any(_in_profile(s, shape, p) for p in range(count))
-        ]
-        spec, shape = nowhere[0] if nowhere else dynamic[0]
-        ranges = "; ".join(
-            f"profile {p}: min {fmt_shape(lo)}, max {fmt_shape(hi)}"
-            for p, (lo, _o, hi) in enumerate(spec.profiles)
-        )
-        raise InputError(
-            f"engine {self.engine!r}: input {spec.name!r} has shape {fmt_shape(shape)}, outside every "
-            f"optimization profile (or no profile fits all inputs): {ranges}"
-        )
+        self.shapes.select(shapes)
 
     # -- preallocated outputs ---------------------------------------------------------------------
     def check_outputs(self, outputs: Sequence[Any], shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
@@ -306,11 +267,6 @@ class Contract:
         if len(self._out_shapes) >= _KNOWN_SHAPES:
             self._out_shapes.clear()
         self._out_shapes[shapes] = tuple(tuple(int(d) for d in r.shape) for r in results)
-
-
-def _in_profile(spec: TensorSpec, shape: tuple[int, ...], profile: int) -> bool:
-    lo, _opt, hi = spec.profiles[profile]
-    return all(a <= d <= b for a, d, b in zip(lo, shape, hi, strict=False))
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -28,11 +28,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trt_runtime.contract import KIND_HOST
 from trt_runtime.engine import EngineBase
-from trt_runtime.errors import CacheError, CapabilityError, EngineError, InputError, TrtRuntimeError
+from trt_runtime.errors import CacheError, CapabilityError, EngineError, TrtRuntimeError
 from trt_runtime.protocols import Backend, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -41,7 +42,7 @@ from trt_runtime.settings import (
     SettingsLike,
 )
 
-from .contract import KIND_HOST, Call, Contract
+from .contract import Call, Contract
 from .graphs import OuterGraphs
 
 if TYPE_CHECKING:
@@ -94,10 +95,14 @@ class TorchbindEngine(EngineBase):
         outputs: Sequence[TensorSpec],
         device: int,
         settings: SettingsLike = None,
+        make_native: Callable[[], Any] | None = None,
     ) -> None:
         self._runtime = runtime
         self._native = native
-        self.device = device
+        self._device = device
+        #: Builds another torch.classes.tensorrt.Engine of the same bytes (a new lane).
+        self._make_native = make_native
+        self._made_with = (backend, runtime, name, inputs, outputs, device)
         bridge = self._bridge = runtime.bridge
         self._can_update = runtime.has_runtime_settings and bridge.has_method(
             native, "update_runtime_settings"
@@ -147,6 +152,11 @@ class TorchbindEngine(EngineBase):
         )
         return [dataclasses.replace(s, profiles=s.profiles[:1]) for s in inputs]
 
+    @property
+    def device(self) -> int:
+        """The CUDA device the engine runs on."""
+        return self._device
+
     # -- what torch-tensorrt sees ---------------------------------------------------------
     @property
     def native(self) -> Any:
@@ -160,41 +170,46 @@ class TorchbindEngine(EngineBase):
             return None
         return int(self._native.num_execution_contexts_created())
 
-    def static_inputs(self, *shapes: Sequence[int], profile: int | None = None,
-                      as_torch: bool = True) -> list[Any]:
-        """The engine's static input tensors for inputs of these shapes, under the outer graph.
+    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
+                       ) -> list[Any]:
+        """The static input tensors of the graph for ``shapes`` (torch CUDA tensors whatever
+        ``as_torch`` says: this backend has no other kind)."""
+        return self._graphs.static_inputs(shapes, [s.dtype for s in self._inputs])
 
-        Passing these very tensors as the inputs of a call skips the copy into them: the call
-        is then one graph launch. They are torch CUDA tensors (``as_torch`` is accepted for
-        the python backend's signature). They stay the engine's until the graphs are dropped
-        (a settings change, ``outer_graph`` changing, ``reset_graphs()``, ``close()``); ask
-        again after. Raises :class:`~trt_runtime.EngineError` when ``outer_graph`` is not
-        set, :class:`~trt_runtime.InputError` for shapes the engine does not take.
-        """
-        with self._lock:
-            self._check_open()
-            if profile is not None:
-                self.backend.capabilities.require("supports_profile_selection", self.backend.name)
-            if self._outer_graph is None:
-                raise EngineError(
-                    f"engine {self.name!r}: static_inputs() needs the outer CUDA-graph wrap "
-                    "(engine.outer_graph, or trt_runtime.enable_cudagraphs(engine, outer=True)); "
-                    "its tensors are dropped whenever the wrap changes"
-                )
-            if len(shapes) != self._n_in:
-                raise InputError(
-                    f"engine {self.name!r} takes {self._n_in} input(s) "
-                    f"({', '.join(s.name for s in self._inputs)}); static_inputs() got {len(shapes)} shape(s)"
-                )
-            key = tuple(tuple(int(d) for d in shape) for shape in shapes)
-            self._contract.check_shapes(key)
-            return self._graphs.static_inputs(key, [s.dtype for s in self._inputs])
+    @property
+    def _shape_checker(self) -> Any:
+        return self._contract.shapes
+
+    def _clone_lane(self) -> TorchbindEngine:
+        """Another ``torch.classes.tensorrt.Engine`` of the same bytes: its own
+        IExecutionContext and outer graphs, its own copy of the engine (weights included);
+        the runtime cache is shared through the settings."""
+        if self._make_native is None:
+            raise CapabilityError(f"engine {self.name!r} was not loaded by the backend; it cannot be cloned")
+        backend, runtime, name, inputs, outputs, device = self._made_with
+        return TorchbindEngine(
+            backend, runtime=runtime, native=self._make_native(), name=name, inputs=inputs,
+            outputs=outputs, device=device, settings=self._settings, make_native=self._make_native,
+        )
+
+    def _graph_cache(self) -> Any:
+        return self._graphs.cache
+
+    def _memory_usage(self) -> tuple[int, int]:
+        # torch-tensorrt reports neither; each lane holds a whole copy of the engine.
+        return 0, 0
 
     # -- EngineBase hooks ---------------------------------------------------------------
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> NativeState:
         handle = None
         if cache is not None:
-            handle = cache.ensure_materialized(self, backend=self.backend)
+            # The key of this engine's device: a cache never serves two GPU models. One that
+            # cannot be read gets no stale check, as in RuntimeCache.bind.
+            try:
+                key = self.backend.cache_key(self._device)
+            except Exception:
+                key = None
+            handle = cache.ensure_materialized(self, backend=self.backend, key=key)
             bridge = self._runtime.bridge
             native_handle = bridge.qualified_name(handle).endswith("RuntimeCacheHandle") or (
                 bridge.has_method(handle, "has_cache") and bridge.has_method(handle, "deserialize")
@@ -240,46 +255,61 @@ class TorchbindEngine(EngineBase):
             with translate_errors(self.name, "dropping the execution context"):
                 self._native.disable_profiling()
 
-    # -- execution ----------------------------------------------------------------------
-    def execute(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> list[Any]:
-        """Run the engine; one output per :attr:`outputs` entry, of the kind the inputs ask for.
+    # -- execution: hooks of the core pipeline -----------------------------------------------
+    def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
+                   ) -> list[Any] | None:
+        if stream is None and outputs is None:
+            if self._outer_graph is None:
+                return self._fast(inputs)
+            if self._graphs.replayable:
+                return self._replay_fast(inputs)
+        return None
 
-        ``stream``: the caller's stream (``None``: torch's current stream on the engine's
-        device; a ``torch.cuda.Stream``, a ``cudaStream_t`` int, or an object with
-        ``__cuda_stream__`` / ``.handle``); the work is queued on it. ``outputs``: CUDA
-        arrays to write into (returned as given); they are checked before the op runs.
-        """
-        with self._lock:
-            if stream is None and outputs is None:
-                results = self._fast(inputs)
-                if results is not None:
-                    return results
-            return self._execute(inputs, stream, outputs)
+    def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Call:
+        return self._contract.inspect(inputs)
 
-    def __call__(self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None) -> Any:
-        """Like :meth:`execute`, but a single output is returned bare, several as a tuple."""
-        with self._lock:
-            results = self._fast(inputs) if stream is None and outputs is None else None
-            if results is None:
-                results = self._execute(inputs, stream, outputs)
-        return results[0] if len(results) == 1 else tuple(results)
+    def _validate_outputs(self, outputs: Sequence[Any], call: Call) -> None:
+        call.views = self._contract.check_outputs(outputs, call.shapes)
 
-    def _fast(self, inputs: tuple[Any, ...]) -> list[Any] | None:
-        """The hot path: contiguous CUDA torch tensors of the right dtypes, on the engine's
-        device and current there, with shapes validated before, no outer graph and a live
-        context. None sends the call down :meth:`_execute` (which says what is wrong)."""
-        if self._context is None or self._outer_graph is not None or len(inputs) != self._n_in:
+    def _run(self, context: Any, call: Call, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        return self._run_call(call, stream, outputs, call.views)
+
+    _run_outer = _run  # _dispatch runs the outer graph when it is set
+
+    def _torch_key(self, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The shape key of contiguous CUDA torch tensors of the right dtypes on the engine's
+        device and current there; ``None`` for anything else."""
+        if len(inputs) != self._n_in:
             return None
         tensor_type = self._tensor_type
         for x, dtype in zip(inputs, self._torch_dtypes):  # noqa: B905 - lengths checked above
             if type(x) is not tensor_type or x.dtype is not dtype or not x.is_cuda or not x.is_contiguous():
                 return None
         if not self._single_device:
-            device = self.device
+            device = self._device
             if self._get_device() != device or any(x.get_device() != device for x in inputs):
                 return None
-        key = (inputs[0].shape,) if self._n_in == 1 else tuple([x.shape for x in inputs])
-        if key not in self._good_shapes:
+        return (inputs[0].shape,) if self._n_in == 1 else tuple([x.shape for x in inputs])
+
+    def _replay_fast(self, inputs: tuple[Any, ...]) -> list[Any] | None:
+        """An outer-graph replay of a graph already captured for these shapes, on torch's
+        current stream: copy the inputs in, replay, outputs by mode."""
+        key = self._torch_key(inputs)
+        if key is None:
+            return None
+        results = self._graphs.replay(key, inputs, view=self._outer_graph.outputs == "view")  # type: ignore[union-attr]
+        if results is not None:
+            self._last_stream = _CURRENT
+        return results
+
+    def _fast(self, inputs: tuple[Any, ...]) -> list[Any] | None:
+        """The hot path: contiguous CUDA torch tensors of the right dtypes, on the engine's
+        device and current there, with shapes validated before, no outer graph and a live
+        context. None sends the call down the general path (which says what is wrong)."""
+        if self._context is None:
+            return None
+        key = self._torch_key(inputs)
+        if key is None or key not in self._good_shapes:
             return None
         try:
             # Tensor[] takes the tuple as it is (the C++ argument parser accepts any sequence).
@@ -291,36 +321,18 @@ class TorchbindEngine(EngineBase):
         self._last_stream = _CURRENT
         return results  # type: ignore[no-any-return]
 
-    def _execute(self, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
-        """Every call the hot path does not take: check everything, then run."""
-        self._check_open()
-        call = self._contract.inspect(inputs)
-        views = None if outputs is None else self._contract.check_outputs(outputs, call.shapes)
-        self.ensure_context()
-        return self._run_call(call, stream, outputs, views)
-
-    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
-        """Check every input before a context exists (EngineBase.execute's hook)."""
-        self._contract.inspect(inputs)
-
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None = None
-             ) -> list[Any]:
-        call = self._contract.inspect(inputs)
-        views = None if outputs is None else self._contract.check_outputs(outputs, call.shapes)
-        return self._run_call(call, stream, outputs, views)
-
     def _run_call(self, call: Call, stream: Any, outputs: Sequence[Any] | None, views: list[Any] | None
                   ) -> list[Any]:
         """Run a checked call on the caller's stream: torch's current stream (switching to
         the engine's device if another is current) or ``stream``."""
         bridge = self._bridge
         try:
-            if stream is None and (self._single_device or self._get_device() == self.device):
+            if stream is None and (self._single_device or self._get_device() == self._device):
                 result = self._dispatch(call, outputs, views, caller_stream=False)
                 self._last_stream = _CURRENT
                 return result
             with translate_errors(self.name, "resolving the stream"):
-                torch_stream = bridge.resolve_stream(stream, self.device)
+                torch_stream = bridge.resolve_stream(stream, self._device)
             with bridge.stream_scope(torch_stream):
                 result = self._dispatch(call, outputs, views, caller_stream=stream is not None)
         except TrtRuntimeError:
@@ -339,6 +351,7 @@ class TorchbindEngine(EngineBase):
         if call.host:
             self._log_staging(call)
         if graph is not None and self._graph_capturable():
+            self._graphs.cache.max_graphs = graph.max_graphs
             # outputs= are filled straight from the static outputs: nothing is allocated
             results, captured = self._graphs.run(call, view=views is not None or graph.outputs == "view")
             if captured:
@@ -348,7 +361,7 @@ class TorchbindEngine(EngineBase):
             if call.host:
                 tensors = list(tensors)
                 for i in call.host:
-                    tensors[i] = bridge.to_device(tensors[i], self.device)
+                    tensors[i] = bridge.to_device(tensors[i], self._device)
             results = self._execute_now(tensors)
             if len(results) != self._n_out:
                 raise EngineError(
@@ -363,7 +376,7 @@ class TorchbindEngine(EngineBase):
             for view, result in zip(views, results, strict=True):
                 bridge.copy_(view, result)
             if call.kind == KIND_HOST and not caller_stream:  # host inputs promise ready results
-                bridge.synchronize(bridge.current_stream(self.device))
+                bridge.synchronize(bridge.current_stream(self._device))
             return list(outputs)
         if call.kind == KIND_HOST:
             host = [bridge.to_host(r) for r in results]  # waits for the copies
@@ -389,7 +402,7 @@ class TorchbindEngine(EngineBase):
             names = ", ".join(repr(self._inputs[i].name) for i in call.host)
             logger.info(
                 "engine %r: host input(s) %s copied to cuda:%d on the caller's stream "
-                "(pass CUDA tensors to stay zero-copy)", self.name, names, self.device,
+                "(pass CUDA tensors to stay zero-copy)", self.name, names, self._device,
             )
 
     def _graph_capturable(self) -> bool:
@@ -428,14 +441,14 @@ class TorchbindEngine(EngineBase):
     def _drop_graphs(self) -> None:
         self._graphs.drop()
 
-    def synchronize(self) -> None:
-        """Wait for the work this engine queued on the last stream it ran on."""
+    def _sync(self) -> None:
+        """Wait for the work this lane queued on the last stream it ran on."""
         stream = self._last_stream
         if stream is None:
             return
         bridge = self._bridge
         if stream is _CURRENT:
-            stream = bridge.current_stream(self.device)
+            stream = bridge.current_stream(self._device)
         bridge.synchronize(stream)
 
     def _release(self) -> None:

@@ -24,10 +24,11 @@ raised, is a :class:`~trt_runtime.CapabilityError` (kept until the graphs are dr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
+from trt_runtime.graphs import GraphCache
 
 if TYPE_CHECKING:
     from .bridge import TorchBridge
@@ -38,8 +39,6 @@ __all__ = ["GraphEntry", "OuterGraphs"]
 #: Eager runs on the side stream before a capture: the first compiles TensorRT-RTX's
 #: kernels for the shapes, the second settles what the first allocated.
 WARMUP_RUNS = 2
-#: Graphs kept per engine (each holds static buffers and a memory pool); the oldest goes first.
-MAX_GRAPHS = 32
 
 _NOT_CAPTURABLE = (
     "TensorRT-RTX captures an execution context only when the engine was built with "
@@ -61,7 +60,8 @@ class GraphEntry:
 
 
 class OuterGraphs:
-    """The captured graphs of one engine. Not thread-safe: the engine's lock covers it."""
+    """The captured graphs of one lane, kept in the core's :class:`~trt_runtime.graphs.GraphCache`
+    (LRU, ``OuterGraph.max_graphs``). Not thread-safe: the lane is leased by one call."""
 
     def __init__(
         self,
@@ -76,7 +76,7 @@ class OuterGraphs:
         self._bridge = bridge
         self._run = run  # one eager execute_engine call on the current stream
         self._output_names = output_names
-        self._entries: dict[tuple[Any, ...], GraphEntry] = {}
+        self._entries: GraphCache[tuple[Any, ...], GraphEntry] = GraphCache(self._release)
         self._side: Any = None
         self._last: Any = None  # the stream the graphs last ran on
         self._error: CapabilityError | None = None
@@ -86,26 +86,50 @@ class OuterGraphs:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def cache(self) -> GraphCache[tuple[Any, ...], GraphEntry]:
+        return self._entries
+
+    @property
+    def replayable(self) -> bool:
+        """Whether any graph is captured (the hot path may replay it)."""
+        return len(self._entries) > 0
+
+    def _release(self, entry: GraphEntry) -> None:
+        self._bridge.reset_graph(entry.graph)
+
+    def replay(self, shapes: tuple[Any, ...], tensors: Sequence[Any], *, view: bool) -> list[Any] | None:
+        """The hot path: replay the graph already captured for ``shapes`` with CUDA torch
+        ``tensors``; ``None`` when there is none."""
+        entry = self._entries.peek(shapes)
+        if entry is None:
+            return None
+        self._entries.touch(shapes)
+        return self._replay(entry, tensors, view)
+
     def run(self, call: Call, *, view: bool) -> tuple[list[Any], bool]:
         """Replay the graph of ``call``'s shapes on the current stream (capturing it first if
         there is none); return the outputs and whether a graph was captured."""
-        bridge = self._bridge
         entry = self._entries.get(call.shapes)
         captured = entry is None
         if entry is None:
             entry = self._capture(call)
+        return self._replay(entry, call.tensors, view), captured
+
+    def _replay(self, entry: GraphEntry, tensors: Sequence[Any], view: bool) -> list[Any]:
+        bridge = self._bridge
         current = bridge.current_stream(self._device)
         last = self._last
         if last is not None and last is not current:
             bridge.wait_stream(current, last)
         self._last = current
-        for static, tensor in zip(entry.inputs, call.tensors, strict=True):
+        for static, tensor in zip(entry.inputs, tensors, strict=True):
             if tensor is not static:  # the caller may fill the static inputs itself
                 bridge.copy_(static, tensor)
         bridge.replay(entry.graph)
         if view:
-            return list(entry.outputs), captured
-        return [bridge.clone(o) for o in entry.outputs], captured
+            return list(entry.outputs)
+        return [bridge.clone(o) for o in entry.outputs]
 
     def _capture(self, call: Call) -> GraphEntry:
         if self._error is not None:
@@ -118,8 +142,8 @@ class OuterGraphs:
         bridge.wait_stream(side, caller)  # the inputs were produced on the caller's stream
         if self._last is not None and self._last is not caller:
             bridge.wait_stream(side, self._last)  # replays of other graphs share the context
-        if len(self._entries) >= MAX_GRAPHS:
-            self._evict_oldest()
+        if len(self._entries) >= self._entries.max_graphs:
+            bridge.synchronize_device(self._device)  # no replay of the graph evicted below is in flight
         host = set(call.host)
         reserved = self._reserved.pop(call.shapes, None)
         try:
@@ -165,7 +189,8 @@ class OuterGraphs:
             raise self._error from exc
         bridge.wait_stream(caller, side)
         self._last = caller
-        entry = self._entries[call.shapes] = GraphEntry(graph, statics, outputs)
+        entry = GraphEntry(graph, statics, outputs)
+        self._entries.add(call.shapes, entry)
         return entry
 
     def _verify(self, graph: Any, outputs: list[Any], eager: list[Any], side: Any) -> None:
@@ -188,7 +213,7 @@ class OuterGraphs:
     def static_inputs(self, shapes: tuple[tuple[int, ...], ...], dtypes: list[str]) -> list[Any]:
         """The static inputs of the graph for ``shapes``; allocated now (zeros) when it has
         not been captured yet, and used by its capture."""
-        entry = self._entries.get(shapes)
+        entry = self._entries.peek(shapes)
         if entry is not None:
             return list(entry.inputs)
         reserved = self._reserved.get(shapes)
@@ -199,18 +224,10 @@ class OuterGraphs:
             ]
         return list(reserved)
 
-    def _evict_oldest(self) -> None:
-        key = next(iter(self._entries))
-        self._bridge.synchronize_device(self._device)  # no replay of it is in flight
-        entry = self._entries.pop(key)
-        self._bridge.reset_graph(entry.graph)
-
     def drop(self) -> None:
         """Release every graph and its static tensors (after the device finished with them)."""
         if self._entries:
             self._bridge.synchronize_device(self._device)
-        for entry in self._entries.values():
-            self._bridge.reset_graph(entry.graph)
         self._entries.clear()
         self._reserved.clear()
         self._error = None

@@ -85,23 +85,16 @@ class TorchbindRuntime:
             "torch-tensorrt picks the optimization profile itself (Engine._auto_select_profiles, "
             "2.14+); a per-call profile= is not offered"
         )
-        notes["supports_multiple_contexts"] = (
-            "torch.classes.tensorrt.Engine owns one IExecutionContext; load the engine once per "
-            "concurrent caller instead"
-        )
-        return BackendCapabilities(
-            supports_runtime_cache=cache,
-            supports_cuda_graph_strategy=settings,
-            supports_dynamic_shapes_kernel_specialization_strategy=settings,
-            supports_output_allocator=True,
-            supports_host_io=True,
-            supports_preallocated_outputs=True,
-            supports_profile_selection=False,
-            supports_outer_cuda_graph=graphs,
-            supports_multiple_contexts=False,
-            cache_deserialize_merges=False,
-            notes=notes,
-        )
+        lacking = {
+            "supports_runtime_cache": not cache,
+            "supports_cuda_graph_strategy": not settings,
+            "supports_dynamic_shapes_kernel_specialization_strategy": not settings,
+            "supports_outer_cuda_graph": not graphs,
+            "supports_profile_selection": True,
+            "cache_deserialize_merges": True,
+        }
+        off = [flag for flag, missing in lacking.items() if missing]
+        return dataclasses.replace(BackendCapabilities.all_on().without(*off), notes=notes)
 
     def new_native_cache_handle(self, path: str = "") -> Any:
         cls = self.bridge.cache_handle_class()

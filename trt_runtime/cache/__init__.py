@@ -10,6 +10,7 @@ locations). See ``docs/cache.md``.
 from __future__ import annotations
 
 from trt_runtime.cache.framing import FORMAT_VERSION, HEADER_SIZE, MAGIC, decode, encode
+from trt_runtime.cache.key import CacheKey
 from trt_runtime.cache.runtime_cache import RuntimeCache
 from trt_runtime.cache.storage import STALE_TEMP_SECONDS, default_cache_dir, default_cache_path
 
@@ -18,6 +19,7 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "STALE_TEMP_SECONDS",
+    "CacheKey",
     "RuntimeCache",
     "decode",
     "default_cache_dir",

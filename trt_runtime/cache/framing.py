@@ -13,8 +13,8 @@ import hashlib
 import json
 import struct
 
+from trt_runtime.cache.key import CacheKey
 from trt_runtime.errors import FormatError
-from trt_runtime.protocols import CacheKey
 from trt_runtime.validation import json_document, show
 
 __all__ = ["FORMAT_VERSION", "HEADER_SIZE", "MAGIC", "decode", "encode"]

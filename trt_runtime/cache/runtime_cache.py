@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from trt_runtime.cache import storage
 from trt_runtime.cache.framing import decode, encode
+from trt_runtime.cache.key import CacheKey
 from trt_runtime.errors import (
     CacheError,
     CacheWarning,
@@ -30,7 +31,6 @@ from trt_runtime.errors import (
     LostUpdateWarning,
     StaleCacheWarning,
 )
-from trt_runtime.protocols import CacheKey
 from trt_runtime.validation import seconds
 
 __all__ = ["RuntimeCache"]

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trt_runtime.cache.key import CacheKey
 from trt_runtime.errors import CacheError, CacheLockTimeout
 from trt_runtime.files import (
     STALE_TEMP_SECONDS,
@@ -30,7 +31,6 @@ from trt_runtime.files import (
     open_regular,
     temp_name,
 )
-from trt_runtime.protocols import CacheKey
 from trt_runtime.validation import path_text
 
 __all__ = [

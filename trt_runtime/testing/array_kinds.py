@@ -10,7 +10,8 @@ a backend accepts and checks the kind of what comes back:
 ``"cuda_array"``          any other CUDA array (``__cuda_array_interface__`` / DLPack)
 ========================  ===========================================================
 
-The output kind of a call follows its inputs (:func:`output_kind`): any CUDA torch
+The kinds are :class:`trt_runtime.contract.ArrayKind`; the output kind of a call follows
+its inputs (:func:`trt_runtime.contract.output_kind`, re-exported here): any CUDA torch
 tensor -> CUDA torch tensors; else any other CUDA array -> device arrays; else any CPU
 torch tensor -> CPU torch tensors; else numpy arrays.
 
@@ -21,9 +22,10 @@ import them when called, and :func:`unavailable` says why a kind cannot be made 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from trt_runtime.contract import ArrayKind, output_kind
 from trt_runtime.dtypes import normalize_dtype
 
 __all__ = [
@@ -50,10 +52,10 @@ __all__ = [
     "unavailable",
 ]
 
-NUMPY = "numpy"
-TORCH_CPU = "torch_cpu"
-TORCH_CUDA = "torch_cuda"
-CUDA_ARRAY = "cuda_array"
+NUMPY = ArrayKind.NUMPY
+TORCH_CPU = ArrayKind.TORCH_CPU
+TORCH_CUDA = ArrayKind.TORCH_CUDA
+CUDA_ARRAY = ArrayKind.CUDA_ARRAY
 #: Every kind, in the order tests are parametrized.
 ALL_KINDS = (NUMPY, TORCH_CPU, TORCH_CUDA, CUDA_ARRAY)
 #: Kinds in host memory (a backend needs ``supports_host_io`` to take them).
@@ -62,15 +64,6 @@ HOST_KINDS = frozenset({NUMPY, TORCH_CPU})
 DEVICE_KINDS = frozenset({TORCH_CUDA, CUDA_ARRAY})
 
 _KDLCUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
-
-
-def output_kind(kinds: Iterable[str]) -> str:
-    """The kind of a call's outputs given the kinds of its inputs (the mixing rule)."""
-    found = set(kinds)
-    for kind in (TORCH_CUDA, CUDA_ARRAY, TORCH_CPU):
-        if kind in found:
-            return kind
-    return NUMPY
 
 
 # -- what can be made here ------------------------------------------------------------------

@@ -38,9 +38,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from trt_runtime.cache.key import CacheKey
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CacheError, EngineError, InputError
-from trt_runtime.protocols import Availability, BackendCapabilities, CacheKey, EngineSource, TensorSpec
+from trt_runtime.protocols import Availability, BackendCapabilities, EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings, SettingsLike
 from trt_runtime.testing.memory_format import ENGINE_MAGIC, AffineOutput, build_engine, parse_engine
 
@@ -62,15 +63,9 @@ __all__ = [
 
 CACHE_MAGIC = b"TRTMEMC1"
 
-_CAPABILITY_FLAGS = (
-    "supports_runtime_cache",
-    "supports_cuda_graph_strategy",
-    "supports_dynamic_shapes_kernel_specialization_strategy",
-    "supports_output_allocator",
-    "supports_host_io",
-    "supports_preallocated_outputs",
-    "supports_outer_cuda_graph",
-)
+#: What the memory backend does not do (every other flag it supports).
+_UNSUPPORTED = ("supports_profile_selection", "cache_deserialize_merges")
+_CAPABILITY_FLAGS = tuple(f for f in BackendCapabilities.flags() if f not in _UNSUPPORTED)
 
 
 # -- the native cache ------------------------------------------------------------------
@@ -205,10 +200,9 @@ class MemoryEngine(EngineBase):
         settings: SettingsLike = None,
     ) -> None:
         self._ops = tuple(ops)
-        #: The device the container named (0 when none: this backend has no devices).
-        self.device = 0 if device is None else device
+        self._device = device
         #: Every context this engine created, in order (destroyed ones included).
-        self.contexts: list[MemoryContext] = []
+        self.created_contexts: list[MemoryContext] = []
         #: How many times :meth:`_run` reached the numeric work (after validation).
         self.runs = 0
         #: Outer graphs of the current context by input-shape key.
@@ -216,9 +210,14 @@ class MemoryEngine(EngineBase):
         super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
 
     @property
+    def device(self) -> int:  # type: ignore[override]
+        """The device named at load (the memory backend runs on none); 0 when not named."""
+        return 0 if self._device is None else self._device
+
+    @property
     def context_settings(self) -> list[RuntimeSettings]:
         """The settings each context was created with, in creation order."""
-        return [c.settings for c in self.contexts]
+        return [c.settings for c in self.created_contexts]
 
     @property
     def current_context(self) -> MemoryContext | None:
@@ -241,8 +240,8 @@ class MemoryEngine(EngineBase):
                     "not the memory backend's native cache"
                 )
             config.runtime_cache = native
-        context = MemoryContext(serial=len(self.contexts), settings=settings, config=config)
-        self.contexts.append(context)
+        context = MemoryContext(serial=len(self.created_contexts), settings=settings, config=config)
+        self.created_contexts.append(context)
         return context
 
     def _destroy_context(self, context: Any) -> None:
@@ -251,19 +250,31 @@ class MemoryEngine(EngineBase):
     def _drop_graphs(self) -> None:
         self.graphs.clear()
 
-    def _validate_inputs(self, inputs: Sequence[Any]) -> None:
-        self._validate(inputs)
+    def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> list[Any]:
+        return self._validate(inputs)
 
-    def _run(self, context: Any, inputs: Sequence[Any], stream: Any, outputs: Any = None) -> list[Any]:
-        # EngineBase.execute validated the inputs (before any context existed).
-        if outputs is not None:
-            self._check_outputs(inputs, outputs)
+    def _run(self, context: Any, call: Any, stream: Any, outputs: Any = None) -> list[Any]:
+        return self._finish(context, call, self._compute(call), outputs)
+
+    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Any = None) -> list[Any]:
+        assert self._outer_graph is not None
+        results = self._run_graph(context, call, view=self._outer_graph.outputs == "view")
+        return self._finish(context, call, results, outputs)
+
+    def _clone_lane(self) -> MemoryEngine:
+        """Another "execution context" of the same engine (the core's ``contexts=N``)."""
+        return type(self)(
+            self._backend, name=self.name, inputs=self._inputs, outputs=self._outputs,  # type: ignore[arg-type]
+            ops=self._ops, device=self._device, settings=self._settings,
+        )
+
+    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:
+        self._check_outputs(call, outputs)
+
+    def _finish(self, context: Any, inputs: Sequence[Any], results: list[Any], outputs: Any) -> list[Any]:
+        """Count the run, record its kernels, and write ``outputs=`` if given."""
         self.runs += 1
         context.runs += 1
-        if self._outer_graph is None:
-            results = self._compute(inputs)
-        else:
-            results = self._run_graph(context, inputs, view=self._outer_graph.outputs == "view")
         self._record_kernels(context, inputs)
         if outputs is None:
             return results

@@ -1,4 +1,4 @@
-"""The outer CUDA-graph wrap of the python backend: capture a call once, replay it after.
+"""The outer CUDA graphs of the python backend: capture a call once, replay it after.
 
 Under ``engine.outer_graph`` (see :mod:`trt_runtime.graphs`) each (input shapes,
 optimization profile) gets a :class:`GraphSlot`: static input and output buffers owned
@@ -31,14 +31,16 @@ application: the engine creates its contexts ``USER_MANAGED`` (see ``engine.py``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trt_runtime_backends.python import cuda
-from trt_runtime_backends.python.arrays import KIND_HOST, KIND_TORCH, DeviceArray, torch_module
-from trt_runtime_backends.python.inspection import Inspection, TensorInfo, numel
+from trt_runtime_backends.python.arrays import DeviceArray, torch_module
+from trt_runtime_backends.python.contract import Inspection, TensorInfo
+from trt_runtime_backends.python.lane import LaneState
 from trt_runtime_backends.python.output_binding import host_memory
 
-from trt_runtime.errors import CapabilityError, EngineError, InputError
+from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
+from trt_runtime.errors import CapabilityError, EngineError
 
 __all__ = ["GraphSlot", "OuterGraphExecution"]
 
@@ -90,102 +92,32 @@ def _torch_views(arrays: Sequence[DeviceArray]) -> list[Any]:
     return [torch.from_dlpack(a) for a in arrays]
 
 
-class OuterGraphExecution:
+class OuterGraphExecution(LaneState):
     """Runs calls under the outer CUDA-graph wrap (mixin of ``PythonEngine``)."""
 
-    name: str
-    _lock: Any
-    _context: Any
-    _outer_graph: Any
-    _graph_captures: int
-    _slots: dict[tuple[Any, int], GraphSlot]
-    _graph_shortcuts: dict[tuple[Any, ...], GraphSlot]
-    _capture_stream: Any
-    _in: list[TensorInfo]
-    _out: list[TensorInfo]
-    _n_in: int
-    _io_names: tuple[str, ...]
-    _in_torch_dtypes: tuple[Any, ...]
-    _torch_tensor: Any
-    _torch_device: Any
-    _torch_empty: Any
-    _current_raw_stream: Any
-    _device: int
-    _multi_device: bool
-    _profile: int | None
-    _stream: Any
-    _stream_handle: int
-    _state: Any
-    _order: Any
-    _rt: Any
-    _res: Any
-    _logger: Any
-    _threads: Any
+    _capture_stream: Any  # assigned here too
 
-    if TYPE_CHECKING:  # from PythonEngine and the other mixins
-        def _check_open(self) -> None: ...
-        def ensure_context(self) -> Any: ...
-        def _inspect(self, inputs: Sequence[Any], profile: int | None) -> Inspection: ...
-        def _check_shapes(self, shapes: tuple[Any, ...], profile: int | None) -> int: ...
-        def _apply_shapes(self, ctx: Any, shapes: tuple[Any, ...], profile: int) -> None: ...
-        def _caller_stream(self, stream: Any, torch_inputs: bool) -> int | None: ...
-        def _check_outputs(self, ctx: Any, outputs: Sequence[Any]) -> tuple[list[Any], list[int]]: ...
-        def _to_host(self, results: list[Any], ours: int, torch_host: bool = False) -> list[Any]: ...
-        def _log_staging(self, host: list[tuple[int, Any]]) -> None: ...
-        def _execute_failed(self) -> None: ...
-        def _set_device(self) -> None: ...
-        def _activate_thread(self) -> None: ...
-        def _fit_device_memory(self, ctx: Any) -> None: ...
-        def synchronize(self) -> None: ...
 
-    # -- public ------------------------------------------------------------------------------
-    def static_inputs(self, *shapes: Sequence[int], profile: int | None = None,
-                      as_torch: bool = False) -> list[Any]:
-        """The engine's static input buffers for inputs of these shapes, under the outer graph.
 
-        Passing them (or any array at the same addresses, such as ``torch.from_dlpack`` of
-        them) as the inputs of a call skips the copy into the static buffers: a call is then
-        one graph launch plus stream ordering. They are ``DeviceArray``s, or torch views when
-        ``as_torch``. They stay the engine's buffers until the graphs are dropped (a settings
-        change, ``outer_graph`` changing, ``reset_graphs()``, ``close()``); ask again after.
-        Raises :class:`~trt_runtime.EngineError` when ``outer_graph`` is not set.
-        """
-        with self._lock:
-            self._check_open()
-            if not hasattr(self._threads, "ready"):
-                self._activate_thread()
-            if self._outer_graph is None:
-                raise EngineError(
-                    f"engine {self.name!r}: static_inputs() needs the outer CUDA-graph wrap "
-                    "(engine.outer_graph, or trt_runtime.enable_cudagraphs(engine, outer=True)); "
-                    "its buffers are dropped whenever the wrap changes"
-                )
-            if len(shapes) != self._n_in:
-                raise InputError(
-                    f"engine {self.name!r} takes {self._n_in} input(s) "
-                    f"({', '.join(io.name for io in self._in)}); static_inputs() got {len(shapes)} shape(s)"
-                )
-            key_shapes = tuple(tuple(int(d) for d in s) for s in shapes)
-            chosen = self._check_shapes(key_shapes, self._profile if profile is None else profile)
-            slot = self._slot((key_shapes, chosen))
-            if not as_torch:
-                return list(slot.inputs)
-            if slot.torch_inputs is None:
-                slot.torch_inputs = _torch_views(slot.inputs)
-            return list(slot.torch_inputs)
+    # -- hooks of the core pipeline ---------------------------------------------------------------
 
-    # -- one call ------------------------------------------------------------------------------
-    def _run_outer(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
-                   profile: int | None) -> list[Any]:
-        if outputs is None and profile is None and self._graph_shortcuts:
-            results = self._replay_torch(inputs, stream)
-            if results is not None:
-                return results
-        self._check_open()
-        inspection = self._inspect(inputs, self._profile if profile is None else profile)
-        ctx = self._context
-        if ctx is None:
-            ctx = self.ensure_context()
+    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
+                       ) -> list[Any]:
+        """The static buffers of the slot of (``shapes``, ``profile``): ``DeviceArray``s, or
+        torch views (through DLPack) when ``as_torch``."""
+        if not hasattr(self._threads, "ready"):
+            self._activate_thread()
+        slot = self._slot((shapes, profile))
+        if not as_torch:
+            return list(slot.inputs)
+        if slot.torch_inputs is None:
+            slot.torch_inputs = _torch_views(slot.inputs)
+        return list(slot.torch_inputs)
+
+    def _run_outer(self, ctx: Any, inspection: Inspection, stream: Any, outputs: Sequence[Any] | None
+                   ) -> list[Any]:
+        """One call under the outer graph: replay the slot of its (shapes, profile), or
+        capture it (its eager warm-up run is then this call's result)."""
         if self._multi_device:
             self._set_device()
         key = (inspection.shapes, inspection.profile)
@@ -211,7 +143,7 @@ class OuterGraphExecution:
         results = self._graph_results(ctx, slot, inspection, outputs, caller, ours)
         if caller is not None:
             self._order.after(caller)
-        if (outputs is None and profile is None and kind == KIND_TORCH and inspection.host is None
+        if (outputs is None and inspection.remember and kind == KIND_TORCH and inspection.host is None
                 and slot.exec is not None):
             if len(self._graph_shortcuts) >= _SHORTCUTS:
                 self._graph_shortcuts.clear()
@@ -223,34 +155,15 @@ class OuterGraphExecution:
         does not qualify (the full path then checks and runs it). With the static inputs
         passed and ``"view"`` outputs this is one ``cudaGraphLaunch`` (plus events for a
         caller stream other than the legacy default one)."""
-        tensor = self._torch_tensor
-        device = self._device
-        if len(inputs) == 1:
-            (x,) = inputs
-            if (type(x) is not tensor or x.dtype is not self._in_torch_dtypes[0] or x.get_device() != device
-                    or not x.is_contiguous()):
-                return None
-            slot = self._graph_shortcuts.get((x.shape,))
-        else:
-            if len(inputs) != self._n_in:
-                return None
-            for x, dtype in zip(inputs, self._in_torch_dtypes, strict=False):
-                if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
-                        or not x.is_contiguous()):
-                    return None
-            slot = self._graph_shortcuts.get(tuple([x.shape for x in inputs]))
-        if slot is None:
+        found = self._torch_lookup(inputs, stream, self._graph_shortcuts)
+        if found is None:
             return None
+        slot, caller = found
+        self._slots.touch(slot.key)
         if self._multi_device:
             self._set_device()
         ours = self._stream_handle
         order = self._order
-        if stream is None:
-            caller: int | None = self._current_raw_stream(device)
-            if caller in order.skip or caller == ours:
-                caller = None
-        else:
-            caller = self._caller_stream(stream, True)
         if caller is not None:
             order.before(caller)
         rt = self._rt
@@ -262,8 +175,10 @@ class OuterGraphExecution:
                 if err:
                     cuda.check((err,), "cudaMemcpyAsync")
         ctx = self._context
-        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key:
-            self._enter_slot(ctx, slot)
+        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key and not self._restore_shapes(
+            ctx, slot.key, slot.dynamic_dims, slot.out_shapes
+        ):
+            self._shapes_refused(slot)
         (err,) = rt.cudaGraphLaunch(slot.exec, ours)
         if err:
             self._launch_failed(err)
@@ -299,9 +214,13 @@ class OuterGraphExecution:
 
     # -- slots, capture and launch ----------------------------------------------------------------
     def _slot(self, key: tuple[Any, int]) -> GraphSlot:
-        slot = self._slots.get(key)
+        slot = self._slots.peek(key)
         if slot is None:
-            slot = self._slots[key] = GraphSlot(key, self._in, self._state, self._stream, self._device)
+            slot = GraphSlot(key, self._in, self._state, self._stream, self._device)
+            outer = self._outer_graph
+            if outer is not None:
+                self._slots.max_graphs = outer.max_graphs
+            self._slots.add(key, slot, captured=False)
         return slot
 
     def _fill_inputs(self, slot: GraphSlot, inspection: Inspection, ours: int) -> None:
@@ -382,6 +301,7 @@ class OuterGraphExecution:
             rt.cudaGraphDestroy(graph)  # the executable graph does not need it
         self._res.graph_execs.append(slot.exec)
         self._graph_captures += 1
+        self._slots.captures += 1
 
     def _refuse_allocators(self, ctx: Any) -> None:
         if ctx.allocators:
@@ -391,30 +311,16 @@ class OuterGraphExecution:
                 "shapes, or output_allocator='always'); a CUDA graph cannot capture them"
             )
 
-    def _enter_slot(self, ctx: Any, slot: GraphSlot) -> None:
-        """Put the context's shapes back to the slot's before replaying its graph."""
-        profile = slot.key[1]
-        trt_context = ctx.trt_context
-        ctx.shape_key = None
-        if ctx.profile != profile:
-            if not trt_context.set_optimization_profile_async(profile, self._stream_handle):
-                raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
-            if ctx.user_managed:
-                self.synchronize()
-            ctx.profile = profile
-            ctx.bound.clear()
-            ctx.bound_ptrs = ()
-        for name, dims in slot.dynamic_dims:
-            if not trt_context.set_input_shape(name, dims):
-                raise EngineError(f"engine {self.name!r}: TensorRT rejected shape {dims} for input {name!r}")
-        if slot.dynamic_dims:
-            self._fit_device_memory(ctx)  # the same buffer: it fitted these shapes at capture
-        ctx.shape_key = slot.key
-        ctx.out_shapes = slot.out_shapes
+    def _shapes_refused(self, slot: GraphSlot) -> None:
+        raise EngineError(
+            f"engine {self.name!r}: TensorRT rejected the shapes {slot.dynamic_dims} of a captured graph"
+        )
 
     def _launch(self, ctx: Any, slot: GraphSlot, ours: int) -> None:
-        if ctx.shape_key != slot.key:
-            self._enter_slot(ctx, slot)
+        if ctx.shape_key != slot.key and not self._restore_shapes(
+            ctx, slot.key, slot.dynamic_dims, slot.out_shapes
+        ):  # the same memory buffer: it fitted these shapes at capture
+            self._shapes_refused(slot)
         (err,) = self._rt.cudaGraphLaunch(slot.exec, ours)
         if err:
             self._launch_failed(err)
@@ -458,14 +364,19 @@ class OuterGraphExecution:
 
     def _drop_graphs(self) -> None:
         """Destroy every graph and let go of the static buffers (arrays handed out as views
-        keep their memory alive). Called with the lock held, after synchronize."""
+        keep their memory alive). Called after _sync, with the lane held."""
         self._graph_shortcuts.clear()
-        slots, self._slots = self._slots, {}
-        destroy = getattr(self._rt, "cudaGraphExecDestroy", None)
-        for slot in slots.values():
-            if slot.exec is not None and destroy is not None:
-                destroy(slot.exec)
-            slot.exec = None
+        self._slots.clear()
         self._res.graph_execs.clear()
 
-
+    def _release_slot(self, slot: GraphSlot) -> None:
+        """The core's graph cache let go of ``slot`` (evicted or dropped): destroy its graph."""
+        self._graph_shortcuts.clear()  # may point at it
+        if slot.exec is not None:
+            destroy = getattr(self._rt, "cudaGraphExecDestroy", None)
+            if destroy is not None:
+                destroy(slot.exec)
+            execs = self._res.graph_execs
+            if slot.exec in execs:
+                execs.remove(slot.exec)
+            slot.exec = None

@@ -1,4 +1,4 @@
-"""Input inspection for the python backend: what a call's inputs are, checked before TensorRT.
+"""The python backend's side of the device contract: what a call's inputs are, checked before TensorRT.
 
 :class:`InputInspection` (a mixin of ``PythonEngine``) checks count, kind, dtype,
 device, contiguity, shape and optimization profile of a call's inputs without an
@@ -12,20 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trt_runtime_backends.python.arrays import (
-    KIND_DEVICE,
-    KIND_HOST,
-    KIND_TORCH,
-    DeviceArray,
-    describe_device_array,
-    torch_module,
-)
+from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array, torch_module
+from trt_runtime_backends.python.lane import LaneState
 
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH
 from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import InputError
 from trt_runtime.protocols import TensorSpec
 
-__all__ = ["InputInspection", "Inspection", "TensorInfo", "fmt_shape", "numel"]
+__all__ = ["InputInspection", "Inspection", "TensorInfo"]
 
 
 class TensorInfo:
@@ -55,10 +50,14 @@ class Inspection:
     ``profile``: the optimization profile the shapes run in.
     """
 
-    __slots__ = ("host", "kind", "profile", "ptrs", "shapes", "torch_host")
+    __slots__ = ("host", "inputs", "kind", "profile", "ptrs", "remember", "shapes", "torch_host")
 
     def __init__(self, kind: int, ptrs: list[int], shapes: tuple[Any, ...],
-                 host: list[tuple[int, Any]] | None, torch_host: bool, profile: int) -> None:
+                 host: list[tuple[int, Any]] | None, torch_host: bool, profile: int,
+                 inputs: Sequence[Any] = (), remember: bool = False) -> None:
+        #: The inputs as given; ``remember``: whether a fast path may be recorded from it.
+        self.inputs = inputs
+        self.remember = remember
         self.kind = kind
         self.ptrs = ptrs
         self.shapes = shapes
@@ -67,37 +66,20 @@ class Inspection:
         self.profile = profile
 
 
-class InputInspection:
+class InputInspection(LaneState):
     """Checks of a call's inputs that need no execution context (mixin of ``PythonEngine``)."""
 
-    name: str
-    _in: list[TensorInfo]
-    _out: list[TensorInfo]
-    _n_in: int
-    _device: int
-    _multi_device: bool
-    _num_profiles: int
-    _checked: dict[tuple[Any, int | None], int]
-    _torch_tensor: Any
+    _torch_tensor: Any  # assigned here too
     _torch_device: Any
     _in_torch_dtypes: tuple[Any, ...]
     _current_raw_stream: Any
     _torch_empty: Any
 
-    def _check_profile_index(self, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self._num_profiles:
-            raise InputError(
-                f"engine {self.name!r}: profile must be an int in 0..{self._num_profiles - 1}; got {value!r}"
-            )
-
-    def _inspect(self, inputs: Sequence[Any], profile: int | None) -> Inspection:
+    def _inspect(self, inputs: Sequence[Any], profile: int | None, remember: bool = False) -> Inspection:
         """Every check that needs no execution context: count, dtype, device, contiguity,
         shape and optimization profile. Raises InputError; TensorRT is not called."""
         if len(inputs) != self._n_in:
-            raise InputError(
-                f"engine {self.name!r} takes {self._n_in} input(s) "
-                f"({', '.join(io.name for io in self._in)}); got {len(inputs)}"
-            )
+            self._shapes.check_count(len(inputs))
         kind = KIND_HOST
         ptrs: list[int] = []
         shapes: list[Any] = []
@@ -148,56 +130,8 @@ class InputInspection:
             ptrs.append(-1)
             shapes.append(arr.shape)
         key = tuple(shapes)
-        chosen = self._checked.get((key, profile))
-        if chosen is None:
-            chosen = self._check_shapes(key, profile)
-            if len(self._checked) >= 64:
-                self._checked.clear()
-            self._checked[(key, profile)] = chosen
-        return Inspection(kind, ptrs, key, host, torch_host, chosen)
-
-    def _check_shapes(self, shapes: tuple[Any, ...], profile: int | None) -> int:
-        """Validate ranks, static dimensions and profile ranges; return the profile to use."""
-        tuples = [tuple(int(d) for d in s) for s in shapes]
-        for io, shape in zip(self._in, tuples, strict=False):
-            if len(shape) != io.rank:
-                raise InputError(
-                    f"engine {self.name!r}: input {io.name!r} must have {io.rank} dimension(s) "
-                    f"{fmt_shape(io.shape)}; got shape {fmt_shape(shape)}"
-                )
-            for want, got in zip(io.shape, shape, strict=False):
-                if want >= 0 and want != got:
-                    raise InputError(
-                        f"engine {self.name!r}: input {io.name!r} must have shape {fmt_shape(io.shape)}; "
-                        f"got {fmt_shape(shape)}"
-                    )
-        dynamic = [(io, s) for io, s in zip(self._in, tuples, strict=False) if io.spec.is_dynamic]
-        if profile is not None:
-            self._check_profile_index(profile)
-        if not dynamic:
-            return profile or 0
-        if profile is None:
-            chosen = next(
-                (p for p in range(self._num_profiles) if all(_in_range(io, s, p) for io, s in dynamic)),
-                None,
-            )
-            if chosen is None:
-                nowhere = [(io, s) for io, s in dynamic
-                           if not any(_in_range(io, s, p) for p in range(self._num_profiles))]
-                io, s = nowhere[0] if nowhere else dynamic[0]
-                raise InputError(
-                    f"engine {self.name!r}: input {io.name!r} has shape {fmt_shape(s)}, outside every "
-                    f"optimization profile (or no profile fits all inputs): {_ranges(io)}"
-                )
-            return chosen
-        for io, s in dynamic:
-            if not _in_range(io, s, profile):
-                lo, _, hi = io.spec.profiles[profile]
-                raise InputError(
-                    f"engine {self.name!r}: input {io.name!r} has shape {fmt_shape(s)}, outside "
-                    f"optimization profile {profile} (min {fmt_shape(lo)}, max {fmt_shape(hi)})"
-                )
-        return profile
+        chosen = self._shapes.select(key, profile)
+        return Inspection(kind, ptrs, key, host, torch_host, chosen, inputs, remember)
 
     # -- one input of each kind ------------------------------------------------------------
     def _is_torch(self, x: Any) -> bool:
@@ -302,32 +236,6 @@ class InputInspection:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def fmt_shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _ranges(io: TensorInfo) -> str:
-    return "; ".join(
-        f"profile {p}: min {fmt_shape(lo)}, max {fmt_shape(hi)}"
-        for p, (lo, _, hi) in enumerate(io.spec.profiles)
-    ) or "the engine has no profile for it"
-
-
-def _in_range(io: TensorInfo, shape: tuple[int, ...], profile: int) -> bool:
-    profiles = io.spec.profiles
-    if profile >= len(profiles):
-        return False
-    lo, _, hi = profiles[profile]
-    return all(a <= d <= b for a, d, b in zip(lo, shape, hi, strict=False))
 
 
 def _dl_is_cuda(x: Any) -> bool:

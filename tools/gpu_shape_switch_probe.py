@@ -1,0 +1,129 @@
+"""What a change of input shapes costs a USER_MANAGED TensorRT-RTX context, call by call.
+
+Run on the GPU host from the repository root::
+
+    python tools/gpu_shape_switch_probe.py [--out $OUT/shape_switch.json]
+
+Builds the dynamic engine of the benchmark (``relu(x @ W) + 1``, fp16, 256 wide, one
+profile 1..64), cycles batches 1/8/64 and times, per call (µs, median of 2000, no
+synchronize), the TensorRT calls a runtime can make when the shape changes:
+
+* ``set_input_shape`` alone (what the raw pre-bound loop does);
+* ``+ update_device_memory_size_for_shapes`` (what the python backend does, as
+  TensorRT-RTX's sample does for USER_MANAGED memory);
+* ``+ set_device_memory`` with the same buffer (what the python backend does too);
+* ``execute_async_v3`` after each variant, with the outputs compared with the reference,
+  so that a variant that skips a call is only taken if its results stay right.
+
+It answers issue 17's question (why the dynamic workload loses ~26 µs per call) with
+figures, and whether ``set_device_memory`` (or the size update) may be skipped when the
+buffer already fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BATCHES = (1, 8, 64)
+CALLS = 2000
+
+
+def _timed(fn: Any, calls: int = CALLS) -> float:
+    samples = []
+    for i in range(calls):
+        t0 = time.perf_counter_ns()
+        fn(i)
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    import numpy as np
+    import torch
+
+    from trt_runtime import builders
+
+    trt = builders.import_tensorrt()
+    built = builders.build_dynamic(256, "float16", profiles=((1, 8, 64),))
+    runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
+    engine = runtime.deserialize_cuda_engine(built.plan)
+    config = engine.create_runtime_config()
+    config.cuda_graph_strategy = trt.CudaGraphStrategy.DISABLED
+    config.set_execution_context_allocation_strategy(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+    context = engine.create_execution_context(config)
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    x_name, y_name = names[0], names[1]
+    need = int(engine.device_memory_size_v2)
+    for b in BATCHES:
+        context.set_input_shape(x_name, (b, 256))
+        need = max(need, int(context.update_device_memory_size_for_shapes()))
+    memory = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    handle = int(stream.cuda_stream)
+    context.set_optimization_profile_async(0, handle)
+    stream.synchronize()
+    context.set_device_memory(memory.data_ptr(), memory.numel())
+    hosts = [built.random_inputs(batch=b, seed=b)[0] for b in BATCHES]
+    xs = [torch.from_numpy(h).cuda() for h in hosts]
+    ys = [torch.empty((b, 256), dtype=torch.float16, device="cuda") for b in BATCHES]
+    wants = [built.reference(h)[0] for h in hosts]
+    rtol, atol = built.tolerance
+
+    def bind(i: int) -> int:
+        k = i % len(BATCHES)
+        context.set_tensor_address(x_name, xs[k].data_ptr())
+        context.set_tensor_address(y_name, ys[k].data_ptr())
+        return k
+
+    # Safest first: a variant that skips a call TensorRT needs may crash the process.
+    variants = {
+        "+set_device_memory": lambda k: (
+            context.set_input_shape(x_name, (BATCHES[k], 256)),
+            context.update_device_memory_size_for_shapes(),
+            context.set_device_memory(memory.data_ptr(), memory.numel()),
+        ),
+        "+update_device_memory_size_for_shapes": lambda k: (
+            context.set_input_shape(x_name, (BATCHES[k], 256)),
+            context.update_device_memory_size_for_shapes(),
+        ),
+        "set_input_shape": lambda k: context.set_input_shape(x_name, (BATCHES[k], 256)),
+    }
+    result: dict[str, Any] = {"batches": BATCHES, "calls": CALLS, "memory_bytes": int(memory.numel())}
+    for name, switch in variants.items():
+        result[f"{name} us"] = _timed(lambda i, s=switch: s(i % len(BATCHES)))
+        wrong = 0
+        for i in range(60):  # shapes switched by this variant only, then run and compared
+            k = bind(i)
+            switch(k)
+            if not context.execute_async_v3(handle):
+                raise RuntimeError("execute_async_v3 returned False")
+            stream.synchronize()
+            got = ys[k].float().cpu().numpy()
+            wrong += not np.allclose(got, wants[k], rtol=rtol, atol=atol)
+        result[f"{name} wrong of 60"] = wrong
+        _write(result, args.out)  # kept even if the next (riskier) variant crashes
+    result["execute_async_v3 us"] = _timed(lambda i: context.execute_async_v3(handle), 500)
+    stream.synchronize()
+    _write(result, args.out)
+    return 0
+
+
+def _write(result: dict[str, Any], out: Path | None) -> None:
+    text = json.dumps(result, indent=1)
+    print(text, flush=True)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
