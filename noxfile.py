@@ -11,15 +11,18 @@ CONSTRAINTS = ("-c", "constraints.txt")
 
 
 def _install(session: nox.Session, extras: str, *extra: str) -> None:
+    # -e is a strict editable install (pyproject's [tool.distutils.editable_wheel]), which
+    # mypy and pyright follow.
     session.install(*CONSTRAINTS, "-e", f".[{extras}]", *extra)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """CPU test suite (GPU tests skip with their reason)."""
-    _install(session, "rtx,cuda,cli,test")
+    _install(session, "rtx,cuda,cli,test,serve")
     session.install(*CONSTRAINTS, "--no-deps", "executorch")
-    session.run("python", "-m", "pytest", *session.posargs, env={"TRT_RUNTIME_REQUIRE_EXECUTORCH": "1"})
+    session.run("python", "-m", "pytest", *session.posargs,
+                env={"TRT_RUNTIME_REQUIRE_EXECUTORCH": "1", "TRT_RUNTIME_REQUIRE_SERVE": "1"})
 
 
 @nox.session
@@ -38,16 +41,19 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the core and the backends."""
-    _install(session, "test", "mypy>=1.10")
+    """mypy over the core and the backends; mypy --strict and pyright over a user's script."""
+    _install(session, "test")
     session.run("mypy", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "tests/test_user_types.py")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the documentation site with warnings as errors."""
-    _install(session, "test", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25")
+    """Build the documentation site with warnings as errors (broken links and anchors too), and
+    run every code block of the README and docs/ (tests/test_docs.py)."""
+    _install(session, "test", "ruff>=0.5")  # mkdocstrings formats signatures with ruff
     session.run("mkdocs", "build", "--strict", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "tests/test_docs.py")
 
 
 @nox.session

@@ -21,12 +21,12 @@ on a private torch stream.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .row_base import Bench, RowSkip, Workbench
 
-__all__ = ["bind_alloc", "graph_replay", "prebound"]
+__all__ = ["bind_alloc", "graph_replay", "new_context", "open_engine", "prebound"]
 
 
 @dataclasses.dataclass
@@ -39,22 +39,27 @@ class _RawEngine:
     dynamic: bool
 
 
+def open_engine(plan: bytes, logger: Any = None) -> _RawEngine:
+    """Deserialize ``plan`` with a TensorRT runtime of its own (one input, one output)."""
+    from trt_runtime import builders
+
+    trt = builders.import_tensorrt()
+    runtime = trt.Runtime(logger or trt.Logger(trt.Logger.ERROR))
+    engine = runtime.deserialize_cuda_engine(plan)
+    if engine is None:
+        raise RuntimeError("TensorRT could not deserialize the plan")
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    outputs = [n for n in names if n not in inputs]
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise RowSkip(f"the raw loops take one input and one output; the engine has {names}")
+    dynamic = any(d < 0 for d in engine.get_tensor_shape(inputs[0]))
+    return _RawEngine(trt, runtime, engine, inputs[0], outputs[0], dynamic)
+
+
 def _raw_engine(wb: Workbench) -> _RawEngine:
     def make() -> tuple[_RawEngine, Callable[[], None]]:
-        from trt_runtime import builders
-
-        trt = builders.import_tensorrt()
-        runtime = trt.Runtime(wb.logger or trt.Logger(trt.Logger.ERROR))
-        engine = runtime.deserialize_cuda_engine(wb.built.plan)
-        if engine is None:
-            raise RuntimeError("TensorRT could not deserialize the plan")
-        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if n not in inputs]
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise RowSkip(f"the raw loops take one input and one output; the engine has {names}")
-        dynamic = any(d < 0 for d in engine.get_tensor_shape(inputs[0]))
-        raw = _RawEngine(trt, runtime, engine, inputs[0], outputs[0], dynamic)
+        raw = open_engine(wb.built.plan, wb.logger)
 
         def close() -> None:
             raw.engine = raw.runtime = None
@@ -67,7 +72,13 @@ def _raw_engine(wb: Workbench) -> _RawEngine:
 
 def _context(wb: Workbench, raw: _RawEngine) -> tuple[Any, Any, str]:
     """A new execution context with its scratch memory; ``(context, memory, how)``."""
-    trt, engine, torch = raw.trt, raw.engine, wb.torch
+    return new_context(raw, wb.torch, wb.workload.shapes)
+
+
+def new_context(raw: _RawEngine, torch: Any, shapes: Sequence[Sequence[int]]) -> tuple[Any, Any, str]:
+    """A new execution context as the python backend makes one (graphs disabled,
+    ``USER_MANAGED`` memory sized for every shape of ``shapes``); ``(context, memory, how)``."""
+    trt, engine = raw.trt, raw.engine
     how = "create_execution_context()"
     user_managed = None
     if hasattr(engine, "create_runtime_config"):
@@ -89,7 +100,7 @@ def _context(wb: Workbench, raw: _RawEngine) -> tuple[Any, Any, str]:
     if user_managed is not None:
         need = int(engine.device_memory_size_v2)
         if raw.dynamic:
-            for shape in wb.workload.shapes:
+            for shape in shapes:
                 context.set_input_shape(raw.input_name, tuple(shape))
                 need = max(need, int(context.update_device_memory_size_for_shapes()))
         memory = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")

@@ -212,7 +212,7 @@ def write_plot(document: Mapping[str, Any], path: str | os.PathLike[str]) -> Pat
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ImportError("plotting needs matplotlib: pip install 'trt-runtime[plot]'") from exc
+        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'") from exc
     rows = [r for r in document.get("rows", []) if r.get("status") == "ok"]
     keys = list(dict.fromkeys(r["workload"] for r in rows))
     target = Path(path)

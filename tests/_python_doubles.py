@@ -3,10 +3,12 @@ CPU tests: the engine runs its real code paths against them and they record ever
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -287,6 +289,12 @@ class _FakeState:
 
     def activate(self) -> None:
         self.activations += 1
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[_FakeState]:
+        """Like cuda.DeviceState.scope: the device current for the block (counted)."""
+        self.scopes = getattr(self, "scopes", 0) + 1
+        yield self
 
     def __init__(self) -> None:
         self._handles = itertools.count(4242, 101)  # the engine's stream first: 4242

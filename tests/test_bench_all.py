@@ -535,7 +535,9 @@ def test_bench_all_write_outputs_replaces_files_and_notes_a_missing_plot(
 
 
 def test_bench_all_plot_writes_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed: pip install 'trt-runtime[plot]'")
+    pytest.importorskip(
+        "matplotlib", reason="matplotlib is not installed: pip install -c constraints.txt -e '.[plot]'"
+    )
     doc = _document()
     target = report.write_plot(doc, tmp_path / "img" / "bench.png")
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 5000

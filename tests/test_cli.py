@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cli_runner import run_cli
 
 from trt_runtime import Availability, TensorSpec, bench, cli
 from trt_runtime.cli.demo import write_pte
@@ -24,10 +25,7 @@ from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 FORCE = "--force"
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main([os.fspath(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+_run = run_cli
 
 
 def _one_error_line(err: str) -> str:
@@ -122,7 +120,11 @@ def test_cli_demo_json_reports_files_and_gpu_status(
     assert doc["gpu"]["ran"] is False and doc["gpu"]["reason"]
     tr01 = doc["inspect"][Path(doc["files"]["tr01"]).name]
     assert tr01["format"] == "TR01"
-    assert [b["name"] for b in tr01["bindings"]] == ["x", "logits"]
+    assert [b["name"] for b in tr01["bindings"]] == ["image", "logits"]
+    # The engine's optimization profile is recorded in the blob (issue 20: was []).
+    assert tr01["bindings"][0]["profiles"] == [[[1, 3, 16, 16], [2, 3, 16, 16], [8, 3, 16, 16]]]
+    if doc["source"]["onnx"] is not None:  # made with the onnx package, built by the ONNX parser
+        assert Path(doc["source"]["onnx"]).is_file()
     plan = doc["inspect"][Path(doc["files"]["plan"]).name]
     assert plan["bindings"] == [] and "GPU" in plan["bindings_note"]
 
@@ -132,6 +134,7 @@ def test_cli_demo_run_part_with_the_memory_backend(
 ) -> None:
     """The cold/warm part of the demo, end to end on the CPU: the 'built' engine is a memory engine."""
     from trt_runtime import builders
+    from trt_runtime.cli import demo
 
     spec = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),))
     out_spec = TensorSpec("logits", "float32", (-1, 4), False)
@@ -139,7 +142,7 @@ def test_cli_demo_run_part_with_the_memory_backend(
     fake = builders.BuiltEngine(
         data, (spec,), (out_spec,), {}, lambda x: [3.0 * np.asarray(x, np.float64)], name="affine"
     )
-    monkeypatch.setattr(builders, "build_convnet", lambda **kwargs: fake)
+    monkeypatch.setattr(demo, "_build_engine", lambda outdir, progress: (fake, {"onnx": None, "why": "test"}))
     code, out, err = _run(capsys, "--json", "demo", "--out", tmp_path, "--backend", "memory")
     assert code == 0, err
     doc = json.loads(out)
@@ -151,7 +154,8 @@ def test_cli_demo_run_part_with_the_memory_backend(
     assert runs["warm"]["check"]["outputs"][0]["max_abs_error"] < 1e-5
     # A wrong reference is caught: exit 1 with one line.
     wrong = builders.BuiltEngine(data, (spec,), (out_spec,), {}, lambda x: [np.asarray(x) * 0], name="affine")
-    monkeypatch.setattr(builders, "build_convnet", lambda **kwargs: wrong)
+    monkeypatch.setattr(demo, "_build_engine",
+                        lambda outdir, progress: (wrong, {"onnx": None, "why": "test"}))
     code, _, err = _run(capsys, "demo", "--out", tmp_path / "again", "--backend", "memory")
     assert code == 1
     assert "do not match the numpy reference" in _one_error_line(err)
@@ -421,7 +425,7 @@ def test_cli_bench_plot(capsys: pytest.CaptureFixture[str], memory_engine: Path,
         import matplotlib  # noqa: F401
     except ImportError:
         assert code == 1
-        assert "trt-runtime[plot]" in _one_error_line(err)
+        assert "-e '.[plot]'" in _one_error_line(err)
         return
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -461,10 +465,11 @@ def test_cli_missing_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str],
 
 def test_cli_malformed_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.plan"
-    bad.write_bytes(b"hello")
-    code, _, err = _run(capsys, "--json", "inspect", bad)
+    bad.write_bytes(b"vtrt" + bytes(6))
+    code, out, err = _run(capsys, "--json", "inspect", bad)
     assert code == 1
     assert "too small" in _one_error_line(err)
+    assert "too small" in json.loads(out)["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -528,9 +533,14 @@ def test_cli_unknown_magic_is_refused(
     capsys: pytest.CaptureFixture[str], random_file: Path, command: str, json_mode: bool
 ) -> None:
     code, out, err = _run(capsys, *(["--json"] if json_mode else []), command, random_file)
-    assert code == 1 and out == ""
+    assert code == 1
     line = _one_error_line(err)
-    assert f"{random_file} is not a TensorRT engine: it starts with" in line
+    if json_mode:
+        assert json.loads(out) == {"error": {"message": line.removeprefix("trt-runtime: error: "),
+                                             "exit_code": 1, "kind": "failure"}}
+    else:
+        assert out == ""
+    assert f"{random_file} is not an engine file (unknown magic" in line
     for magic in ("'vtrt'", "'ptrt'", "'TR01'", "'TR02'", "'ET..'"):
         assert magic in line
     assert "--force" in line
@@ -541,10 +551,10 @@ def test_cli_unknown_magic_is_refused_before_any_backend(
 ) -> None:
     # 'memory' runs here: the refusal comes from the magic, not from a missing GPU.
     code, _, err = _run(capsys, "run", random_file, "--backend", "memory")
-    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
+    assert code == 1 and "is not an engine file" in _one_error_line(err)
     code, _, err = _run(capsys, "bench", random_file, "--backend", "all")
-    assert code == 1 and "is not a TensorRT engine" in _one_error_line(err)
-    with pytest.raises(cli.CliError, match="is not a TensorRT engine"):
+    assert code == 1 and "is not an engine file" in _one_error_line(err)
+    with pytest.raises(cli.CliError, match="is not an engine file"):
         cli.inspect_file(random_file, load=False)
 
 
@@ -568,7 +578,7 @@ def test_cli_force_reads_unknown_magic_as_a_plan(
     assert doc["format"] == "plan" and doc["flavour"] == "unknown"
     assert doc["file_bytes"] == 1 << 20
     assert len(doc["warnings"]) == 1 and "read as a plan of unknown flavour (--force)" in doc["warnings"][0]
-    assert err.startswith("trt-runtime: warning: ") and "is not a TensorRT engine" in err
+    assert err.startswith("trt-runtime: warning: ") and "is not an engine file" in err
     report = cli.inspect_file(random_file, load=False, force=True)
     assert report["flavour"] == "unknown"
 
@@ -581,14 +591,14 @@ def test_cli_force_passes_unknown_magic_on_to_the_backend(
     assert code == 1
     assert "reading it as a plan of unknown flavour (--force)" in err
     line = _one_error_line(err)  # now the backend's own refusal
-    assert "is not a TensorRT engine" not in line and "memory" in line.lower()
+    assert "is not an engine file" not in line and "memory" in line.lower()
 
 
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
         (b"", "is empty (0 bytes)"),
-        (b"hello", "too small"),
+        (b"vtrt", "too small"),
         (b"TR09" + bytes(100), "unknown magic b'TR09'"),
     ],
 )
@@ -601,7 +611,7 @@ def test_cli_files_the_format_checks_explain(
         code, _, err = _run(capsys, command, bad, "--backend", "memory")
         assert code == 1
         line = _one_error_line(err)
-        assert needle in line and "is not a TensorRT engine" not in line
+        assert needle in line and "is not an engine file" not in line
 
 
 # -- cache ----------------------------------------------------------------------------
@@ -732,7 +742,7 @@ def test_cli_backends_lists_installed_with_reasons_and_capabilities(
 
 
 #: An install hint as backends give it, with text rich would read as markup.
-HINT = "pip install 'trt-runtime[torchbind]' [bold]x[/bold]"
+HINT = "pip install -c constraints.txt -e '.[torchbind]' [bold]x[/bold]"
 
 
 class _HintedBackend(MemoryBackend):
@@ -755,7 +765,7 @@ def test_cli_backends_prints_install_hint_intact(
     row = next(ln for ln in out.splitlines() if "hinted" in ln)
     assert HINT in row
     torchbind = [ln for ln in out.splitlines() if "torchbind" in ln and "trt-runtime" in ln and ln is not row]
-    assert all("trt-runtime[torchbind]" in ln for ln in torchbind)
+    assert all("-e '.[torchbind]'" in ln for ln in torchbind)
 
 
 def test_cli_file_names_print_as_written(
@@ -780,7 +790,7 @@ def test_cli_spinner_text_is_not_markup(capsys: pytest.CaptureFixture[str]) -> N
 
     out = Output()
     out._console = rich_console.Console(file=sys.stdout, force_terminal=True, emoji=False)
-    with out.status("pip install 'trt-runtime[torchbind]'") as update:
+    with out.status("pip install -c constraints.txt -e '.[torchbind]'") as update:
         update("now [bold]x[/bold]")
     printed = capsys.readouterr().out
     assert "now [bold]x[/bold]" in printed

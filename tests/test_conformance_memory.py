@@ -220,26 +220,28 @@ BROKEN = {
 }
 
 
-def broken_backend(name: str) -> MemoryBackend:
-    """A memory backend whose engines are ``BROKEN[name]``."""
+def broken_backend(name: str, table: dict | None = None) -> MemoryBackend:
+    """A memory backend whose engines are ``(table or BROKEN)[name]``."""
     backend = MemoryBackend()
-    backend.engine_class = BROKEN[name]
+    backend.engine_class = (BROKEN if table is None else table)[name]
     return backend
 
 
-def _run_kit(pytester, broken: str, select: str):
+def _run_kit(pytester, broken: str, select: str, module: str = "test_conformance_memory"):
+    """Run the kit's tests matching ``select`` against ``module.broken_backend(broken)``."""
     pytester.syspathinsert(Path(__file__).parent)
     pytester.makepyfile(
         test_broken=f"""
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from test_conformance_memory import _StaticConformance, broken_backend
+from test_conformance_memory import _StaticConformance
+from {module} import broken_backend
 
 
 class TestBroken(_StaticConformance):
     # Enough to find each break; no shrinking (the failure, not its minimal form, is the point).
     state_machine_settings = settings(
-        max_examples=25, stateful_step_count=20, deadline=None, database=None, derandomize=True,
+        max_examples=60, stateful_step_count=20, deadline=None, database=None, derandomize=True,
         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
     )
 
@@ -275,7 +277,11 @@ class TestBroken(_StaticConformance):
     ],
 )
 def test_conformance_memory_kit_catches_broken_backend(pytester, broken, select, message):
-    result = _run_kit(pytester, broken, select)
+    assert_kit_fails(_run_kit(pytester, broken, select), message)
+
+
+def assert_kit_fails(result, message: str) -> None:
+    """At least one test of a pytester ``result`` failed, with ``message`` in the output."""
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([message])

@@ -21,6 +21,7 @@ from trt_runtime import (
     runtime_cache,
     runtime_config,
     set_cuda_graph_strategy,
+    set_dynamic_shapes_kernel_specialization_strategy,
     set_dynamic_shapes_kernel_strategy,
 )
 from trt_runtime.contexts import engines_of
@@ -161,7 +162,7 @@ def test_contexts_setters_persist_and_drop_context(engine):
     run(engine)
     set_cuda_graph_strategy(engine, "whole_graph_capture")
     assert not engine.has_context()
-    set_dynamic_shapes_kernel_strategy(engine, DynamicShapesKernelSpecializationStrategy.EAGER)
+    set_dynamic_shapes_kernel_specialization_strategy(engine, DynamicShapesKernelSpecializationStrategy.EAGER)
     run(engine)
     assert engine.runtime_settings == RuntimeSettings(WHOLE, "eager")
     assert engine.context_creations == 2
@@ -172,10 +173,22 @@ def test_contexts_setters_persist_and_drop_context(engine):
 
 
 def test_contexts_setters_refuse_missing_capability():
-    engine = MemoryBackend(without=("supports_dynamic_shapes_strategy",)).load_engine(EngineSource(ENGINE))
-    with pytest.raises(CapabilityError, match="dynamic_shapes_strategy"):
-        set_dynamic_shapes_kernel_strategy(engine, "eager")
+    backend = MemoryBackend(without=("supports_dynamic_shapes_kernel_specialization_strategy",))
+    engine = backend.load_engine(EngineSource(ENGINE))
+    with pytest.raises(CapabilityError, match="dynamic_shapes_kernel_specialization_strategy"):
+        set_dynamic_shapes_kernel_specialization_strategy(engine, "eager")
     assert engine.runtime_settings == RuntimeSettings()
+
+
+def test_contexts_old_setting_names_warn_and_still_work(engine):
+    with pytest.warns(DeprecationWarning, match="set_dynamic_shapes_kernel_specialization_strategy"):
+        set_dynamic_shapes_kernel_strategy(engine, "eager")
+    assert engine.runtime_settings.dynamic_shapes_kernel_specialization_strategy.value == "eager"
+    caps = engine.backend.capabilities
+    new = caps.supports_dynamic_shapes_kernel_specialization_strategy
+    with pytest.warns(DeprecationWarning, match="supports_dynamic_shapes_kernel_specialization_strategy"):
+        assert caps.supports_dynamic_shapes_strategy is new
+    assert type(caps).supports_dynamic_shapes_strategy.fset is None  # read-only
 
 
 # -- runtime_cache ---------------------------------------------------------------------------

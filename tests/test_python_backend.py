@@ -155,7 +155,7 @@ def test_python_backend_availability_without_tensorrt(monkeypatch) -> None:
     availability = PythonBackend().is_available()
     assert not availability
     assert availability.reason == RTX_HINT
-    assert "pip install 'trt-runtime[rtx]'" in RTX_HINT
+    assert "pip install -c constraints.txt -e '.[rtx]'" in RTX_HINT
     with pytest.raises(BackendUnavailableError, match=re.escape(RTX_HINT)):
         PythonBackend().load_engine(EngineSource(b"plan"))
 
@@ -165,7 +165,7 @@ def test_python_backend_availability_without_cuda_python(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     availability = PythonBackend().is_available()
     assert not availability and availability.reason == CUDA_HINT
-    assert "pip install 'trt-runtime[cuda]'" in CUDA_HINT
+    assert "pip install -c constraints.txt -e '.[cuda]'" in CUDA_HINT
 
 
 def _fake_cuda_python(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,14 +214,14 @@ def test_python_backend_capabilities_per_flavour(monkeypatch) -> None:
     monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), "tensorrt_rtx"))
     rtx = PythonBackend().capabilities
     assert rtx.supports_runtime_cache and rtx.supports_cuda_graph_strategy
-    assert rtx.supports_dynamic_shapes_strategy and rtx.supports_output_allocator
+    assert rtx.supports_dynamic_shapes_kernel_specialization_strategy and rtx.supports_output_allocator
     assert rtx.supports_host_io and not rtx.cache_deserialize_merges
 
     monkeypatch.setattr(backend_module, "_import_trt", lambda: (object(), "tensorrt"))
     full = PythonBackend()
     caps = full.capabilities
     assert not caps.supports_runtime_cache and not caps.supports_cuda_graph_strategy
-    assert not caps.supports_dynamic_shapes_strategy and caps.supports_host_io
+    assert not caps.supports_dynamic_shapes_kernel_specialization_strategy and caps.supports_host_io
     with pytest.raises(CapabilityError, match="runtime_cache: needs TensorRT-RTX"):
         caps.require("supports_runtime_cache", "python")
     full._trt, full._flavour, full._logger = _FakeTrt, "tensorrt", _FakeLogger()

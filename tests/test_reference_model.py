@@ -54,7 +54,7 @@ def test_reference_model_refuses_missing_capabilities():
     m.execute()
     assert m.refusal({"cuda_graph_strategy": 1}) == "supports_cuda_graph_strategy"
     eager = {"dynamic_shapes_kernel_specialization_strategy": "none"}
-    assert m.refusal(eager) == "supports_dynamic_shapes_strategy"
+    assert m.refusal(eager) == "supports_dynamic_shapes_kernel_specialization_strategy"
     assert m.refusal({"runtime_cache": "c.bin"}) == "supports_runtime_cache"
     assert not m.set_settings({"cuda_graph_strategy": 1})
     assert not m.enter_cudagraphs()
@@ -65,7 +65,7 @@ def test_reference_model_missing_capability_order():
     both = RuntimeSettings("whole_graph_capture", "eager")
     assert missing_capability(both, NONE) == "supports_cuda_graph_strategy"
     only_graphs = BackendCapabilities(supports_cuda_graph_strategy=True)
-    assert missing_capability(both, only_graphs) == "supports_dynamic_shapes_strategy"
+    assert missing_capability(both, only_graphs) == "supports_dynamic_shapes_kernel_specialization_strategy"
     assert missing_capability(both, FULL) is None
 
 
@@ -177,7 +177,9 @@ def _replay(capabilities_off, ops):
 
 @settings(max_examples=60)
 @given(
-    off=st.sampled_from([(), ("supports_cuda_graph_strategy",), ("supports_dynamic_shapes_strategy",)]),
+    off=st.sampled_from([
+        (), ("supports_cuda_graph_strategy",), ("supports_dynamic_shapes_kernel_specialization_strategy",),
+    ]),
     ops=tst.operations(),
 )
 def test_reference_model_matches_memory_engine(off, ops):

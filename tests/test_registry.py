@@ -111,12 +111,12 @@ def test_registry_never_picks_memory_by_default():
 
 
 def test_registry_missing_dependency_names_extra(monkeypatch):
-    reason = "the 'fake' backend needs fakepkg: pip install 'trt-runtime[fake]'"
+    reason = "the 'fake' backend needs fakepkg: pip install -c constraints.txt -e '.[fake]'"
     _fake_entry_point(monkeypatch, "fake", lambda: FakeBackend("fake", False, reason))
     assert "fake" in registry.installed_backends()
     assert "fake" not in registry.available_backends()
     assert registry.backend_status()["fake"].reason == reason
-    with pytest.raises(BackendUnavailableError, match=r"pip install 'trt-runtime\[fake\]'"):
+    with pytest.raises(BackendUnavailableError, match=r"pip install -c constraints.txt -e '\.\[fake\]'"):
         registry.get_backend("fake")
 
 
@@ -135,7 +135,7 @@ def test_registry_memory_backend_without_numpy_names_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "numpy", None)
     availability = MemoryBackend().is_available()
     assert not availability
-    assert "pip install 'trt-runtime[test]'" in availability.reason
+    assert "pip install -c constraints.txt -e '.[test]'" in availability.reason
     registry.register_backend(MemoryBackend())
     with pytest.raises(BackendUnavailableError, match=r"'memory' backend needs numpy"):
         registry.get_backend("memory")

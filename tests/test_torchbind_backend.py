@@ -58,7 +58,7 @@ def test_torchbind_backend_unavailable_names_the_extra(monkeypatch: pytest.Monke
     availability = TorchbindBackend().is_available()
     assert not availability
     assert availability.reason == (
-        "the 'torchbind' backend needs torch-tensorrt-rtx: pip install 'trt-runtime[torchbind]'"
+        "the 'torchbind' backend needs torch-tensorrt-rtx: pip install -c constraints.txt -e '.[torchbind]'"
     )
 
 
@@ -218,7 +218,7 @@ def test_torchbind_capabilities_full_on_2_14() -> None:
     backend, _ = make_backend("2.14.0")
     caps = backend.capabilities
     assert caps.supports_runtime_cache and caps.supports_cuda_graph_strategy
-    assert caps.supports_dynamic_shapes_strategy and caps.supports_host_io
+    assert caps.supports_dynamic_shapes_kernel_specialization_strategy and caps.supports_host_io
     assert caps.supports_preallocated_outputs and caps.supports_outer_cuda_graph
     assert not caps.cache_deserialize_merges
     # what 2.14 cannot do is said, and only that
@@ -234,7 +234,7 @@ def test_torchbind_capabilities_on_2_11_say_which_version_adds_them() -> None:
     caps = backend.capabilities
     assert not caps.supports_runtime_cache
     assert not caps.supports_cuda_graph_strategy
-    assert not caps.supports_dynamic_shapes_strategy
+    assert not caps.supports_dynamic_shapes_kernel_specialization_strategy
     with pytest.raises(
         CapabilityError, match=r"cuda_graph_strategy: .*>= 2\.13; torch-tensorrt-rtx 2\.11\.0"
     ):
@@ -242,7 +242,7 @@ def test_torchbind_capabilities_on_2_11_say_which_version_adds_them() -> None:
     with pytest.raises(CapabilityError, match=r"runtime_cache: RuntimeCacheHandle .*>= 2\.13"):
         backend.create_cache_handle()
     engine = backend.load_engine(source())
-    with pytest.raises(CapabilityError, match=r"dynamic_shapes_strategy: .*2\.13"):
+    with pytest.raises(CapabilityError, match=r"dynamic_shapes_kernel_specialization_strategy: .*2\.13"):
         engine.runtime_settings = RuntimeSettings(dynamic_shapes_kernel_specialization_strategy="eager")
     out = engine.execute(*inputs())
     np.testing.assert_array_equal(out[0].array, np.full((2, 4), 6.0, np.float16))
@@ -264,10 +264,10 @@ def test_torchbind_engine_device_argument_overrides_and_is_checked() -> None:
     backend, _ = make_backend("2.14.0", devices=2)
     assert backend.load_engine(source(device_id=1), device=0).device == 0
     with pytest.raises(
-        EngineError, match=r"CUDA device 5 \(recorded in 'mlp'\) does not exist; this machine has 2"
+        EngineError, match=r"engine 'mlp': the engine's container names device_id 5, but this machine has 2"
     ):
         backend.load_engine(source(device_id=5))
-    with pytest.raises(EngineError, match=r"CUDA device 2 \(given\) does not exist"):
+    with pytest.raises(EngineError, match=r"device=2 does not exist: this machine has 2 CUDA device"):
         backend.load_engine(source(), device=2)
 
 
@@ -353,7 +353,7 @@ def test_torchbind_cache_pending_bytes_drained_exactly_once(version: str) -> Non
             self.pending: bytes | None = warm
             self.drains = 0
 
-        def ensure_materialized(self, config: Any, *, backend: Any = None) -> Any:
+        def ensure_materialized(self, config: Any, *, backend: Any = None, key: Any = None) -> Any:
             native = handle.ensure_materialized(config)
             if self.pending is not None and handle.has_cache():
                 handle.deserialize(self.pending)
@@ -399,7 +399,7 @@ def test_torchbind_cache_from_another_backend_is_refused() -> None:
     engine = backend.load_engine(source())
 
     class Foreign:
-        def ensure_materialized(self, config: Any, *, backend: Any = None) -> Any:
+        def ensure_materialized(self, config: Any, *, backend: Any = None, key: Any = None) -> Any:
             return object()
 
     with pytest.raises(CacheError, match="not torch-tensorrt's RuntimeCacheHandle"):

@@ -171,7 +171,8 @@ def make(engine_path: Path) -> None:
     add = torch.export.export(Add(), (torch.randn(2, WIDTH), torch.randn(2, WIDTH)))
     save("portable_add.pte", to_edge_transform_and_lower(add).to_executorch(), {"delegate": None})
 
-    blob.append(pack_tr01(engine, _bindings(None), device_id=1))
+    # No profiles key: the interop test compares with to_pte(..., record_profiles=False).
+    blob.append(pack_tr01(engine, _bindings(None), device_id=1, record_profiles=False))
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     dyn = torch.export.export(Dyn(), (torch.randn(4, WIDTH),), dynamic_shapes=({0: batch},))
     specs = [CompileSpec("target_device", b"cuda:1")]

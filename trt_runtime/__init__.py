@@ -12,6 +12,7 @@ from trt_runtime.contexts import (
     runtime_cache,
     runtime_config,
     set_cuda_graph_strategy,
+    set_dynamic_shapes_kernel_specialization_strategy,
     set_dynamic_shapes_kernel_strategy,
 )
 from trt_runtime.engine import EngineBase
@@ -19,6 +20,7 @@ from trt_runtime.errors import (
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
+    BuildError,
     CacheError,
     CacheLockTimeout,
     CacheWarning,
@@ -29,7 +31,10 @@ from trt_runtime.errors import (
     FormatError,
     InputError,
     LostUpdateWarning,
+    RequestError,
+    SettingsError,
     StaleCacheWarning,
+    StorageError,
     TrtRuntimeError,
 )
 from trt_runtime.graphs import OuterGraph
@@ -53,8 +58,11 @@ from trt_runtime.registry import (
 )
 from trt_runtime.settings import (
     CudaGraphStrategy,
+    CudaGraphStrategyName,
     DynamicShapesKernelSpecializationStrategy,
+    DynamicShapesKernelSpecializationStrategyName,
     RuntimeSettings,
+    SettingsOverrides,
 )
 
 __version__ = "0.1.0"
@@ -66,6 +74,7 @@ __all__ = [
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "BuildError",
     "CacheError",
     "CacheKey",
     "CacheLockTimeout",
@@ -73,8 +82,10 @@ __all__ = [
     "CapabilityError",
     "ContextLeaseTimeout",
     "CudaGraphStrategy",
+    "CudaGraphStrategyName",
     "DataDependentShapeError",
     "DynamicShapesKernelSpecializationStrategy",
+    "DynamicShapesKernelSpecializationStrategyName",
     "Engine",
     "EngineBase",
     "EngineError",
@@ -84,9 +95,13 @@ __all__ = [
     "LostUpdateWarning",
     "OuterGraph",
     "RuntimeCache",
+    "RequestError",
     "RuntimeCacheHandle",
     "RuntimeSettings",
+    "SettingsError",
+    "SettingsOverrides",
     "StaleCacheWarning",
+    "StorageError",
     "TensorSpec",
     "TrtRuntimeError",
     "__version__",
@@ -101,5 +116,6 @@ __all__ = [
     "runtime_cache",
     "runtime_config",
     "set_cuda_graph_strategy",
+    "set_dynamic_shapes_kernel_specialization_strategy",
     "set_dynamic_shapes_kernel_strategy",
 ]

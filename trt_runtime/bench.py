@@ -24,9 +24,11 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from trt_runtime.errors import SettingsError
 
 __all__ = [
     "BenchResult",
@@ -35,6 +37,7 @@ __all__ = [
     "Stats",
     "bench_engine",
     "benchmark",
+    "check_plotting",
     "percentile",
     "plot_results",
     "summarize",
@@ -51,9 +54,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     Matches ``numpy.percentile(values, q)`` (its default, "linear" method) without numpy.
     """
     if not values:
-        raise ValueError("percentile of an empty sequence is undefined")
+        raise SettingsError("percentile of an empty sequence is undefined")
     if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile q must be in [0, 100]; got {q!r}")
+        raise SettingsError(f"percentile q must be in [0, 100]; got {q!r}")
     ordered = sorted(values)
     rank = (len(ordered) - 1) * q / 100.0
     low = math.floor(rank)
@@ -81,7 +84,7 @@ class Stats:
 def summarize(samples_us: Sequence[float]) -> Stats:
     """Median, p10, p90, p99, mean, min and max of ``samples_us`` (ValueError if empty)."""
     if not samples_us:
-        raise ValueError("cannot summarize an empty list of samples")
+        raise SettingsError("cannot summarize an empty list of samples")
     values = [float(v) for v in samples_us]
     return Stats(
         n=len(values),
@@ -97,10 +100,10 @@ def summarize(samples_us: Sequence[float]) -> Stats:
 
 def _check_calls(calls: Sequence[Callable[[], Any]], **counts: int) -> None:
     if not calls:
-        raise ValueError("nothing to time: no calls")
+        raise SettingsError("nothing to time: no calls")
     for name, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+            raise SettingsError(f"{name} must be an int >= 1; got {value!r}")
 
 
 def time_latency(
@@ -287,7 +290,7 @@ class CudaEventTimer:
         try:
             from cuda.core import Device, EventOptions
         except Exception as exc:
-            return None, f"cuda.core is not importable ({exc}): pip install 'trt-runtime[cuda]'"
+            return None, f"cuda.core is not importable ({exc}): pip install -c constraints.txt -e '.[cuda]'"
         try:
             dev = Device() if device is None else Device(device)
             dev.set_current()
@@ -313,13 +316,15 @@ def benchmark(
     label: str = "",
     synchronize: Callable[[], Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    duration: float | None = None,
 ) -> BenchResult:
     """Time ``fn()`` ``iterations`` times after ``warmup`` untimed calls.
 
     ``synchronize`` is called after each call, inside the timed region, so work that
-    ``fn`` only queued is counted.
+    ``fn`` only queued is counted. With ``duration`` (seconds) the timed loop runs at
+    least that long and at least ``iterations`` calls, as trtexec's ``--duration``.
     """
-    _check_counts(iterations, warmup)
+    _check_counts(iterations, warmup, duration)
     for _ in range(warmup):
         fn()
         if synchronize is not None:
@@ -327,7 +332,7 @@ def benchmark(
     samples: list[float] = []
     clock = time.perf_counter_ns
     loop_start = clock()
-    for _ in range(iterations):
+    for _ in _calls(iterations, duration, clock, loop_start):
         t0 = clock()
         fn()
         if synchronize is not None:
@@ -353,14 +358,16 @@ def bench_engine(
     label: str | None = None,
     gpu_time: bool = True,
     metadata: Mapping[str, Any] | None = None,
+    duration: float | None = None,
 ) -> BenchResult:
     """Benchmark ``engine.execute(*inputs)``; adds per-call GPU time where it can.
 
     GPU time needs ``cuda.core``, a GPU and a backend whose ``execute`` accepts a
     ``cuda.core`` stream as ``stream=``; where one is missing the result's
     :attr:`~BenchResult.gpu_note` says which and only wall time is reported.
+    ``duration`` is as in :func:`benchmark`.
     """
-    _check_counts(iterations, warmup)
+    _check_counts(iterations, warmup, duration)
     name = label or getattr(getattr(engine, "backend", None), "name", None) or "engine"
     meta = dict(metadata or {})
     timer: CudaEventTimer | None = None
@@ -380,6 +387,7 @@ def bench_engine(
             label=name,
             synchronize=engine.synchronize,
             metadata=meta,
+            duration=duration,
         )
         return dataclasses.replace(result, gpu_note=note)
 
@@ -390,7 +398,7 @@ def bench_engine(
     gpu: list[float] = []
     clock = time.perf_counter_ns
     loop_start = clock()
-    for _ in range(iterations):
+    for _ in _calls(iterations, duration, clock, loop_start):
         t0 = clock()
         _, gpu_us = active.time(lambda s: engine.execute(*inputs, stream=s))
         wall.append((clock() - t0) / 1000.0)
@@ -406,11 +414,23 @@ def bench_engine(
     )
 
 
-def _check_counts(iterations: int, warmup: int) -> None:
+def _check_counts(iterations: int, warmup: int, duration: float | None = None) -> None:
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be an int >= 1; got {iterations!r}")
+        raise SettingsError(f"iterations must be an int >= 1; got {iterations!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
+        raise SettingsError(f"warmup must be an int >= 0; got {warmup!r}")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or not 0 <= duration < math.inf):
+        raise SettingsError(f"duration must be a number of seconds >= 0 or None; got {duration!r}")
+
+
+def _calls(iterations: int, duration: float | None, clock: Callable[[], int], start: int) -> Iterator[int]:
+    """Call indices: at least ``iterations``, and until ``duration`` seconds after ``start``."""
+    deadline = start + int((duration or 0.0) * 1e9)
+    i = 0
+    while i < iterations or clock() < deadline:
+        yield i
+        i += 1
 
 
 def write_json(
@@ -430,17 +450,24 @@ def write_json(
     return target
 
 
-def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:
-    """Draw a latency box plot per result into a PNG (needs matplotlib: ``trt-runtime[plot]``)."""
+def check_plotting() -> None:
+    """Raise ImportError with the install line when matplotlib is missing (check before measuring)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError as exc:
-        raise ImportError("plotting needs matplotlib: pip install 'trt-runtime[plot]'") from exc
+        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'") from exc
+
+
+def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Draw a latency box plot per result into a PNG (needs matplotlib, the ``plot`` extra)."""
+    check_plotting()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     if not results:
-        raise ValueError("nothing to plot: no benchmark results")
+        raise SettingsError("nothing to plot: no benchmark results")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(max(4.0, 1.8 * len(results) + 2), 4.0))

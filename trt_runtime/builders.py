@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trt_runtime.dtypes import normalize_dtype
+from trt_runtime.errors import BackendError, SettingsError
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
@@ -94,7 +95,7 @@ def import_tensorrt() -> Any:
                 import tensorrt as trt
             except ImportError as exc:
                 raise ImportError(
-                    "building engines needs tensorrt-rtx: pip install 'trt-runtime[rtx]'"
+                    "building engines needs tensorrt-rtx: pip install -c constraints.txt -e '.[rtx]'"
                 ) from exc
         _TRT = trt
     return _TRT
@@ -149,6 +150,7 @@ def _build(
     what: str,
     *,
     require_user_allocation: bool = False,
+    strict_fp32: bool = False,
 ) -> bytes:
     # BuilderFlag.REQUIRE_USER_ALLOCATION is off by default: TensorRT-RTX 1.6.1 crashes at
     # the first execute of a dynamic-shape engine built with it, and it forbids the default
@@ -158,6 +160,8 @@ def _build(
     flag = getattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION", None)
     if require_user_allocation and flag is not None:
         config.set_flag(flag)
+    if strict_fp32:  # TF32 is on by default (TensorRT-RTX 1.6.1 uses TF32 even with it cleared)
+        config.clear_flag(trt.BuilderFlag.TF32)
     for ranges in profiles:
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in ranges.items():
@@ -169,7 +173,7 @@ def _build(
         config.progress_monitor = monitor
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise RuntimeError(f"TensorRT could not build the {what} engine (see the TensorRT log above)")
+        raise BackendError(f"TensorRT could not build the {what} engine (see the TensorRT log above)")
     return bytes(plan)
 
 
@@ -195,7 +199,7 @@ def _batch_dim(batch: int | str | None) -> int:
     if batch is None or batch == "dynamic":
         return -1
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive int, None or 'dynamic'; got {batch!r}")
+        raise SettingsError(f"batch must be a positive int, None or 'dynamic'; got {batch!r}")
     return batch
 
 
@@ -219,7 +223,7 @@ def build_tiny(
     np_dtype = np.float16 if dtype == "float16" else np.float32
     bdim = _batch_dim(batch)
     if bdim < 0:
-        raise ValueError(f"build_tiny takes a static batch; got {batch!r}")
+        raise SettingsError(f"build_tiny takes a static batch; got {batch!r}")
     builder = trt.Builder(logger or _builder_logger(trt))
     net = _network(trt, builder)
     x = net.add_input("x", _trt_dtype(trt, dtype), (bdim, width))

@@ -6,13 +6,21 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+from typing_extensions import Unpack
 
 from trt_runtime.cache import RuntimeCache
-from trt_runtime.errors import CacheWarning
+from trt_runtime.errors import CacheError, CacheWarning, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.protocols import Engine
-from trt_runtime.settings import CudaGraphStrategy, DynamicShapesKernelSpecializationStrategy
+from trt_runtime.settings import (
+    CudaGraphStrategy,
+    CudaGraphStrategyName,
+    DynamicShapesKernelSpecializationStrategy,
+    DynamicShapesKernelSpecializationStrategyName,
+    SettingsOverrides,
+)
 
 __all__ = [
     "enable_cudagraphs",
@@ -20,8 +28,12 @@ __all__ = [
     "runtime_cache",
     "runtime_config",
     "set_cuda_graph_strategy",
+    "set_dynamic_shapes_kernel_specialization_strategy",
     "set_dynamic_shapes_kernel_strategy",
 ]
+
+#: What the context managers yield: the target they were given, with its own type.
+TargetT = TypeVar("TargetT")
 
 
 def engines_of(target: Any) -> list[Engine]:
@@ -43,7 +55,7 @@ def engines_of(target: Any) -> list[Engine]:
 
 
 @contextlib.contextmanager
-def runtime_config(target: Any, **overrides: Any) -> Iterator[Any]:
+def runtime_config(target: TargetT, **overrides: Unpack[SettingsOverrides]) -> Iterator[TargetT]:
     """Apply settings ``overrides`` to every engine of ``target`` for the block.
 
     Changing settings drops an engine's execution context; a new one is created
@@ -65,11 +77,11 @@ def runtime_config(target: Any, **overrides: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def enable_cudagraphs(
-    target: Any,
-    cuda_graph_strategy: str | CudaGraphStrategy | None = None,
+    target: TargetT,
+    cuda_graph_strategy: CudaGraphStrategy | CudaGraphStrategyName | None = None,
     *,
     outer: bool | str | OuterGraph = False,
-) -> Iterator[Any]:
+) -> Iterator[TargetT]:
     """Run ``target`` with CUDA graphs in the block.
 
     ``cuda_graph_strategy`` is TensorRT-RTX's own capture inside the engine (default
@@ -104,20 +116,93 @@ def enable_cudagraphs(
                 engine.outer_graph = previous
 
 
-def set_cuda_graph_strategy(target: Any, strategy: str | CudaGraphStrategy) -> None:
+def set_cuda_graph_strategy(target: Any, strategy: CudaGraphStrategy | CudaGraphStrategyName) -> None:
     """Set the CUDA graph strategy of every engine of ``target`` (not scoped)."""
     for engine in engines_of(target):
         engine.runtime_settings = engine.runtime_settings.merge(cuda_graph_strategy=strategy)
 
 
-def set_dynamic_shapes_kernel_strategy(
-    target: Any, strategy: str | DynamicShapesKernelSpecializationStrategy
+def set_dynamic_shapes_kernel_specialization_strategy(
+    target: Any,
+    strategy: DynamicShapesKernelSpecializationStrategy | DynamicShapesKernelSpecializationStrategyName,
 ) -> None:
     """Set the dynamic-shapes kernel specialization strategy of every engine (not scoped)."""
     for engine in engines_of(target):
         engine.runtime_settings = engine.runtime_settings.merge(
             dynamic_shapes_kernel_specialization_strategy=strategy
         )
+
+
+def _cache_keys(engines: list[Engine]) -> list[Any]:
+    """Each engine's cache key on its own device (``None`` where the backend cannot say)."""
+    keys: list[Any] = []
+    for engine in engines:
+        try:
+            keys.append(engine.backend.cache_key(getattr(engine, "device", None)))
+        except Exception:  # a backend without a runtime cache fails later, with its own message
+            keys.append(None)
+    return keys
+
+
+def _models(keys: list[Any]) -> list[str]:
+    return sorted({f"sm{key.compute_capability.replace('.', '')}" for key in keys if key is not None})
+
+
+def _caches_per_model(
+    engines: list[Engine], path_or_stream: Any
+) -> tuple[list[tuple[list[Engine], RuntimeCache]], IO[bytes] | None]:
+    """One (engines, cache) group per GPU model for a directory or ``None``; one group for a
+    file, a stream or a cache, which must then serve a single GPU model."""
+    directory = path_or_stream is None or (
+        isinstance(path_or_stream, (str, os.PathLike)) and os.path.isdir(path_or_stream)
+    )
+    if directory:
+        if not engines:
+            raise SettingsError("runtime_cache(None) needs at least one engine to pick the default path")
+        groups: dict[Any, tuple[list[Engine], RuntimeCache]] = {}
+        for engine, key in zip(engines, _cache_keys(engines), strict=True):
+            if key not in groups:
+                device = getattr(engine, "device", None)
+                if path_or_stream is None:
+                    cache = RuntimeCache.default(engine.backend, device)
+                else:
+                    cache = RuntimeCache.in_directory(path_or_stream, engine.backend, device)
+                cache.load()
+                groups[key] = ([], cache)
+            groups[key][0].append(engine)
+        return list(groups.values()), None
+    models = _models(_cache_keys(engines))
+    if len(models) > 1:
+        raise CacheError(
+            f"the engines run on {len(models)} GPU models ({', '.join(models)}); one runtime cache "
+            f"cannot serve them all ({path_or_stream!r}): pass a directory, or None for the default "
+            "one, to get one file per GPU model"
+        )
+    stream: IO[bytes] | None = None
+    if isinstance(path_or_stream, RuntimeCache):
+        cache = path_or_stream
+    elif isinstance(path_or_stream, (str, os.PathLike)):
+        cache = RuntimeCache(path_or_stream)
+        cache.load()
+    else:
+        stream = path_or_stream
+        cache = RuntimeCache()
+        cache.load_from_stream(stream)
+    return [(engines, cache)], stream
+
+
+def set_dynamic_shapes_kernel_strategy(
+    target: Any,
+    strategy: DynamicShapesKernelSpecializationStrategy | DynamicShapesKernelSpecializationStrategyName,
+) -> None:
+    """Deprecated alias of :func:`set_dynamic_shapes_kernel_specialization_strategy`."""
+    warnings.warn(
+        "set_dynamic_shapes_kernel_strategy is deprecated; use "
+        "set_dynamic_shapes_kernel_specialization_strategy (the RuntimeSettings field's name)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    set_dynamic_shapes_kernel_specialization_strategy(target, strategy)
 
 
 @contextlib.contextmanager
@@ -132,39 +217,38 @@ def runtime_cache(
     location); a missing file is an empty cache. On exit the engines are synchronized
     and the cache is saved back; a failure to save warns (:class:`CacheWarning`) and
     never hides an exception raised in the block.
+
+    Kernels of one GPU model are never fed to another: with ``None`` or a directory,
+    the engines get one file per GPU model (``runtime-cache-<stack>-sm<NN>-....bin``, the
+    key of each engine's own device) and the block yields the first engine's cache; a
+    file, a stream or a cache given for engines of several GPU models is a
+    :class:`CacheError` before anything is loaded.
     """
     engines = engines_of(target)
-    stream: IO[bytes] | None = None
-    if isinstance(path_or_stream, RuntimeCache):
-        cache = path_or_stream
-    elif path_or_stream is None or isinstance(path_or_stream, (str, os.PathLike)):
-        if path_or_stream is None:
-            if not engines:
-                raise ValueError("runtime_cache(None) needs at least one engine to pick the default path")
-            cache = RuntimeCache.default(engines[0].backend)
-        else:
-            cache = RuntimeCache(path_or_stream)
-        cache.load()
-    else:
-        stream = path_or_stream
-        cache = RuntimeCache()
-        cache.load_from_stream(stream)
-    with runtime_config(engines, runtime_cache=cache):
+    groups, stream = _caches_per_model(engines, path_or_stream)
+    with contextlib.ExitStack() as stack:
+        for members, cache in groups:
+            stack.enter_context(runtime_config(members, runtime_cache=cache))
         try:
-            yield cache
+            yield groups[0][1]
         finally:
             for engine in engines:
                 engine.synchronize()
-            try:
-                if stream is not None:
-                    stream.seek(0)
-                    stream.truncate()
-                    cache.save_to_stream(stream)
-                elif cache.path is not None:
-                    cache.save()
-            except Exception as exc:  # never mask the block's own exception
-                warnings.warn(
-                    f"runtime cache was not saved to {cache.path or stream!r}: {exc}",
-                    CacheWarning,
-                    stacklevel=3,
-                )
+            for _, cache in groups:
+                _save(cache, stream)
+
+
+def _save(cache: RuntimeCache, stream: IO[bytes] | None) -> None:
+    try:
+        if stream is not None:
+            stream.seek(0)
+            stream.truncate()
+            cache.save_to_stream(stream)
+        elif cache.path is not None:
+            cache.save()
+    except Exception as exc:  # never mask the block's own exception
+        warnings.warn(
+            f"runtime cache was not saved to {cache.path or stream!r}: {exc}",
+            CacheWarning,
+            stacklevel=4,
+        )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trt_runtime.errors import SettingsError
+
 __all__ = ["DTYPE_NAMES", "itemsize", "normalize_dtype", "to_numpy"]
 
 #: Canonical names and their size in bytes.
@@ -41,7 +43,7 @@ def normalize_dtype(value: Any) -> str:
     text = str(name).lower().removeprefix("torch.").removeprefix("datatype.")
     text = _ALIASES.get(text, text)
     if text not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {value!r}; expected one of {', '.join(DTYPE_NAMES)}")
+        raise SettingsError(f"unknown dtype {value!r}; expected one of {', '.join(DTYPE_NAMES)}")
     return text
 
 

@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime.errors import CapabilityError, EngineError
+from typing_extensions import Self
+
+from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.lease import ContextPool
 from trt_runtime.protocols import Backend, TensorSpec
@@ -29,6 +31,7 @@ from trt_runtime.settings import (
     RuntimeSettings,
     SettingsLike,
 )
+from trt_runtime.validation import seconds, show
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -124,7 +127,7 @@ class EngineBase(abc.ABC):
     @contexts.setter
     def contexts(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"contexts must be an int >= 1; got {value!r}")
+            raise SettingsError(f"contexts must be an int >= 1; got {show(value)}")
         if value > 1:
             self._backend.capabilities.require("supports_multiple_contexts", self._backend.name)
         with self._exclusive():
@@ -144,10 +147,15 @@ class EngineBase(abc.ABC):
 
     @lease_timeout.setter
     def lease_timeout(self, value: float | None) -> None:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if value is not None and (not number or value < 0):
-            raise ValueError(f"lease_timeout must be None or a number of seconds >= 0; got {value!r}")
-        self._lease_timeout = None if value is None else float(value)
+        if value is None:
+            self._lease_timeout = None
+            return
+        try:
+            self._lease_timeout = seconds(value, "lease_timeout")
+        except SettingsError:
+            raise SettingsError(
+                f"lease_timeout must be None or a number of seconds >= 0; got {show(value)}"
+            ) from None
 
     def _new_lane(self) -> EngineBase:
         lane = self._clone_lane()
@@ -210,7 +218,7 @@ class EngineBase(abc.ABC):
             settings.dynamic_shapes_kernel_specialization_strategy
             is not DynamicShapesKernelSpecializationStrategy.LAZY
         ):
-            caps.require("supports_dynamic_shapes_strategy", self._backend.name)
+            caps.require("supports_dynamic_shapes_kernel_specialization_strategy", self._backend.name)
         if settings.runtime_cache is not None:
             caps.require("supports_runtime_cache", self._backend.name)
 
@@ -434,7 +442,7 @@ class EngineBase(abc.ABC):
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self) -> EngineBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

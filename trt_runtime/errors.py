@@ -1,4 +1,17 @@
-"""The one exception and warning hierarchy of trt-runtime."""
+"""The one exception and warning hierarchy of trt-runtime.
+
+Every failure trt-runtime reports on bad input, a bad file, a bad host or a failing
+backend is a :class:`TrtRuntimeError`, one class per layer: :class:`SettingsError` for
+values handed to settings, cache options, writers, builders and other calls;
+:class:`FormatError` for engine containers and cache files; :class:`CacheError` for the
+cache's storage; :class:`StorageError` for writing other files (disk full);
+:class:`InputError` for the arrays handed to an engine; :class:`EngineError` and
+:class:`BackendError` for what happens below. Python's own limits met on hostile input
+(``RecursionError``, ``OverflowError``, the int-digits ``ValueError``) are translated
+into the class of the layer that met them. Classes about bad values also derive from
+:class:`ValueError`, so ``except ValueError`` keeps working; :class:`StorageError` is an
+:class:`OSError`. An argument of the wrong Python type is a programming error and raises ``TypeError``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +19,7 @@ __all__ = [
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "BuildError",
     "CacheError",
     "ContextLeaseTimeout",
     "CacheLockTimeout",
@@ -16,13 +30,20 @@ __all__ = [
     "FormatError",
     "InputError",
     "LostUpdateWarning",
+    "RequestError",
+    "SettingsError",
     "StaleCacheWarning",
+    "StorageError",
     "TrtRuntimeError",
 ]
 
 
 class TrtRuntimeError(Exception):
-    """Base class of every error raised by trt-runtime."""
+    """Base class of every error trt-runtime raises on bad values, files, hosts or backends."""
+
+
+class SettingsError(TrtRuntimeError, ValueError):
+    """A setting, option or argument has an invalid value (settings, cache options, paths, numbers)."""
 
 
 class BackendError(TrtRuntimeError):
@@ -53,12 +74,35 @@ class DataDependentShapeError(EngineError):
     """The engine has outputs whose shapes are only known after it runs."""
 
 
+class BuildError(TrtRuntimeError):
+    """A model could not be parsed or built into an engine; ``failures`` has one line per error."""
+
+    def __init__(self, message: str, failures: tuple[str, ...] | list[str] = ()) -> None:
+        super().__init__(message)
+        self.failures: tuple[str, ...] = tuple(failures) or (message,)
+
+
 class InputError(TrtRuntimeError, ValueError):
     """Inputs handed to an engine have the wrong count, dtype, shape or device."""
 
 
+class RequestError(InputError):
+    """A served request is malformed or does not fit the engine; ``status`` is its HTTP code."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class FormatError(TrtRuntimeError, ValueError):
     """A serialized engine, blob, program or cache file is malformed."""
+
+
+class StorageError(TrtRuntimeError, OSError):
+    """A file could not be written or replaced (disk full, I/O error); names the path and errno."""
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno N] ...: 'path'"
+        return str(self.args[0]) if self.args else super().__str__()
 
 
 class CacheError(TrtRuntimeError):

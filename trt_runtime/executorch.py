@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from trt_runtime.dtypes import normalize_dtype
-from trt_runtime.errors import DataDependentShapeError
+from trt_runtime.errors import DataDependentShapeError, SettingsError
 from trt_runtime.formats.pte import (
     BACKEND_ID,
     SCALAR_TYPES,
@@ -34,7 +34,7 @@ from trt_runtime.formats.pte_writer import (
     default_target_device,
     write_program,
 )
-from trt_runtime.formats.source import EngineData, open_buffer, output_stream
+from trt_runtime.formats.source import EngineData, open_buffer, open_engine_file, output_stream
 from trt_runtime.formats.tr01 import AliasedIO, blob_parts
 from trt_runtime.protocols import TensorSpec
 
@@ -73,6 +73,7 @@ def to_pte(
     method: str = "forward",
     location: str = "segment",
     allow_data_dependent: bool = False,
+    record_profiles: bool = True,
 ) -> int:
     """Write a ``.pte`` whose method ``method`` is one call of a TensorRT delegate.
 
@@ -93,6 +94,9 @@ def to_pte(
     Engines with data-dependent outputs raise :class:`DataDependentShapeError` naming
     them, as torch-tensorrt's exporter refuses them: the ExecuTorch runtime cannot
     allocate their outputs. ``allow_data_dependent=True`` writes them anyway.
+
+    The blob records the inputs' optimization profiles (``record_profiles=False`` leaves
+    them out, as torch-tensorrt's exporter does; see :func:`trt_runtime.formats.encode_metadata`).
     """
     specs = list(bindings)
     dependent = [s.name for s in specs if s.data_dependent and not s.is_input]
@@ -103,23 +107,23 @@ def to_pte(
             "write the .pte anyway"
         )
     if not any(s.is_input for s in specs) or not any(not s.is_input for s in specs):
-        raise ValueError(
+        raise SettingsError(
             f"a delegate needs at least one input and one output binding; got {[s.name for s in specs]}"
         )
     untyped = [s.name for s in specs if not s.dtype]
     if untyped:
-        raise ValueError(f"bindings {untyped} have no dtype; a .pte records every tensor's dtype")
+        raise SettingsError(f"bindings {untyped} have no dtype; a .pte records every tensor's dtype")
     for spec in specs:
         if normalize_dtype(spec.dtype) not in SCALAR_TYPES:
-            raise ValueError(
+            raise SettingsError(
                 f"binding {spec.name!r} has dtype {spec.dtype!r}, which ExecuTorch cannot express"
             )
     if location not in LOCATIONS:
-        raise ValueError(f"location must be one of {', '.join(map(repr, LOCATIONS))}; got {location!r}")
+        raise SettingsError(f"location must be one of {', '.join(map(repr, LOCATIONS))}; got {location!r}")
     if target_device is None:
         valid = isinstance(device_id, int) and not isinstance(device_id, bool)
         if not valid or not 0 <= device_id <= MAX_DEVICE_INDEX:
-            raise ValueError(
+            raise SettingsError(
                 f"device_id {device_id!r} cannot be a target_device: ExecuTorch records CUDA device "
                 f"indices 0..{MAX_DEVICE_INDEX}; pass target_device= to write another one"
             )
@@ -135,6 +139,7 @@ def to_pte(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )
     with parts as (prefix, view), output_stream(path) as out:
         return write_program(
@@ -171,9 +176,9 @@ def load_program(path: str | os.PathLike[str]) -> Any:
     except ImportError as exc:
         raise ImportError(
             "load_program needs ExecuTorch's deserializer, which imports torch "
-            f"({exc}): pip install 'trt-runtime[executorch]'"
+            f"({exc}): pip install -c constraints.txt -e '.[executorch]'"
         ) from exc
-    with open(os.fspath(path), "rb") as f:
+    with os.fdopen(open_engine_file(path), "rb") as f:
         data = f.read()
     result = deserialize_pte_binary(data)
     return getattr(result, "program", result)

@@ -18,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
+from trt_runtime.errors import SettingsError
+
 __all__ = ["DEFAULT_MAX_GRAPHS", "OUTPUT_MODES", "GraphCache", "OuterGraph"]
 
 #: Graphs kept per execution context by default (each holds static buffers).
@@ -52,9 +54,9 @@ class OuterGraph:
     def __post_init__(self) -> None:
         if self.outputs not in OUTPUT_MODES:
             allowed = ", ".join(repr(m) for m in OUTPUT_MODES)
-            raise ValueError(f"outer graph outputs must be one of {allowed}; got {self.outputs!r}")
+            raise SettingsError(f"outer graph outputs must be one of {allowed}; got {self.outputs!r}")
         if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
-            raise ValueError(f"outer graph max_graphs must be an int >= 1; got {self.max_graphs!r}")
+            raise SettingsError(f"outer graph max_graphs must be an int >= 1; got {self.max_graphs!r}")
 
     @classmethod
     def coerce(cls, value: OuterGraph | bool | str | None) -> OuterGraph | None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
-from trt_runtime.formats import EngineInput, read_engine_source
+from trt_runtime.errors import FormatError, SettingsError
+from trt_runtime.formats import EngineInput, read_engine_source, unknown_magic
+from trt_runtime.formats.source import open_buffer
 from trt_runtime.protocols import Backend, Engine
-from trt_runtime.registry import get_backend
+from trt_runtime.registry import backend_for_engine, engine_magics, get_backend
 from trt_runtime.settings import RuntimeSettings, SettingsLike
+from trt_runtime.validation import show
 
 __all__ = ["load"]
 
@@ -35,16 +38,31 @@ def load(
     ``supports_multiple_contexts`` when above 1); ``lease_timeout``: seconds a call waits
     for a free context before :class:`~trt_runtime.ContextLeaseTimeout` (``None``: no
     limit). Both stay settable on the engine.
-    """
-    engine_source = read_engine_source(source, **format_options)
-    if name is not None:
-        from dataclasses import replace
 
-        engine_source = replace(engine_source, name=name)
-    chosen = get_backend(backend)
+    Without ``backend`` (and ``$TRT_RUNTIME_BACKEND``), a file in a format a backend
+    declares (the ``memory`` test backend's ``.mem`` engines) goes to that backend, and a
+    file whose first bytes match no known magic raises :class:`~trt_runtime.FormatError`;
+    other engines go to the first available backend. A named backend is given the
+    engine whatever its magic, and validates it itself.
+    """
+    from dataclasses import replace
+
     if contexts != 1:
         _check_contexts(contexts)
+    view, label = open_buffer(source)
+    if isinstance(backend, str) or backend is None:
+        chosen_name = backend_for_engine(view, backend)
+        if chosen_name is None:
+            declared = {magic: what for magic, (_owner, what) in engine_magics().items()}
+            reason = unknown_magic(view, repr(label), declared)
+            if reason:
+                raise FormatError(reason)
+        chosen = get_backend(chosen_name)
+    else:
+        chosen = backend
+    if contexts != 1:
         chosen.capabilities.require("supports_multiple_contexts", chosen.name)
+    engine_source = replace(read_engine_source(view, **format_options), name=name or label)
     engine = chosen.load_engine(engine_source, device=device, settings=RuntimeSettings.coerce(settings))
     try:
         if lease_timeout is not None:
@@ -59,4 +77,4 @@ def load(
 
 def _check_contexts(contexts: Any) -> None:
     if isinstance(contexts, bool) or not isinstance(contexts, int) or contexts < 1:
-        raise ValueError(f"contexts must be an int >= 1; got {contexts!r}")
+        raise SettingsError(f"contexts must be an int >= 1; got {show(contexts)}")

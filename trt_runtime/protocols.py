@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from typing_extensions import Self
+
+from trt_runtime.errors import SettingsError
 
 if TYPE_CHECKING:
     from trt_runtime.cache.key import CacheKey
     from trt_runtime.graphs import OuterGraph
     from trt_runtime.settings import RuntimeSettings
+
+#: The array kind an engine call takes and returns (numpy, torch, cupy, ...).
+ArrayT = TypeVar("ArrayT")
 
 __all__ = [
     "Availability",
@@ -39,7 +46,8 @@ class BackendCapabilities:
 
     supports_runtime_cache: bool = False
     supports_cuda_graph_strategy: bool = False
-    supports_dynamic_shapes_strategy: bool = False
+    #: ``RuntimeSettings.dynamic_shapes_kernel_specialization_strategy`` other than ``lazy``.
+    supports_dynamic_shapes_kernel_specialization_strategy: bool = False
     supports_output_allocator: bool = False
     supports_host_io: bool = False
     #: ``execute(..., outputs=[...])`` writes into caller-preallocated device arrays.
@@ -78,12 +86,27 @@ class BackendCapabilities:
         """A copy with ``flags`` turned off (each noted with ``note`` when given)."""
         unknown = sorted(set(flags) - set(self.flags()))
         if unknown:
-            raise ValueError(f"unknown capability flag(s) {unknown}; expected some of {list(self.flags())}")
+            raise SettingsError(
+                f"unknown capability flag(s) {unknown}; expected some of {list(self.flags())}"
+            )
         notes = dict(self.notes)
         if note:
             notes.update(dict.fromkeys(flags, note))
         off: dict[str, Any] = dict.fromkeys(flags, False)
         return dataclasses.replace(self, notes=notes, **off)
+
+    @property
+    def supports_dynamic_shapes_strategy(self) -> bool:
+        """Deprecated alias of :attr:`supports_dynamic_shapes_kernel_specialization_strategy`."""
+        import warnings
+
+        warnings.warn(
+            "BackendCapabilities.supports_dynamic_shapes_strategy is deprecated; use "
+            "supports_dynamic_shapes_kernel_specialization_strategy",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.supports_dynamic_shapes_kernel_specialization_strategy
 
     def require(self, capability: str, backend: str) -> None:
         """Raise :class:`CapabilityError` naming the missing capability and why."""
@@ -172,12 +195,23 @@ class Engine(Protocol):
     free one (FIFO among waiters; :class:`~trt_runtime.ContextLeaseTimeout` after
     ``lease_timeout`` seconds). :class:`~trt_runtime.EngineBase` implements all of this;
     a backend fills its hooks (docs/writing-a-backend.md).
+
+    ``with trt_runtime.load(...) as engine:`` closes the engine at the end of the block.
+    :meth:`execute` returns arrays of the kind it was given (numpy in, numpy out; torch in,
+    torch out; see the device contract); calling the engine returns one output bare and
+    several as a tuple, which depends on the engine, so its static type is ``Any``.
     """
 
     name: str
 
     @property
     def backend(self) -> Backend: ...
+
+    @property
+    def device(self) -> int:
+        """The CUDA device every execution context of the engine is created on (0 for a
+        backend without devices)."""
+        ...
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]: ...
@@ -226,11 +260,6 @@ class Engine(Protocol):
         ...
 
     @property
-    def device(self) -> int:
-        """The CUDA device every execution context of the engine is created on."""
-        ...
-
-    @property
     def profile(self) -> int | None:
         """The optimization profile calls use (``None``: the first holding the shapes)."""
         ...
@@ -266,9 +295,9 @@ class Engine(Protocol):
         ...
 
     def execute(
-        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        self, *inputs: ArrayT, stream: Any = None, outputs: Sequence[ArrayT] | None = None,
         profile: int | None = None,
-    ) -> list[Any]: ...
+    ) -> list[ArrayT]: ...
 
     def __call__(
         self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
@@ -278,6 +307,10 @@ class Engine(Protocol):
     def synchronize(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
 
 
 @runtime_checkable

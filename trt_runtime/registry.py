@@ -14,7 +14,9 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ENV_VAR",
     "available_backends",
+    "backend_for_engine",
     "backend_status",
+    "engine_magics",
     "get_backend",
     "installed_backends",
     "load_backend",
@@ -113,6 +115,41 @@ def get_backend(name: str | Backend | None = None) -> Backend:
         reasons.append(f"{candidate}: {availability.reason}")
     detail = "; ".join(reasons) or f"none of {', '.join(DEFAULT_ORDER)} is installed"
     raise BackendUnavailableError(f"no trt-runtime backend can run here ({detail})")
+
+
+def engine_magics() -> dict[bytes, tuple[str, str]]:
+    """``{magic: (backend name, format)}`` of the engine formats installed backends declare.
+
+    A backend that reads a format of its own (the ``memory`` test backend's ``.mem``
+    engines) declares it in an optional ``engine_magics`` attribute, ``{magic: format}``;
+    TensorRT plans, blobs and ``.pte`` programs need no declaration.
+    """
+    found: dict[bytes, tuple[str, str]] = {}
+    for name in installed_backends():
+        try:
+            declared = getattr(_instantiate(name), "engine_magics", None) or {}
+        except Exception:  # a broken plugin must not hide the others
+            continue
+        for magic, what in declared.items():
+            found.setdefault(bytes(magic), (name, str(what)))
+    return found
+
+
+def backend_for_engine(data: bytes | bytearray | memoryview, name: str | None = None) -> str | None:
+    """The backend :func:`trt_runtime.load` gives the engine ``data`` starts with.
+
+    A named backend or ``$TRT_RUNTIME_BACKEND`` wins; otherwise the backend that declares
+    ``data``'s magic, or ``None`` for the default order (:func:`get_backend`).
+    """
+    if name:
+        return name
+    if os.environ.get(ENV_VAR):
+        return os.environ[ENV_VAR]
+    head = bytes(memoryview(data)[:16])
+    for magic, (owner, _what) in engine_magics().items():
+        if head.startswith(magic):
+            return owner
+    return None
 
 
 def register_backend(backend: Backend) -> None:

@@ -1,4 +1,9 @@
-"""Runtime settings: CUDA graph strategy, kernel specialization strategy, runtime cache."""
+"""Runtime settings: CUDA graph strategy, kernel specialization strategy, runtime cache.
+
+Every invalid value raises :class:`~trt_runtime.SettingsError` (a ``ValueError``)
+naming the field; a mapping with an unknown field or an argument of the wrong kind
+raises ``TypeError``.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +14,24 @@ import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from typing_extensions import Unpack
+
+from trt_runtime.errors import SettingsError
+from trt_runtime.validation import json_document, path_text, show
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
 
 __all__ = [
     "CudaGraphStrategy",
+    "CudaGraphStrategyName",
     "DynamicShapesKernelSpecializationStrategy",
+    "DynamicShapesKernelSpecializationStrategyName",
     "RuntimeSettings",
     "SettingsLike",
+    "SettingsOverrides",
 ]
 
 
@@ -59,7 +72,7 @@ class _CodedEnum(str, enum.Enum):
                 return cls.parse(name, field)
         allowed = ", ".join(repr(m.value) for m in cls)
         codes = ", ".join(str(m.code) for m in cls)
-        raise ValueError(f"{field} must be one of {allowed} (or codes {codes}); got {value!r}")
+        raise SettingsError(f"{field} must be one of {allowed} (or codes {codes}); got {show(value)}")
 
 
 class CudaGraphStrategy(_CodedEnum):
@@ -75,6 +88,27 @@ class DynamicShapesKernelSpecializationStrategy(_CodedEnum):
     LAZY = ("lazy", 0)
     EAGER = ("eager", 1)
     NONE = ("none", 2)
+
+
+#: The string values :class:`CudaGraphStrategy` accepts (what a type checker allows).
+CudaGraphStrategyName = Literal["disabled", "whole_graph_capture"]
+#: The string values :class:`DynamicShapesKernelSpecializationStrategy` accepts.
+DynamicShapesKernelSpecializationStrategyName = Literal["lazy", "eager", "none"]
+
+
+class SettingsOverrides(TypedDict, total=False):
+    """The keyword arguments of :meth:`RuntimeSettings.merge` and
+    :func:`~trt_runtime.runtime_config`: each field by its enum member or its string value.
+
+    Integer codes and member names are accepted at run time as well; the type lists the
+    spellings the docs use, so that a type checker rejects ``cuda_graph="oops"``.
+    """
+
+    cuda_graph_strategy: CudaGraphStrategy | CudaGraphStrategyName
+    dynamic_shapes_kernel_specialization_strategy: (
+        DynamicShapesKernelSpecializationStrategy | DynamicShapesKernelSpecializationStrategyName
+    )
+    runtime_cache: RuntimeCache | str | os.PathLike[str] | None
 
 
 _FIELDS = (
@@ -100,6 +134,20 @@ class RuntimeSettings:
     )
     runtime_cache: RuntimeCache | Path | None = None
 
+    if TYPE_CHECKING:
+        # What the generated __init__ accepts, for type checkers: string values and codes
+        # beside the enum members, any path-like for the cache (__post_init__ converts).
+        def __init__(
+            self,
+            cuda_graph_strategy: CudaGraphStrategy | CudaGraphStrategyName | int = ...,
+            dynamic_shapes_kernel_specialization_strategy: (
+                DynamicShapesKernelSpecializationStrategy
+                | DynamicShapesKernelSpecializationStrategyName
+                | int
+            ) = ...,
+            runtime_cache: RuntimeCache | str | os.PathLike[str] | None = None,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(
             self,
@@ -117,7 +165,7 @@ class RuntimeSettings:
         object.__setattr__(self, "runtime_cache", _parse_cache(self.runtime_cache))
 
     # -- derivation -------------------------------------------------------------
-    def merge(self, **overrides: Any) -> RuntimeSettings:
+    def merge(self, **overrides: Unpack[SettingsOverrides]) -> RuntimeSettings:
         """Return a copy with ``overrides`` applied; unknown fields are an error."""
         unknown = sorted(set(overrides) - set(_FIELDS))
         if unknown:
@@ -125,7 +173,7 @@ class RuntimeSettings:
                 f"unknown runtime setting(s) {', '.join(map(repr, unknown))}; "
                 f"valid settings are {', '.join(map(repr, _FIELDS))}"
             )
-        return dataclasses.replace(self, **overrides)
+        return dataclasses.replace(self, **overrides)  # type: ignore[arg-type]
 
     @classmethod
     def coerce(cls, value: SettingsLike) -> RuntimeSettings:
@@ -135,7 +183,8 @@ class RuntimeSettings:
         if isinstance(value, cls):
             return value
         if isinstance(value, Mapping):
-            return cls().merge(**dict(value))
+            fields: dict[str, Any] = dict(value)
+            return cls().merge(**fields)
         raise TypeError(
             f"runtime settings must be None, a mapping or RuntimeSettings; got {type(value).__name__}"
         )
@@ -161,7 +210,7 @@ class RuntimeSettings:
         data = self.to_dict()
         cache = data["runtime_cache"]
         if cache is not None and not isinstance(cache, Path):
-            raise ValueError(
+            raise SettingsError(
                 "a RuntimeCache handle cannot be written as JSON; "
                 "give the settings a cache path instead"
             )
@@ -171,12 +220,9 @@ class RuntimeSettings:
     @classmethod
     def from_json(cls, text: str | bytes) -> RuntimeSettings:
         """Inverse of :meth:`to_json`."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"runtime settings JSON is malformed: {exc}") from exc
+        data = json_document(text, "runtime settings JSON")
         if not isinstance(data, dict):
-            raise ValueError(f"runtime settings JSON must be an object; got {type(data).__name__}")
+            raise SettingsError(f"runtime settings JSON must be an object; got {type(data).__name__}")
         return cls.from_dict(data)
 
     def to_codes(self) -> tuple[int, int]:
@@ -200,26 +246,23 @@ class RuntimeSettings:
             ("cuda_graph_strategy", cuda_graph_code),
         ):
             if isinstance(code, bool) or not isinstance(code, numbers.Integral):
-                raise ValueError(f"{field} code must be an int; got {code!r}")
+                raise SettingsError(f"{field} code must be an int; got {show(code)}")
         return cls(
-            cuda_graph_strategy=cuda_graph_code,  # type: ignore[arg-type]
-            dynamic_shapes_kernel_specialization_strategy=dynamic_shapes_code,  # type: ignore[arg-type]
-            runtime_cache=runtime_cache,  # type: ignore[arg-type]
+            cuda_graph_strategy=cuda_graph_code,
+            dynamic_shapes_kernel_specialization_strategy=dynamic_shapes_code,
+            runtime_cache=runtime_cache,
         )
 
 
 def _parse_cache(value: object) -> Any:
     from trt_runtime.cache import RuntimeCache
 
-    if value is None or isinstance(value, (RuntimeCache, Path)):
+    if value is None or isinstance(value, RuntimeCache):
         return value
     if isinstance(value, (str, os.PathLike)):
-        text = os.fspath(value)
-        if not text:
-            raise ValueError("runtime_cache path must not be empty")
-        return Path(text)
-    raise ValueError(
-        f"runtime_cache must be None, a path or a RuntimeCache; got {type(value).__name__} {value!r}"
+        return Path(path_text(value, "runtime_cache path"))
+    raise SettingsError(
+        f"runtime_cache must be None, a path or a RuntimeCache; got {type(value).__name__} {show(value)}"
     )
 
 

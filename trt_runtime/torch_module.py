@@ -1,7 +1,7 @@
 """``TRTModule``: a ``torch.nn.Module`` around a trt-runtime engine.
 
 This module imports torch; ``import trt_runtime`` never imports it. Import it only when
-torch is installed (``pip install 'trt-runtime[torch]'``).
+torch is installed (``pip install -c constraints.txt -e '.[torch]'``).
 """
 
 from __future__ import annotations

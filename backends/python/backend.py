@@ -19,8 +19,8 @@ from trt_runtime.settings import RuntimeSettings
 
 __all__ = ["PythonBackend", "RTX_HINT", "CUDA_HINT"]
 
-RTX_HINT = "the 'python' backend needs tensorrt-rtx: pip install 'trt-runtime[rtx]'"
-CUDA_HINT = "the 'python' backend needs cuda-python: pip install 'trt-runtime[cuda]'"
+RTX_HINT = "the 'python' backend needs tensorrt-rtx: pip install -c constraints.txt -e '.[rtx]'"
+CUDA_HINT = "the 'python' backend needs cuda-python: pip install -c constraints.txt -e '.[cuda]'"
 
 _log = logging.getLogger("trt_runtime.python")
 _trt_log = logging.getLogger("trt_runtime.python.tensorrt")
@@ -31,7 +31,9 @@ _RTX_CAPS = BackendCapabilities.all_on().without(
 _TRT_NOTE = "needs TensorRT-RTX (tensorrt-rtx); only full TensorRT is installed"
 # Full TensorRT: no runtime config; the outer wrap is its only CUDA-graph mechanism.
 _TRT_CAPS = _RTX_CAPS.without(
-    "supports_runtime_cache", "supports_cuda_graph_strategy", "supports_dynamic_shapes_strategy",
+    "supports_runtime_cache",
+    "supports_cuda_graph_strategy",
+    "supports_dynamic_shapes_kernel_specialization_strategy",
     note=_TRT_NOTE,
 )
 
@@ -173,6 +175,8 @@ class PythonBackend:
         return IRuntimeCacheHandle(self.logger)
 
     def cache_key(self, device: int | None = None) -> CacheKey:
+        """The key of ``device`` (else the current device): one cache file per GPU model, so
+        kernels compiled for one SM are never fed to another."""
         from trt_runtime_backends.python import cuda
 
         trt, flavour = self._load_trt()
@@ -210,31 +214,31 @@ class PythonBackend:
         if not availability:
             raise BackendUnavailableError(availability.reason)
         trt, flavour = self._load_trt()
-        chosen = device if device is not None else source.device_id
-        index = cuda.resolve_device(chosen)
+        index = cuda.resolve_device(device, source.device_id, source.name)
         state = cuda.get_device(index)
-        state.activate()
         data = source.data
         if len(data) == 0:
             raise EngineError(f"engine {source.name!r}: the plan is empty (0 bytes)")
-        runtime = self.runtime(index)
-        mark = self._logger.mark()
-        try:
-            trt_engine = runtime.deserialize_cuda_engine(data)
-        except Exception as exc:
-            raise EngineError(
-                f"engine {source.name!r}: TensorRT failed to deserialize it: {exc}"
-                + _suffix(self._logger.errors_since(mark))
-            ) from exc
-        if trt_engine is None:
-            messages = self._logger.errors_since(mark)
-            detail = "; ".join(messages) if messages else "TensorRT logged no error"
-            raise EngineError(
-                f"engine {source.name!r} could not be deserialized by {flavour} {trt.__version__} "
-                f"on device {index} (sm {state.compute_capability}): {detail}"
-            )
-        _log.debug("loaded engine %r on device %d", source.name, index)
-        return PythonEngine._create(self, trt_engine, state, source, settings)
+        # The engine's device for the load, whatever the caller's is; the caller's back after.
+        with state.scope():
+            runtime = self.runtime(index)
+            mark = self._logger.mark()
+            try:
+                trt_engine = runtime.deserialize_cuda_engine(data)
+            except Exception as exc:
+                raise EngineError(
+                    f"engine {source.name!r}: TensorRT failed to deserialize it: {exc}"
+                    + _suffix(self._logger.errors_since(mark))
+                ) from exc
+            if trt_engine is None:
+                messages = self._logger.errors_since(mark)
+                detail = "; ".join(messages) if messages else "TensorRT logged no error"
+                raise EngineError(
+                    f"engine {source.name!r} could not be deserialized by {flavour} {trt.__version__} "
+                    f"on device {index} (sm {state.compute_capability}): {detail}"
+                )
+            _log.debug("loaded engine %r on device %d", source.name, index)
+            return PythonEngine._create(self, trt_engine, state, source, settings)
 
     def __repr__(self) -> str:
         return f"<PythonBackend flavour={self._flavour or 'not loaded'}>"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from trt_runtime.errors import BackendError, EngineError
+from trt_runtime.formats import resolve_device as _placement
 
 __all__ = [
     "close_quietly",
@@ -24,6 +27,18 @@ def _runtime() -> Any:
     from cuda.bindings import runtime
 
     return runtime
+
+
+def _driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _core_device(index: int) -> Any:
+    from cuda.core import Device
+
+    return Device(index)
 
 
 def check(result: Any, what: str) -> Any:
@@ -56,49 +71,76 @@ def current_device() -> int:
     return int(check(_runtime().cudaGetDevice(), "cudaGetDevice"))
 
 
-def resolve_device(device: int | None) -> int:
-    """``device`` verbatim if it exists, the current device for ``None``; else EngineError."""
+def resolve_device(device: int | None, recorded: int | None = None, name: str | None = None) -> int:
+    """The device an engine runs on: ``device`` verbatim, else ``recorded`` (the blob's
+    ``device_id``), else the current device; one that does not exist is an EngineError.
+
+    The policy is the core's (:func:`trt_runtime.formats.resolve_device`), so every
+    backend places engines alike.
+    """
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+        raise EngineError(f"device must be an int CUDA device id; got {device!r}")
     count = device_count()
-    if device is None:
+    if device is None and recorded is None:
         if count == 0:
             raise EngineError("no CUDA device is visible to this process")
         return current_device()
-    if isinstance(device, bool) or not isinstance(device, int):
-        raise EngineError(f"device must be an int CUDA device id; got {device!r}")
-    if not 0 <= device < count:
-        valid = f"valid ids are 0..{count - 1}" if count else "none is visible"
-        raise EngineError(
-            f"CUDA device {device} does not exist: this process sees {count} device(s); {valid}"
-        )
-    return device
+    return _placement(recorded, device, count, name=name)
 
 
 class DeviceState:
-    """Per-device objects shared by the engines of one device: the cuda.core Device."""
+    """Per-device objects shared by the engines of one device: the cuda.core Device.
+
+    Making it creates no CUDA context and changes no thread's current device.
+    :meth:`activate` makes the device current in the calling thread (an engine does it
+    once per thread before its first call there); :meth:`scope` does it for a block and
+    gives the caller its own context back, so loading an engine on device 1 leaves a
+    caller on device 0 on device 0.
+    """
 
     def __init__(self, index: int) -> None:
-        from cuda.core import Device
-
         self.index = index
-        self.device = Device(index)
-        self.device.set_current()
+        self.device = _core_device(index)
+        self._context = 0  # the primary context's handle, once this device was made current
+        # A device attribute: no context is needed, so none is created for a cache key.
         cc = self.device.compute_capability
         self.compute_capability = f"{cc[0]}.{cc[1]}"
 
     def activate(self) -> None:
+        """Make this device current in the calling thread (until something changes it)."""
         self.device.set_current()
 
-    def create_stream(self, blocking: bool = False) -> Any:
-        """A new cuda.core stream owned by the caller: non-blocking, or with ``blocking``
-        one that CUDA orders with the legacy default stream."""
-        if not blocking:
-            return self.device.create_stream()
-        from cuda.core import StreamOptions
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[DeviceState]:
+        """This device current for the block, the caller's context (even none) restored after."""
+        driver = _driver()
+        previous = _check_driver(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if self._context and int(previous) == self._context:
+            yield self
+            return
+        self.device.set_current()
+        if not self._context:
+            self._context = int(_check_driver(driver.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+        try:
+            yield self
+        finally:
+            _check_driver(driver.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
 
-        return self.device.create_stream(options=StreamOptions(nonblocking=False))
+    def create_stream(self, blocking: bool = False) -> Any:
+        """A new cuda.core stream on this device (whatever device is current), owned by the
+        caller: non-blocking, or with ``blocking`` one that CUDA orders with the legacy
+        default stream."""
+        with self.scope():
+            if not blocking:
+                return self.device.create_stream()
+            from cuda.core import StreamOptions
+
+            return self.device.create_stream(options=StreamOptions(nonblocking=False))
 
     def allocate(self, nbytes: int, stream: Any) -> Any:
-        """A device buffer of at least one byte (stream-ordered allocation on ``stream``)."""
+        """A device buffer of at least one byte (stream-ordered allocation on ``stream``).
+
+        On the hot path: the caller has made this device current (:meth:`activate`)."""
         return self.device.allocate(max(int(nbytes), 1), stream=stream)
 
 
@@ -108,6 +150,14 @@ def get_device(index: int) -> DeviceState:
         if state is None:
             state = _devices[index] = DeviceState(index)
         return state
+
+
+def _check_driver(result: Any, what: str) -> Any:
+    """:func:`check` for cuda.bindings.driver results (``CUresult`` first)."""
+    err = result[0]
+    if int(err) != 0:
+        raise BackendError(f"{what} failed: {getattr(err, 'name', err)}")
+    return result[1] if len(result) == 2 else None
 
 
 def create_event(rt: Any = None) -> Any:

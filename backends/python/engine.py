@@ -343,9 +343,11 @@ class PythonEngine(EngineBase):
         """Another execution context of the same ``ICudaEngine``: its own stream, events,
         USER_MANAGED activation memory, bindings, fast paths and outer graphs."""
         backend, trt_engine, state, source, runtime, ordering = self._made_with
-        state.activate()  # the lane's streams and events belong to the engine's device
         lane = PythonEngine.__new__(PythonEngine)
-        lane._init(backend, trt_engine, state, source, self._settings, runtime, ordering)
+        # The lane's streams and events belong to the engine's device; the caller's
+        # current device is given back after (``load(..., contexts=N)`` leaves it alone).
+        with state.scope():
+            lane._init(backend, trt_engine, state, source, self._settings, runtime, ordering)
         lane._profile = self._profile
         lane._output_allocator = self._output_allocator
         lane._outputs = self._outputs

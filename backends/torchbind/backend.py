@@ -11,6 +11,7 @@ from typing import Any
 
 from trt_runtime.cache import CacheKey
 from trt_runtime.errors import BackendUnavailableError, EngineError
+from trt_runtime.formats import resolve_device
 from trt_runtime.protocols import (
     Availability,
     BackendCapabilities,
@@ -156,20 +157,14 @@ class TorchbindBackend:
         return native
 
     def _resolve_device(self, device: int | None, source: EngineSource) -> int:
+        """The core placement rule (:func:`trt_runtime.formats.resolve_device`): ``device``
+        verbatim, else the blob's ``device_id``, else the current device."""
         bridge = self.runtime.bridge
-        index = device if device is not None else source.device_id
-        if index is None:
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+            raise EngineError(f"device must be an int CUDA device index; got {device!r}")
+        if device is None and source.device_id is None:
             return bridge.current_device()
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise EngineError(f"device must be an int CUDA device index; got {index!r}")
-        count = bridge.device_count()
-        if not 0 <= index < count:
-            origin = "given" if device is not None else f"recorded in {source.name!r}"
-            raise EngineError(
-                f"CUDA device {index} ({origin}) does not exist; this machine has {count} CUDA device(s) "
-                f"(0..{count - 1}); pass device= to choose one"
-            )
-        return index
+        return resolve_device(source.device_id, device, bridge.device_count(), name=source.name)
 
     # -- caches ---------------------------------------------------------------------------
     def create_cache_handle(self) -> TorchbindCacheHandle:
@@ -201,7 +196,7 @@ def _require(caps: BackendCapabilities, settings: RuntimeSettings, backend: str)
         caps.require("supports_cuda_graph_strategy", backend)
     lazy = DynamicShapesKernelSpecializationStrategy.LAZY
     if settings.dynamic_shapes_kernel_specialization_strategy is not lazy:
-        caps.require("supports_dynamic_shapes_strategy", backend)
+        caps.require("supports_dynamic_shapes_kernel_specialization_strategy", backend)
     if settings.runtime_cache is not None:
         caps.require("supports_runtime_cache", backend)
 

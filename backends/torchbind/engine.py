@@ -203,7 +203,13 @@ class TorchbindEngine(EngineBase):
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> NativeState:
         handle = None
         if cache is not None:
-            handle = cache.ensure_materialized(self, backend=self.backend)
+            # The key of this engine's device: a cache never serves two GPU models. One that
+            # cannot be read gets no stale check, as in RuntimeCache.bind.
+            try:
+                key = self.backend.cache_key(self._device)
+            except Exception:
+                key = None
+            handle = cache.ensure_materialized(self, backend=self.backend, key=key)
             bridge = self._runtime.bridge
             native_handle = bridge.qualified_name(handle).endswith("RuntimeCacheHandle") or (
                 bridge.has_method(handle, "has_cache") and bridge.has_method(handle, "deserialize")

@@ -28,7 +28,9 @@ __all__ = [
 
 #: Distributions that ship torch-tensorrt's runtime, in order of preference.
 DISTRIBUTIONS = ("torch-tensorrt-rtx", "torch-tensorrt")
-INSTALL_HINT = "the 'torchbind' backend needs torch-tensorrt-rtx: pip install 'trt-runtime[torchbind]'"
+INSTALL_HINT = (
+    "the 'torchbind' backend needs torch-tensorrt-rtx: pip install -c constraints.txt -e '.[torchbind]'"
+)
 
 _PACKAGE = "torch_tensorrt"
 if sys.platform.startswith("win"):
@@ -116,6 +118,6 @@ def find_runtime_library() -> RuntimeLibrary | str:
         return (
             f"{name} {version} is installed but its runtime library "
             f"{_PACKAGE}/lib/{_RUNTIME_LIB} was not found; reinstall it: "
-            "pip install --force-reinstall 'trt-runtime[torchbind]'"
+            "pip install --force-reinstall -c constraints.txt -e '.[torchbind]'"
         )
     return RuntimeLibrary(path=located, distribution=name, version=version)

@@ -63,7 +63,7 @@ class TorchbindRuntime:
                 f"{ADDED_IN['update_runtime_settings']}; {found}"
             )
             notes["supports_cuda_graph_strategy"] = note
-            notes["supports_dynamic_shapes_strategy"] = note
+            notes["supports_dynamic_shapes_kernel_specialization_strategy"] = note
         if not cache:
             notes["supports_runtime_cache"] = (
                 f"RuntimeCacheHandle and Engine.update_runtime_settings need torch-tensorrt-rtx >= "
@@ -73,7 +73,7 @@ class TorchbindRuntime:
             note = f"runtime settings and caches need TensorRT-RTX; {found}"
             for flag in (
                 "supports_cuda_graph_strategy",
-                "supports_dynamic_shapes_strategy",
+                "supports_dynamic_shapes_kernel_specialization_strategy",
                 "supports_runtime_cache",
             ):
                 notes[flag] = note
@@ -88,7 +88,7 @@ class TorchbindRuntime:
         lacking = {
             "supports_runtime_cache": not cache,
             "supports_cuda_graph_strategy": not settings,
-            "supports_dynamic_shapes_strategy": not settings,
+            "supports_dynamic_shapes_kernel_specialization_strategy": not settings,
             "supports_outer_cuda_graph": not graphs,
             "supports_profile_selection": True,
             "cache_deserialize_merges": True,
@@ -165,7 +165,8 @@ def load_runtime(bridge: TorchBridge | None = None) -> TorchbindRuntime:
                 bridge = TorchBridge()
             except ImportError as exc:
                 raise BackendUnavailableError(
-                    f"the 'torchbind' backend needs torch: pip install 'trt-runtime[torchbind]' ({exc})"
+                    "the 'torchbind' backend needs torch: "
+                    f"pip install -c constraints.txt -e '.[torchbind]' ({exc})"
                 ) from exc
         loaded_here = False
         if not bridge.is_registered():

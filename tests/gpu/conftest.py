@@ -17,11 +17,11 @@ def gpu_skip_reason() -> str | None:
     try:
         import tensorrt_rtx  # noqa: F401
     except ImportError as exc:
-        return f"tensorrt_rtx is not installed ({exc}): pip install 'trt-runtime[rtx]'"
+        return f"tensorrt_rtx is not installed ({exc}): pip install -c constraints.txt -e '.[rtx]'"
     try:
         from cuda.bindings import runtime
     except ImportError as exc:
-        return f"cuda-python is not installed ({exc}): pip install 'trt-runtime[cuda]'"
+        return f"cuda-python is not installed ({exc}): pip install -c constraints.txt -e '.[cuda]'"
     try:
         err, count = runtime.cudaGetDeviceCount()
     except Exception as exc:

@@ -518,10 +518,11 @@ def test_python_backend_device_out_of_range_is_named(python_backend, engines) ->
 
     _, count = runtime.cudaGetDeviceCount()
     plan = engines("mlp_fp16").plan
-    expected = rf"CUDA device {count} does not exist: this process sees {count} device\(s\)"
+    expected = rf"device={count} does not exist: this machine has {count} CUDA device\(s\)"
     with pytest.raises(EngineError, match=expected):
         python_backend.load_engine(EngineSource(plan), device=count)
-    with pytest.raises(EngineError, match=expected):
+    from_blob = rf"names device_id {count}, but this machine has {count} CUDA device\(s\)"
+    with pytest.raises(EngineError, match=from_blob):
         python_backend.load_engine(EngineSource(plan, device_id=count))
     engine = python_backend.load_engine(EngineSource(plan, device_id=count), device=0)
     try:

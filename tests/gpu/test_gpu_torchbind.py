@@ -89,7 +89,7 @@ def test_gpu_torchbind_capabilities_match_installed_version(
     if version >= (2, 13):
         assert runtime.has_cache_handle and runtime.has_runtime_settings
         assert caps.supports_runtime_cache and caps.supports_cuda_graph_strategy
-        assert caps.supports_dynamic_shapes_strategy
+        assert caps.supports_dynamic_shapes_kernel_specialization_strategy
         missing = sorted(k for k in caps.notes if k.startswith("supports_"))
         assert missing == ["supports_profile_selection"]
         engine = load_torchbind("mlp_fp16")
@@ -98,7 +98,7 @@ def test_gpu_torchbind_capabilities_match_installed_version(
         assert not runtime.has_cache_handle and not runtime.has_runtime_settings
         assert not caps.supports_runtime_cache
         assert not caps.supports_cuda_graph_strategy
-        assert not caps.supports_dynamic_shapes_strategy
+        assert not caps.supports_dynamic_shapes_kernel_specialization_strategy
         assert "2.13" in caps.notes["supports_cuda_graph_strategy"]
         engine = load_torchbind("mlp_fp16")
         with pytest.raises(CapabilityError, match=r"cuda_graph_strategy: .*2\.13"):
@@ -608,7 +608,7 @@ def test_gpu_torchbind_outer_graph_equals_eager(
 
 def _needs_strategies(engine_or_backend: Any) -> None:
     backend = getattr(engine_or_backend, "backend", engine_or_backend)
-    if not backend.capabilities.supports_dynamic_shapes_strategy:
+    if not backend.capabilities.supports_dynamic_shapes_kernel_specialization_strategy:
         pytest.skip(f"torch-tensorrt-rtx {_torchbind_version()} has no dynamic-shapes strategy (2.13+)")
 
 

@@ -15,6 +15,7 @@ import struct
 
 from trt_runtime.cache.key import CacheKey
 from trt_runtime.errors import FormatError
+from trt_runtime.validation import json_document, show
 
 __all__ = ["FORMAT_VERSION", "HEADER_SIZE", "MAGIC", "decode", "encode"]
 
@@ -79,10 +80,12 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[CacheKey | None, bytes
     payload = raw[HEADER_SIZE + key_len :]
     if hashlib.sha256(raw[: _PREFIX.size] + key_json + payload).digest() != digest:
         raise FormatError("checksum mismatch (sha256): the file is corrupt")
+    # The checksum is no secret: a valid file may still hold hostile JSON (deep nesting,
+    # huge numbers), which json_document refuses as FormatError.
+    key_data = json_document(key_json, "the cache key in the header", FormatError)
     try:
-        key_data = json.loads(key_json)
         key = None if key_data is None else CacheKey.from_dict(key_data)
     except (ValueError, TypeError, AttributeError) as exc:
-        raise FormatError(f"cache key in the header is malformed: {exc}") from exc
+        raise FormatError(f"cache key in the header is malformed: {show(str(exc))}") from exc
     return key, payload
 

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from trt_runtime.errors import SettingsError
+
 __all__ = ["CacheKey"]
 
 
@@ -36,5 +38,5 @@ class CacheKey:
         fields = [f.name for f in dataclasses.fields(cls)]
         missing = [f for f in fields if not isinstance(data.get(f), str)]
         if missing:
-            raise ValueError(f"cache key lacks string field(s) {missing}; got {dict(data)!r}")
+            raise SettingsError(f"cache key lacks string field(s) {missing}; got {dict(data)!r}")
         return cls(**{f: data[f] for f in fields})

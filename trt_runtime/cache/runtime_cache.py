@@ -31,6 +31,7 @@ from trt_runtime.errors import (
     LostUpdateWarning,
     StaleCacheWarning,
 )
+from trt_runtime.validation import seconds
 
 __all__ = ["RuntimeCache"]
 
@@ -55,6 +56,8 @@ class _State:
         self.backend: Any = None
         self.handle: Any = None
         self.key: CacheKey | None = None
+        #: The key the file is named for (a default path): no other key may bind.
+        self.named_for: CacheKey | None = None
         self.drains = 0
         self.known_disk: bytes | None = None  # sha256 of the file as last loaded or saved
         self.lazy = False
@@ -130,6 +133,12 @@ class _State:
         if key is not None:
             if not isinstance(key, CacheKey):
                 raise TypeError(f"key must be a CacheKey or None; got {type(key).__name__}")
+            if self.named_for is not None and key != self.named_for:
+                raise CacheError(
+                    f"runtime cache {self.where()} is the file of {_key_text(self.named_for)}; an "
+                    f"engine of {_key_text(key)} needs its own (RuntimeCache.default(backend, device) "
+                    "gives each GPU model its file)"
+                )
             if self.key is not None and key != self.key and self.materialized():
                 raise CacheError(
                     f"runtime cache {self.where()} holds kernels for {_key_text(self.key)}; "
@@ -322,6 +331,19 @@ def _finalize(state: _State) -> None:
 
 _SHARED: dict[Path, RuntimeCache] = {}
 _SHARED_GUARD = threading.Lock()
+_STATES: weakref.WeakSet[_State] = weakref.WeakSet()
+
+
+def _renew_locks_after_fork() -> None:
+    """In a forked child, locks another thread of the parent held would stay held forever."""
+    global _SHARED_GUARD
+    _SHARED_GUARD = threading.Lock()
+    for state in list(_STATES):
+        state.lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks_after_fork)
 
 
 # -- the facade ---------------------------------------------------------------------------
@@ -346,10 +368,10 @@ class RuntimeCache:
         autosave: bool = False,
         lock_timeout: float = 30.0,
     ) -> None:
-        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or lock_timeout < 0:
-            raise ValueError(f"lock_timeout must be a number of seconds >= 0; got {lock_timeout!r}")
+        timeout = seconds(lock_timeout, "lock_timeout")
         target = None if path is None else storage.absolute_path(path)
-        self._state = _State(target, bool(autosave), float(lock_timeout))
+        self._state = _State(target, bool(autosave), timeout)
+        _STATES.add(self._state)
         self._finalizer = weakref.finalize(self, _finalize, self._state)
 
     @property
@@ -385,12 +407,30 @@ class RuntimeCache:
     def default(cls, backend: Any, device: int | None = None) -> RuntimeCache:
         """A cache at the per-user default location for ``backend`` on ``device``, bound to it.
 
-        The path is ``default_cache_path(backend.cache_key(device))``; the file is not
+        The path is ``default_cache_path(backend.cache_key(device))`` (``device`` ``None``:
+        the current device); see :meth:`in_directory`.
+        """
+        return cls.in_directory(None, backend, device)
+
+    @classmethod
+    def in_directory(
+        cls, directory: str | os.PathLike[str] | None, backend: Any, device: int | None = None
+    ) -> RuntimeCache:
+        """The cache file of ``backend`` on ``device`` in ``directory`` (``None``: the per-user
+        default one), bound to it: ``runtime-cache-<key slug>.bin``, one file per stack and
+        GPU model, so the kernels of an sm89 GPU never land in the file of an sm90 one.
+
+        The cache refuses to serve any other key (:class:`CacheError`); the file is not
         loaded (call :meth:`load`).
         """
         key = backend.cache_key(device)
-        cache = cls(storage.default_cache_path(key))
+        if directory is None:
+            path = storage.default_cache_path(key)
+        else:
+            path = storage.absolute_path(directory) / storage.file_name(key)
+        cache = cls(path)
         cache.bind(backend, key=key)
+        cache._state.named_for = key
         return cache
 
     # -- loading -----------------------------------------------------------------------

@@ -16,17 +16,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
-import secrets
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trt_runtime.cache.key import CacheKey
 from trt_runtime.errors import CacheError, CacheLockTimeout
+from trt_runtime.files import (
+    STALE_TEMP_SECONDS,
+    clean_stray_temps,
+    describe_os_error,
+    open_regular,
+    temp_name,
+)
+from trt_runtime.validation import path_text
 
 __all__ = [
     "STALE_TEMP_SECONDS",
@@ -38,6 +43,7 @@ __all__ = [
     "default_cache_dir",
     "default_cache_path",
     "describe_os_error",
+    "file_name",
     "lock_path",
     "locked",
     "read_file",
@@ -45,16 +51,12 @@ __all__ = [
     "temp_name",
 ]
 
-#: Temp files of savers that died are removed by the next save once their pid is gone, or
-#: once they are older than this (a pid may have been reused).
-STALE_TEMP_SECONDS = 3600.0
-
-_TEMP_SUFFIX = ".tmp"
 
 
 # -- default location ---------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """The per-user cache directory of trt-runtime (created with mode 0700 if missing).
+def default_cache_dir(*, create: bool = True) -> Path:
+    """The per-user cache directory of trt-runtime (created with mode 0700 if missing,
+    unless ``create`` is false: read-only callers such as ``trt-runtime cache info``).
 
     ``TRT_RUNTIME_CACHE_DIR`` overrides the platform's user cache directory.
     """
@@ -65,16 +67,23 @@ def default_cache_dir() -> Path:
         directory = Path(override)
     else:
         directory = Path(platformdirs.user_cache_dir("trt-runtime", appauthor=False))
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if create:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return directory
 
 
 def default_cache_path(key: CacheKey) -> Path:
     """``default_cache_dir() / "runtime-cache-<slug>.bin"``: one file per TensorRT build,
     GPU architecture and driver, so a cache of another stack is never fed to TensorRT."""
+    return default_cache_dir() / file_name(key)
+
+
+def file_name(key: CacheKey) -> str:
+    """``runtime-cache-<slug>.bin``: the name of the cache file of ``key``'s stack and GPU
+    model in a cache directory (the default one, or one given to ``runtime_cache``)."""
     if not isinstance(key, CacheKey):
         raise TypeError(f"key must be a CacheKey; got {type(key).__name__}")
-    return default_cache_dir() / f"runtime-cache-{key.slug()}.bin"
+    return f"runtime-cache-{key.slug()}.bin"
 
 
 # -- paths and checks ---------------------------------------------------------------------
@@ -82,18 +91,9 @@ def checkpoint(point: str, path: Path) -> None:
     """Test hook called at named points of a save ("locked", "written", "replaced")."""
 
 
-def describe_os_error(exc: OSError) -> str:
-    """``errno N (NAME): message``, for messages that name what the system said."""
-    code = exc.errno
-    name = errno.errorcode.get(code, "?") if isinstance(code, int) else "?"
-    return f"errno {code} ({name}): {exc.strerror or exc}"
-
-
 def absolute_path(path: str | os.PathLike[str]) -> Path:
     """``path`` made absolute (``~`` expanded) without resolving symbolic links."""
-    text = os.fspath(path)
-    if not text:
-        raise ValueError("runtime cache path must not be empty")
+    text = path_text(path, "runtime cache path")
     # abspath, not resolve(): a symlink at the cache path must stay visible to be refused.
     return Path(os.path.abspath(os.path.expanduser(text)))
 
@@ -101,29 +101,6 @@ def absolute_path(path: str | os.PathLike[str]) -> Path:
 def lock_path(path: Path) -> Path:
     """The lock file of the cache at ``path``: ``<path>.lock``."""
     return path.with_name(path.name + ".lock")
-
-
-def temp_name(path: Path) -> str:
-    """A fresh temp file name beside ``path``, recording this process's pid."""
-    return f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
-
-
-def _temp_pattern(path: Path) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]+{re.escape(_TEMP_SUFFIX)}$")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True
-    return True
 
 
 def check_directory(directory: Path, path: Path) -> None:
@@ -155,9 +132,8 @@ def refuse_symlink(path: Path, candidate: Path, what: str) -> None:
 
 def read_file(path: Path) -> bytes | None:
     """The bytes of ``path`` (never following a symlink), ``None`` if it does not exist."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags)
+        fd = open_regular(path, what="refusing runtime cache", error=CacheError, follow_symlinks=False)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -165,30 +141,7 @@ def read_file(path: Path) -> bytes | None:
             raise CacheError(f"refusing runtime cache {path}: the cache path is a symbolic link") from exc
         raise
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise CacheError(f"refusing runtime cache {path}: it is not a regular file")
         return f.read()
-
-
-def clean_stray_temps(path: Path) -> None:
-    """Remove temp files of savers that died (their pid is gone, or they are old)."""
-    pattern = _temp_pattern(path)
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return
-    now = time.time()
-    for name in names:
-        match = pattern.match(name)
-        if match is None:
-            continue
-        candidate = path.parent / name
-        try:
-            old = now - os.lstat(candidate).st_mtime > STALE_TEMP_SECONDS
-            if old or not _pid_alive(int(match.group(1))):
-                os.unlink(candidate)  # unlink never follows a symlink
-        except OSError:
-            continue
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -244,19 +197,35 @@ def atomic_write(path: Path, blob: bytes) -> None:
         ) from exc
 
 
-_LOCKS: dict[str, Any] = {}
+_LOCKS: dict[tuple[int, str], Any] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+def _forget_locks_after_fork() -> None:
+    """In a forked child: the parent's locks (and their guard) are not this process's."""
+    global _LOCKS_GUARD
+    _LOCKS_GUARD = threading.Lock()
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks_after_fork)
+
+
 def _file_lock(lock_file: Path) -> Any:
-    """One ``FileLock`` per lock path in this process, so re-entry from a thread never deadlocks."""
+    """One ``FileLock`` per lock path and process, so re-entry from a thread never deadlocks.
+
+    Keyed by pid as well as path, and forgotten in a forked child: a lock object made
+    by the parent must never be used by the child (filelock refuses an inherited one).
+    """
     import filelock
 
+    key = (os.getpid(), str(lock_file))
     with _LOCKS_GUARD:
-        lock = _LOCKS.get(str(lock_file))
+        lock = _LOCKS.get(key)
         if lock is None:
             lock = filelock.FileLock(str(lock_file), mode=0o600)
-            _LOCKS[str(lock_file)] = lock
+            _LOCKS[key] = lock
         return lock
 
 

@@ -1,8 +1,10 @@
 """Arrays in and out of an engine: random or given inputs, outputs as numpy.
 
 Random inputs are standard normal for floating-point bindings and integers in 0..7
-otherwise, in the binding's dtype; a dynamic dimension takes the first optimization
-profile's *opt* value (1 without a profile). numpy is imported only when needed.
+otherwise, in the binding's dtype; they take the shape ``--shapes`` gives, else a dynamic
+dimension takes the first optimization profile's *opt* value (1 without a profile).
+Inputs also come from ``.npy`` files (``--input``) or an ``.npz`` (``--load-inputs``);
+outputs go to ``.npz`` files with :func:`save_npz`. numpy is imported only when needed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from trt_runtime.cli.engine_files import check_file
 from trt_runtime.cli.output import CliError, UsageError
 
-__all__ = ["concrete_shape", "make_inputs", "output_to_numpy", "parse_given_inputs"]
+__all__ = ["concrete_shape", "load_npz", "make_inputs", "output_to_numpy", "parse_given_inputs", "save_npz"]
 
 
 def parse_given_inputs(items: Sequence[str]) -> dict[str, Path]:
@@ -39,31 +41,55 @@ def concrete_shape(spec: Any) -> tuple[int, ...]:
     return tuple(1 if d < 0 else d for d in spec.shape)
 
 
-def make_inputs(specs: Sequence[Any], given: Mapping[str, Path] | None = None, seed: int = 0) -> list[Any]:
-    """numpy arrays for ``specs``: loaded from ``given`` files by name, random otherwise."""
+def make_inputs(
+    specs: Sequence[Any],
+    given: Mapping[str, Path] | None = None,
+    seed: int = 0,
+    *,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    loaded: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """numpy arrays for ``specs``: from ``given`` .npy files or ``loaded`` arrays by name,
+    random otherwise, of the ``shapes`` given (``--shapes``) or :func:`concrete_shape`.
+
+    Every shape is checked against the input and its optimization profiles first, so a
+    shape the engine cannot take is one line naming it and the profile ranges.
+    """
     import numpy as np
 
     from trt_runtime.dtypes import to_numpy as numpy_dtype
+    from trt_runtime.shapes import check_in_profiles
 
-    given = dict(given or {})
+    given, shapes, loaded = dict(given or {}), dict(shapes or {}), dict(loaded or {})
     names = [s.name for s in specs]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise UsageError(f"--input names {unknown} are not inputs of the engine; its inputs are {names}")
+    for option, table in (("--input", given), ("--shapes", shapes), ("--load-inputs", loaded)):
+        unknown = sorted(set(table) - set(names))
+        if unknown:
+            raise UsageError(
+                f"{option} names {unknown}, which are not inputs of the engine; its inputs are {names}"
+            )
+    twice = sorted((set(given) & set(loaded)) | (set(shapes) & (set(given) | set(loaded))))
+    if twice:
+        raise UsageError(f"input(s) {twice} are given by more than one of --input, --load-inputs, --shapes")
     rng = np.random.default_rng(seed)
     arrays = []
     for spec in specs:
         dtype = numpy_dtype(spec.dtype)
-        if spec.name in given:
-            file = given[spec.name]
-            check_file(file)
-            try:
-                array = np.load(file, allow_pickle=False)
-            except ValueError as exc:
-                raise CliError(f"--input {spec.name}={file} is not a .npy array: {exc}") from exc
+        if spec.name in given or spec.name in loaded:
+            if spec.name in given:
+                array = _load_npy(spec.name, given[spec.name])
+            else:
+                array = loaded[spec.name]
+            reason = check_in_profiles(spec, array.shape)
+            if reason:
+                raise CliError(f"the array given for input {spec.name!r}: {reason}")
             arrays.append(np.ascontiguousarray(array))
             continue
-        shape = concrete_shape(spec)
+        if spec.name in shapes:
+            reason = check_in_profiles(spec, shapes[spec.name])
+            if reason:
+                raise UsageError(f"--shapes: {reason}")
+        shape = shapes.get(spec.name) or concrete_shape(spec)
         if dtype.kind == "f":
             array = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
@@ -72,6 +98,57 @@ def make_inputs(specs: Sequence[Any], given: Mapping[str, Path] | None = None, s
             array = rng.integers(0, 8, shape).astype(dtype)
         arrays.append(array)
     return arrays
+
+
+def load_npz(path: Path, option: str) -> dict[str, Any]:
+    """The arrays of an ``.npz`` file by name; one line naming the file if it is not one."""
+    import zipfile
+
+    import numpy as np
+
+    check_file(path)
+    try:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise CliError(
+                f"{option} {path} is not an .npz file of named arrays (numpy.savez): it holds one array"
+            )
+        with archive:
+            return {name: archive[name] for name in archive.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise CliError(f"{option} {path} is not an .npz file of named arrays (numpy.savez): {exc}") from exc
+
+
+def save_npz(path: Path, arrays: Mapping[str, Any]) -> None:
+    """Write ``arrays`` to ``path`` as an ``.npz``, atomically (a failed write leaves no file)."""
+    import numpy as np
+
+    from trt_runtime.formats import atomic_writer
+
+    with atomic_writer(path) as f:
+        np.savez(f, **arrays)
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _load_npy(name: str, file: Path) -> Any:
+    """The array in ``file``, or one clear line on why it is not a ``.npy`` array."""
+    import numpy as np
+
+    check_file(file)
+    with open(file, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if head != _NPY_MAGIC:
+        raise CliError(
+            f"--input {name}={file} is not a .npy file: it starts with {head!r}; "
+            f"expected {_NPY_MAGIC!r} (what numpy.save writes)"
+        )
+    try:
+        return np.load(file, allow_pickle=False)
+    except ValueError as exc:  # a header numpy reads but an object array, or truncated data
+        detail = str(exc).split(";")[0].split(" when allow_pickle")[0]
+        raise CliError(f"--input {name}={file} is not a plain .npy array: {detail}") from exc
 
 
 def output_to_numpy(value: Any) -> Any:

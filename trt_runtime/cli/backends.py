@@ -1,7 +1,7 @@
 """``trt-runtime backends``: installed backends, whether they run here and why not, capabilities.
 
 A backend that cannot run here says why, usually with the extra to install (for example
-``pip install 'trt-runtime[torchbind]'``); that text is printed as written.
+``pip install -c constraints.txt -e '.[torchbind]'``); that text is printed as written.
 """
 
 from __future__ import annotations
@@ -27,19 +27,33 @@ def backend_report() -> list[dict[str, Any]]:
             # accessor for an unavailable backend's instance.
             instance = registry.load_backend(name)
             capabilities = jsonable(instance.capabilities)
+            description = str(getattr(instance, "description", "") or "")
         except Exception:
             capabilities = None
+            description = ""
         rows.append({
             "name": name,
+            "description": description,
             "available": bool(availability),
+            "installed": _installed(availability.reason, capabilities),
             "reason": availability.reason,
             "capabilities": capabilities,
         })
     return rows
 
 
+def _installed(reason: str, capabilities: Mapping[str, Any] | None) -> bool:
+    """False when the backend's packages are missing: it says what to install and declares
+    no capability (it learns them from the packages)."""
+    flags = [v for k, v in (capabilities or {}).items() if k.startswith("supports_")]
+    return not ("pip install" in reason and not any(flags))
+
+
 
 def _capability_text(row: Mapping[str, Any]) -> str:
+    if not row["installed"]:
+        hint = row["reason"][row["reason"].find("pip install"):]
+        return f"not installed ({hint})"
     if row["capabilities"] is None:
         return "unknown"
     flags = [k.removeprefix("supports_") for k, v in row["capabilities"].items() if v is True]
@@ -56,6 +70,7 @@ def backends_command(args: argparse.Namespace, out: Output) -> int:
     out.table(
         "installed backends",
         ["backend", "available", "capabilities", "reason"],
-        [[r["name"], r["available"], _capability_text(r), r["reason"] or "-"] for r in rows],
+        [[f"{r['name']} ({r['description']})" if r["description"] else r["name"], r["available"],
+          _capability_text(r), r["reason"] or "-"] for r in rows],
     )
     return 0

@@ -1,9 +1,11 @@
 """``trt-runtime cache [info|path|clear]``: the per-user runtime cache directory.
 
 Without an action it shows the directory and its entries, as ``info`` does. Only the
-files trt-runtime writes there are listed or deleted: caches (``*.bin``, with the key
-each was made for read from its header), their lock files and the temp files of an
-interrupted save.
+files trt-runtime writes there are listed: caches (``*.bin``, with the key each was made
+for read from its header), their lock files (``*.bin.lock``) and the temp files of an
+interrupted save (``.NAME.bin.PID.HEX.tmp``). ``clear`` deletes only what ``info``
+recognises as trt-runtime's: a ``.bin`` without a readable trt-runtime header is listed
+("not a trt-runtime cache file") and kept. ``info`` and ``path`` create nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +29,8 @@ CACHE_ACTIONS = ("info", "path", "clear")
 #: Files trt-runtime writes in a cache directory: caches (``*.bin``), their lock files and
 #: the temp files of an interrupted save. Anything else there is never listed or deleted.
 _CACHE_SUFFIXES = (".bin", ".lock", ".tmp")
+_LOCK_NAME = re.compile(r"^.+\.bin\.lock$")
+_TEMP_NAME = re.compile(r"^\..+\.bin\.\d+\.[0-9a-f]+\.tmp$")
 
 
 def _cache_dir(args: argparse.Namespace) -> Path:
@@ -33,19 +38,20 @@ def _cache_dir(args: argparse.Namespace) -> Path:
         return Path(args.dir)
     from trt_runtime.cache import default_cache_dir
 
-    return Path(default_cache_dir())
+    return Path(default_cache_dir(create=args.action == "clear"))
 
 
 def _read_cache_key(path: Path) -> tuple[Any, str]:
     """``(key, '')`` from a cache file's header, or ``(None, why not)``."""
     from trt_runtime.cache import decode
+    from trt_runtime.cache.storage import read_file
 
     try:
-        key, _payload = decode(path.read_bytes())
+        key, _payload = decode(read_file(path) or b"")
     except Exception as exc:
-        return None, f"unreadable: {exc}"
+        return None, f"not a trt-runtime cache file ({exc}); kept by clear"
     if key is None:
-        return None, "no key recorded"
+        return None, "not a trt-runtime cache file (no key recorded); kept by clear"
     return key, ""
 
 
@@ -53,7 +59,8 @@ def cache_entries(directory: Path) -> list[dict[str, Any]]:
     """The files trt-runtime wrote in ``directory``, sorted by name.
 
     Each is a dict of ``path``, ``name``, ``kind`` (cache, lock, temp), ``bytes``, ``key``
-    (what a cache file's header records, or ``None``) and ``note`` (why there is no key).
+    (what a cache file's header records, or ``None``), ``note`` (why there is no key) and
+    ``recognised`` (a file trt-runtime wrote: what ``clear`` deletes).
     """
     if not directory.is_dir():
         return []
@@ -62,7 +69,14 @@ def cache_entries(directory: Path) -> list[dict[str, Any]]:
         if not path.is_file() or path.suffix not in _CACHE_SUFFIXES:
             continue
         kind = {".bin": "cache", ".lock": "lock", ".tmp": "temp"}[path.suffix]
-        key, note = _read_cache_key(path) if kind == "cache" else (None, kind + " file")
+        if kind == "cache":
+            key, note = _read_cache_key(path)
+            recognised = key is not None
+        else:
+            key, note = None, kind + " file"
+            recognised = bool((_LOCK_NAME if kind == "lock" else _TEMP_NAME).match(path.name))
+            if not recognised:
+                note = f"not a trt-runtime {kind} file; kept by clear"
         entries.append({
             "path": os.fspath(path),
             "name": path.name,
@@ -70,6 +84,7 @@ def cache_entries(directory: Path) -> list[dict[str, Any]]:
             "bytes": path.stat().st_size,
             "key": jsonable(key) if key is not None else None,
             "note": note,
+            "recognised": recognised,
         })
     return entries
 
@@ -98,7 +113,7 @@ def _show(directory: Path, out: Output) -> int:
 
 
 def _clear(directory: Path, out: Output, *, yes: bool) -> int:
-    entries = cache_entries(directory)
+    entries = [e for e in cache_entries(directory) if e["recognised"]]
     total = sum(e["bytes"] for e in entries)
     if not entries:
         out.emit({"path": os.fspath(directory), "removed": [], "removed_bytes": 0})

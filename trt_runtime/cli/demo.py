@@ -1,6 +1,9 @@
 """``trt-runtime demo``: build a small engine, write it three ways, inspect it, run it cold and warm.
 
-The build (TensorRT-RTX builder) and the files need no GPU. When a backend can run
+The engine comes from an ONNX model the demo makes (a small conv net, written next to
+the engines) and builds with TensorRT-RTX's ONNX parser, as ``trt-runtime build`` does;
+without the ``onnx`` package it builds a conv net with the network API instead and says
+so. The build (TensorRT-RTX builder) and the files need no GPU. When a backend can run
 here, the plan is run twice with ``trt-runtime run``, each time in a fresh Python
 process (a process that already compiled the kernels would hide the cache's effect):
 cold, with no runtime cache, then warm, with the cache the cold run saved. Outputs are
@@ -19,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import backend_reason, spec_dict
+from trt_runtime.cli.engine_files import backend_reason, check_backend_name, spec_dict
 from trt_runtime.cli.inspect import inspect_file, render_inspect
-from trt_runtime.cli.output import PROG, CliError, Output, human_size, new_dir
+from trt_runtime.cli.output import PROG, CliError, Output, UsageError, human_size
 
 __all__ = ["demo_command", "write_pte"]
 
@@ -115,23 +118,66 @@ def _cold_and_warm(
             "runtime_cache": os.fspath(cache_path)}
 
 
-def demo_command(args: argparse.Namespace, out: Output) -> int:
-    """``trt-runtime demo``."""
+def _build_engine(outdir: Path, progress: Any) -> tuple[Any, dict[str, Any]]:
+    """The demo's engine, from an ONNX model it makes (``onnx`` installed) or the network API.
+
+    Returns the :class:`~trt_runtime.builders.BuiltEngine` and where it came from:
+    ``{"onnx": path or None, "why": reason the network API was used}``.
+    """
     from trt_runtime import builders
+
+    try:
+        from trt_runtime.testing.onnx_models import conv_model
+
+        model = conv_model()
+    except ImportError as exc:
+        built = builders.build_convnet(batch=None, max_batch=8, progress=progress)
+        return built, {"onnx": None, "why": f"{exc}"}
+    from trt_runtime.onnx_build import build_onnx
+
+    onnx_path = model.save(outdir / f"{model.name}.onnx")
+    # fp32 (TF32 cleared; TensorRT-RTX 1.6.1 keeps TF32, ~3e-4 of the peak): within the 1e-3 check.
+    engine = build_onnx(onnx_path, shapes=model.shapes, precision="fp32", progress=progress,
+                        log_level="error")
+    built = builders.BuiltEngine(engine.plan, engine.inputs, engine.outputs, {}, model.reference,
+                                 (1e-3, 1e-3), name=model.name)
+    return built, {"onnx": os.fspath(onnx_path), "why": ""}
+
+
+def demo_command(args: argparse.Namespace, out: Output) -> int:
+    """``trt-runtime demo``: the files go to ``--out DIR`` (kept) or a temporary directory
+    removed at the end, so that a demo leaves nothing behind unless asked to."""
+    import tempfile
+
+    check_backend_name(args.backend)
+    if args.out is not None:
+        if args.out.exists() and not args.out.is_dir():
+            raise UsageError(f"--out {args.out} is a file; give a directory (new or existing)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        out.notice(f"demo output directory: {args.out}")
+        return _demo(args, out, args.out)
+    with tempfile.TemporaryDirectory(prefix="trt-runtime-demo-") as tmp:
+        out.notice(f"demo output directory: {tmp} (temporary, removed at the end; --out DIR keeps the files)")
+        return _demo(args, out, Path(tmp))
+
+
+def _demo(args: argparse.Namespace, out: Output, outdir: Path) -> int:
     from trt_runtime.formats import write_plan, write_tr01
 
-    outdir, fresh = new_dir(args.out, "trt-runtime-demo-")
-    out.notice(f"demo output directory: {outdir}" + (" (new temporary directory)" if fresh else ""))
     document: dict[str, Any] = {"output_dir": os.fspath(outdir), "files": {}, "inspect": {}, "gpu": {}}
 
     # 1. build ---------------------------------------------------------------------
-    with out.status("building a ResNet-style conv net with the TensorRT-RTX builder...") as update:
+    with out.status("building a small conv net with the TensorRT-RTX builder...") as update:
         t0 = time.perf_counter()
-        built = builders.build_convnet(
-            batch=None, max_batch=8,
-            progress=lambda phase, step, total: update(f"building engine: {phase} {step}/{total}"),
+        built, source = _build_engine(
+            outdir, lambda phase, step, total: update(f"building engine: {phase} {step}/{total}")
         )
         build_s = time.perf_counter() - t0
+    if source["onnx"] is None:
+        out.notice(f"built with the TensorRT-RTX network API: {source['why']}")
+    else:
+        out.info(f"made the ONNX model {source['onnx']} and built it with the TensorRT-RTX ONNX parser")
+    document["source"] = source
     document["engine"] = {
         "name": built.name,
         "build_seconds": build_s,

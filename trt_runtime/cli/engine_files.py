@@ -9,16 +9,20 @@ engines of a TensorRT version newer than this trt-runtime.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.output import CliError
+from trt_runtime.cli.output import CliError, UsageError
 
 __all__ = [
     "FORCE_HELP",
     "backend_reason",
+    "check_backend_name",
     "check_engine_file",
     "check_file",
+    "declared_magics",
+    "engine_backend",
     "known_magics",
     "spec_dict",
     "unknown_magic",
@@ -31,41 +35,55 @@ FORCE_HELP = (
 
 
 def check_file(path: Path) -> None:
-    """Refuse (:class:`CliError`) a path that does not exist or is a directory."""
+    """Refuse (:class:`CliError`) a path that does not exist, is a directory or is no regular file.
+
+    Only ``stat`` is used: a FIFO or a device is refused without being opened.
+    """
     if not path.exists():
         raise CliError(f"no such file: {path}")
     if path.is_dir():
         raise CliError(f"is a directory, not an engine file: {path}")
+    if not path.is_file():
+        raise CliError(f"not a regular file (a FIFO, device or socket), not an engine file: {path}")
+
+
+def declared_magics() -> dict[bytes, str]:
+    """``{magic: format}`` of the engine formats installed backends read (``.mem`` of 'memory')."""
+    from trt_runtime.registry import engine_magics
+
+    return {magic: what for magic, (_owner, what) in engine_magics().items()}
 
 
 def known_magics() -> str:
     """The first bytes an engine file may start with, as one human-readable list."""
-    from trt_runtime.formats import PLAN_MAGICS
-    from trt_runtime.formats.tr01 import MAGIC_TR01, MAGIC_TR02
+    from trt_runtime.formats import known_magics as listing
 
-    plans = [f"{magic.decode('ascii')!r} ({flavour} plan)" for magic, flavour in PLAN_MAGICS.items()]
-    blobs = f"{MAGIC_TR01.decode('ascii')!r} / {MAGIC_TR02.decode('ascii')!r} (ExecuTorch TensorRT blob)"
-    return ", ".join([*plans, blobs, "'ET..' at byte 4 (.pte program)"])
+    return listing(declared_magics())
 
 
 def unknown_magic(path: Path) -> str:
     """Why ``path`` is not an engine file by its first bytes, or '' when it may be one.
 
-    Files smaller than the smallest plan are left to the format checks, whose "empty" and
-    "too small" say more than a magic would.
+    The same check and message as :func:`trt_runtime.load`'s (an empty file is left to
+    the format checks, whose "empty" says more).
     """
-    from trt_runtime.formats import MIN_PLAN_SIZE, PLAN_MAGICS, detect_format
+    from trt_runtime.formats import unknown_magic as reason
+    from trt_runtime.formats.source import open_engine_file
 
-    with open(path, "rb") as f:
-        head = f.read(MIN_PLAN_SIZE)
-    if len(head) < MIN_PLAN_SIZE:
-        return ""
-    if detect_format(memoryview(head)) != "plan" or head[:4] in PLAN_MAGICS:
-        return ""
-    return (
-        f"{path} is not a TensorRT engine: it starts with {head[:4]!r} (hex {head[:4].hex()}); "
-        f"known magics: {known_magics()}"
-    )
+    with os.fdopen(open_engine_file(path), "rb") as f:
+        head = f.read(16)
+    return reason(head, str(path), declared_magics())
+
+
+def engine_backend(path: Path, name: str | None) -> str | None:
+    """The backend ``trt_runtime.load`` would pick for ``path``: ``name``, the environment's,
+    the one that declares the file's format, or ``None`` for the first available."""
+    from trt_runtime.formats.source import open_engine_file
+    from trt_runtime.registry import backend_for_engine
+
+    with os.fdopen(open_engine_file(path), "rb") as f:
+        head = f.read(16)
+    return backend_for_engine(head, name)
 
 
 def check_engine_file(path: Path, *, force: bool = False, out: Any = None) -> None:
@@ -82,6 +100,18 @@ def check_engine_file(path: Path, *, force: bool = False, out: Any = None) -> No
         raise CliError(f"{reason} (pass --force to read it as a plan of unknown flavour)")
     if out is not None:
         out.warn(f"{reason}; reading it as a plan of unknown flavour (--force)")
+
+
+def check_backend_name(name: str | None, *, also: tuple[str, ...] = ()) -> None:
+    """Refuse (:class:`UsageError`, exit 2) a ``--backend`` that names no installed backend."""
+    if name is None or name in also:
+        return
+    from trt_runtime.registry import installed_backends
+
+    names = installed_backends()
+    if name not in names:
+        allowed = ", ".join(map(repr, [*names, *also])) or "none"
+        raise UsageError(f"--backend {name!r} is not an installed backend; installed: {allowed}")
 
 
 def backend_reason(name: str | None) -> str:

@@ -14,10 +14,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import backend_reason, check_file, spec_dict, unknown_magic
+from trt_runtime.cli.engine_files import (
+    backend_reason,
+    check_backend_name,
+    check_file,
+    declared_magics,
+    engine_backend,
+    spec_dict,
+    unknown_magic,
+)
 from trt_runtime.cli.output import CliError, Output, compact, describe_exception, human_size
 
-__all__ = ["inspect_command", "inspect_file", "render_inspect"]
+__all__ = ["TABLE_ROWS", "inspect_command", "inspect_file", "render_inspect"]
+
+#: Bindings the text table lists before a "... N more" line (``--all`` lists every one).
+TABLE_ROWS = 50
 
 
 def _first_present(mapping: Mapping[str, Any], *keys: str) -> Any:
@@ -54,6 +65,7 @@ def inspect_file(
     from trt_runtime.formats import describe, read_engine_source
 
     file = Path(path)
+    check_backend_name(backend)
     check_file(file)
     warnings: list[str] = []
     magic_reason = unknown_magic(file)
@@ -68,9 +80,10 @@ def inspect_file(
     specs_recorded = metadata.get("compile_specs")
     compile_specs = None if specs_recorded is None else {str(k): str(v) for k, v in specs_recorded.items()}
     warnings.extend(str(w) for w in metadata.get("warnings") or ())
+    declared = [what for magic, what in declared_magics().items() if bytes(source.data[:len(magic)]) == magic]
     report: dict[str, Any] = {
         "path": os.fspath(file),
-        "format": container.get("format", source.format),
+        "format": declared[0] if declared else container.get("format", source.format),
         "file_bytes": file.stat().st_size,
         "engine_bytes": len(source.data),
         "name": source.name,
@@ -86,6 +99,7 @@ def inspect_file(
         "metadata": metadata,
     }
     if not source.bindings:
+        backend = engine_backend(file, backend)
         reason = backend_reason(backend) if load else "not loaded (--no-load)"
         specs: tuple[Any, ...] = ()
         if load and not reason:
@@ -118,8 +132,12 @@ def inspect_file(
     return report
 
 
-def render_inspect(report: Mapping[str, Any], out: Output) -> None:
-    """Print a report of :func:`inspect_file`; its warnings go to stderr."""
+def render_inspect(report: Mapping[str, Any], out: Output, *, all_rows: bool = False) -> None:
+    """Print a report of :func:`inspect_file`; its warnings go to stderr.
+
+    The bindings table stops after :data:`TABLE_ROWS` rows with a ``... N more`` line
+    unless ``all_rows`` (``--all``); ``--json`` always carries every binding.
+    """
     for warning in report.get("warnings") or ():
         out.warn(warning)
     device = report["device_id"]
@@ -139,15 +157,20 @@ def render_inspect(report: Mapping[str, Any], out: Output) -> None:
     if specs is not None:
         pairs.append(("compile specs", compact(specs) if specs else "none"))
     out.fields(pairs)
-    if report["bindings"]:
+    bindings = report["bindings"]
+    if bindings:
+        shown_rows = bindings if all_rows else bindings[:TABLE_ROWS]
         out.table(
             f"bindings (from {report['bindings_from']})",
             ["io", "name", "dtype", "shape", "profile min / opt / max", "data-dependent"],
             [
                 [b["io"], b["name"], b["dtype"], tuple(b["shape"]), _profile_text(b), b["data_dependent"]]
-                for b in report["bindings"]
+                for b in shown_rows
             ],
         )
+        if len(shown_rows) < len(bindings):
+            more = len(bindings) - len(shown_rows)
+            out.notice(f"  … {more} more bindings (--all lists them; --json has them)")
     else:
         out.notice(f"  bindings: not listed: {report['bindings_note']}")
     shown = {"format", "name", "size", "device_id", "flavour", "version", "bindings",
@@ -162,5 +185,5 @@ def inspect_command(args: argparse.Namespace, out: Output) -> int:
     """``trt-runtime inspect``."""
     report = inspect_file(args.file, backend=args.backend, load=not args.no_load, force=args.force)
     out.emit(report)
-    render_inspect(report, out)
+    render_inspect(report, out, all_rows=getattr(args, "all_rows", False))
     return 0

@@ -2,7 +2,7 @@
 
 :class:`Output` sends a command's text to rich when it is installed (``trt-runtime[cli]``)
 and to plain ``print`` otherwise. Text that comes from users or data (file names,
-backend reasons, install hints such as ``pip install 'trt-runtime[torchbind]'``) is never
+backend reasons, install hints such as ``pip install -c constraints.txt -e '.[torchbind]'``) is never
 read as rich markup: lines are printed with markup off, and table cells, titles and
 spinner text are escaped with :func:`rich.markup.escape`.
 
@@ -19,10 +19,8 @@ import enum
 import json
 import os
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -35,11 +33,14 @@ __all__ = [
     "describe_exception",
     "human_size",
     "jsonable",
-    "new_dir",
     "print_error",
 ]
 
 PROG = "trt-runtime"
+#: Longest JSON document (in characters) printed indented; longer ones are one line.
+INDENT_LIMIT = 1 << 20
+#: Longest table drawn with rich; longer ones are printed as aligned plain text.
+RICH_TABLE_ROWS = 500
 
 
 class CliError(Exception):
@@ -74,6 +75,8 @@ class Output:
         self.json_mode = json_mode
         self._plain = plain
         self._console: Any = None
+        #: A JSON document was printed: an error after it must not print a second one.
+        self.emitted = False
 
     @property
     def console(self) -> Any:
@@ -92,6 +95,8 @@ class Output:
             self._console = Console(
                 file=sys.stdout, highlight=False, soft_wrap=True, width=width, emoji=False
             )
+            # rich exits 1 on a closed pipe; main() ends such a command quietly with 0.
+            self._console.on_broken_pipe = _broken_pipe
         return self._console
 
     def _print(self, text: str) -> None:
@@ -117,10 +122,19 @@ class Output:
         print(f"{PROG}: warning: {line}", file=sys.stderr, flush=True)
 
     def emit(self, document: Any) -> None:
-        """Print the JSON document of the command (``--json`` only)."""
+        """Print the JSON document of the command (``--json`` only).
+
+        Indented, unless it exceeds :data:`INDENT_LIMIT` characters: then it is one line,
+        since only the compact form has a C encoder (indenting 16K bindings takes seconds).
+        """
         if self.json_mode:
-            sys.stdout.write(json.dumps(jsonable(document), indent=2, sort_keys=False) + "\n")
+            data = jsonable(document)
+            text = json.dumps(data)
+            if len(text) <= INDENT_LIMIT:
+                text = json.dumps(data, indent=2)
+            sys.stdout.write(text + "\n")
             sys.stdout.flush()
+            self.emitted = True
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         """A table (rich, or aligned plain text); every cell is text, never markup."""
@@ -128,7 +142,8 @@ class Output:
             return
         cells = [[cell(v) for v in row] for row in rows]
         console = self.console
-        if console is not None:
+        # rich lays out a table in time that grows fast with its rows; long ones print plain.
+        if console is not None and len(cells) <= RICH_TABLE_ROWS:
             from rich.table import Table
 
             table = Table(title=_escape(title) or None, title_justify="left")
@@ -140,6 +155,7 @@ class Output:
             return
         if title:
             print(title)
+        sys.stdout.flush()
         widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
         print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
         print("  ".join("-" * w for w in widths))
@@ -172,6 +188,10 @@ class Output:
         yield lambda _text: None
 
 
+def _broken_pipe() -> None:
+    raise BrokenPipeError("stdout was closed")
+
+
 def cell(value: Any) -> str:
     """One value as table or field text: ``-`` for None, ``yes``/``no``, floats to 0.1."""
     if value is None:
@@ -193,8 +213,18 @@ def compact(value: Any) -> str:
     return cell(value)
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON types: dataclasses and mappings to dicts, bytes to ``<N bytes>``."""
+    kind = type(value)
+    if kind in _PLAIN:  # the common case first: reports hold tens of thousands of these
+        return value
+    if kind is dict:
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
@@ -220,14 +250,6 @@ def human_size(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{size:.1f} {unit} ({n:,} bytes)"
         size /= 1024
     return f"{n} B"  # pragma: no cover - loop always returns
-
-
-def new_dir(path: Path | None, prefix: str) -> tuple[Path, bool]:
-    """``(path, False)`` after creating it, or ``(a new temporary directory, True)``."""
-    if path is None:
-        return Path(tempfile.mkdtemp(prefix=prefix)), True
-    path.mkdir(parents=True, exist_ok=True)
-    return path, False
 
 
 def print_error(message: str, debug: bool) -> None:

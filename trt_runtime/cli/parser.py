@@ -13,12 +13,15 @@ from typing import Any, NoReturn
 
 from trt_runtime.cli.backends import backends_command
 from trt_runtime.cli.bench import bench_command
+from trt_runtime.cli.build import add_build_parser, build_command
 from trt_runtime.cli.cache import CACHE_ACTIONS, cache_command
 from trt_runtime.cli.demo import demo_command
 from trt_runtime.cli.engine_files import FORCE_HELP
-from trt_runtime.cli.inspect import inspect_command
+from trt_runtime.cli.inspect import TABLE_ROWS, inspect_command
+from trt_runtime.cli.io_options import add_compare_options, add_input_options, add_log_level
 from trt_runtime.cli.output import PROG, UsageError
 from trt_runtime.cli.run import run_command
+from trt_runtime.cli.serve import add_serve_parser
 
 __all__ = ["COMMANDS", "build_parser"]
 
@@ -28,8 +31,19 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _seed(text: str) -> int:
+    """A ``--seed`` value: an integer in ``[0, 2**32)``, the seeds numpy accepts."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]}")
+    return value
+
+
 #: The commands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "inspect", "run", "bench", "cache", "backends")
+COMMANDS = ("demo", "build", "inspect", "run", "bench", "serve", "cache", "backends")
 _CUDA_GRAPH_CHOICES = ("disabled", "whole_graph_capture")
 _DYNAMIC_CHOICES = ("lazy", "eager", "none")
 
@@ -45,11 +59,30 @@ def _add_globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                        help="show the traceback of an error")
 
 
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores like the new one and warns on stderr."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        import sys
+
+        print(f"{PROG}: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _add_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph-strategy", choices=_CUDA_GRAPH_CHOICES, default=None,
                         help="CUDA graph strategy (default: the engine's default, disabled)")
-    parser.add_argument("--dynamic-shapes-kernel-strategy", choices=_DYNAMIC_CHOICES, default=None,
+    new = "--dynamic-shapes-kernel-specialization-strategy"
+    parser.add_argument(new, choices=_DYNAMIC_CHOICES, default=None,
                         help="dynamic-shapes kernel specialization strategy (default: lazy)")
+    parser.add_argument("--dynamic-shapes-kernel-strategy", choices=_DYNAMIC_CHOICES,
+                        dest="dynamic_shapes_kernel_specialization_strategy", action=_DeprecatedAlias,
+                        new=new, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,10 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo", "build a small engine, write it as plan / TR01 / .pte, inspect and run it")
     p.add_argument("--out", metavar="DIR", type=Path, default=None,
-                   help="output directory (default: a new temporary directory, printed)")
+                   help="directory for the files, kept (default: a temporary directory, "
+                        "removed at the end)")
     p.add_argument("--backend", metavar="NAME", default=None,
                    help="backend for the GPU part (default: the first available)")
     p.set_defaults(handler=demo_command)
+
+    p = command("build", "build an engine from an ONNX model with the TensorRT-RTX builder; "
+                         "write it as plan, TR01 or .pte")
+    add_build_parser(p)
+    p.set_defaults(handler=build_command)
 
     p = command("inspect", "show what an engine file is: format, bindings, device, version")
     p.add_argument("file", type=Path, help="a raw plan, a TR01/TR02 blob or a .pte program")
@@ -83,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-load", action="store_true",
                    help="never deserialize the engine; show only what the container records")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    p.add_argument("--all", dest="all_rows", action="store_true",
+                   help=f"list every binding (the text table stops after {TABLE_ROWS} rows)")
     p.set_defaults(handler=inspect_command)
 
     p = command("run", "run an engine once on random or given inputs; write outputs as .npy")
@@ -90,13 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", metavar="NAME", default=None, help="backend (default: first available)")
     p.add_argument("--input", metavar="NAME=FILE.npy", action="append", default=[],
                    help="take input NAME from a .npy file (repeatable); others are random")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    add_input_options(p)
+    add_compare_options(p)
+    add_log_level(p)
     _add_settings(p)
     p.add_argument("--runtime-cache", metavar="PATH", type=Path, default=None,
                    help="load the runtime cache from PATH (if it exists) and save it back after the run")
     p.add_argument("--output-dir", metavar="DIR", type=Path, default=None,
-                   help="where outputs (NAME.npy) and generated inputs (inputs/NAME.npy) go "
-                        "(default: a new temporary directory, printed)")
+                   help="write outputs (NAME.npy) and the inputs used (inputs/NAME.npy) there, "
+                        "after a successful run (default: write nothing)")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=run_command)
@@ -106,16 +150,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", metavar="NAME", action="append", default=[],
                    help="backend to measure (repeatable; 'all' = every available; default: first available)")
     p.add_argument("--iterations", type=int, default=200, help="timed calls per backend (default: 200)")
+    p.add_argument("--duration", metavar="S", type=float, default=None,
+                   help="time for at least S seconds (and at least --iterations calls)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default: 20)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    add_input_options(p)
+    add_log_level(p)
     _add_settings(p)
     p.add_argument("--json-out", dest="json_path", metavar="PATH", type=Path, default=None,
                    help="also write the results, with raw samples, as JSON to PATH")
     p.add_argument("--plot", metavar="PATH", type=Path, default=None,
-                   help="write a latency box plot PNG to PATH (needs matplotlib: trt-runtime[plot])")
+                   help="write a latency box plot PNG to PATH "
+                        "(needs matplotlib: pip install -c constraints.txt -e '.[plot]')")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=bench_command)
+
+    _add_settings(add_serve_parser(command))
 
     p = command("cache", "show or clear the per-user runtime cache directory")
     p.add_argument("action", nargs="?", choices=CACHE_ACTIONS, default=CACHE_ACTIONS[0],

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import IO, Any
 
-from trt_runtime.errors import EngineError, FormatError
+from trt_runtime.errors import EngineError, FormatError, SettingsError
 from trt_runtime.formats.plan import MIN_PLAN_SIZE, PLAN_MAGICS, inspect_plan, write_plan
 from trt_runtime.formats.pte import BACKEND_ID, Delegate, Program, is_pte, parse_pte
 from trt_runtime.formats.source import EngineData, EngineInput, atomic_writer, open_buffer
@@ -44,11 +45,13 @@ __all__ = [
     "describe",
     "detect_format",
     "encode_metadata",
+    "known_magics",
     "pack_tr01",
     "parse_pte",
     "parse_tr01",
     "read_engine_source",
     "resolve_device",
+    "unknown_magic",
     "write_plan",
     "write_tr01",
 ]
@@ -80,16 +83,46 @@ def detect_format(view: memoryview) -> str:
     return "plan"
 
 
+def known_magics(extra: Mapping[bytes, str] | None = None) -> str:
+    """The first bytes an engine file may start with, as one human-readable list.
+
+    ``extra`` maps further magics to what they are (the engine formats backends declare).
+    """
+    plans = [f"{magic.decode('ascii')!r} ({flavour} plan)" for magic, flavour in PLAN_MAGICS.items()]
+    blobs = f"{MAGIC_TR01.decode('ascii')!r} / {MAGIC_TR02.decode('ascii')!r} (ExecuTorch TensorRT blob)"
+    others = [f"{magic.decode('latin-1')!r} ({what})" for magic, what in (extra or {}).items()]
+    return ", ".join([*plans, blobs, "'ET..' at byte 4 (.pte program)", *others])
+
+
+def unknown_magic(data: EngineInput, name: str, extra: Mapping[bytes, str] | None = None) -> str:
+    """Why ``data`` is not an engine file by its first bytes, or '' when it may be one.
+
+    Blobs, programs, plans of a known flavour and the magics in ``extra`` pass; so does an
+    empty input (the format checks say "empty"). Anything else, however short, is named
+    with its first bytes and the magics that are known.
+    """
+    view = memoryview(data)
+    head = bytes(view[:16])
+    if not head or detect_format(view) != "plan" or head[:4] in PLAN_MAGICS:
+        return ""
+    if any(head.startswith(magic) for magic in extra or {}):
+        return ""
+    return (
+        f"{name} is not an engine file (unknown magic {head[:4]!r}, hex {head[:4].hex()}); "
+        f"known magics: {known_magics(extra)}"
+    )
+
+
 def _check_options(options: dict[str, Any]) -> tuple[int | None, str | None]:
     unknown = sorted(set(options) - set(FORMAT_OPTIONS))
     if unknown:
         raise TypeError(f"unknown format option(s) {unknown}; expected one of {', '.join(FORMAT_OPTIONS)}")
     index = options.get("delegate_index")
     if index is not None and (not isinstance(index, int) or isinstance(index, bool) or index < 0):
-        raise ValueError(f"delegate_index must be a non-negative integer; got {index!r}")
+        raise SettingsError(f"delegate_index must be a non-negative integer; got {index!r}")
     method = options.get("method")
     if method is not None and not isinstance(method, str):
-        raise ValueError(f"method must be a string; got {method!r}")
+        raise SettingsError(f"method must be a string; got {method!r}")
     return index, method
 
 
@@ -183,6 +216,7 @@ def _spec_dict(spec: TensorSpec) -> dict[str, Any]:
         "dtype": spec.dtype,
         "shape": list(spec.shape),
         "is_input": spec.is_input,
+        "profiles": [[list(shape) for shape in triple] for triple in spec.profiles],
         "data_dependent": spec.data_dependent,
     }
 
@@ -260,21 +294,28 @@ def describe(source: Source) -> dict[str, Any]:
 
 
 def resolve_device(
-    device_id: int | None, explicit: int | None, device_count: int, *, current: int = 0
+    device_id: int | None,
+    explicit: int | None,
+    device_count: int,
+    *,
+    current: int = 0,
+    name: str | None = None,
 ) -> int:
     """The CUDA device an engine runs on.
 
     Policy: an ``explicit`` device from the caller (``load(device=...)``) is used
     verbatim; otherwise the container's ``device_id``; otherwise (raw plans) the
     ``current`` device. Whichever is chosen must exist among the ``device_count``
-    devices: a blob built on GPU 3 never silently runs on GPU 0.
+    devices: a blob built on GPU 3 never silently runs on GPU 0. ``name`` (the engine's)
+    starts the error messages.
     """
+    who = f"engine {name!r}: " if name else ""
     if device_count <= 0:
         raise EngineError("no CUDA device is visible on this machine; cannot run a TensorRT engine")
     if explicit is not None:
         if isinstance(explicit, bool) or not isinstance(explicit, int) or not 0 <= explicit < device_count:
             raise EngineError(
-                f"device={explicit!r} does not exist: this machine has {device_count} CUDA device(s) "
+                f"{who}device={explicit!r} does not exist: this machine has {device_count} CUDA device(s) "
                 f"(0..{device_count - 1})"
             )
         return explicit
@@ -282,7 +323,7 @@ def resolve_device(
         return current
     if isinstance(device_id, bool) or not isinstance(device_id, int) or not 0 <= device_id < device_count:
         raise EngineError(
-            f"the engine's container names device_id {device_id!r}, but this machine has "
+            f"{who}the engine's container names device_id {device_id!r}, but this machine has "
             f"{device_count} CUDA device(s) (0..{device_count - 1}); pass device=N to load() "
             "to run it on another GPU"
         )

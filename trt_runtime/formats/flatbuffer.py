@@ -13,34 +13,68 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 from trt_runtime.errors import FormatError
 
-__all__ = ["Bytes", "Obj", "Reader", "String", "Table", "TableView", "Vector", "Writer"]
+__all__ = [
+    "WORK_BASE",
+    "WORK_PER_BYTE",
+    "Bytes",
+    "Obj",
+    "Reader",
+    "String",
+    "Table",
+    "TableVector",
+    "TableView",
+    "Vector",
+    "Writer",
+]
 
 # ----------------------------------------------------------------------------- reading
 
 
 class Reader:
-    """Bounds-checked access to a flatbuffer; every failure is a FormatError."""
+    """Bounds-checked access to a flatbuffer; every failure is a FormatError.
 
-    def __init__(self, view: memoryview, limit: int) -> None:
+    Reading is metered: each table opened, vector element read and 64 bytes of string
+    decoded spends one unit of a budget proportional to the buffer's size
+    (:data:`WORK_PER_BYTE` units per byte plus :data:`WORK_BASE`). A flatbuffer read
+    once costs at most a quarter unit per byte (every element takes 4 bytes or more),
+    so only a buffer whose offsets point at the same tables over and over (aliasing that
+    multiplies work) runs out, and is refused with :class:`FormatError` instead of
+    taking quadratic time and memory.
+    """
+
+    def __init__(self, view: memoryview, limit: int, *, budget: int | None = None) -> None:
         self.view = view
         self.limit = limit  # the flatbuffer occupies [0, limit)
+        self.budget = int(WORK_PER_BYTE * limit) + WORK_BASE if budget is None else budget
+        self.spent = 0
+
+    def charge(self, units: int, what: str) -> None:
+        """Spend ``units`` of the reading budget; :class:`FormatError` once it is exhausted."""
+        self.spent += units
+        if self.spent > self.budget:
+            raise FormatError(
+                f"{what}: reading this .pte program needs more than {self.budget:,} table and element "
+                f"reads for its {self.limit:,} bytes: its offsets point at the same data over and over "
+                "(aliasing that multiplies work); refusing a hostile or corrupt program"
+            )
 
     def _unpack(self, fmt: str, pos: int, what: str) -> Any:
-        width = struct.calcsize(fmt)
-        if pos < 0 or pos + width > self.limit:
+        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
+        if pos < 0 or pos + layout.size > self.limit:
             raise FormatError(
                 f".pte {what} at offset {pos} lies outside the program flatbuffer (0..{self.limit})"
             )
-        return struct.unpack_from(fmt, self.view, pos)[0]
+        return layout.unpack_from(self.view, pos)[0]
 
     def uoffset(self, pos: int, what: str) -> int:
         return pos + self._unpack("<I", pos, what)
 
     def table(self, pos: int, what: str) -> TableView:
+        self.charge(1, what)
         vtable = pos - self._unpack("<i", pos, what)
         vt_size = self._unpack("<H", vtable, f"{what} vtable")
         if vt_size < 4 or vt_size % 2:
@@ -59,6 +93,36 @@ class Reader:
                 f"flatbuffer (0..{self.limit})"
             )
         return start + 4, count
+
+
+_STRUCTS: dict[str, struct.Struct] = {}
+
+#: Reading budget of :class:`Reader`: units per byte of flatbuffer, and a constant.
+WORK_PER_BYTE = 0.5
+WORK_BASE = 4096
+
+
+class TableVector(Sequence["TableView"]):
+    """A vector of tables, opened on access (each access spends one unit of the budget)."""
+
+    def __init__(self, reader: Reader, first: int, count: int, what: str) -> None:
+        self._r, self._first, self._count, self._what = reader, first, count, what
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> TableView: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[TableView]: ...
+    def __getitem__(self, index: int | slice) -> TableView | list[TableView]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
+            raise IndexError(f"{self._what} index {index} out of range (0..{self._count - 1})")
+        index %= self._count
+        slot = self._first + 4 * index
+        return self._r.table(self._r.uoffset(slot, self._what), f"{self._what}[{index}]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +150,12 @@ class TableView:
         pos = self.field(index)
         return None if pos is None else self.r.table(self.r.uoffset(pos, what), what)
 
-    def tables(self, index: int, what: str) -> list[TableView]:
+    def tables(self, index: int, what: str) -> TableVector:
         pos = self.field(index)
         if pos is None:
-            return []
+            return TableVector(self.r, 0, 0, what)
         first, count = self.r.vector(pos, 4, what)
-        return [self.r.table(self.r.uoffset(first + 4 * i, what), f"{what}[{i}]") for i in range(count)]
+        return TableVector(self.r, first, count, what)
 
     def scalars(self, index: int, fmt: str, what: str) -> list[Any]:
         pos = self.field(index)
@@ -99,21 +163,32 @@ class TableView:
             return []
         width = struct.calcsize(fmt)
         first, count = self.r.vector(pos, width, what)
-        return [struct.unpack_from(fmt, self.r.view, first + width * i)[0] for i in range(count)]
+        self.r.charge(count, what)
+        return [item[0] for item in struct.iter_unpack(fmt, self.r.view[first : first + width * count])]
 
-    def bytes_view(self, index: int, what: str) -> memoryview | None:
+    def bytes_span(self, index: int, what: str) -> tuple[int, int] | None:
+        """``(start, end)`` of a ``[ubyte]`` field in the buffer, or ``None`` if absent."""
         pos = self.field(index)
         if pos is None:
             return None
         first, count = self.r.vector(pos, 1, what)
-        return self.r.view[first : first + count]
+        return first, first + count
+
+    def bytes_view(self, index: int, what: str) -> memoryview | None:
+        span = self.bytes_span(index, what)
+        return None if span is None else self.r.view[span[0] : span[1]]
 
     def string(self, index: int, what: str) -> str | None:
-        raw = self.bytes_view(index, what)
-        if raw is None:
+        pos = self.field(index)
+        if pos is None:
             return None
+        first, count = self.r.vector(pos, 1, what)
+        # A string ends with a NUL after its bytes: a file cut right there is truncated.
+        if self.r._unpack("<B", first + count, f"{what} terminator") != 0:
+            raise FormatError(f".pte {what} at offset {first - 4} lacks its NUL terminator")
+        self.r.charge(count // 64 + 1, what)
         try:
-            return str(raw, "utf-8")
+            return str(self.r.view[first : first + count], "utf-8")
         except UnicodeDecodeError as exc:
             raise FormatError(f".pte {what} is not valid UTF-8 (byte {exc.start})") from exc
 

@@ -23,8 +23,9 @@ import struct
 from typing import Any
 
 from trt_runtime.errors import FormatError
-from trt_runtime.formats.flatbuffer import Reader, TableView
+from trt_runtime.formats.flatbuffer import WORK_BASE, WORK_PER_BYTE, Reader, TableView
 from trt_runtime.formats.tr01 import MAGIC_TR01, MAGIC_TR02, Tr01Blob, parse_tr01
+from trt_runtime.validation import python_limits, show
 
 __all__ = [
     "BACKEND_ID",
@@ -47,10 +48,14 @@ BACKEND_ID = "TensorRTBackend"
 #: tensors with a device, and torch-tensorrt's partitioner writes (``b"cuda:N"``).
 TARGET_DEVICE_KEY = "target_device"
 _IDENT = re.compile(rb"ET[0-9a-zA-Z]{2}")
-_CUDA_DEVICE = re.compile(r"cuda(?::([0-9]+))?", re.IGNORECASE)
+# At most 9 digits: a device index of 5,000 digits names no device (and int() of it fails).
+_CUDA_DEVICE = re.compile(r"cuda(?::([0-9]{1,9}))?", re.IGNORECASE)
 EH_MAGIC = b"eh00"
 EH_LENGTH = 32
 EH_MIN_LENGTH = 24
+#: Reading units a delegate entry costs beyond its tables (a Delegate, its warnings): a
+#: delegate table takes 20 bytes or more, so a real program stays within the budget.
+DELEGATE_WORK = 6
 #: ``DataLocation`` enum of program.fbs.
 INLINE, SEGMENT = 0, 1
 #: ``InstructionArguments`` union member of a ``DelegateCall``.
@@ -204,8 +209,18 @@ def _extended_header(view: memoryview) -> tuple[int, int, int] | None:
 
 
 def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
-    """Parse an ExecuTorch program and validate every TensorRT delegate blob in it."""
-    view = data
+    """Parse an ExecuTorch program and validate every TensorRT delegate blob in it.
+
+    Time and memory are linear in the input: each table is read once per use, each
+    blob parsed once however many delegates name it, and a program whose offsets alias
+    the same data so often that reading it would multiply the work is refused (see
+    :class:`~trt_runtime.formats.flatbuffer.Reader`). Every failure is a FormatError.
+    """
+    with python_limits(FormatError, what):
+        return _parse_pte(data, what)
+
+
+def _parse_pte(view: memoryview, what: str) -> Program:
     size = len(view)
     if not is_pte(view):
         raise FormatError(f"{what} lacks the ExecuTorch identifier 'ET??' at bytes 4..8")
@@ -233,29 +248,23 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
         limit = program_size
     else:
         limit = size
-    reader = Reader(view, limit)
+    reader = Reader(view, limit, budget=int(WORK_PER_BYTE * size) + WORK_BASE)
     root = reader.table(reader.uoffset(0, "root offset"), "Program")
     version = root.scalar(0, "<I")
     plans = root.tables(1, "Program.execution_plan")
     inline_data = root.tables(3, "Program.backend_delegate_data")
     segments = root.tables(4, "Program.segments")
     named = root.tables(7, "Program.named_data")
+    spans = [_segment_span(seg, i, base, size, eh is not None, what) for i, seg in enumerate(segments)]
+    _check_tail(root, len(segments), what)
 
-    def segment(index: int, where: str) -> memoryview:
-        if index >= len(segments):
-            raise FormatError(f"{where} refers to segment {index}; the program has {len(segments)}")
-        seg = segments[index]
-        offset, length = seg.scalar(0, "<Q"), seg.scalar(1, "<Q")
-        if eh is None and length:
+    def segment(index: int, where: str) -> tuple[int, int]:
+        if index >= len(spans):
+            raise FormatError(f"{where} refers to segment {index}; the program has {len(spans)}")
+        start, end = spans[index]
+        if eh is None and end > start:
             raise FormatError(f"{where} refers to segment {index} but the program has no extended header")
-        start = base + offset
-        end = start + length
-        if end > size:
-            raise FormatError(
-                f"{where} segment {index} (offset {start} + size {length} = {end}) runs past the end "
-                f"of the file; truncated or corrupt: expected {end} bytes, got {size}"
-            )
-        return view[start:end]
+        return start, end
 
     named_keys: dict[str, int] = {}
     for i, entry in enumerate(named):
@@ -263,6 +272,62 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
         if key is not None:
             named_keys[key] = entry.scalar(1, "<I")
 
+    blobs: dict[tuple[int, int], Tr01Blob] = {}  # parsed once per byte range
+
+    def blob_at(span: tuple[int, int], where: str) -> Tr01Blob:
+        blob = blobs.get(span)
+        if blob is None:
+            blob = parse_tr01(view[span[0] : span[1]], what=f"{where} blob")
+            reader.charge(blob.metadata_size // 8 + 1, f"{where} blob metadata")
+            blobs[span] = blob
+        return blob
+
+    def read_delegate(
+        delegate: TableView, where: str
+    ) -> tuple[str, str, tuple[int, int], dict[str, bytes]]:
+        """(backend id, location, blob byte range, compile specs) of one delegate table."""
+        backend_id = delegate.string(0, f"{where} id") or ""
+        if backend_id != BACKEND_ID:
+            return backend_id, "", (0, 0), {}
+        ref = delegate.child(1, f"{where} processed")
+        if ref is None:
+            raise FormatError(f"{where} ({BACKEND_ID}) has no processed data reference")
+        location_code, index = ref.scalar(0, "<B"), ref.scalar(1, "<I")
+        if location_code == INLINE:
+            if index >= len(inline_data):
+                raise FormatError(
+                    f"{where} refers to inline data {index}; the program has {len(inline_data)}"
+                )
+            span = inline_data[index].bytes_span(0, f"{where} inline data") or (0, 0)
+            location = "inline"
+        elif location_code == SEGMENT:
+            span = segment(index, where)
+            location = "segment"
+        else:
+            raise FormatError(f"{where} has unknown data location {location_code}; expected 0 or 1")
+        specs = {}
+        for s, spec in enumerate(delegate.tables(2, f"{where} compile_specs")):
+            key = spec.string(0, f"{where} compile_specs[{s}].key") or ""
+            value = spec.bytes_view(1, f"{where} compile_specs[{s}].value") or b""
+            reader.charge(len(value) // 64 + 1, f"{where} compile_specs[{s}].value")
+            specs[key] = bytes(value)
+        raw = view[span[0] : span[1]]
+        if bytes(raw[:4]) not in (MAGIC_TR01, MAGIC_TR02):
+            # Our convention for a blob kept in named data: the processed bytes name its key.
+            reader.charge(min(len(raw), 4096) // 64 + 1, f"{where} named-data key")
+            data_key = _as_key(raw)
+            if data_key is None or data_key not in named_keys:
+                raise FormatError(
+                    f"{where} ({BACKEND_ID}, {location}) holds {len(raw)} bytes that are neither a "
+                    f"TR01/TR02 blob (magic {bytes(raw[:4])!r}) nor a named-data key "
+                    f"({len(named_keys)} keys{': ' + show(sorted(named_keys)) if named_keys else ''})"
+                )
+            span = segment(named_keys[data_key], f"{where} named data {data_key!r}")
+            location = "named_data"
+        return backend_id, location, span, specs
+
+    seen: dict[int, tuple[str, str, tuple[int, int], dict[str, bytes]]] = {}
+    warnings_of: dict[tuple[int, int, int, int], tuple[str, ...]] = {}
     delegates: list[Delegate] = []
     others: list[str] = []
     methods: list[str] = []
@@ -270,49 +335,29 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
         method = plan.string(0, f"execution_plan[{p}].name") or f"plan{p}"
         methods.append(method)
         plan_delegates = plan.tables(7, f"{method}.delegates")
-        calls = _delegate_calls(plan, method)
+        calls = _PlanCalls(plan, method)
+        prefix = f"{what} method {method!r} delegate "
         for d, delegate in enumerate(plan_delegates):
-            where = f"{what} method {method!r} delegate {d}"
-            backend_id = delegate.string(0, f"{where} id") or ""
+            where = prefix + str(d)
+            found = seen.get(delegate.pos)  # delegates aliasing one table are read once
+            if found is None:
+                found = seen[delegate.pos] = read_delegate(delegate, where)
+            backend_id, location, span, specs = found
+            reader.charge(DELEGATE_WORK + len(specs), where)
             if backend_id != BACKEND_ID:
                 others.append(backend_id)
                 continue
-            ref = delegate.child(1, f"{where} processed")
-            if ref is None:
-                raise FormatError(f"{where} ({BACKEND_ID}) has no processed data reference")
-            location_code, index = ref.scalar(0, "<B"), ref.scalar(1, "<I")
-            if location_code == INLINE:
-                if index >= len(inline_data):
-                    raise FormatError(
-                        f"{where} refers to inline data {index}; the program has {len(inline_data)}"
-                    )
-                raw = inline_data[index].bytes_view(0, f"{where} inline data") or memoryview(b"")
-                location = "inline"
-            elif location_code == SEGMENT:
-                raw = segment(index, where)
-                location = "segment"
-            else:
-                raise FormatError(f"{where} has unknown data location {location_code}; expected 0 or 1")
-            specs = {}
-            for s, spec in enumerate(delegate.tables(2, f"{where} compile_specs")):
-                key = spec.string(0, f"{where} compile_specs[{s}].key") or ""
-                specs[key] = bytes(spec.bytes_view(1, f"{where} compile_specs[{s}].value") or b"")
-            if bytes(raw[:4]) not in (MAGIC_TR01, MAGIC_TR02):
-                # Our convention for a blob kept in named data: the processed bytes name its key.
-                key = _as_key(raw)
-                if key is None or key not in named_keys:
-                    raise FormatError(
-                        f"{where} ({BACKEND_ID}, {location}) holds {len(raw)} bytes that are neither a "
-                        f"TR01/TR02 blob (magic {bytes(raw[:4])!r}) nor a named-data key "
-                        f"(keys: {sorted(named_keys)})"
-                    )
-                raw = segment(named_keys[key], f"{where} named data {key!r}")
-                location = "named_data"
-            blob = parse_tr01(raw, what=f"{where} blob")
-            fully = calls == [d] and len(plan_delegates) == 1
-            tensors = _call_tensors(plan, d, method)
+            blob = blob_at(span, where)
+            reader.charge(len(blob.bindings) + 1, f"{where} bindings")
+            fully = calls.order == [d] and len(plan_delegates) == 1
+            tensors = calls.tensors(d)
             if fully:
                 blob = _with_program_types(blob, tensors)
+            # Delegates aliasing one table, blob and call arguments share their warnings.
+            warn_key = (id(blob), delegate.pos, id(calls), d if d in calls.first_args else -1)
+            warned = warnings_of.get(warn_key)
+            if warned is None:
+                warned = warnings_of[warn_key] = _warnings(blob, specs, tensors, calls, d)
             delegates.append(
                 Delegate(
                     index=len(delegates),
@@ -320,10 +365,10 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
                     method_delegate_index=d,
                     location=location,
                     blob=blob,
-                    compile_specs=specs,
+                    compile_specs=dict(specs),
                     fully_delegated=fully,
                     tensors=tensors,
-                    warnings=_warnings(blob, specs, tensors, plan, d, method),
+                    warnings=warned,
                 )
             )
     return Program(
@@ -338,6 +383,35 @@ def parse_pte(data: memoryview, *, what: str = ".pte program") -> Program:
     )
 
 
+def _segment_span(
+    seg: TableView, index: int, base: int, size: int, has_header: bool, what: str
+) -> tuple[int, int]:
+    """Where ``Program.segments[index]`` lies in the file; past its end is truncation."""
+    offset, length = seg.scalar(0, "<Q"), seg.scalar(1, "<Q")
+    start = base + offset
+    end = start + length
+    if has_header and end > size:
+        raise FormatError(
+            f"{what} segment {index} (offset {start} + size {length} = {end}) runs past the end "
+            f"of the file; truncated or corrupt: expected {end} bytes, got {size}"
+        )
+    return start, end
+
+
+def _check_tail(root: TableView, segment_count: int, what: str) -> None:
+    """Read what no delegate needs but a truncated file loses: the constant and mutable segments."""
+    constant = root.child(5, "Program.constant_segment")
+    tables = [constant] if constant is not None else []
+    tables.extend(root.tables(6, "Program.mutable_data_segments"))
+    for i, sub in enumerate(tables):
+        index = sub.scalar(0, "<I")
+        sub.scalars(1, "<Q", f"Program segment offsets {i}")
+        if index and index >= segment_count:
+            raise FormatError(
+                f"{what} constant or mutable data refers to segment {index}; the program has {segment_count}"
+            )
+
+
 def _as_key(raw: memoryview) -> str | None:
     if not 0 < len(raw) <= 4096:
         return None
@@ -347,82 +421,93 @@ def _as_key(raw: memoryview) -> str | None:
         return None
 
 
-def _instructions(plan: TableView, method: str) -> list[TableView]:
-    result = []
-    for c, chain in enumerate(plan.tables(5, f"{method}.chains")):
-        result.extend(chain.tables(2, f"{method}.chains[{c}].instructions"))
-    return result
+class _PlanCalls:
+    """A method's delegate calls, from one scan of its instructions, and its values."""
+
+    def __init__(self, plan: TableView, method: str) -> None:
+        self.plan, self.method = plan, method
+        #: Delegate indices the method calls, in order; None if it also runs kernels.
+        self.order: list[int] | None = []
+        #: The value indices the first call of each delegate passes.
+        self.first_args: dict[int, list[int]] = {}
+        self._inputs: set[int] | None = None
+        self._tensors: dict[int, ProgramTensor | None] = {}  # by value index, read once
+        for c, chain in enumerate(plan.tables(5, f"{method}.chains")):
+            for i, instruction in enumerate(chain.tables(2, f"{method}.chains[{c}].instructions")):
+                call = None
+                if instruction.scalar(0, "<B") == _DELEGATE_CALL:
+                    call = instruction.child(1, f"{method} instruction {i}")
+                if call is None:
+                    self.order = None
+                    continue
+                delegate = call.scalar(0, "<i")
+                if self.order is not None:
+                    self.order.append(delegate)
+                if delegate not in self.first_args:
+                    self.first_args[delegate] = call.scalars(
+                        1, "<i", f"{method} instruction {i} DelegateCall.args"
+                    )
+        self.values = plan.tables(2, f"{method}.values")
+
+    @property
+    def inputs(self) -> set[int]:
+        if self._inputs is None:
+            self._inputs = set(self.plan.scalars(3, "<i", f"{self.method}.inputs"))
+        return self._inputs
+
+    def tensors(self, delegate: int) -> tuple[ProgramTensor, ...]:
+        """How the program records the tensors a delegate call passes (non-tensors skipped)."""
+        args = self.first_args.get(delegate)
+        if args is None:
+            return ()
+        method, values = self.method, self.values
+        result = []
+        for arg in args:
+            if arg not in self._tensors:
+                if not 0 <= arg < len(values):
+                    raise FormatError(
+                        f".pte method {method!r} delegate {delegate} argument {arg} is not a value index "
+                        f"(the method has {len(values)} values)"
+                    )
+                value = values[arg]
+                tensor = (
+                    value.child(1, f"{method}.values[{arg}] Tensor")
+                    if value.scalar(0, "<B") == _TENSOR
+                    else None
+                )
+                self._tensors[arg] = (
+                    None if tensor is None else _program_tensor(tensor, f"{method}.values[{arg}]")
+                )
+            found = self._tensors[arg]
+            if found is not None:
+                result.append(found)
+        return tuple(result)
 
 
-def _delegate_calls(plan: TableView, method: str) -> list[int] | None:
-    """Delegate indices the method calls, in order; None if it also runs kernels."""
-    result: list[int] = []
-    for i, instruction in enumerate(_instructions(plan, method)):
-        if instruction.scalar(0, "<B") != _DELEGATE_CALL:
-            return None
-        call = instruction.child(1, f"{method} instruction {i}")
-        if call is None:
-            return None
-        result.append(call.scalar(0, "<i"))
-    return result
-
-
-def _call_args(plan: TableView, delegate: int, method: str) -> list[int] | None:
-    """The value indices the first call of ``delegate`` passes, or None without one."""
-    for i, instruction in enumerate(_instructions(plan, method)):
-        if instruction.scalar(0, "<B") != _DELEGATE_CALL:
-            continue
-        call = instruction.child(1, f"{method} instruction {i}")
-        if call is not None and call.scalar(0, "<i") == delegate:
-            return call.scalars(1, "<i", f"{method} instruction {i} DelegateCall.args")
-    return None
-
-
-def _call_tensors(plan: TableView, delegate: int, method: str) -> tuple[ProgramTensor, ...]:
-    """How the program records the tensors a delegate call passes (non-tensors skipped)."""
-    args = _call_args(plan, delegate, method)
-    if args is None:
-        return ()
-    values = plan.tables(2, f"{method}.values")
-    result = []
-    for arg in args:
-        if not 0 <= arg < len(values):
-            raise FormatError(
-                f".pte method {method!r} delegate {delegate} argument {arg} is not a value index "
-                f"(the method has {len(values)} values)"
-            )
-        if values[arg].scalar(0, "<B") != _TENSOR:
-            continue
-        tensor = values[arg].child(1, f"{method}.values[{arg}] Tensor")
-        if tensor is None:
-            continue
-        code = tensor.scalar(0, "<b")
-        extra = tensor.child(9, f"{method}.values[{arg}] ExtraTensorInfo")
-        device = "cpu"
-        if extra is not None:
-            kind = _DEVICE_NAME.get(extra.scalar(3, "<b"), f"device_type {extra.scalar(3, '<b')}")
-            device = kind if kind == "cpu" else f"{kind}:{extra.scalar(4, '<b')}"
-        result.append(
-            ProgramTensor(
-                dtype=_DTYPE_OF_SCALAR.get(code),
-                scalar_type=code,
-                sizes=tuple(tensor.scalars(2, "<i", f"{method}.values[{arg}] Tensor.sizes")),
-                dynamism=_DYNAMISM_NAME.get(tensor.scalar(8, "<b"), f"unknown {tensor.scalar(8, '<b')}"),
-                device=device,
-                device_recorded=extra is not None,
-                planned=tensor.field(6) is not None,
-            )
-        )
-    return tuple(result)
+def _program_tensor(tensor: TableView, where: str) -> ProgramTensor:
+    code = tensor.scalar(0, "<b")
+    extra = tensor.child(9, f"{where} ExtraTensorInfo")
+    device = "cpu"
+    if extra is not None:
+        kind = _DEVICE_NAME.get(extra.scalar(3, "<b"), f"device_type {extra.scalar(3, '<b')}")
+        device = kind if kind == "cpu" else f"{kind}:{extra.scalar(4, '<b')}"
+    return ProgramTensor(
+        dtype=_DTYPE_OF_SCALAR.get(code),
+        scalar_type=code,
+        sizes=tuple(tensor.scalars(2, "<i", f"{where} Tensor.sizes")),
+        dynamism=_DYNAMISM_NAME.get(tensor.scalar(8, "<b"), f"unknown {tensor.scalar(8, '<b')}"),
+        device=device,
+        device_recorded=extra is not None,
+        planned=tensor.field(6) is not None,
+    )
 
 
 def _warnings(
     blob: Tr01Blob,
     specs: dict[str, bytes],
     tensors: tuple[ProgramTensor, ...],
-    plan: TableView,
+    calls: _PlanCalls,
     delegate: int,
-    method: str,
 ) -> tuple[str, ...]:
     """Sentences for what a reader should know: the blob's device_id decides at run time."""
     found = []
@@ -455,8 +540,8 @@ def _warnings(
             f"tensor(s) {', '.join(unbound)} are DYNAMIC_UNBOUND: ExecuTorch's runtime refuses to load "
             "the method ('Fully dynamic tensor shapes not yet supported'); trt-runtime reads it"
         )
-    inputs = set(plan.scalars(3, "<i", f"{method}.inputs"))
-    args = _call_args(plan, delegate, method) or []
+    inputs = calls.inputs if tensors else set()
+    args = calls.first_args.get(delegate) or []
     planned_device_inputs = [
         label(i)
         for i, (arg, t) in enumerate(zip(args, tensors, strict=False))

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from trt_runtime.dtypes import normalize_dtype
-from trt_runtime.errors import FormatError
+from trt_runtime.errors import FormatError, SettingsError
 from trt_runtime.formats.flatbuffer import Bytes, String, Table, Vector, Writer
 from trt_runtime.formats.pte import (
     BACKEND_ID,
@@ -79,12 +79,12 @@ def check_target_device(target_device: str) -> int:
         raise TypeError(f"target_device must be a str such as 'cuda:0'; got {type(target_device).__name__}")
     index = cuda_index(target_device)
     if index is None:
-        raise ValueError(
+        raise SettingsError(
             f"target_device must be 'cuda' or 'cuda:N', the devices a TensorRT delegate runs on; "
             f"got {target_device!r}"
         )
     if index > MAX_DEVICE_INDEX:
-        raise ValueError(
+        raise SettingsError(
             f"target_device {target_device!r} names CUDA device {index}; ExecuTorch records device "
             f"indices as a signed byte (0..{MAX_DEVICE_INDEX})"
         )
@@ -118,7 +118,7 @@ def resolve_bounds(
     names = [s.name for s in bindings]
     unknown = sorted(set(explicit) - set(names))
     if unknown:
-        raise ValueError(f"upper_bounds names {unknown}, which are not bindings; bindings: {names}")
+        raise SettingsError(f"upper_bounds names {unknown}, which are not bindings; bindings: {names}")
     batch = _batch_bound(bindings)
     result: list[Bound | None] = []
     for spec in bindings:
@@ -156,20 +156,20 @@ def _checked_bound(spec: TensorSpec, bound: Sequence[int]) -> Bound:
     if len(values) != len(spec.shape) or any(
         isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in values
     ):
-        raise ValueError(
+        raise SettingsError(
             f"upper bound for {spec.name!r} must be {len(spec.shape)} non-negative ints "
             f"(shape {list(spec.shape)}); got {list(bound)}"
         )
     fixed = [i for i, d in enumerate(spec.shape) if d >= 0 and values[i] != d]
     if fixed:
-        raise ValueError(
+        raise SettingsError(
             f"upper bound {list(values)} for {spec.name!r} changes its static dimension(s) {fixed} "
             f"(shape {list(spec.shape)})"
         )
     if spec.profiles:
         ceiling = [max(p[2][i] for p in spec.profiles) for i in range(len(spec.shape))]
         if any(v > c for v, c in zip(values, ceiling, strict=True)):
-            raise ValueError(
+            raise SettingsError(
                 f"upper bound {list(values)} for input {spec.name!r} exceeds its profiles' maximum {ceiling}"
             )
     return values
@@ -178,7 +178,7 @@ def _checked_bound(spec: TensorSpec, bound: Sequence[int]) -> Bound:
 def _tensor(spec: TensorSpec, bound: Bound | None, device_index: int) -> Table:
     dtype = normalize_dtype(spec.dtype)
     if dtype not in SCALAR_TYPES:
-        raise ValueError(f"binding {spec.name!r} has dtype {dtype!r}, which ExecuTorch cannot express")
+        raise SettingsError(f"binding {spec.name!r} has dtype {dtype!r}, which ExecuTorch cannot express")
     if bound is None:
         sizes, dynamism = [max(d, 1) for d in spec.shape], DYNAMISM["dynamic_unbound"]
     else:
@@ -235,7 +235,7 @@ def write_program(
     Returns the number of bytes written.
     """
     if location not in LOCATIONS:
-        raise ValueError(f"location must be one of {', '.join(map(repr, LOCATIONS))}; got {location!r}")
+        raise SettingsError(f"location must be one of {', '.join(map(repr, LOCATIONS))}; got {location!r}")
     device_index = check_target_device(target_device)
     blob_size = sum(len(p) for p in blob_parts)
     specs = [s for s in bindings if s.is_input] + [s for s in bindings if not s.is_input]

@@ -1,6 +1,8 @@
 """Opening engine inputs without copies, and writing files atomically.
 
-Paths and real files are memory-mapped read-only: the returned ``memoryview`` keeps
+Paths go through :func:`trt_runtime.files.open_regular`: a FIFO, device or socket is
+refused with :class:`FormatError` instead of blocking. Paths and real files are
+memory-mapped read-only: the returned ``memoryview`` keeps
 the mapping alive, and slicing it never copies, so a multi-GiB engine costs address
 space, not RAM. Bytes-like inputs are used as given; file objects that cannot be
 mapped (no descriptor, or not at position 0) are read from their position.
@@ -12,11 +14,13 @@ import contextlib
 import io
 import mmap
 import os
-import tempfile
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from trt_runtime.errors import FormatError
+from trt_runtime.errors import FormatError, StorageError
+from trt_runtime.files import clean_stray_temps, open_regular, storage_error, temp_name
 
 __all__ = [
     "CHUNK_SIZE",
@@ -25,6 +29,7 @@ __all__ = [
     "atomic_writer",
     "engine_view",
     "open_buffer",
+    "open_engine_file",
     "output_stream",
     "write_chunks",
 ]
@@ -41,10 +46,29 @@ CHUNK_SIZE = 16 * 1024 * 1024
 
 
 def _mmap_fd(fd: int, what: str) -> memoryview:
-    size = os.fstat(fd).st_size
-    if size == 0:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{what} is not a regular file; expected a serialized engine, blob or program")
+    if st.st_size == 0:
         raise FormatError(f"{what} is empty (0 bytes); expected a serialized engine, blob or program")
     return memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+
+
+def open_engine_file(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of the engine file ``path``; the one way engine files are opened.
+
+    Anything but a regular file (FIFO, device, socket, directory) and every ``OSError``
+    raise :class:`FormatError` naming the path; the open never blocks.
+    """
+    text = os.fsdecode(os.fspath(path))
+    try:
+        return open_regular(text, what="cannot read engine file", error=FormatError)
+    except FormatError:
+        raise
+    except OSError as exc:
+        raise FormatError(f"cannot read engine file {text!r}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL byte in the path
+        raise FormatError(f"cannot read engine file {text!r}: {exc}") from exc
 
 
 def open_buffer(source: Any) -> tuple[memoryview, str]:
@@ -60,14 +84,14 @@ def open_buffer(source: Any) -> tuple[memoryview, str]:
             view = view.cast("B")
         return view, "engine"
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
+        path = os.fsdecode(os.fspath(source))
+        fd = open_engine_file(path)
         try:
-            with open(path, "rb") as f:
-                return _mmap_fd(f.fileno(), f"file {path!r}"), os.path.basename(path) or "engine"
+            return _mmap_fd(fd, f"file {path!r}"), os.path.basename(path) or "engine"
         except OSError as exc:
             raise FormatError(f"cannot read engine file {path!r}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)  # the mapping holds its own reference
     read = getattr(source, "read", None)
     if read is None:
         raise FormatError(
@@ -94,7 +118,7 @@ def open_buffer(source: Any) -> tuple[memoryview, str]:
 def engine_view(data: EngineData) -> Iterator[memoryview]:
     """A byte view of writer input ``data``; a path is memory-mapped while in use."""
     if isinstance(data, (str, os.PathLike)):
-        with open(os.fspath(data), "rb") as f:
+        with os.fdopen(open_engine_file(data), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 yield memoryview(b"")
@@ -124,23 +148,33 @@ def atomic_writer(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Yield a temporary file next to ``path``; on success fsync it and ``os.replace`` it.
 
     Readers see either the old file or the complete new one, never a partial write.
-    On error the temporary file is removed and ``path`` is untouched.
+    On error the temporary file is removed and ``path`` is untouched; a disk error
+    (``ENOSPC``, ``EIO``, ...) raises :class:`StorageError` naming ``path`` and the errno.
+    Temp files are named ``.NAME.PID.HEX.tmp``: those of writers that were killed are
+    removed by the next write to ``path``.
     """
-    target = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
+    target = Path(os.path.abspath(os.fspath(path)))
+    clean_stray_temps(target)
+    tmp = target.parent / temp_name(target)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except OSError as exc:
+        raise storage_error("write", target, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             yield f  # type: ignore[misc]
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, StorageError):
+            raise storage_error("write", target, exc) from exc
         raise
     with contextlib.suppress(OSError):  # some filesystems refuse to open directories
-        dir_fd = os.open(directory, os.O_RDONLY)
+        dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:

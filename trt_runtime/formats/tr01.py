@@ -30,9 +30,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from trt_runtime.dtypes import DTYPE_NAMES, normalize_dtype
-from trt_runtime.errors import FormatError
+from trt_runtime.errors import FormatError, SettingsError
 from trt_runtime.formats.source import EngineData, engine_view, output_stream, write_chunks
 from trt_runtime.protocols import TensorSpec
+from trt_runtime.validation import python_limits, show
 
 __all__ = [
     "ALIAS_KINDS",
@@ -41,6 +42,7 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC_TR01",
     "MAGIC_TR02",
+    "MAX_METADATA_ITEMS",
     "MAX_METADATA_SIZE",
     "Tr01Blob",
     "blob_parts",
@@ -60,6 +62,9 @@ ENGINE_ALIGNMENT = 16
 RESERVED = b"\x01" + b"\x00" * 7
 #: Metadata larger than this is taken for corruption (real metadata is a few KiB).
 MAX_METADATA_SIZE = 64 * 1024 * 1024
+#: Most JSON values (counted by separators) metadata may hold: ~100 per binding for 20K
+#: bindings; bounds the decoded document to ~200 MB whatever the metadata holds.
+MAX_METADATA_ITEMS = 2 * 1024 * 1024
 #: Kinds of aliased output->input bindings the C++ runtime knows.
 ALIAS_KINDS = ("kv_cache_update", "user")
 _U32_MAX = 2**32 - 1
@@ -126,7 +131,14 @@ def parse_tr01(data: bytes | bytearray | memoryview, *, what: str = "TR01 blob")
 
     Every inconsistency raises :class:`FormatError` naming the field and its value;
     nothing is handed on before the header, the regions and the JSON are checked.
+    Memory stays bounded: metadata with more than :data:`MAX_METADATA_ITEMS` JSON
+    values is refused before it is decoded.
     """
+    with python_limits(FormatError, what):
+        return _parse_tr01(data, what)
+
+
+def _parse_tr01(data: bytes | bytearray | memoryview, what: str) -> Tr01Blob:
     view = memoryview(data)
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
@@ -207,10 +219,18 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
         text = str(raw, "utf-8")
     except UnicodeDecodeError as exc:
         raise FormatError(f"{tag} is not valid UTF-8: byte {exc.start} is {raw[exc.start]:#04x}") from exc
+    # Decoded JSON costs up to ~100 bytes per value ([] is 3 bytes of text, a 56-byte list):
+    # bound the values (at most one per ',', '[' or '{', strings included) before decoding.
+    items = text.count(",") + text.count("[") + text.count("{")
+    if items > MAX_METADATA_ITEMS:
+        raise FormatError(
+            f"{tag} holds up to {items:,} JSON values; the limit is {MAX_METADATA_ITEMS:,} "
+            "(real metadata holds a few per binding); the blob is corrupt or hostile"
+        )
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise FormatError(f"{tag} is not valid JSON: {exc}") from exc
+        raise FormatError(f"{tag} is not valid JSON: {show(str(exc))}") from exc
     if not isinstance(doc, dict):
         raise FormatError(f"{tag} must be a JSON object; got {type(doc).__name__}")
     missing = [key for key in ("io_bindings", "device_id") if key not in doc]
@@ -229,22 +249,22 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
             raise FormatError(f"{where} must be an object; got {type(entry).__name__}")
         name = entry.get("name")
         if not isinstance(name, str) or not name:
-            raise FormatError(f"{where} needs a non-empty string 'name'; got {name!r}")
+            raise FormatError(f"{where} needs a non-empty string 'name'; got {show(name)}")
         if name in seen:
-            raise FormatError(f"{where} repeats binding name {name!r}")
+            raise FormatError(f"{where} repeats binding name {show(name)}")
         seen.add(name)
         is_input = entry.get("is_input")
         if not isinstance(is_input, bool):
-            raise FormatError(f"{where} ({name!r}) needs a boolean 'is_input'; got {is_input!r}")
+            raise FormatError(f"{where} ({show(name)}) needs a boolean 'is_input'; got {show(is_input)}")
         dtype = entry.get("dtype", "")
         if not isinstance(dtype, str):
-            raise FormatError(f"{where} ({name!r}) dtype must be a string; got {dtype!r}")
+            raise FormatError(f"{where} ({show(name)}) dtype must be a string; got {show(dtype)}")
         if dtype:
             try:
                 dtype = normalize_dtype(dtype)
             except ValueError:
                 raise FormatError(
-                    f"{where} ({name!r}) has unknown dtype {dtype!r}; expected one of "
+                    f"{where} ({show(name)}) has unknown dtype {show(dtype)}; expected one of "
                     f"{', '.join(DTYPE_NAMES)}"
                 ) from None
         else:
@@ -253,16 +273,21 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
         if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and -1 <= d < 2**63 for d in shape
         ):
-            raise FormatError(f"{where} ({name!r}) shape must be a list of integers >= -1; got {shape!r}")
+            raise FormatError(
+                f"{where} ({show(name)}) shape must be a list of integers >= -1; got {show(shape)}"
+            )
         data_dependent = entry.get("data_dependent", False)
         if not isinstance(data_dependent, bool):
-            raise FormatError(f"{where} ({name!r}) data_dependent must be a boolean; got {data_dependent!r}")
+            raise FormatError(
+                f"{where} ({show(name)}) data_dependent must be a boolean; got {show(data_dependent)}"
+            )
         bindings.append(
             TensorSpec(
                 name=name,
                 dtype=dtype,
                 shape=tuple(shape),
                 is_input=is_input,
+                profiles=_parse_profiles(entry.get("profiles", []), len(shape), f"{where} ({name!r})"),
                 data_dependent=data_dependent and not is_input,
             )
         )
@@ -276,10 +301,10 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
 
     hardware_compatible = doc.get("hardware_compatible", False)
     if not isinstance(hardware_compatible, bool):
-        raise FormatError(f"{tag} hardware_compatible must be a boolean; got {hardware_compatible!r}")
+        raise FormatError(f"{tag} hardware_compatible must be a boolean; got {show(hardware_compatible)}")
     device_id = doc["device_id"]
     if not isinstance(device_id, int) or isinstance(device_id, bool) or not 0 <= device_id < 2**31:
-        raise FormatError(f"{tag} device_id must be an integer in [0, 2**31); got {device_id!r}")
+        raise FormatError(f"{tag} device_id must be an integer in [0, 2**31); got {show(device_id)}")
     strings = {}
     for key in ("serialized_metadata", "target_platform"):
         value = doc.get(key, "")
@@ -296,6 +321,34 @@ def _parse_metadata(raw: memoryview, magic: str, prefix: str = "") -> dict[str, 
     }
 
 
+def _parse_profiles(
+    raw: Any, rank: int, where: str
+) -> tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]:
+    """An input's ``profiles``: ``[[min, opt, max], ...]``, each a shape of the binding's rank."""
+    if not isinstance(raw, list):
+        raise FormatError(f"{where} profiles must be a list of [min, opt, max] shapes; got {raw!r}")
+    profiles = []
+    for i, triple in enumerate(raw):
+        ok = (
+            isinstance(triple, list)
+            and len(triple) == 3
+            and all(
+                isinstance(s, list)
+                and len(s) == rank
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in s)
+                for s in triple
+            )
+        )
+        if not ok or not all(a <= b <= c for a, b, c in zip(*triple, strict=True)):
+            raise FormatError(
+                f"{where} profiles[{i}] must be [min, opt, max] shapes of rank {rank} with "
+                f"0 <= min <= opt <= max; got {triple!r}"
+            )
+        lo, opt, hi = (tuple(s) for s in triple)
+        profiles.append((lo, opt, hi))
+    return tuple(profiles)
+
+
 def _parse_aliased(raw: Any, bindings: Sequence[TensorSpec], tag: str) -> tuple[tuple[str, str, str], ...]:
     if not isinstance(raw, list):
         raise FormatError(f"{tag} aliased_io must be a list; got {type(raw).__name__}")
@@ -308,11 +361,17 @@ def _parse_aliased(raw: Any, bindings: Sequence[TensorSpec], tag: str) -> tuple[
             raise FormatError(f"{where} must be an object; got {type(entry).__name__}")
         out, inp, kind = entry.get("output"), entry.get("input"), entry.get("kind", "kv_cache_update")
         if not isinstance(out, str) or out not in outputs:
-            raise FormatError(f"{where} output {out!r} is not an output binding; outputs: {sorted(outputs)}")
+            raise FormatError(
+                f"{where} output {show(out)} is not an output binding; outputs: {show(sorted(outputs))}"
+            )
         if not isinstance(inp, str) or inp not in inputs:
-            raise FormatError(f"{where} input {inp!r} is not an input binding; inputs: {sorted(inputs)}")
+            raise FormatError(
+                f"{where} input {show(inp)} is not an input binding; inputs: {show(sorted(inputs))}"
+            )
         if not isinstance(kind, str) or kind not in ALIAS_KINDS:
-            raise FormatError(f"{where} kind {kind!r} is unknown; expected one of {', '.join(ALIAS_KINDS)}")
+            raise FormatError(
+                f"{where} kind {show(kind)} is unknown; expected one of {', '.join(ALIAS_KINDS)}"
+            )
         result.append((out, inp, kind))
     return tuple(result)
 
@@ -345,13 +404,13 @@ def _check_bindings(bindings: Sequence[TensorSpec]) -> list[TensorSpec]:
         if not isinstance(spec, TensorSpec):
             raise TypeError(f"bindings must be TensorSpec instances; got {type(spec).__name__}")
         if not spec.name:
-            raise ValueError("binding names must be non-empty")
+            raise SettingsError("binding names must be non-empty")
         if spec.dtype:
             normalize_dtype(spec.dtype)
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"binding names must be unique; repeated: {duplicates}")
+        raise SettingsError(f"binding names must be unique; repeated: {duplicates}")
     return specs
 
 
@@ -363,11 +422,14 @@ def encode_metadata(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> bytes:
     """The metadata JSON, with torch-tensorrt's key order and compact separators.
 
     Bindings are written in the order given; a data-dependent output gets an extra
-    ``"data_dependent":true`` (the C++ parser skips binding keys it does not know).
+    ``"data_dependent":true`` and an input with optimization profiles an extra
+    ``"profiles":[[min,opt,max],...]`` (the C++ parser skips binding keys it does not know).
+    ``record_profiles=False`` leaves the profiles out: torch-tensorrt's own writer does.
     """
     return _encode(
         bindings,
@@ -376,6 +438,7 @@ def encode_metadata(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )[0]
 
 
@@ -387,10 +450,11 @@ def _encode(
     hardware_compatible: bool,
     serialized_metadata: str,
     target_platform: str | None,
+    record_profiles: bool = True,
 ) -> tuple[bytes, bool]:
     specs = _check_bindings(bindings)
     if not isinstance(device_id, int) or isinstance(device_id, bool) or not 0 <= device_id < 2**31:
-        raise ValueError(f"device_id must be an integer in [0, 2**31); got {device_id!r}")
+        raise SettingsError(f"device_id must be an integer in [0, 2**31); got {device_id!r}")
     for key, value in (("serialized_metadata", serialized_metadata), ("target_platform", target_platform)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{key} must be a string; got {type(value).__name__}")
@@ -405,6 +469,10 @@ def _encode(
         }
         if spec.data_dependent and not spec.is_input:
             entry["data_dependent"] = True
+        if record_profiles and spec.is_input and spec.profiles:
+            # An extra key, like data_dependent: torch-tensorrt's C++ parser skips it.
+            entry["profiles"] = [[[int(d) for d in shape] for shape in triple] for triple in spec.profiles]
+            _parse_profiles(entry["profiles"], len(spec.shape), f"binding {spec.name!r}")  # as read back
         entries.append(entry)
     doc = {
         "io_bindings": entries,
@@ -446,6 +514,7 @@ def blob_parts(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> Iterator[tuple[bytes, memoryview]]:
     """The blob's prefix (header, metadata, padding) and a view of the engine bytes.
 
@@ -461,6 +530,7 @@ def blob_parts(
             hardware_compatible=hardware_compatible,
             serialized_metadata=serialized_metadata,
             target_platform=target_platform,
+            record_profiles=record_profiles,
         )
         header, padding = _header(metadata, len(view), aliased)
         yield header + metadata + padding, view
@@ -476,12 +546,14 @@ def write_tr01(
     hardware_compatible: bool = False,
     serialized_metadata: str = "",
     target_platform: str | None = None,
+    record_profiles: bool = True,
 ) -> int:
     """Write a TR01/TR02 blob to a path (atomically) or a binary file; return its size.
 
     ``engine`` is bytes-like or the path of a plan; it is streamed in slices, so an
     engine of any size is written without a copy in memory. TR02 is written exactly
-    when ``aliased_io`` is non-empty.
+    when ``aliased_io`` is non-empty. Inputs' optimization profiles are recorded unless
+    ``record_profiles=False`` (see :func:`encode_metadata`).
     """
     parts = blob_parts(
         engine,
@@ -491,6 +563,7 @@ def write_tr01(
         hardware_compatible=hardware_compatible,
         serialized_metadata=serialized_metadata,
         target_platform=target_platform,
+        record_profiles=record_profiles,
     )
     with parts as (prefix, view), output_stream(target) as out:
         out.write(prefix)

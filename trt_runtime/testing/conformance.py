@@ -36,9 +36,10 @@ the class attributes ``preallocated_output_kinds`` / ``static_output_kinds`` /
 ``host_staging_logged`` when the backend has no device, and ``state_machine_settings``
 to run fewer examples on slow hardware.
 
-The tests live in three classes: the device contract in
+The tests live in four classes: the device contract in
 :class:`~.conformance_contract.DeviceContractTests`, the outer CUDA-graph wrap in
-:class:`~.conformance_graphs.OuterGraphTests`, and loading, settings, contexts, caches
+:class:`~.conformance_graphs.OuterGraphTests`, many concurrent callers in
+:class:`~.conformance_concurrency.ConcurrencyTests`, and loading, settings, contexts, caches
 and the state machine here.
 """
 
@@ -59,6 +60,7 @@ from trt_runtime.settings import (
     DynamicShapesKernelSpecializationStrategy,
     RuntimeSettings,
 )
+from trt_runtime.testing.conformance_concurrency import ConcurrencyTests
 from trt_runtime.testing.conformance_contract import DeviceContractTests
 from trt_runtime.testing.conformance_graphs import OuterGraphTests
 from trt_runtime.testing.stateful import BackendHarness, BackendStateMachine
@@ -66,7 +68,7 @@ from trt_runtime.testing.stateful import BackendHarness, BackendStateMachine
 __all__ = ["BackendConformance"]
 
 
-class BackendConformance(DeviceContractTests, OuterGraphTests):
+class BackendConformance(DeviceContractTests, OuterGraphTests, ConcurrencyTests):
     """Base class of a backend's conformance tests.
 
     Abstract fixtures (a subclass must define them): ``backend``, ``engine_source``,
@@ -120,7 +122,7 @@ class BackendConformance(DeviceContractTests, OuterGraphTests):
         )
         shapes = (
             list(DynamicShapesKernelSpecializationStrategy)
-            if caps.supports_dynamic_shapes_strategy
+            if caps.supports_dynamic_shapes_kernel_specialization_strategy
             else [DynamicShapesKernelSpecializationStrategy.LAZY]
         )
         for graph in graphs:
@@ -164,7 +166,7 @@ class BackendConformance(DeviceContractTests, OuterGraphTests):
         self, backend: Backend, engine: Engine, harness: BackendHarness
     ) -> None:
         self._skip_unless(backend, "supports_cuda_graph_strategy")
-        self._skip_unless(backend, "supports_dynamic_shapes_strategy")
+        self._skip_unless(backend, "supports_dynamic_shapes_kernel_specialization_strategy")
         self.run_and_check(engine, harness)
         before = engine.runtime_settings
         with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
@@ -208,7 +210,8 @@ class BackendConformance(DeviceContractTests, OuterGraphTests):
 
         cases: list[tuple[str, dict[str, Any]]] = [
             ("supports_cuda_graph_strategy", {"cuda_graph_strategy": "whole_graph_capture"}),
-            ("supports_dynamic_shapes_strategy", {"dynamic_shapes_kernel_specialization_strategy": "eager"}),
+            ("supports_dynamic_shapes_kernel_specialization_strategy",
+             {"dynamic_shapes_kernel_specialization_strategy": "eager"}),
             ("supports_runtime_cache", {"runtime_cache": RuntimeCache()}),
         ]
         missing = [(cap, o) for cap, o in cases if not getattr(backend.capabilities, cap)]

@@ -24,7 +24,8 @@ __all__ = ["ConformanceBase"]
 
 _SETTINGS_CAPABILITIES = (
     ("supports_cuda_graph_strategy", {"cuda_graph_strategy": "whole_graph_capture"}),
-    ("supports_dynamic_shapes_strategy", {"dynamic_shapes_kernel_specialization_strategy": "eager"}),
+    ("supports_dynamic_shapes_kernel_specialization_strategy",
+     {"dynamic_shapes_kernel_specialization_strategy": "eager"}),
 )
 
 

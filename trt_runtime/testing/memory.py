@@ -25,7 +25,8 @@ depending on ``MemoryBackend(cache_merges=...)``; the capability
 
 Thread-safety: calls on one engine are serialized by :class:`~trt_runtime.EngineBase`'s
 lock. The backend is registered as the ``memory`` entry point of
-``trt_runtime.backends``; it is never chosen unless named (``get_backend("memory")``).
+``trt_runtime.backends``; the default order never picks it, but :func:`trt_runtime.load`
+gives it files in its own format (``engine_magics``) when no backend is named.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.cache.key import CacheKey
@@ -229,7 +231,9 @@ class MemoryEngine(EngineBase):
             ),
         )
         if cache is not None:
-            native = cache.ensure_materialized(config, backend=self.backend)
+            # The key of this engine's device: a cache never serves two GPU models.
+            key = self.backend.cache_key(self.device)
+            native = cache.ensure_materialized(config, backend=self.backend, key=key)
             if not isinstance(native, MemoryNativeCache):
                 raise CacheError(
                     f"engine {self.name!r}: the runtime cache gave {type(native).__name__}, "
@@ -423,6 +427,11 @@ class MemoryBackend:
     """
 
     engine_class: type[MemoryEngine] = MemoryEngine
+    #: The engine format it reads (see :func:`trt_runtime.registry.engine_magics`): ``trt_runtime.load``
+    #: gives it ``.mem`` files without being told the backend.
+    engine_magics: Mapping[bytes, str] = MappingProxyType({ENGINE_MAGIC: "memory test engine (.mem)"})
+    #: What ``trt-runtime backends`` says it is.
+    description = "test backend: numpy on the CPU, .mem engines"
 
     def __init__(
         self, *, cache_merges: bool = False, without: Iterable[str] = (), name: str = "memory"
@@ -450,7 +459,9 @@ class MemoryBackend:
         try:
             import numpy  # noqa: F401
         except ImportError:
-            return Availability(False, "the 'memory' backend needs numpy: pip install 'trt-runtime[test]'")
+            return Availability(
+                False, "the 'memory' backend needs numpy: pip install -c constraints.txt -e '.[test]'"
+            )
         return Availability(True)
 
     def load_engine(

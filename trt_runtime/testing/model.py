@@ -59,7 +59,7 @@ def missing_capability(settings: RuntimeSettings, capabilities: BackendCapabilit
         settings.dynamic_shapes_kernel_specialization_strategy
         is not DynamicShapesKernelSpecializationStrategy.LAZY
     ):
-        needs.append("supports_dynamic_shapes_strategy")
+        needs.append("supports_dynamic_shapes_kernel_specialization_strategy")
     if settings.runtime_cache is not None:
         needs.append("supports_runtime_cache")
     for flag in needs:

@@ -1,6 +1,6 @@
 """Hypothesis strategies for runtime settings, cache payloads and operation sequences.
 
-Needs ``hypothesis`` (``pip install 'trt-runtime[test]'``).
+Needs ``hypothesis`` (``pip install -c constraints.txt -e '.[test]'``).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def runtime_settings(
     if caps is not None:
         if not caps.supports_cuda_graph_strategy:
             cuda = st.just(CudaGraphStrategy.DISABLED)
-        if not caps.supports_dynamic_shapes_strategy:
+        if not caps.supports_dynamic_shapes_kernel_specialization_strategy:
             dyn = st.just(DynamicShapesKernelSpecializationStrategy.LAZY)
         if not caps.supports_runtime_cache:
             cache = st.none()

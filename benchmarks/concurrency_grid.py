@@ -1,0 +1,258 @@
+"""The grid of :mod:`benchmarks.bench_concurrency`: which rows a run has, how one is measured,
+and issue 18's targets evaluated from the rows.
+
+A row is ``(backend, workload, mode, callers, contexts)``. Every caller runs on its own
+thread: all threads start together, warm up for ``warmup_s``, then call for
+``duration_s`` (request/response: call, then synchronize the caller's stream). Each
+call's latency is timed; every ``check_every``-th output (and the first) is compared
+with the caller's reference, and ``wrong`` counts those that differ (an exception in a
+caller counts as wrong too, and its message is kept as the row's note).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from trt_runtime.bench import percentile
+
+from .concurrency_callers import Caller
+
+__all__ = [
+    "BACKENDS",
+    "CALLERS",
+    "CONTEXTS",
+    "MODES",
+    "Row",
+    "estimate_seconds",
+    "evaluate_targets",
+    "grid",
+    "measure",
+]
+
+CALLERS = (1, 2, 4, 8, 16)
+CONTEXTS = (1, 2, 4, 8)
+MODES = ("eager", "outer")
+#: ``raw`` first: the bare loops every backend row is compared with.
+BACKENDS = ("raw", "python", "torchbind")
+#: Seconds a row costs beyond its warmup and duration (threads, contexts, graph captures).
+ROW_OVERHEAD_S = 0.15
+
+
+@dataclasses.dataclass
+class Row:
+    """One row of the JSON (``skipped`` holds the reason a row was not measured)."""
+
+    backend: str
+    workload: str
+    mode: str
+    callers: int
+    contexts: int
+    calls_per_s: float | None = None
+    items_per_s: float | None = None
+    p50_us: float | None = None
+    p99_us: float | None = None
+    wrong: int | None = None
+    checked: int = 0
+    calls: int = 0
+    skipped: str | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is None and self.calls_per_s is not None
+
+
+def grid(
+    backends: Sequence[str], workloads: Sequence[str], callers: Sequence[int], contexts: Sequence[int]
+) -> list[Row]:
+    """Every row of a run, in run order: per workload, per backend, per mode, per contexts, per
+    callers. A raw row has one context per thread, so raw rows have ``contexts == callers``."""
+    rows: list[Row] = []
+    for workload in workloads:
+        for backend in backends:
+            for mode in MODES:
+                if backend == "raw":
+                    rows.extend(Row(backend, workload, mode, n, n) for n in callers)
+                    continue
+                for k in contexts:
+                    rows.extend(Row(backend, workload, mode, n, k) for n in callers)
+    return rows
+
+
+def estimate_seconds(rows: int, duration_s: float, warmup_s: float) -> float:
+    """What measuring ``rows`` rows costs, builds and loads aside."""
+    return rows * (duration_s + warmup_s + ROW_OVERHEAD_S)
+
+
+def measure(
+    row: Row,
+    callers: Sequence[Caller],
+    duration_s: float,
+    warmup_s: float,
+    *,
+    batch: int,
+    check_every: int = 16,
+) -> Row:
+    """Run ``callers`` on a thread each for ``duration_s`` after ``warmup_s``; fill ``row``."""
+    count = len(callers)
+    start = threading.Barrier(count + 1)
+    timed = threading.Barrier(count + 1)
+    warm_done, stop = threading.Event(), threading.Event()
+    samples: list[list[int]] = [[] for _ in range(count)]
+    wrong = [0] * count
+    checked = [0] * count
+    errors: list[str] = []
+    clock = time.perf_counter_ns
+
+    def body(index: int) -> None:
+        caller = callers[index]
+        mine = samples[index]
+        try:
+            caller.prepare()
+            start.wait(timeout=120)
+            while not warm_done.is_set():
+                caller.call()
+            timed.wait(timeout=120)
+            done = 0
+            while not stop.is_set():
+                t0 = clock()
+                output = caller.call()
+                mine.append(clock() - t0)
+                if done % check_every == 0:
+                    checked[index] += 1
+                    if not caller.check(output):
+                        wrong[index] += 1
+                done += 1
+        except threading.BrokenBarrierError:
+            errors.append(f"thread {index}: the threads did not start together")
+        except Exception as exc:
+            wrong[index] += 1
+            errors.append(f"thread {index}: {type(exc).__name__}: {exc}")
+            start.abort()
+            timed.abort()
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        start.wait(timeout=120)
+        time.sleep(warmup_s)
+        warm_done.set()
+        timed.wait(timeout=120)
+        t0 = time.perf_counter()
+        time.sleep(duration_s)
+    except threading.BrokenBarrierError:
+        warm_done.set()
+        t0 = time.perf_counter()
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=120)
+    elapsed = time.perf_counter() - t0
+    hung = sum(t.is_alive() for t in threads)
+    if hung:
+        errors.append(f"{hung} thread(s) still running 120 s after the row ended")
+    total = sum(len(s) for s in samples)
+    row.calls = total
+    row.wrong = sum(wrong)
+    row.checked = sum(checked)
+    if errors:
+        row.note = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    if total:
+        us = [ns / 1000.0 for s in samples for ns in s]
+        row.calls_per_s = round(total / elapsed, 1)
+        row.items_per_s = round(total * batch / elapsed, 1)
+        row.p50_us = round(percentile(us, 50), 2)
+        row.p99_us = round(percentile(us, 99), 2)
+    elif row.skipped is None:
+        row.skipped = f"no call finished: {row.note or 'unknown error'}"
+    return row
+
+
+# -- targets ------------------------------------------------------------------------------
+def _best(rows: Iterable[Row], **where: Any) -> Row | None:
+    found = [r for r in rows if r.ok and all(getattr(r, k) == v for k, v in where.items())]
+    return max(found, key=lambda r: r.calls_per_s or 0.0) if found else None
+
+
+def _ratio(label: str, got: Row | None, base: Row | None, limit: float, what: str) -> dict[str, Any]:
+    if got is None or base is None or not base.calls_per_s:
+        missing = what if got is None else "its reference row"
+        return {"target": label, "status": "n/a", "detail": f"{missing} not measured"}
+    ratio = (got.calls_per_s or 0.0) / base.calls_per_s
+    status = "met" if ratio >= limit else "missed"
+    detail = (
+        f"{got.calls_per_s:,.0f} / {base.calls_per_s:,.0f} calls/s = {ratio:.2f}x "
+        f"(>= {limit}x; best contexts {got.contexts})"
+    )
+    return {"target": label, "status": status, "ratio": round(ratio, 3), "detail": detail}
+
+
+def evaluate_targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Issue 18's targets from a run's rows: ``met`` / ``missed`` / ``n/a`` with the figures."""
+    results: list[dict[str, Any]] = []
+    measured = [r for r in rows if r.ok]
+    wrong = sum(r.wrong or 0 for r in measured)
+    bad = [f"{r.backend}/{r.workload}/{r.mode}/{r.callers}x{r.contexts}" for r in measured if r.wrong]
+    results.append(
+        {
+            "target": "0 wrong outputs in every row",
+            "status": "n/a" if not measured else ("met" if wrong == 0 else "missed"),
+            "detail": f"{wrong} wrong of {sum(r.checked for r in measured)} checked"
+            + (f" in {', '.join(bad[:6])}" if bad else ""),
+        }
+    )
+    keys = sorted({(r.backend, r.workload, r.mode) for r in rows if r.backend != "raw"})
+    for backend, workload, mode in keys:
+        one = _best(rows, backend=backend, workload=workload, mode=mode, callers=1, contexts=1)
+        eight = _best(rows, backend=backend, workload=workload, mode=mode, callers=8)
+        results.append(
+            _ratio(
+                f"no collapse: {backend} {workload} {mode}, best contexts at 8 callers >= 0.9x 1 caller",
+                eight,
+                one,
+                0.9,
+                "8 callers",
+            )
+        )
+    for workload in sorted({r.workload for r in rows}):
+        raw1 = _best(rows, backend="raw", workload=workload, mode="eager", callers=1)
+        raw8 = _best(rows, backend="raw", workload=workload, mode="eager", callers=8)
+        replay1 = _best(rows, backend="raw", workload=workload, mode="outer", callers=1)
+        py8 = _best(rows, backend="python", workload=workload, mode="eager", callers=8)
+        py1 = _best(rows, backend="python", workload=workload, mode="eager", callers=1, contexts=1)
+        outer1 = _best(rows, backend="python", workload=workload, mode="outer", callers=1, contexts=1)
+        results.append(
+            _ratio(
+                f"near raw: python {workload} eager 8 callers >= 0.8x raw 8 threads",
+                py8,
+                raw8,
+                0.8,
+                "python at 8 callers",
+            )
+        )
+        results.append(
+            _ratio(
+                f"near raw: python {workload} eager 1 caller >= 0.8x raw 1 thread",
+                py1,
+                raw1,
+                0.8,
+                "python at 1 caller",
+            )
+        )
+        results.append(
+            _ratio(
+                f"near raw: python {workload} outer 1 caller >= 0.5x bare replay + sync",
+                outer1,
+                replay1,
+                0.5,
+                "python outer at 1 caller",
+            )
+        )
+    return results

@@ -1,0 +1,44 @@
+"""Session checks shared by every test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_SOURCES = {"trt_runtime": ROOT / "trt_runtime", "trt_runtime_backends": ROOT / "backends"}
+
+
+def stale_modules() -> list[str]:
+    """Source files missing from a strict editable install's link tree (added after the install).
+
+    ``pip install -e`` links each file into ``build/__editable__.*`` (pyproject's
+    ``[tool.distutils.editable_wheel]``), so a module added later is not importable until
+    the install runs again. Empty for a wheel or an up-to-date install.
+    """
+    import importlib.util
+
+    missing = []
+    for package, source in _SOURCES.items():
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            continue
+        installed = Path(spec.origin).parent
+        if installed.resolve() == source.resolve() or "__editable__" not in str(installed):
+            continue
+        for path in source.rglob("*.py"):
+            relative = path.relative_to(source)
+            if not (installed / relative).exists():
+                missing.append(f"{package}/{relative.as_posix()}")
+    return sorted(missing)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    missing = stale_modules()
+    if missing:
+        raise pytest.UsageError(
+            f"the editable install predates {', '.join(missing)}: run "
+            "pip install -c constraints.txt -e '.[rtx,cuda,cli,test]' again (a strict editable "
+            "install links each file; new modules need the install run again)"
+        )

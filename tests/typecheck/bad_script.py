@@ -1,0 +1,18 @@
+"""Misuses the type checkers must reject (tests/test_user_types.py counts one error per line
+marked ``# error``)."""
+
+from __future__ import annotations
+
+import trt_runtime as trt
+from trt_runtime import RuntimeSettings
+
+
+def misuse(path: str) -> None:
+    RuntimeSettings(cuda_graph_strategy="fast")  # error
+    with trt.load(path) as engine:
+        with trt.runtime_config(engine, cuda_graph="oops"):  # error
+            pass
+        with trt.runtime_config(engine, cuda_graph_strategy="sometimes"):  # error
+            pass
+        name: str = engine.device  # error
+        assert name

@@ -1,0 +1,30 @@
+# Source on the GPU host, after the staged stack's install.sh (see ../shared/gpu/stage.sh):
+#   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
+# Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
+# logging to $OUT/STEP.log. Steps: env, suite, suite-python (python backend only), bench,
+# concurrency, serve, onnx, race (torchbind threads probe), shapes (shape-switch probe), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# only 8 files come back). A failed step is reported and the next one still runs.
+source tools/gpu_setup.sh
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+_gpu_suite_args=(-m gpu tests/gpu tests/test_cli.py tests/test_formats_pte.py tests/test_executorch_interop.py
+                 -rfEs -q -p no:cacheprovider --timeout 300)
+for step in "$@"; do
+  t0=$(date +%s)
+  case "$step" in
+    env) { date -u; nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv;
+           python3 -c "import sys, torch, tensorrt_rtx as t; print(sys.version.split()[0], 'torch', torch.__version__, 'tensorrt_rtx', t.__version__)";
+           python3 -c "import torch_tensorrt as tt; print('torch_tensorrt', tt.__version__)" 2>&1 | tail -1; } 2>&1 | tee "$OUT/env.log" ;;
+    suite) python3 -m pytest "${_gpu_suite_args[@]}" -n 4 --junitxml "$OUT/junit.xml" 2>&1 | tee "$OUT/suite.log" | tail -60 ;;
+    suite-python) TRT_RUNTIME_BACKEND=python python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -k "not torchbind" 2>&1 | tee "$OUT/suite-python.log" | tail -60 ;;
+    bench) python3 benchmarks/bench_all.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+    concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;
+    serve) python3 benchmarks/bench_serve.py --out "$OUT/serve" 2>&1 | tee "$OUT/serve.log" | tail -80 ;;
+    onnx) python3 tools/gpu_onnx_compare.py --out "$OUT/onnx" 2>&1 | tee "$OUT/onnx.log" | tail -40 ;;
+    race) python3 tools/gpu_torchbind_race_probe.py --out "$OUT" 2>&1 | tee "$OUT/race.log" | tail -20 ;;
+    shapes) python3 tools/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
+    pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
+    *) echo "gpu_round: unknown step $step (env suite suite-python bench concurrency serve onnx race shapes pack)" ;;
+  esac
+  echo "gpu_round: step $step took $(( $(date +%s) - t0 )) s"
+done

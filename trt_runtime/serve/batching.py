@@ -1,0 +1,118 @@
+"""Running a batch of validated requests: group, concatenate, execute, split back.
+
+Requests are grouped by :data:`~trt_runtime.serve.validation.Signature` (dtype and
+non-batch shape of every input); each group is packed, in arrival order and without
+splitting a request, into engine calls of at most ``max_rows`` rows; each call's
+outputs are split back along the batch axis by the requests' row counts. A failure
+of one call is the answer of the requests in that call only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from trt_runtime.errors import EngineError
+from trt_runtime.serve.validation import RequestChecker
+
+__all__ = ["BatchRunner"]
+
+#: One request's answer: its outputs, or the exception its engine call raised.
+Answer = list[Any] | BaseException
+
+
+class BatchRunner:
+    """Executes batches for one engine; ``execute(*arrays) -> list`` is the engine call.
+
+    ``copy_outputs``: copy each request's slice (needed when the engine returns arrays it
+    will overwrite, as the outer graph's ``"view"`` mode does). ``on_call(rows)`` is told
+    the rows of every engine call (metrics). Not thread-safe: one batch at a time per runner.
+    """
+
+    def __init__(
+        self,
+        execute: Callable[..., list[Any]],
+        checker: RequestChecker,
+        *,
+        row_limit: int | None = None,
+        copy_outputs: bool = False,
+        on_call: Callable[[int], None] | None = None,
+    ) -> None:
+        self._execute = execute
+        self._checker = checker
+        self._row_limit = row_limit
+        self._copy = copy_outputs
+        self._on_call = on_call
+
+    def max_rows(self, arrays: Sequence[Any]) -> int:
+        rows = self._checker.max_rows(self._checker.signature(arrays))
+        return rows if self._row_limit is None else max(1, min(rows, self._row_limit))
+
+    def run(self, requests: Sequence[tuple[Any, ...]]) -> list[Answer]:
+        """One answer per request, in order."""
+        answers: list[Answer] = [EngineError("request was not run")] * len(requests)
+        if not self._checker.batchable:
+            for i in range(len(requests)):
+                self._run_chunk([i], requests, answers)
+            return answers
+        groups: dict[Any, list[int]] = {}
+        for i, arrays in enumerate(requests):
+            groups.setdefault(self._checker.signature(arrays), []).append(i)
+        for members in groups.values():
+            limit = self.max_rows(requests[members[0]])
+            chunk: list[int] = []
+            rows = 0
+            for i in members:
+                n = requests[i][0].shape[0]
+                if chunk and rows + n > limit:
+                    self._run_chunk(chunk, requests, answers)
+                    chunk, rows = [], 0
+                chunk.append(i)
+                rows += n
+            if chunk:
+                self._run_chunk(chunk, requests, answers)
+        return answers
+
+    def _run_chunk(
+        self, chunk: list[int], requests: Sequence[tuple[Any, ...]], answers: list[Answer]
+    ) -> None:
+        import numpy as np
+
+        if len(chunk) == 1:
+            answers[chunk[0]] = self._call(requests[chunk[0]])
+            return
+        batch = tuple(
+            np.concatenate([requests[i][k] for i in chunk]) for k in range(len(requests[chunk[0]]))
+        )
+        if not self._checker.fits(batch):  # profiles whose min batch > 1: run one by one
+            for i in chunk:
+                answers[i] = self._call(requests[i])
+            return
+        result = self._call(batch)
+        if isinstance(result, BaseException):
+            for i in chunk:
+                answers[i] = result
+            return
+        total = batch[0].shape[0]
+        bad = [o.shape for o in result if o.ndim == 0 or o.shape[0] != total]
+        if bad:
+            error = EngineError(
+                f"engine outputs {bad} do not have the batch's {total} rows first; cannot split"
+            )
+            for i in chunk:
+                answers[i] = error
+            return
+        start = 0
+        for i in chunk:
+            stop = start + requests[i][0].shape[0]
+            answers[i] = [o[start:stop] for o in result]
+            start = stop
+
+    def _call(self, arrays: tuple[Any, ...]) -> Answer:
+        if self._on_call is not None:
+            self._on_call(arrays[0].shape[0] if arrays and arrays[0].ndim else 1)
+        try:
+            outputs = list(self._execute(*arrays))
+        except Exception as exc:
+            return exc
+        return [o.copy() for o in outputs] if self._copy else outputs
