@@ -64,13 +64,17 @@ def test_python_outer_graph_captures_once_per_shape_and_replays() -> None:
     assert engine.graph_captures == 2
     calls.clear()
     rt.calls.clear()
-    engine.execute(np.ones((2, 4), np.float32))  # back: replayed, the shapes put back first
+    engine.execute(np.ones((2, 4), np.float32))  # back: replayed; the graph holds its shapes
     assert engine.graph_captures == 2 and _count(rt.calls, "launch") == 1
-    assert calls == [("shape", "x", (2, 4))]
+    assert calls == []  # no set_input_shape, no memory call: the context is left as it was
     engine.execute(np.ones((20, 4), np.float32))  # another profile
     assert engine.graph_captures == 3
-    engine.execute(np.ones((2, 4), np.float32))
-    assert ("profile", 0) in calls and engine.graph_captures == 3
+    calls.clear()
+    engine.execute(np.ones((2, 4), np.float32))  # replayed: no profile switch either
+    assert calls == [] and engine.graph_captures == 3
+    engine.outer_graph = None
+    engine.execute(np.ones((2, 4), np.float32))  # eager: from the context's real state
+    assert ("profile", 0) in calls and ("shape", "x", (2, 4)) in calls
 
 
 def test_python_outer_graph_host_inputs_are_copied_straight_into_static_buffers() -> None:

@@ -15,8 +15,8 @@ profile changes or the engine closes:
   arguments and goes straight to ``execute_async_v3``.
 
 :class:`FastPaths`, a part of each ``PythonEngine`` lane, owns both caches and runs them
-(from the lane's ``_call_fast`` hook of the core pipeline); :func:`torch_lookup` and
-:func:`restore_shapes` are shared with the outer graphs' torch replay.
+(from the lane's ``_call_fast`` hook of the core pipeline); :func:`torch_lookup` is
+shared with the outer graphs' torch replay (which sets no shapes: a graph holds its own).
 """
 
 from __future__ import annotations

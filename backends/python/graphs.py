@@ -36,7 +36,7 @@ from typing import Any
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection, TensorInfo
-from trt_runtime_backends.python.fast_path import restore_shapes, torch_lookup
+from trt_runtime_backends.python.fast_path import torch_lookup
 from trt_runtime_backends.python.output_binding import host_memory
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
@@ -53,7 +53,7 @@ class GraphSlot:
     """The static buffers and the CUDA graph of one (input shapes, profile)."""
 
     __slots__ = (
-        "dynamic_dims", "exec", "in_nbytes", "in_ptrs", "inputs", "key", "out_nbytes", "out_ptrs",
+        "exec", "in_nbytes", "in_ptrs", "inputs", "key", "out_nbytes", "out_ptrs",
         "out_shapes", "outputs", "torch_inputs", "torch_outputs",
     )
 
@@ -61,10 +61,6 @@ class GraphSlot:
                  device: int) -> None:
         shapes, _ = key
         self.key = key
-        self.dynamic_dims = tuple(
-            (io.name, tuple(int(d) for d in shape)) for io, shape in zip(ins, shapes, strict=True)
-            if io.spec.is_dynamic
-        )
         self.inputs = [_static(state, stream, tuple(int(d) for d in shape), io, device)
                        for io, shape in zip(ins, shapes, strict=True)]
         self.in_ptrs = tuple(a.ptr for a in self.inputs)
@@ -191,11 +187,6 @@ class OuterGraphs:
                 (err,) = rt.cudaMemcpyAsync(dst, src, nbytes, d2d, ours)
                 if err:
                     cuda.check((err,), "cudaMemcpyAsync")
-        ctx = lane._context
-        if ctx.shape_key is not slot.key and ctx.shape_key != slot.key and not restore_shapes(
-            lane, ctx, slot.key, slot.dynamic_dims, slot.out_shapes
-        ):
-            self.shapes_refused(lane, slot)
         (err,) = rt.cudaGraphLaunch(slot.exec, ours)
         if err:
             self.launch_failed(lane, err)
@@ -328,16 +319,10 @@ class OuterGraphs:
                 "shapes, or output_allocator='always'); a CUDA graph cannot capture them"
             )
 
-    def shapes_refused(self, lane: Any, slot: GraphSlot) -> None:
-        raise EngineError(
-            f"engine {lane.name!r}: TensorRT rejected the shapes {slot.dynamic_dims} of a captured graph"
-        )
-
     def launch(self, lane: Any, ctx: Any, slot: GraphSlot, ours: int) -> None:
-        if ctx.shape_key != slot.key and not restore_shapes(
-            lane, ctx, slot.key, slot.dynamic_dims, slot.out_shapes
-        ):  # the same memory buffer: it fitted these shapes at capture
-            self.shapes_refused(lane, slot)
+        """Replay the slot's graph. It touches no TensorRT context state: the graph holds its
+        shapes, profile and addresses, so the context keeps whatever it had (``shape_key``
+        stays true) and the next eager call sets only what differs."""
         (err,) = lane._rt.cudaGraphLaunch(slot.exec, ours)
         if err:
             self.launch_failed(lane, err)
