@@ -95,10 +95,11 @@ class OuterGraphs:
     :class:`~trt_runtime.graphs.GraphCache`, the torch replay shortcuts and the capture
     stream. Its methods take the lane whose context they capture and launch."""
 
-    __slots__ = ("cache", "capture_stream", "res", "rt", "shortcuts", "state")
+    __slots__ = ("cache", "capture_stream", "d2d", "res", "rt", "shortcuts", "state")
 
     def __init__(self, rt: Any, state: Any, res: Any) -> None:
         self.rt = rt
+        self.d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
         #: The engine's ``cuda.DeviceState`` (the capture stream is made on it) and the
         #: finalizer's resources (which destroy the graphs of an engine never closed).
         self.state = state
@@ -165,9 +166,11 @@ class OuterGraphs:
 
     def replay_torch(self, lane: Any, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
         """A replay for CUDA torch inputs of shapes already captured; ``None`` when the call
-        does not qualify (the full path then checks and runs it). With the static inputs
-        passed and ``"view"`` outputs this is one ``cudaGraphLaunch`` (plus events for a
-        caller stream other than the legacy default one)."""
+        does not qualify (the full path then checks and runs it). One dict get finds the
+        slot; then one copy per input not already in its static buffer, one
+        ``cudaGraphLaunch`` (no TensorRT call: the graph holds its shapes and addresses),
+        and the static outputs (``"view"``) or copies of them (plus events for a caller
+        stream other than the legacy default one)."""
         found = torch_lookup(lane, inputs, stream, self.shortcuts)
         if found is None:
             return None
@@ -176,27 +179,22 @@ class OuterGraphs:
         if lane._multi_device:
             lane._set_device()
         ours = lane._stream_handle
-        order = lane._order
         if caller is not None:
-            order.before(caller)
-        rt = lane._rt
+            lane._order.before(caller)
+        rt = self.rt
         for x, dst, nbytes in zip(inputs, slot.in_ptrs, slot.in_nbytes, strict=False):
             src = x.data_ptr()
             if src != dst and nbytes:
-                d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-                (err,) = rt.cudaMemcpyAsync(dst, src, nbytes, d2d, ours)
+                (err,) = rt.cudaMemcpyAsync(dst, src, nbytes, self.d2d, ours)
                 if err:
                     cuda.check((err,), "cudaMemcpyAsync")
         (err,) = rt.cudaGraphLaunch(slot.exec, ours)
         if err:
             self.launch_failed(lane, err)
-        views = slot.torch_outputs
-        if views is not None and lane._outer_graph.outputs == "view":
-            results = list(views)
-        else:
-            results = self.torch_results(lane, slot, ours)
+        views = slot.torch_outputs  # made only in "view" mode
+        results = list(views) if views is not None else self.torch_results(lane, slot, ours)
         if caller is not None:
-            order.after(caller)
+            lane._order.after(caller)
         return results
 
     def torch_results(self, lane: Any, slot: GraphSlot, ours: int) -> list[Any]:

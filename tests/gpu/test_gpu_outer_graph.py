@@ -143,6 +143,46 @@ def test_outer_graph_dynamic_engine_one_capture_per_shape(open_engine) -> None:
         assert engine.graph_captures == 5
 
 
+class _ContextSpy:
+    """Stands in for a TensorRT execution context and records every method called on it."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.context, name)
+        if callable(target):
+            self.calls.append(name)
+        return target
+
+
+@pytest.mark.parametrize("mode", ["copy", "view"])
+def test_outer_graph_replay_touches_no_context_state(open_engine, mode) -> None:
+    """Replays alternating shapes of two profiles call nothing on the TensorRT context (no
+    set_input_shape, memory call or profile switch: the graph holds its shapes) and stay
+    right; eager calls after them start from the context's real state."""
+    torch = _torch()
+    engine, built = open_engine("dynamic")
+    xs = [_inputs(torch, built, b, seed) for seed, b in enumerate((1, 8, 20))]
+    eager = [engine(x).clone() for x in xs]
+    with enable_cudagraphs(engine, outer=mode):
+        for x in xs:
+            engine(x)  # captures
+        ctx = engine._context
+        key, spy = ctx.shape_key, _ContextSpy(ctx.trt_context)
+        ctx.trt_context = spy
+        try:
+            for _ in range(20):
+                for x, want in zip(xs, eager, strict=True):
+                    _assert_same(torch, engine(x), want)
+        finally:
+            ctx.trt_context = spy.context
+        assert spy.calls == [] and ctx.shape_key == key and engine.graph_captures == 3
+    for x, want in zip(reversed(xs), reversed(eager), strict=True):
+        _assert_same(torch, engine(x), want)
+
+
 def test_outer_graph_recaptures_after_settings_change_and_nested_runtime_config(open_engine) -> None:
     torch = _torch()
     engine, built = open_engine("dynamic")
