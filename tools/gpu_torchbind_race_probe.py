@@ -8,6 +8,8 @@ in variants and counts wrong outputs, with the batch sizes and errors of the fir
 
 * ``op``: torch-tensorrt's bare ``execute_engine`` op under one Python lock (no
   trt-runtime code on the call);
+* ``op-1-thread``: the bare op from one thread;
+* ``python-backend``: the python backend under the same load;
 * ``backend``: the torchbind backend as the stress test calls it;
 * ``backend-strategy-eager`` / ``-none``: dynamic-shapes kernel specialization eager / none
   (TensorRT-RTX's default, lazy, swaps in shape-specialized kernels while it runs);
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
 import threading
 from pathlib import Path
@@ -33,6 +36,7 @@ THREADS, CALLS, BATCHES = 16, 500, (1, 3, 8, 17, 64)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument("--all", action="store_true", help="also the settings, sync and fixed-batch variants")
     out = parser.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
     import numpy as np
@@ -43,30 +47,62 @@ def main() -> int:
 
     built = builders.build_mlp(64, 4, batch=None, dtype="float32")
     rtol, atol = (max(t * 10, 1e-3) for t in built.tolerance)
-    op = torch.ops.tensorrt.execute_engine
     results: dict[str, dict[str, object]] = {}
 
     def run(name: str, settings: dict[str, str] | None, *, bare: bool = False, device_sync: bool = False,
-            batches: tuple[int, ...] = BATCHES) -> None:
-        engine = trt_runtime.load(built.plan, "torchbind", name="mlp_dynamic", settings=settings)
+            batches: tuple[int, ...] = BATCHES, backend: str = "torchbind", threads: int = THREADS,
+            lane_stream: bool = False, worker: bool = False, default_stream: bool = False) -> None:
+        engine = trt_runtime.load(built.plan, backend, name="mlp_dynamic", settings=settings)
         engine(torch.zeros((1, 64), device="cuda"))
         lock = threading.Lock()
-        native = engine.native
+        native = engine.native if bare else None
+        op = torch.ops.tensorrt.execute_engine if bare else None  # registered by the backend
+
+        lane = torch.cuda.Stream()
+        jobs: queue.Queue = queue.Queue()
+
+        def serve_jobs() -> None:
+            while (job := jobs.get()) is not None:
+                x, done, box = job
+                box.append(op([x], native)[0])
+                done.set()
+
+        if worker:
+            server = threading.Thread(target=serve_jobs, daemon=True)
+            server.start()
 
         def call(x):
             if not bare:
                 return engine(x)
+            if worker:  # one host thread makes every call, on its own current stream
+                caller = torch.cuda.current_stream()
+                torch.cuda.default_stream().wait_stream(caller)
+                done, box = threading.Event(), []
+                jobs.put((x, done, box))
+                done.wait()
+                y = box[0]
+                caller.wait_stream(torch.cuda.default_stream())
+                y.record_stream(caller)
+                return y
             with lock:
-                return op([x], native)[0]
+                if not lane_stream:
+                    return op([x], native)[0]
+                caller = torch.cuda.current_stream()
+                lane.wait_stream(caller)
+                with torch.cuda.stream(lane):
+                    y = op([x], native)[0]
+                caller.wait_stream(lane)
+                y.record_stream(caller)
+                return y
 
-        wrong = [0] * THREADS
+        wrong = [0] * threads
         detail: list[str] = []
         errors: list[str] = []
-        barrier = threading.Barrier(THREADS)
+        barrier = threading.Barrier(threads)
 
         def work(index: int) -> None:
             try:
-                stream = torch.cuda.Stream()
+                stream = torch.cuda.default_stream() if default_stream else torch.cuda.Stream()
                 torch.cuda.set_stream(stream)
                 cases = []
                 for batch in batches:
@@ -89,23 +125,31 @@ def main() -> int:
             except Exception as exc:  # reported, not raised: the other variants still run
                 errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
-        for t in threads:
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        for t in workers:
             t.start()
-        for t in threads:
+        for t in workers:
             t.join(600)
+        if worker:
+            jobs.put(None)
         engine.close()
-        results[name] = {"wrong": sum(wrong), "calls": THREADS * CALLS, "errors": errors[:2],
+        results[name] = {"wrong": sum(wrong), "calls": threads * CALLS, "errors": errors[:2],
                          "detail": detail}
-        print(f"{name:26} wrong {sum(wrong):5} of {THREADS * CALLS}  errors {len(errors)} {errors[:1]} "
+        print(f"{name:26} wrong {sum(wrong):5} of {threads * CALLS}  errors {len(errors)} {errors[:1]} "
               f"{detail}", flush=True)
 
     run("op", None, bare=True)
+    run("op-1-thread", None, bare=True, threads=1)
+    run("op-default-stream", None, bare=True, default_stream=True)
+    run("op-lane-stream", None, bare=True, lane_stream=True)
+    run("op-worker-thread", None, bare=True, worker=True)
+    run("python-backend", None, backend="python")
     run("backend", None)
-    run("backend-strategy-eager", {"dynamic_shapes_kernel_specialization_strategy": "eager"})
-    run("backend-strategy-none", {"dynamic_shapes_kernel_specialization_strategy": "none"})
-    run("backend-device-sync", None, device_sync=True)
-    run("backend-fixed-batch", None, batches=(8,))
+    if "--all" in sys.argv:
+        run("backend-strategy-eager", {"dynamic_shapes_kernel_specialization_strategy": "eager"})
+        run("backend-strategy-none", {"dynamic_shapes_kernel_specialization_strategy": "none"})
+        run("backend-device-sync", None, device_sync=True)
+        run("backend-fixed-batch", None, batches=(8,))
     (out / "torchbind_race.json").write_text(json.dumps(results, indent=2))
     return 0
 
