@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -370,6 +371,8 @@ class FakeBridge:
         self.graphs = graphs
         self.loaded: list[str] = []
         self.synced: list[Any] = []
+        #: (thread id, device) of each bind_thread call.
+        self.bound_threads: list[tuple[int, int]] = []
         self.current = 0
         self._current_streams = {i: FakeStream(f"current:{i}") for i in range(max(devices, 1))}
         self._scopes: list[FakeStream] = []
@@ -434,6 +437,9 @@ class FakeBridge:
 
     def device_scope(self, index: int) -> Any:
         return contextlib.nullcontext()
+
+    def bind_thread(self, index: int) -> None:
+        self.bound_threads.append((threading.get_ident(), index))
 
     # -- tensors --
     tensor_type = FakeTensor

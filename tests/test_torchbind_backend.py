@@ -622,3 +622,28 @@ def test_torchbind_profile_resynced_after_context_is_recreated(drop: str) -> Non
     engine.execute(FakeTensor(np.ones((3, 4), np.float32)))
     engine.execute(big)
     assert engine.context_creations == 2 == engine.native_context_creations
+
+
+def test_torchbind_engine_binds_a_cuda_context_once_in_each_calling_thread() -> None:
+    # A new thread has no current CUDA context, and TensorRT-RTX's profile switch inside
+    # execute_engine fails without one (seen on an H100): the first call of each thread
+    # makes the engine's device context current, later calls of that thread do not.
+    import threading
+
+    backend, bridge = make_backend("2.14.0", devices=2)
+    engine = backend.load_engine(source(device_id=1))
+    try:
+        def calls() -> None:
+            for _ in range(3):
+                engine(*inputs())
+
+        workers = [threading.Thread(target=calls) for _ in range(3)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        bound = bridge.bound_threads
+        assert sorted(t for t, _ in bound) == sorted(w.ident for w in workers)
+        assert {device for _, device in bound} == {1}
+    finally:
+        engine.close()

@@ -123,6 +123,18 @@ class TorchBridge:
         """A context manager making device ``index`` current for the block."""
         return self.torch.cuda.device(index)
 
+    def bind_thread(self, index: int) -> None:
+        """Make device ``index``'s primary CUDA context current in the calling thread.
+
+        A thread that has made no CUDA call has no current context; torch's allocator and
+        stream calls may not make one, and TensorRT-RTX's profile switch inside
+        ``execute_engine`` then fails ("No CUDA context is current", seen on an H100 with
+        16 new threads). A stream synchronize is a CUDA call that needs the context.
+        """
+        cuda = self.torch.cuda
+        with cuda.device(index):
+            cuda.current_stream(index).synchronize()
+
     # -- tensors -------------------------------------------------------------------------
     @property
     def tensor_type(self) -> Any:

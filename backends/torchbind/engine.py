@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,9 @@ def translate_errors(engine: str, what: str) -> Iterator[None]:
 
 #: ``_last_stream`` value meaning "torch's current stream on the engine's device".
 _CURRENT = object()
+
+#: Per thread: whether a CUDA context was made current in it (see TorchBridge.bind_thread).
+_THREAD = threading.local()
 _LAZY = DynamicShapesKernelSpecializationStrategy.LAZY
 
 
@@ -258,6 +262,9 @@ class TorchbindEngine(EngineBase):
     # -- execution: hooks of the core pipeline -----------------------------------------------
     def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
                    ) -> list[Any] | None:
+        if "bound" not in _THREAD.__dict__:  # every call starts here: once per thread
+            self._bridge.bind_thread(self._device)
+            _THREAD.bound = True
         if stream is None and outputs is None:
             if self._outer_graph is None:
                 return self._fast(inputs)

@@ -1,0 +1,5 @@
+import time, torch
+a = torch.randn(4096, 4096, device="cuda"); t = time.time()
+while time.time() - t < 150:
+    for _ in range(20): a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
