@@ -371,6 +371,9 @@ class FakeBridge:
         self.graphs = graphs
         self.loaded: list[str] = []
         self.synced: list[Any] = []
+        #: Lane streams made, and (lane, caller stream, thread) of each execute_engine call.
+        self.lanes = 0
+        self.lane_calls: list[tuple[str, str, int]] = []
         #: (thread id, device) of each bind_thread call.
         self.bound_threads: list[tuple[int, int]] = []
         self.current = 0
@@ -523,6 +526,17 @@ class FakeBridge:
             yield stream
         finally:
             self._scopes.pop()
+
+    def lane_stream(self, index: int) -> FakeStream:
+        self.lanes += 1
+        return FakeStream(f"lane:{index}:{self.lanes}")
+
+    def execute_on(self, lane: FakeStream, op: Any, tensors: Any, native: Any, index: int) -> Any:
+        # The op runs as it did on the caller's stream (the streams the tests expect); the
+        # routing through the lane is recorded.
+        caller = self.current_stream(index)
+        self.lane_calls.append((lane.name, caller.name, threading.get_ident()))
+        return op(tensors, native)
 
     def new_stream(self, index: int) -> FakeStream:
         self._side_streams += 1

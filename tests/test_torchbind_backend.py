@@ -647,3 +647,24 @@ def test_torchbind_engine_binds_a_cuda_context_once_in_each_calling_thread() -> 
         assert {device for _, device in bound} == {1}
     finally:
         engine.close()
+
+
+def test_torchbind_engine_runs_every_call_of_a_lane_on_its_own_stream() -> None:
+    # torch-tensorrt's op gave wrong outputs when called from threads on different streams
+    # under GPU load (H100); every call of one lane goes through one private stream, from
+    # any thread, ordered with the caller's stream.
+    import threading
+
+    backend, bridge = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+    try:
+        engine(*inputs())
+        worker = threading.Thread(target=lambda: engine(*inputs()))
+        worker.start()
+        worker.join()
+        assert bridge.lanes == 1
+        assert [lane for lane, _, _ in bridge.lane_calls] == ["lane:0:1"] * len(bridge.lane_calls)
+        assert len({thread for _, _, thread in bridge.lane_calls}) == 2
+        assert len(bridge.lane_calls) >= 2
+    finally:
+        engine.close()

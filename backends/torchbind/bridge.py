@@ -260,6 +260,24 @@ class TorchBridge:
         """A context manager making ``stream`` current (and its device, for the block)."""
         return self.torch.cuda.stream(stream)
 
+    def execute_on(self, lane: Any, op: Callable[..., Any], tensors: Any, native: Any, index: int) -> Any:
+        """``op(tensors, native)`` with ``lane`` current, ordered after torch's current stream
+        on device ``index`` (the caller's) and before it again; each output is recorded as
+        used on the caller's stream (``Tensor.record_stream``)."""
+        torch = self.torch
+        caller = self.current_stream(index)
+        lane.wait_stream(caller)
+        with torch.cuda.stream(lane):
+            results = op(tensors, native)
+        caller.wait_stream(lane)
+        for result in results:
+            result.record_stream(caller)
+        return results
+
+    def lane_stream(self, index: int) -> Any:
+        """The private stream of one lane of an engine on device ``index``."""
+        return self.new_stream(index)
+
     def new_stream(self, index: int) -> Any:
         """A new non-default stream on device ``index`` (never the legacy default stream)."""
         return self.torch.cuda.Stream(device=index)

@@ -126,6 +126,8 @@ class TorchbindEngine(EngineBase):
         self._single_device = bridge.device_count() == 1
         self._get_device = bridge.current_device_fn()
         self._last_stream: Any = None
+        #: The one stream every execute_engine call of this lane runs on (see _call_op).
+        self._lane_stream: Any = None
         self._staged = False
         self._strategy_warned = False
         self._lazy_noted = False
@@ -320,7 +322,7 @@ class TorchbindEngine(EngineBase):
             return None
         try:
             # Tensor[] takes the tuple as it is (the C++ argument parser accepts any sequence).
-            results = self._op(inputs, self._native)
+            results = self._call_op(inputs)
         except Exception as exc:
             raise EngineError(
                 f"engine {self.name!r}: execute_engine failed in torch-tensorrt's runtime: {exc}"
@@ -390,10 +392,26 @@ class TorchbindEngine(EngineBase):
             return host if call.torch_host else [bridge.to_numpy(t) for t in host]
         return results
 
+    def _call_op(self, tensors: Sequence[Any]) -> list[Any]:
+        """``execute_engine`` on this lane's own stream, ordered after the caller's current
+        stream and before it again.
+
+        torch-tensorrt's op keeps the caller's stream of the call in the engine object; called
+        from threads on different streams while the GPU is busy it returned wrong outputs
+        (H100, 2026-11-24, ``tools/gpu_torchbind_race_probe.py``: 6,238 of 8,000 from 16
+        threads on their own streams under a GPU load; 0 with every call on one stream). So
+        the op only ever sees one stream per lane; the outputs are marked used on the caller's
+        stream, so the allocator does not hand their memory out again before it is done.
+        """
+        lane = self._lane_stream
+        if lane is None:
+            lane = self._lane_stream = self._bridge.lane_stream(self._device)
+        return self._bridge.execute_on(lane, self._op, tensors, self._native, self._device)
+
     def _execute_now(self, tensors: list[Any]) -> list[Any]:
-        """One ``execute_engine`` call on the current stream; errors become EngineError."""
+        """One ``execute_engine`` call (on the lane's stream); errors become EngineError."""
         try:
-            return self._op(tensors, self._native)  # type: ignore[no-any-return]
+            return self._call_op(tensors)
         except Exception as exc:
             raise EngineError(
                 f"engine {self.name!r}: execute_engine failed in torch-tensorrt's runtime: {exc}"
