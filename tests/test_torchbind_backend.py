@@ -26,6 +26,7 @@ from _torchbind_doubles import (
     FakeTensor,
     X,
     Y,
+    cuda,
     inputs,
     make_backend,
     source,
@@ -633,9 +634,11 @@ def test_torchbind_engine_binds_a_cuda_context_once_in_each_calling_thread() -> 
     backend, bridge = make_backend("2.14.0", devices=2)
     engine = backend.load_engine(source(device_id=1))
     try:
+        on_1 = [cuda(np.ones((2, 4)), "cuda:1"), cuda(np.full((2, 4), 2.0), "cuda:1")]
+
         def calls() -> None:
             for _ in range(3):
-                engine(*inputs())
+                engine(*on_1)
 
         workers = [threading.Thread(target=calls) for _ in range(3)]
         for worker in workers:
