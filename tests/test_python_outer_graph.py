@@ -305,3 +305,26 @@ def test_python_outer_graph_lru_keeps_max_graphs_and_counts() -> None:
     assert any(c[0] == "exec_destroy" for c in rt.calls)  # the evicted graph was destroyed
     with pytest.raises(ValueError, match="max_graphs must be an int >= 1; got 0"):
         OuterGraph(max_graphs=0)
+
+
+def test_python_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypatch: Any) -> None:
+    # TensorRT-RTX 1.6.1 crashed when two contexts of one engine captured at once (H100):
+    # the warm-up run and the capture happen under one lock, a replay takes none.
+    from trt_runtime_backends.python import graphs
+
+    held: list[bool] = []
+
+    class _Recording:
+        def __enter__(self) -> None:
+            held.append(True)
+
+        def __exit__(self, *exc: object) -> None:
+            held.append(False)
+
+    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", _Recording())
+    engine = _fake_engine()
+    engine.outer_graph = True
+    engine.execute(np.ones((2, 4), np.float32))
+    assert held == [True, False] and engine.graph_captures == 1
+    engine.execute(np.ones((2, 4), np.float32))  # a replay
+    assert held == [True, False]

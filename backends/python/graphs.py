@@ -30,6 +30,7 @@ application: the engine creates its contexts ``USER_MANAGED`` (see ``engine.py``
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,10 @@ __all__ = ["GraphSlot", "OuterGraphs"]
 
 #: How many input-shape signatures the replay shortcut remembers.
 _SHORTCUTS = 16
+
+
+#: Serializes captures (see OuterGraphs.capture).
+_CAPTURE_LOCK = threading.Lock()
 
 
 class GraphSlot:
@@ -256,7 +261,16 @@ class OuterGraphs:
 
     def capture(self, lane: Any, ctx: Any, slot: GraphSlot, ours: int) -> None:
         """Run the slot once eagerly on ``ours``, then capture and instantiate its graph.
-        The context already has the slot's shapes."""
+        The context already has the slot's shapes.
+
+        One capture at a time in the process (:data:`_CAPTURE_LOCK`): TensorRT-RTX 1.6.1
+        crashed (segfault, H100, 2026-11-24) when two contexts of one engine ran this at
+        once. Captures happen once per shapes and context, so the lock costs no steady call.
+        """
+        with _CAPTURE_LOCK:
+            self._capture(lane, ctx, slot, ours)
+
+    def _capture(self, lane: Any, ctx: Any, slot: GraphSlot, ours: int) -> None:
         trt_context = ctx.trt_context
         capture = self.capture_handle()
         capturable = getattr(trt_context, "is_stream_capturable", None)

@@ -95,6 +95,15 @@ class OuterGraphs:
         """Whether any graph is captured (the hot path may replay it)."""
         return len(self._entries) > 0
 
+    def _settle(self) -> None:
+        """Wait for this lane's replays and captures: each replay waits for the one before
+        (``_last``), so its stream and the capture stream cover them all. Not the whole
+        device: another lane may be capturing, and a device synchronize then fails (CUDA's
+        "operation not permitted when stream is capturing", seen with several contexts)."""
+        for stream in (self._last, self._side):
+            if stream is not None:
+                self._bridge.synchronize(stream)
+
     def _release(self, entry: GraphEntry) -> None:
         self._bridge.reset_graph(entry.graph)
 
@@ -143,7 +152,7 @@ class OuterGraphs:
         if self._last is not None and self._last is not caller:
             bridge.wait_stream(side, self._last)  # replays of other graphs share the context
         if len(self._entries) >= self._entries.max_graphs:
-            bridge.synchronize_device(self._device)  # no replay of the graph evicted below is in flight
+            self._settle()  # no replay of the graph evicted below is in flight
         host = set(call.host)
         reserved = self._reserved.pop(call.shapes, None)
         try:
@@ -227,7 +236,7 @@ class OuterGraphs:
     def drop(self) -> None:
         """Release every graph and its static tensors (after the device finished with them)."""
         if self._entries:
-            self._bridge.synchronize_device(self._device)
+            self._settle()
         self._entries.clear()
         self._reserved.clear()
         self._error = None

@@ -85,6 +85,17 @@ def _assert_same(torch: Any, got: Any, want: Any) -> None:
     assert torch.equal(got, want), f"max abs diff {float((got.float() - want.float()).abs().max())}"
 
 
+def _assert_close(torch: Any, got: Any, want: Any, tolerance: tuple[float, float]) -> None:
+    """Equal within the build's float tolerance: TensorRT-RTX may run another kernel for the
+    same shapes later (its dynamic-shape kernels are specialized lazily)."""
+    torch.cuda.synchronize()
+    rtol, atol = tolerance
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.allclose(got.float(), want.float(), rtol=rtol, atol=atol), (
+        f"max abs diff {float((got.float() - want.float()).abs().max())}"
+    )
+
+
 class _Spy:
     """Stands in for cuda.bindings.runtime in one engine and records some calls."""
 
@@ -175,12 +186,12 @@ def test_outer_graph_replay_touches_no_context_state(open_engine, mode) -> None:
         try:
             for _ in range(20):
                 for x, want in zip(xs, eager, strict=True):
-                    _assert_same(torch, engine(x), want)
+                    _assert_close(torch, engine(x), want, built.tolerance)
         finally:
             ctx.trt_context = spy.context
         assert spy.calls == [] and ctx.shape_key == key and engine.graph_captures == 3
     for x, want in zip(reversed(xs), reversed(eager), strict=True):
-        _assert_same(torch, engine(x), want)
+        _assert_close(torch, engine(x), want, built.tolerance)
 
 
 def test_outer_graph_recaptures_after_settings_change_and_nested_runtime_config(open_engine) -> None:
@@ -237,7 +248,7 @@ def test_outer_graph_static_inputs_skip_the_copy(open_engine) -> None:
         (static,) = engine.static_inputs(tuple(x.shape), as_torch=True)
         static.copy_(x)
         _assert_same(torch, engine(static), want)  # capture
-        spy = engine._rt = _Spy(engine._rt)
+        spy = engine._rt = engine._graphs.rt = _Spy(engine._rt)
         for _ in range(3):
             _assert_same(torch, engine(static), want)
         assert spy.named("cudaMemcpyAsync") == []  # nothing copied in or out
