@@ -24,6 +24,7 @@ raised, is a :class:`~trt_runtime.CapabilityError` (kept until the graphs are dr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,10 @@ _NOT_CAPTURABLE = (
     "IExecutionContext.is_stream_capturable is true; run the engine without the outer "
     "graph, or with cuda_graph_strategy='whole_graph_capture' (TensorRT-RTX's own capture)"
 )
+
+
+#: Serializes outer-graph captures (see OuterGraphs._capture).
+_CAPTURE_LOCK = threading.Lock()
 
 
 class GraphEntry:
@@ -141,6 +146,15 @@ class OuterGraphs:
         return [bridge.clone(o) for o in entry.outputs]
 
     def _capture(self, call: Call) -> GraphEntry:
+        """Capture ``call``'s graph, one capture at a time in the process
+        (:data:`_CAPTURE_LOCK`): ``torch.cuda.graph`` synchronizes the whole device when it
+        starts, which fails while another lane's stream is capturing (seen on an H100 with
+        several contexts under the outer graph: "operation not permitted when stream is
+        capturing"). Captures happen once per shapes and lane; replays take no lock."""
+        with _CAPTURE_LOCK:
+            return self._capture_now(call)
+
+    def _capture_now(self, call: Call) -> GraphEntry:
         if self._error is not None:
             raise self._error
         bridge = self._bridge
