@@ -310,18 +310,12 @@ def test_python_outer_graph_lru_keeps_max_graphs_and_counts() -> None:
 def test_python_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypatch: Any) -> None:
     # TensorRT-RTX 1.6.1 crashed when two contexts of one engine captured at once (H100):
     # the warm-up run and the capture happen under one lock, a replay takes none.
+    from _recording_lock import RecordingLock
     from trt_runtime_backends.python import graphs
 
-    held: list[bool] = []
-
-    class _Recording:
-        def __enter__(self) -> None:
-            held.append(True)
-
-        def __exit__(self, *exc: object) -> None:
-            held.append(False)
-
-    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", _Recording())
+    lock = RecordingLock()
+    held = lock.held
+    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", lock)
     engine = _fake_engine()
     engine.outer_graph = True
     engine.execute(np.ones((2, 4), np.float32))

@@ -319,18 +319,12 @@ def test_torchbind_outer_graph_keeps_the_hot_path_out() -> None:
 def test_torchbind_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypatch: Any) -> None:
     # torch.cuda.graph synchronizes the device when it starts, which fails while another
     # lane captures (H100, several contexts): captures take one lock, replays none.
+    from _recording_lock import RecordingLock
     from trt_runtime_backends.torchbind import graphs
 
-    held: list[bool] = []
-
-    class _Recording:
-        def __enter__(self) -> None:
-            held.append(True)
-
-        def __exit__(self, *exc: object) -> None:
-            held.append(False)
-
-    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", _Recording())
+    lock = RecordingLock()
+    held = lock.held
+    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", lock)
     engine, _bridge = dynamic_engine()
     engine.outer_graph = True
     engine.execute(dyn(1))
