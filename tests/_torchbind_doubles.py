@@ -550,9 +550,6 @@ class FakeBridge:
         self.events.append(("sync", stream.name))
         stream.synchronize()
 
-    def synchronize_device(self, index: int) -> None:
-        self.events.append(("sync device", f"cuda:{index}"))
-
     # -- CUDA graphs --
     def cuda_graphs_available(self) -> bool:
         return self.graphs

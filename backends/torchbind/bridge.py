@@ -290,9 +290,6 @@ class TorchBridge:
     def synchronize(self, stream: Any) -> None:
         stream.synchronize()
 
-    def synchronize_device(self, index: int) -> None:
-        self.torch.cuda.synchronize(index)
-
     # -- CUDA graphs -------------------------------------------------------------------------
     def cuda_graphs_available(self) -> bool:
         """Whether this torch can capture CUDA graphs (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``)."""
