@@ -2,9 +2,13 @@
 
 A caller's :meth:`~Caller.call` is one request/response: run the engine on the
 caller's own input, then wait for that work on the caller's own stream. Its
-:meth:`~Caller.check` says whether an output equals the caller's float64 reference
-(within the workload's tolerance). :meth:`~Caller.prepare` runs in the caller's thread
-before the first call (a torch thread makes its stream current there).
+:meth:`~Caller.check` says whether an output equals the caller's *serial* output: the
+same engine run once on the same input, alone, before any thread starts (a concurrency
+bug gives another caller's result, a torn one or garbage; the engine's precision is not
+what this benchmark measures). :attr:`~Caller.error` is how far that serial output is
+from the float64 reference, relative to the reference's largest magnitude (reported per
+row, so a precision problem is still seen). :meth:`~Caller.prepare` runs in the caller's
+thread before the first call (a torch thread makes its stream current there).
 
 * :func:`raw_callers`: a bare TensorRT-RTX loop, one execution context per thread with
   pre-allocated buffers bound once (``eager``), or a bare ``torch.cuda.CUDAGraph`` of that
@@ -25,6 +29,9 @@ __all__ = ["Caller", "backend_callers", "memory_callers", "raw_callers", "thread
 
 class Caller:
     """One thread's requests."""
+
+    #: max |serial output - float64 reference| / max |reference| (None: not computed).
+    error: float | None = None
 
     def prepare(self) -> None:
         """Runs in the caller's thread before its first call."""
@@ -51,13 +58,31 @@ def thread_inputs(built: Any, shape: tuple[int, ...], index: int) -> tuple[Any, 
 
 
 class _TorchCaller(Caller):
-    """A caller on its own torch stream; outputs are compared on the device."""
+    """A caller on its own torch stream; outputs are compared on the device with the
+    caller's serial output (:meth:`settle`, run by the constructor of each kind)."""
 
     def __init__(self, torch: Any, expected: Any, tolerance: tuple[float, float]) -> None:
         self.torch = torch
         self.stream = torch.cuda.Stream()
-        self.expected = torch.as_tensor(expected, dtype=torch.float32, device="cuda")
+        self.reference = expected
+        self.expected: Any = None
         self.rtol, self.atol = tolerance
+
+    def settle(self) -> None:
+        """Run once alone (main thread, this caller's stream): the serial output every
+        checked output must equal, and its error against the float64 reference."""
+        import numpy as np
+
+        torch = self.torch
+        with torch.cuda.stream(self.stream):
+            out = self.call()
+        self.stream.synchronize()
+        serial = out.float().clone()
+        self.expected = serial
+        ref = np.asarray(self.reference, dtype=np.float64).reshape(tuple(serial.shape))
+        got = serial.double().cpu().numpy()
+        peak = float(np.max(np.abs(ref))) or 1.0
+        self.error = float(np.max(np.abs(got - ref))) / peak
 
     def prepare(self) -> None:
         self.torch.cuda.set_stream(self.stream)  # the current stream is per thread
@@ -72,6 +97,7 @@ class _EngineCaller(_TorchCaller):
         super().__init__(*args)
         self.engine, self.x = engine, x
         self.sync = self.stream.synchronize
+        self.settle()
 
     def call(self) -> Any:
         y = self.engine(self.x)
@@ -127,6 +153,7 @@ class _RawCaller(_TorchCaller):
         self.sync()
         if outer:
             self.call = self._replay  # type: ignore[method-assign]
+        self.settle()
 
     def call(self) -> Any:
         if not self.execute(self.handle):

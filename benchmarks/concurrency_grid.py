@@ -5,8 +5,10 @@ A row is ``(backend, workload, mode, callers, contexts)``. Every caller runs on 
 thread: all threads start together, warm up for ``warmup_s``, then call for
 ``duration_s`` (request/response: call, then synchronize the caller's stream). Each
 call's latency is timed; every ``check_every``-th output (and the first) is compared
-with the caller's reference, and ``wrong`` counts those that differ (an exception in a
-caller counts as wrong too, and its message is kept as the row's note).
+with the caller's serial output (see :mod:`benchmarks.concurrency_callers`), and
+``wrong`` counts those that differ; ``errors`` counts callers stopped by an exception
+(the first message is kept as the row's note); ``max_error`` is the largest error of a
+caller's serial output against the float64 reference, relative to its peak.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class Row:
     p50_us: float | None = None
     p99_us: float | None = None
     wrong: int | None = None
+    errors: int = 0
+    max_error: float | None = None
     checked: int = 0
     calls: int = 0
     skipped: str | None = None
@@ -133,7 +137,6 @@ def measure(
         except threading.BrokenBarrierError:
             errors.append(f"thread {index}: the threads did not start together")
         except Exception as exc:
-            wrong[index] += 1
             errors.append(f"thread {index}: {type(exc).__name__}: {exc}")
             start.abort()
             timed.abort()
@@ -162,6 +165,9 @@ def measure(
     row.calls = total
     row.wrong = sum(wrong)
     row.checked = sum(checked)
+    row.errors = len([e for e in errors if e.startswith("thread")])
+    found = [c.error for c in callers if c.error is not None]
+    row.max_error = round(max(found), 6) if found else None
     if errors:
         row.note = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     if total:
@@ -199,12 +205,13 @@ def evaluate_targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     measured = [r for r in rows if r.ok]
     wrong = sum(r.wrong or 0 for r in measured)
-    bad = [f"{r.backend}/{r.workload}/{r.mode}/{r.callers}x{r.contexts}" for r in measured if r.wrong]
+    failed = sum(r.errors for r in rows)
+    bad = [f"{r.backend}/{r.workload}/{r.mode}/{r.callers}x{r.contexts}" for r in rows if r.wrong or r.errors]
     results.append(
         {
             "target": "0 wrong outputs in every row",
-            "status": "n/a" if not measured else ("met" if wrong == 0 else "missed"),
-            "detail": f"{wrong} wrong of {sum(r.checked for r in measured)} checked"
+            "status": "missed" if wrong or failed else ("met" if measured else "n/a"),
+            "detail": f"{wrong} wrong of {sum(r.checked for r in measured)} checked, {failed} caller error(s)"
             + (f" in {', '.join(bad[:6])}" if bad else ""),
         }
     )

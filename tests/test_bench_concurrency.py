@@ -96,6 +96,28 @@ class _BrokenMemory(bench_concurrency._Memory):
         self.engine.__class__ = _CrossTalk
 
 
+class _Raising(MemoryEngine):
+    """Fails every call: a caller error, not a wrong output."""
+
+    def __call__(self, *inputs, stream=None, outputs=None):
+        raise RuntimeError("boom in the engine")
+
+
+class _RaisingMemory(bench_concurrency._Memory):
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine.__class__ = _Raising
+
+
+def test_bench_concurrency_counts_caller_errors_apart_from_wrong_outputs(tmp_path: Path) -> None:
+    doc = _run(tmp_path, memory_factory=_RaisingMemory)
+    rows = doc["rows"]
+    assert rows and all(r["wrong"] == 0 and r["errors"] == r["callers"] for r in rows)
+    assert all("boom in the engine" in (r["skipped"] or r["note"] or "") for r in rows)
+    zero = next(t for t in doc["targets"] if t["target"].startswith("0 wrong"))
+    assert zero["status"] == "missed" and "caller error" in zero["detail"]
+
+
 class _OneContextMemory(bench_concurrency._Memory):
     """The smoke workload on a memory backend without ``supports_multiple_contexts``."""
 
