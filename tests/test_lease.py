@@ -52,6 +52,63 @@ def test_lease_pool_hands_out_each_lane_once() -> None:
     assert pool.acquire(timeout=0) == "a"
 
 
+def test_lease_pool_gives_each_thread_its_last_lane_back() -> None:
+    pool = ContextPool("e", ["a", "b", "c", "d"])
+    seen: dict[int, list[str]] = {}
+    barrier = threading.Barrier(3)
+
+    def caller(i: int) -> None:
+        mine = seen.setdefault(i, [])
+        barrier.wait()
+        for _ in range(200):
+            lane = pool.acquire()
+            mine.append(lane)
+            time.sleep(0)  # let the other threads run while this one holds its lane
+            pool.release(lane)
+            time.sleep(0)
+
+    for t in _threads(caller, 3):
+        t.join(10)
+    # with lanes enough, every thread keeps the lane it got first
+    assert all(len(set(lanes)) == 1 for lanes in seen.values()), {i: set(v) for i, v in seen.items()}
+    assert len({lanes[0] for lanes in seen.values()}) == 3
+
+
+def test_lease_pool_falls_back_to_any_free_lane() -> None:
+    pool = ContextPool("e", ["a", "b"])
+    first = pool.acquire()
+    pool.release(first)
+    taken: list[str] = []
+    thread = threading.Thread(target=lambda: taken.append(pool.acquire()))
+    thread.start()
+    thread.join(5)
+    assert taken == [first]  # another thread may take it while it is free
+    assert pool.acquire(timeout=0) != first  # this thread's lane is leased: the other one
+
+
+def test_lease_pool_closed_keeps_free_and_returned_lanes() -> None:
+    pool = ContextPool("e", ["a", "b"])
+    held = pool.acquire()
+    pool.close()
+    pool.release(held)  # a call that was in flight gives its lane back
+    for _ in range(2):
+        with pytest.raises(EngineError, match="is closed"):
+            pool.acquire(timeout=0)
+
+
+def test_lease_pool_resize_keeps_held_lanes_and_adds_new_ones() -> None:
+    pool = ContextPool("e", ["a", "b"])
+    with pool.all_lanes() as lanes:
+        assert sorted(lanes) == ["a", "b"]
+        pool.resize(["a", "c", "d"])
+        with pytest.raises(ContextLeaseTimeout):
+            pool.acquire(timeout=0)  # every lane, old and new, is still held
+    assert pool.lanes == ("a", "c", "d")
+    assert sorted(pool.acquire(timeout=0) for _ in range(3)) == ["a", "c", "d"]
+    with pytest.raises(EngineError, match="'b' is not one of its contexts"):
+        pool.release("b")
+
+
 def test_lease_pool_serves_waiters_in_arrival_order() -> None:
     pool = ContextPool("e", ["only"])
     held = pool.acquire()

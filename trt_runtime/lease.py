@@ -2,11 +2,13 @@
 
 An engine with ``contexts=N`` holds N *lanes*: one object per execution context, each
 with its own context, stream, events, bindings, output buffers, fast-path caches and
-outer graphs. A call leases a free lane for its duration. The pool is FIFO-fair (a
-caller that had to wait is served before later callers that also wait), takes an
-optional timeout, and holds its lock only to pop or push a deque: the uncontended path
-takes no lock at all (``deque.popleft``/``append`` are atomic), so a single caller pays
-two deque operations per call.
+outer graphs. A call leases a free lane for its duration; each lane has a lock taken
+without waiting (``Lock.acquire(False)``), and a thread first tries the lane it used
+last, so a thread keeps its lane (its stream and bindings) while there are lanes
+enough. The pool is FIFO-fair (a caller that had to wait is served before later
+callers that also wait) and takes an optional timeout; its own lock is taken only when
+a caller has to wait, so a single caller pays one thread-local read and one
+non-blocking lock acquire and release per call.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from trt_runtime.errors import ContextLeaseTimeout, EngineError
 
-__all__ = ["ContextPool"]
+__all__ = ["ContextPool", "Slot"]
 
 T = TypeVar("T")
 
@@ -35,133 +37,199 @@ FAIR_AFTER = 0.002
 class _Waiter:
     """One waiting caller: a held lock its releaser unlocks (cheaper than an Event)."""
 
-    __slots__ = ("lane", "lock", "since")
+    __slots__ = ("lock", "since", "slot")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
-        self.lane: Any = None
+        self.slot: Any = None
         self.since = time.monotonic()
 
-    def wake(self, lane: Any) -> None:
-        self.lane = lane
+    def wake(self, slot: Any) -> None:
+        self.slot = slot
         self.lock.release()
 
 
+class Slot(Generic[T]):
+    """One lane and the lock held while it is leased (``acquire(False)``: atomic, no wait)."""
+
+    __slots__ = ("lane", "lock")
+
+    def __init__(self, lane: T) -> None:
+        self.lane = lane
+        self.lock = threading.Lock()
+
+
 class ContextPool(Generic[T]):
-    """Free lanes and the callers waiting for one.
+    """The lanes of an engine and the callers waiting for one.
 
     :meth:`acquire` returns a lane or raises :class:`~trt_runtime.ContextLeaseTimeout`
     (after ``timeout`` seconds) or :class:`~trt_runtime.EngineError` (the pool was
-    closed while waiting); :meth:`release` gives it back. Fairness: waiters are served
-    in arrival order; a waiter that has waited :data:`FAIR_AFTER` seconds is handed the
-    next lane released, and until then a running caller may take a free lane first
-    (which keeps a busy engine from switching threads on every call). Thread-safe.
+    closed while waiting); :meth:`release` gives it back. Thread-safe.
+
+    *Affinity*: each thread first tries the lane it had last (its stream, bindings and
+    caches are then those of its previous call: no stream switch, no rebinding), then any
+    free lane. *Fairness*: waiters are served in arrival order; a waiter that has waited
+    :data:`FAIR_AFTER` seconds is handed the next lane released, and until then a running
+    caller may take a free lane first (which keeps a busy engine from switching threads on
+    every call).
     """
 
-    __slots__ = ("_engine", "_free", "_lanes", "_lock", "_waiters", "closed")
+    __slots__ = ("_engine", "_local", "_lock", "_slots", "_waiters", "closed")
 
     def __init__(self, engine: str, lanes: Sequence[T]) -> None:
         self._engine = engine
-        self._lanes: list[T] = list(lanes)
-        self._free: deque[T] = deque(self._lanes)
+        self._slots: list[Slot[T]] = [Slot(lane) for lane in lanes]
         self._waiters: deque[_Waiter] = deque()
         self._lock = threading.Lock()
+        #: ``slot``: the slot this thread leased last.
+        self._local = threading.local()
         self.closed = False
 
     @property
     def lanes(self) -> tuple[T, ...]:
-        return tuple(self._lanes)
+        return tuple(slot.lane for slot in self._slots)
 
     def __len__(self) -> int:
-        return len(self._lanes)
+        return len(self._slots)
 
     def acquire(self, timeout: float | None = None) -> T:
-        """A free lane; waits for one (in arrival order) when all are leased."""
-        try:
-            return self._free.popleft()
-        except IndexError:
-            return self._wait(timeout)
+        """A free lane (this thread's last one if it is free); waits for one (in arrival
+        order) when all are leased."""
+        slot = getattr(self._local, "slot", None)
+        if slot is None or not slot.lock.acquire(False):
+            slot = self.lease(timeout)
+        return slot.lane  # type: ignore[no-any-return]
 
-    def _wait(self, timeout: float | None) -> T:
+    def lease(self, timeout: float | None = None) -> Slot[T]:
+        """Any free slot, else wait for one; the slot becomes this thread's preferred one.
+        (``EngineBase.execute`` tries the preferred slot inline first.)"""
+        if not self.closed:
+            for slot in self._slots:
+                if slot.lock.acquire(False):
+                    self._local.slot = slot
+                    return slot
+        slot = self._wait(timeout)
+        self._local.slot = slot
+        return slot
+
+    def _take_any(self) -> Slot[T] | None:
+        for slot in self._slots:
+            if slot.lock.acquire(False):
+                return slot
+        return None
+
+    def _wait(self, timeout: float | None) -> Slot[T]:
         waiter = _Waiter()
         with self._lock:
             if self.closed:
                 raise EngineError(f"engine {self._engine!r} is closed")
-            if self._free and not self._waiters:  # released since the failed pop
-                return self._free.popleft()
+            if not self._waiters:  # released since the failed tries
+                slot = self._take_any()
+                if slot is not None:
+                    return slot
             self._waiters.append(waiter)
         deadline = None if timeout is None else waiter.since + timeout
         while True:
             wait = FAIR_AFTER if deadline is None else min(FAIR_AFTER, deadline - time.monotonic())
-            if waiter.lock.acquire(timeout=max(wait, 0.0)) or waiter.lane is not None:
+            if waiter.lock.acquire(timeout=max(wait, 0.0)) or waiter.slot is not None:
                 break
             with self._lock:
-                if waiter.lane is not None:  # woken meanwhile
+                if waiter.slot is not None:  # woken meanwhile
                     break
-                if self._free and self._waiters[0] is waiter:  # our turn, and a lane is free
-                    self._waiters.popleft()
-                    return self._free.popleft()
+                if self._waiters[0] is waiter:  # our turn: is a lane free?
+                    slot = self._take_any()
+                    if slot is not None:
+                        self._waiters.popleft()
+                        return slot
                 if deadline is not None and time.monotonic() >= deadline:
                     self._waiters.remove(waiter)
                     raise self._timeout(waiter, timeout)
-        lane = waiter.lane
-        if lane is _CLOSED:
+        slot = waiter.slot
+        if slot is _CLOSED:
             raise EngineError(f"engine {self._engine!r} was closed while this call waited for a context")
-        return lane  # type: ignore[no-any-return]
+        return slot  # type: ignore[no-any-return]
 
     def _timeout(self, waiter: _Waiter, timeout: float | None) -> ContextLeaseTimeout:
         waited = time.monotonic() - waiter.since
         return ContextLeaseTimeout(
             f"engine {self._engine!r}: no execution context free after {waited:.3f} s "
-            f"(lease_timeout={timeout!r}); all {len(self._lanes)} context(s) are leased by other "
+            f"(lease_timeout={timeout!r}); all {len(self._slots)} context(s) are leased by other "
             f"callers ({len(self._waiters)} more waiting). Raise engine.contexts or lease_timeout"
         )
 
     def release(self, lane: T) -> None:
-        """Give ``lane`` back: to the oldest waiter if it has waited long enough.
+        """Give ``lane`` back (see :meth:`give_back`)."""
+        for slot in self._slots:
+            if slot.lane is lane:
+                self.give_back(slot)
+                return
+        raise EngineError(f"engine {self._engine!r}: {lane!r} is not one of its contexts")
 
-        (``EngineBase.execute`` inlines the uncontended case: ``_free.append`` when there is
-        no waiter; a waiter arriving just after still gets the lane within FAIR_AFTER.)"""
+    def give_back(self, slot: Slot[T]) -> None:
+        """Give a leased slot back: to the oldest waiter if it has waited long enough.
+        A closed pool keeps it (later acquires fail).
+
+        (``EngineBase.execute`` inlines the uncontended case: ``slot.lock.release()`` when
+        there is no waiter; a waiter arriving just after still gets a lane within
+        FAIR_AFTER.)"""
+        if self.closed:
+            return
         if not self._waiters:
-            self._free.append(lane)
+            slot.lock.release()
             return
         with self._lock:
             waiters = self._waiters
             if waiters and time.monotonic() - waiters[0].since >= FAIR_AFTER:
-                waiters.popleft().wake(lane)
+                waiters.popleft().wake(slot)
             else:
-                self._free.append(lane)
+                slot.lock.release()
 
     @contextmanager
     def all_lanes(self, timeout: float | None = None) -> Iterator[list[T]]:
         """Lease every lane (in-flight calls finish first, in FIFO order with the other
         waiters); on exit give back every lane the pool then has (see :meth:`resize`),
         unless it was closed meanwhile."""
-        held: list[T] = []
+        held: list[Slot[T]] = []
         try:
-            for _ in range(len(self._lanes)):
-                held.append(self.acquire(timeout))
+            while len(held) < len(self._slots):
+                slot = self.lease(timeout) if not held else self._next(timeout)
+                held.append(slot)
         except BaseException:
-            for lane in held:
-                self.release(lane)
+            for slot in held:
+                self.give_back(slot)
             raise
         try:
-            yield held
+            yield [slot.lane for slot in held]
         finally:
             if not self.closed:
-                for lane in self._lanes:
-                    self.release(lane)
+                for slot in self._slots:
+                    self.give_back(slot)
+
+    def _next(self, timeout: float | None) -> Slot[T]:
+        slot = self._take_any()
+        return slot if slot is not None else self._wait(timeout)
 
     def resize(self, lanes: Sequence[T]) -> None:
-        """Replace the set of lanes; only inside :meth:`all_lanes` (every lane is held)."""
-        self._lanes = list(lanes)
+        """Replace the set of lanes; only inside :meth:`all_lanes` (every lane is held):
+        kept lanes keep their (held) slots, new lanes get held ones."""
+        slots = {id(slot.lane): slot for slot in self._slots}
+        fresh: list[Slot[T]] = []
+        for lane in lanes:
+            slot = slots.get(id(lane))
+            if slot is None:
+                slot = Slot(lane)
+                slot.lock.acquire()
+            fresh.append(slot)
+        self._slots = fresh
 
     def close(self) -> None:
-        """Wake every waiter with an error; later acquires fail. Lanes stay with their holders."""
+        """Wake every waiter with an error; later acquires fail. Leased lanes stay with
+        their holders (and are kept when given back); free lanes are taken for good."""
         with self._lock:
             self.closed = True
-            self._free.clear()
+            while self._take_any() is not None:
+                pass
             while self._waiters:
                 self._waiters.popleft().wake(_CLOSED)
 
