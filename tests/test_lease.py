@@ -74,16 +74,25 @@ def test_lease_pool_gives_each_thread_its_last_lane_back() -> None:
     assert len({lanes[0] for lanes in seen.values()}) == 3
 
 
-def test_lease_pool_falls_back_to_any_free_lane() -> None:
+def test_lease_pool_spreads_new_threads_then_falls_back_to_any_free_lane() -> None:
     pool = ContextPool("e", ["a", "b"])
     first = pool.acquire()
     pool.release(first)
-    taken: list[str] = []
-    thread = threading.Thread(target=lambda: taken.append(pool.acquire()))
-    thread.start()
-    thread.join(5)
-    assert taken == [first]  # another thread may take it while it is free
-    assert pool.acquire(timeout=0) != first  # this thread's lane is leased: the other one
+
+    def take() -> str:
+        got: list[str] = []
+        thread = threading.Thread(target=lambda: got.append(pool.acquire()))
+        thread.start()
+        thread.join(5)
+        return got[0]
+
+    second = take()
+    assert second != first  # a new thread takes a lane no thread has claimed yet
+    assert take() == first  # none left unclaimed: any free lane, even another thread's
+    with pytest.raises(ContextLeaseTimeout):
+        pool.acquire(timeout=0)  # this thread's lane is leased by the last thread, and so is the other
+    pool.release(second)
+    assert pool.acquire(timeout=0) == second
 
 
 def test_lease_pool_closed_keeps_free_and_returned_lanes() -> None:

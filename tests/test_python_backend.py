@@ -475,12 +475,13 @@ def test_python_backend_unclosed_engine_releases_its_context_when_collected() ->
     engine = _fake_engine()
     engine.execute(np.ones((2, 4), np.float32))
     context, rt = engine._context, engine._rt
-    events = (engine._order.event_in, engine._order.event_out)
+    events = engine._order.events()
     del engine
     gc.collect()
     assert context.trt_context is None and context.config is None
     assert [c for c in rt.calls if c[0] == "destroy"] == [("destroy", e) for e in events]
-    assert rt.calls[-3] == ("sync", 4242)
+    first_destroy = rt.calls.index(("destroy", events[0]))
+    assert ("sync", 4242) in rt.calls[first_destroy - 2:first_destroy]
 
 
 def test_python_backend_host_inputs_with_preallocated_device_outputs() -> None:
@@ -514,8 +515,10 @@ def test_python_backend_repeat_call_takes_the_fast_path() -> None:
         assert engine.execute(x, outputs=[y], stream=engine.stream) == [y]
     assert calls == [("execute", 4242)] * 3  # nothing re-bound, nothing re-checked
     engine._rt.calls.clear()
-    engine.execute(x, outputs=[y], stream=77)  # a caller stream is still ordered
-    assert [c[0] for c in engine._rt.calls] == ["record", "wait", "record", "wait"]
+    engine.execute(x, outputs=[y], stream=77)  # runs on the caller's stream, after ours
+    ev = engine._order.event_tail
+    assert engine._rt.calls == [("record", ev, 4242), ("wait", 77, ev)]
+    assert calls[-1] == ("execute", 77)
     calls.clear()
     x.ptr += 4096  # the same object now points elsewhere: re-validated and re-bound
     engine.execute(x, outputs=[y], stream=engine.stream)
@@ -623,9 +626,11 @@ def test_python_backend_natural_call_orders_other_streams_and_checks_inputs(torc
     torch.current_stream = 55  # inside torch.cuda.stream(side)
     engine._rt.calls.clear()
     engine(x)
-    ev_in, ev_out = engine._order.event_in, engine._order.event_out
-    assert [c for c in engine._rt.calls if c[0] in ("record", "wait")] == [
-        ("record", ev_in, 55), ("wait", 4242, ev_in), ("record", ev_out, 4242), ("wait", 55, ev_out)]
+    ev = engine._order.event_tail  # the repeat call runs on 55, after the lane's work on ours
+    assert [c for c in engine._rt.calls if c[0] in ("record", "wait")] == [("record", ev, 4242), ("wait", 55, ev)]
+    engine._rt.calls.clear()
+    engine(x, stream=engine.stream)  # back on our own stream, after the work on 55
+    assert [c for c in engine._rt.calls if c[0] in ("record", "wait")] == [("record", ev, 55), ("wait", 4242, ev)]
     engine._rt.calls.clear()
     engine(x, stream=engine.stream)
     assert not [c for c in engine._rt.calls if c[0] in ("record", "wait")]
@@ -637,6 +642,57 @@ def test_python_backend_natural_call_orders_other_streams_and_checks_inputs(torc
         engine(torch.Tensor((2, 4), torch.float32, 1))
     with pytest.raises(InputError, match=r"takes 1 input\(s\) \(x\); got 2"):
         engine(x, x)
+
+
+def test_python_backend_fast_calls_follow_the_callers_stream(torch: FakeTorch) -> None:
+    """A repeat call runs on the caller's stream: no event while the lane's previous work
+    went there too; one record + wait when it went elsewhere; the general path joins its
+    own stream first, and _sync waits for both."""
+    engine = _fake_engine()
+    rt = engine._rt.calls
+    order = engine._order
+    ours = engine._stream_handle
+
+    def ordering() -> list[tuple[Any, ...]]:
+        found = [c for c in rt if c[0] in ("record", "wait")]
+        rt.clear()
+        return found
+
+    def executes() -> list[Any]:
+        found = [c[1] for c in _trt_calls(engine) if c[0] == "execute"]
+        _trt_calls(engine).clear()
+        return found
+
+    x = torch.cuda_tensor((2, 4))
+    torch.current_stream = 77
+    engine(x)  # the general path: our stream, ordered with 77 by events
+    assert executes() == [ours] and len(ordering()) == 4 and order.tail == ours
+    engine(x)  # fast path: onto 77, after the lane's previous work on ours
+    assert executes() == [77]
+    assert ordering() == [("record", order.event_tail, ours), ("wait", 77, order.event_tail)]
+    for _ in range(3):
+        engine(x)  # 77 again: nothing to order
+    assert executes() == [77] * 3 and ordering() == [] and order.tail == 77
+    torch.current_stream = 88  # another caller stream
+    engine(x)
+    assert executes() == [88]
+    assert ordering() == [("record", order.event_tail, 77), ("wait", 88, order.event_tail)]
+    torch.current_stream = 0  # the legacy stream: back on ours (blocking: no caller events)
+    engine(x)
+    assert executes() == [ours]
+    assert ordering() == [("record", order.event_tail, 88), ("wait", ours, order.event_tail)]
+    torch.current_stream = 99
+    engine(x)
+    assert executes() == [99] and len(ordering()) == 2
+    engine(torch.cuda_tensor((3, 4)))  # new shapes: the general path joins ours first
+    assert ordering()[:2] == [("record", order.event_tail, 99), ("wait", ours, order.event_tail)]
+    engine(x)
+    assert order.tail == 99
+    rt.clear()
+    engine.synchronize()
+    assert [c for c in rt if c[0] in ("record", "wait", "sync")][:2] == [
+        ("record", order.event_tail, 99), ("wait", ours, order.event_tail)]
+    assert order.tail == ours
 
 
 def test_python_backend_events_mode_orders_the_legacy_stream_too(torch: FakeTorch) -> None:

@@ -225,3 +225,88 @@ def test_torchbind_bridge_poisons_floating_outputs_only() -> None:
     out.array[...] = 1.0
     assert not bridge.unwritten(out, reference)
     assert not bridge.poison(_T(np.zeros(3, np.int32), _Dev("cuda", 0)))
+
+
+class _Log(list):  # type: ignore[type-arg]
+    pass
+
+
+class _OrderedStream:
+    def __init__(self, log: _Log, name: str, sid: int) -> None:
+        self.log, self.name = log, name
+        self.stream_id, self.device_index, self.device_type = sid, 0, 1
+
+    def wait_event(self, event: Any) -> None:
+        self.log.append(("wait", self.name, event.name))
+
+
+class _OrderedEvent:
+    made = 0
+
+    def __init__(self, log: _Log) -> None:
+        _OrderedEvent.made += 1
+        self.log, self.name = log, f"event{_OrderedEvent.made}"
+
+    def record(self, stream: Any) -> None:
+        self.log.append(("record", self.name, stream.name))
+
+
+class _Out:
+    def __init__(self, log: _Log) -> None:
+        self.log = log
+
+    def record_stream(self, stream: Any) -> None:
+        self.log.append(("record_stream", stream.name))
+
+
+def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once() -> None:
+    log = _Log()
+    caller = _OrderedStream(log, "caller", 11)
+    side = _OrderedStream(log, "lane", 22)
+    current = {"id": 11}
+
+    class Cuda(_Cuda):
+        Event = staticmethod(lambda: _OrderedEvent(log))
+
+        def current_stream(self, index: int) -> Any:
+            return caller
+
+        def Stream(self, device: int) -> Any:  # noqa: N802 - torch's name
+            return side
+
+    class C(_C):
+        @staticmethod
+        def _cuda_setStream(stream_id: int, device_index: int, device_type: int) -> None:
+            log.append(("set_stream", stream_id))
+            current["id"] = stream_id
+
+    class Torch(_TorchStandIn):
+        cuda = Cuda()
+        _C = C
+
+    bridge = TorchBridge(Torch())
+    lane = bridge.lane_stream(0)
+    made = _OrderedEvent.made
+
+    def op(tensors: Any, native: Any) -> list[Any]:
+        log.append(("op", current["id"]))
+        return [_Out(log)]
+
+    for _ in range(2):
+        log.clear()
+        bridge.execute_on(lane, op, [], None, 0)
+        ready, done = lane.ready.name, lane.done.name
+        assert log == [
+            ("record", ready, "caller"), ("wait", "lane", ready),
+            ("set_stream", 22), ("op", 22), ("set_stream", 11),
+            ("record", done, "lane"), ("wait", "caller", done),
+            ("record_stream", "caller"),
+        ]
+    assert _OrderedEvent.made == made  # no event made per call
+
+    def failing(tensors: Any, native: Any) -> list[Any]:
+        raise RuntimeError("op failed")
+
+    with pytest.raises(RuntimeError, match="op failed"):
+        bridge.execute_on(lane, failing, [], None, 0)
+    assert current["id"] == 11  # the caller's stream is current again

@@ -53,11 +53,13 @@ class _Waiter:
 class Slot(Generic[T]):
     """One lane and the lock held while it is leased (``acquire(False)``: atomic, no wait)."""
 
-    __slots__ = ("lane", "lock")
+    __slots__ = ("claimed", "lane", "lock")
 
     def __init__(self, lane: T) -> None:
         self.lane = lane
         self.lock = threading.Lock()
+        #: Whether a thread has taken it as its own (new threads look for unclaimed lanes first).
+        self.claimed = False
 
 
 class ContextPool(Generic[T]):
@@ -104,17 +106,20 @@ class ContextPool(Generic[T]):
     def lease(self, timeout: float | None = None) -> Slot[T]:
         """Any free slot, else wait for one; the slot becomes this thread's preferred one.
         (``EngineBase.execute`` tries the preferred slot inline first.)"""
-        if not self.closed:
-            for slot in self._slots:
-                if slot.lock.acquire(False):
-                    self._local.slot = slot
-                    return slot
-        slot = self._wait(timeout)
+        slot = None if self.closed else self._take_any()
+        if slot is None:
+            slot = self._wait(timeout)
         self._local.slot = slot
+        slot.claimed = True
         return slot
 
     def _take_any(self) -> Slot[T] | None:
-        for slot in self._slots:
+        """A free slot, one no thread has claimed first (so threads spread over the lanes)."""
+        slots = self._slots
+        for slot in slots:
+            if not slot.claimed and slot.lock.acquire(False):
+                return slot
+        for slot in slots:
             if slot.lock.acquire(False):
                 return slot
         return None

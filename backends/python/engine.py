@@ -128,6 +128,7 @@ class PythonEngine(EngineBase):
             self._rt, self._stream_handle, mode, own=self._stream, bridge=self._torch, device=self._device
         )
         self._res.events = self._order.events()
+        self._res.order = self._order
         self._fast_paths = FastPaths()
         self._graphs = OuterGraphs(self._rt, state, self._res)
         self._output_allocator = "auto"
@@ -301,6 +302,7 @@ class PythonEngine(EngineBase):
                 self._sync()
                 self._drop_graphs()
             # The old buffer is freed on our stream, after the work that still uses it.
+            self._order.to_ours()
             memory = ctx.device_memory = self._state.allocate(need, self._stream)
         ctx.trt_context.set_device_memory(int(memory.handle), int(memory.size))
 
@@ -323,8 +325,11 @@ class PythonEngine(EngineBase):
         drop_context(context)
 
     def _sync(self) -> None:
-        """Wait for all work queued on this lane's stream."""
+        """Wait for all work this lane queued: on its stream, and on the caller's stream
+        its last fast-path call followed (see stream_order)."""
         if getattr(self, "_stream", None) is not None:
+            order = self._order
+            order.to_ours()
             cuda.check(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
 
     def _release(self) -> None:
@@ -361,9 +366,11 @@ class PythonEngine(EngineBase):
     # -- the outer graph: the OuterGraphs part --------------------------------------------------
     def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
                        ) -> list[Any]:
+        self._order.to_ours()  # buffers are allocated on our stream
         return self._graphs.static_inputs(self, shapes, profile, as_torch)
 
     def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        self._order.to_ours()  # the general path works on our stream (see stream_order)
         return self._graphs.run_outer(self, context, call, stream, outputs)
 
     def _drop_graphs(self) -> None:
@@ -407,6 +414,7 @@ class PythonEngine(EngineBase):
         )
 
     def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        self._order.to_ours()  # the general path works on our stream (see stream_order)
         return self._run_inspected(context, call.inputs, call, stream, outputs, remember=call.remember)
 
     def _activate_thread(self) -> None:
@@ -522,6 +530,7 @@ class PythonEngine(EngineBase):
 
     def _select_profile(self, ctx: ExecutionContext, profile: int) -> None:
         """Switch the context to optimization ``profile`` (its addresses must be set again)."""
+        self._order.to_ours()
         if not ctx.trt_context.set_optimization_profile_async(profile, self._stream_handle):
             raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
         if ctx.user_managed:  # the memory is handed over (or sized) next: let the switch finish

@@ -65,12 +65,14 @@ def trt_enum(enum_type: Any, member: Any) -> Any:
 class Resources:
     """What the finalizer of an engine releases (it must not reference the engine)."""
 
-    __slots__ = ("context", "events", "graph_execs", "rt", "stream_handle")
+    __slots__ = ("context", "events", "graph_execs", "order", "rt", "stream_handle")
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt
         self.stream_handle = 0
         self.events: tuple[Any, ...] = ()
+        #: The lane's StreamOrder: its ``tail`` is the caller stream its last fast call used.
+        self.order: Any = None
         self.context: ExecutionContext | None = None
         #: Instantiated outer CUDA graphs (destroyed before the context).
         self.graph_execs: list[Any] = []
@@ -85,7 +87,10 @@ def drop_context(context: ExecutionContext) -> None:
 
 
 def finalize(res: Resources) -> None:
+    tail = getattr(res.order, "tail", None)
     try:
+        if tail is not None and tail != res.stream_handle:
+            res.rt.cudaStreamSynchronize(tail)
         res.rt.cudaStreamSynchronize(res.stream_handle)
     except Exception:  # a dying process; nothing to report to
         pass

@@ -12,7 +12,8 @@ profile changes or the engine closes:
   no ``outputs=``: looked up by the input shapes alone, whatever the tensor objects.
   A repeat call checks type, dtype, device and contiguity of each tensor (four C-level
   reads), binds changed addresses, makes each output with ``torch.empty`` from cached
-  arguments and goes straight to ``execute_async_v3``.
+  arguments and goes straight to ``execute_async_v3`` on the caller's stream (see
+  :meth:`.stream_order.StreamOrder.follow`).
 
 :class:`FastPaths`, a part of each ``PythonEngine`` lane, owns both caches and runs them
 (from the lane's ``_call_fast`` hook of the core pipeline); :func:`torch_lookup` is
@@ -161,14 +162,15 @@ class FastPaths:
             not self._prepare(lane, fast)
         ):
             return None
-        ours = lane._stream_handle
-        caller = None if stream is lane._stream else lane._order.caller(stream, fast.torch)
-        if caller is not None:
-            lane._order.before(caller)
-        if not fast.execute(ours):
+        order = lane._order
+        caller = None if stream is lane._stream else order.caller(stream, fast.torch)
+        run = order.tail  # the caller's stream when it made the lane's previous call too
+        if caller != run and (caller is not None or run != lane._stream_handle):
+            run = order.follow(caller)
+        if not fast.execute(run):
             lane._execute_failed()
-        if caller is not None:
-            lane._order.after(caller)
+        if caller is not None and run != caller:
+            order.after(caller)
         return list(outputs)
 
     def _prepare(self, lane: Any, fast: FastPath) -> bool:
@@ -253,13 +255,13 @@ class FastPaths:
                     bound[name] = ptr
                     ctx.bound_ptrs = ()
                 results.append(y)
-        ours = lane._stream_handle
         order = lane._order
-        if caller is not None:
-            order.before(caller)
-        if not trt_context.execute_async_v3(ours):
+        run = order.tail  # the caller's stream when it made the lane's previous call too
+        if caller != run and (caller is not None or run != lane._stream_handle):
+            run = order.follow(caller)
+        if not trt_context.execute_async_v3(run):
             lane._execute_failed()
-        if caller is not None:
+        if caller is not None and run != caller:
             order.after(caller)
         return results
 

@@ -174,8 +174,8 @@ class OuterGraphs:
         does not qualify (the full path then checks and runs it). One dict get finds the
         slot; then one copy per input not already in its static buffer, one
         ``cudaGraphLaunch`` (no TensorRT call: the graph holds its shapes and addresses),
-        and the static outputs (``"view"``) or copies of them (plus events for a caller
-        stream other than the legacy default one)."""
+        and the static outputs (``"view"``) or copies of them, all on the caller's stream
+        (:meth:`.stream_order.StreamOrder.follow`)."""
         found = torch_lookup(lane, inputs, stream, self.shortcuts)
         if found is None:
             return None
@@ -183,23 +183,24 @@ class OuterGraphs:
         self.cache.touch(slot.key)
         if lane._multi_device:
             lane._set_device()
-        ours = lane._stream_handle
-        if caller is not None:
-            lane._order.before(caller)
+        order = lane._order
+        run = order.tail  # the caller's stream when it made the lane's previous call too
+        if caller != run and (caller is not None or run != lane._stream_handle):
+            run = order.follow(caller)
         rt = self.rt
         for x, dst, nbytes in zip(inputs, slot.in_ptrs, slot.in_nbytes, strict=False):
             src = x.data_ptr()
             if src != dst and nbytes:
-                (err,) = rt.cudaMemcpyAsync(dst, src, nbytes, self.d2d, ours)
+                (err,) = rt.cudaMemcpyAsync(dst, src, nbytes, self.d2d, run)
                 if err:
                     cuda.check((err,), "cudaMemcpyAsync")
-        (err,) = rt.cudaGraphLaunch(slot.exec, ours)
+        (err,) = rt.cudaGraphLaunch(slot.exec, run)
         if err:
             self.launch_failed(lane, err)
         views = slot.torch_outputs  # made only in "view" mode
-        results = list(views) if views is not None else self.torch_results(lane, slot, ours)
-        if caller is not None:
-            lane._order.after(caller)
+        results = list(views) if views is not None else self.torch_results(lane, slot, run)
+        if caller is not None and run != caller:
+            order.after(caller)
         return results
 
     def torch_results(self, lane: Any, slot: GraphSlot, ours: int) -> list[Any]:

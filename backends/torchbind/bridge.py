@@ -14,7 +14,7 @@ from typing import Any
 
 from trt_runtime.contract import stream_handle
 
-__all__ = ["TensorInfo", "TorchBridge"]
+__all__ = ["LaneStream", "TensorInfo", "TorchBridge"]
 
 #: DLPack device types of CUDA memory (kDLCUDA, kDLCUDAManaged).
 _KDLCUDA = 2
@@ -31,6 +31,19 @@ class TensorInfo:
     device_index: int | None
     contiguous: bool
     strides: tuple[int, ...] = ()  # in elements
+
+
+class LaneStream:
+    """One lane's private stream (every ``execute_engine`` call of the lane runs there) and
+    the two events that order it with a caller's stream, made once."""
+
+    __slots__ = ("device_index", "device_type", "done", "ready", "stream", "stream_id")
+
+    def __init__(self, stream: Any, ready: Any, done: Any) -> None:
+        self.stream, self.ready, self.done = stream, ready, done
+        self.stream_id = stream.stream_id
+        self.device_index = stream.device_index
+        self.device_type = stream.device_type
 
 
 class TorchBridge:
@@ -52,6 +65,8 @@ class TorchBridge:
         self._raw_stream = getattr(getattr(torch_module, "_C", None), "_cuda_getCurrentRawStream", None)
         self._streams: dict[tuple[int, int], Any] = {}
         self._execute_op: Any = None
+        #: torch's C-level current-stream setter (what ``torch.cuda.set_stream`` calls).
+        self._set_stream: Any = getattr(getattr(torch_module, "_C", None), "_cuda_setStream", None)
 
     # -- the namespaces the runtime library registers ----------------------------------
     @property
@@ -261,22 +276,38 @@ class TorchBridge:
         return self.torch.cuda.stream(stream)
 
     def execute_on(self, lane: Any, op: Callable[..., Any], tensors: Any, native: Any, index: int) -> Any:
-        """``op(tensors, native)`` with ``lane`` current, ordered after torch's current stream
-        on device ``index`` (the caller's) and before it again; each output is recorded as
-        used on the caller's stream (``Tensor.record_stream``)."""
-        torch = self.torch
+        """``op(tensors, native)`` with ``lane`` (a :class:`LaneStream`) current, ordered after
+        torch's current stream on device ``index`` (the caller's) and before it again; each
+        output is recorded as used on the caller's stream (``Tensor.record_stream``).
+
+        The lane's two events are made once; the stream switch is torch's C-level setter
+        (``torch.cuda.stream(...)`` and ``Stream.wait_stream`` cost a Python context manager
+        and a new event per call)."""
         caller = self.current_stream(index)
-        lane.wait_stream(caller)
-        with torch.cuda.stream(lane):
-            results = op(tensors, native)
-        caller.wait_stream(lane)
+        stream = lane.stream
+        lane.ready.record(caller)
+        stream.wait_event(lane.ready)
+        set_stream = self._set_stream
+        if set_stream is None:
+            with self.torch.cuda.stream(stream):
+                results = op(tensors, native)
+        else:
+            set_stream(stream_id=lane.stream_id, device_index=lane.device_index, device_type=lane.device_type)
+            try:
+                results = op(tensors, native)
+            finally:
+                set_stream(stream_id=caller.stream_id, device_index=caller.device_index,
+                           device_type=caller.device_type)
+        lane.done.record(stream)
+        caller.wait_event(lane.done)
         for result in results:
             result.record_stream(caller)
         return results
 
-    def lane_stream(self, index: int) -> Any:
-        """The private stream of one lane of an engine on device ``index``."""
-        return self.new_stream(index)
+    def lane_stream(self, index: int) -> LaneStream:
+        """The private stream of one lane of an engine on device ``index``, and its events."""
+        cuda = self.torch.cuda
+        return LaneStream(self.new_stream(index), cuda.Event(), cuda.Event())
 
     def new_stream(self, index: int) -> Any:
         """A new non-default stream on device ``index`` (never the legacy default stream)."""
