@@ -695,6 +695,35 @@ def test_python_backend_fast_calls_follow_the_callers_stream(torch: FakeTorch) -
     assert order.tail == ours
 
 
+def test_python_backend_runs_on_a_non_blocking_stream_while_trt_captures(torch: FakeTorch) -> None:
+    """With cuda_graph_strategy on, TensorRT-RTX captures on the stream execute_async_v3 is
+    given; a capture on a blocking stream breaks every legacy-stream call in the process, so
+    the lane moves to a non-blocking stream (events for legacy callers), and back."""
+    engine = _fake_engine()
+    blocking = engine.stream
+    assert blocking.blocking
+    x = torch.cuda_tensor((2, 4))  # torch.current_stream is 0: the legacy stream
+    engine(x)
+    engine.runtime_settings = {"cuda_graph_strategy": "whole_graph_capture"}
+    engine(x)
+    spare = engine.stream
+    assert spare is not blocking and not spare.blocking
+    assert engine._order.ours == spare.handle and engine._res.stream_handle == spare.handle
+    assert engine._binding.stream is spare
+    engine._rt.calls.clear()
+    engine(x)  # the legacy caller is now ordered with events, the work on the spare stream
+    assert [c[0] for c in engine._rt.calls if c[0] in ("record", "wait")] == ["record", "wait"] * 2
+    assert [c[1] for c in _trt_calls(engine) if c[0] == "execute"][-1] == spare.handle
+    engine.runtime_settings = {"cuda_graph_strategy": "disabled"}
+    engine._rt.calls.clear()
+    engine(x)
+    engine(x)
+    assert engine.stream is blocking and engine._order.skip == (0, 1)
+    assert not [c for c in engine._rt.calls if c[0] in ("record", "wait")]
+    engine.close()
+    assert engine._spare_stream is None
+
+
 def test_python_backend_events_mode_orders_the_legacy_stream_too(torch: FakeTorch) -> None:
     engine = _fake_engine(ordering="events")
     assert not engine._state.streams[0].blocking

@@ -247,10 +247,14 @@ def test_python_outer_graph_torch_replay_shortcut(torch: FakeTorch) -> None:
         assert again.shape == (2, 4) and again.data_ptr() != first.data_ptr()
         # torch's legacy default stream: CUDA orders our blocking stream with it, no event
         assert [c[0] for c in rt.calls] == ["memcpy", "launch", "memcpy"]
-        torch.current_stream = 55  # a side stream: events before and after
+        torch.current_stream = 55  # a side stream: the replay follows it, after our stream
         rt.calls.clear()
         engine(torch.cuda_tensor((2, 4)))
-        assert [c[0] for c in rt.calls] == ["record", "wait", "memcpy", "launch", "memcpy", "record", "wait"]
+        assert [c[0] for c in rt.calls] == ["record", "wait", "memcpy", "launch", "memcpy"]
+        assert [c[-1] for c in rt.calls if c[0] in ("memcpy", "launch")] == [55, 55, 55]
+        rt.calls.clear()
+        engine(torch.cuda_tensor((2, 4)))  # 55 again: nothing to order
+        assert [c[0] for c in rt.calls] == ["memcpy", "launch", "memcpy"]
         with pytest.raises(InputError, match=r"input 'x' must have dtype float32; got torch\.float16"):
             engine(torch.cuda_tensor((2, 4), torch.float16))
         with pytest.raises(InputError, match="input 'x' is not contiguous"):

@@ -17,8 +17,8 @@ for step in "$@"; do
            python3 -c "import torch_tensorrt as tt; print('torch_tensorrt', tt.__version__)" 2>&1 | tail -1; } 2>&1 | tee "$OUT/env.log" ;;
     suite) python3 -m pytest "${_gpu_suite_args[@]}" -n 4 --junitxml "$OUT/junit.xml" 2>&1 | tee "$OUT/suite.log" | tail -60 ;;
     suite-python) TRT_RUNTIME_BACKEND=python python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -k "not torchbind" 2>&1 | tee "$OUT/suite-python.log" | tail -60 ;;
-    bench) python3 benchmarks/bench_all.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
-    concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;
+    bench) python3 benchmarks/bench_all.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+    concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" ${CONC_ARGS:-} 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;
     serve) python3 benchmarks/bench_serve.py --out "$OUT/serve" 2>&1 | tee "$OUT/serve.log" | tail -80 ;;
     onnx) python3 tools/gpu_onnx_compare.py --out "$OUT/onnx" 2>&1 | tee "$OUT/onnx.log" | tail -40 ;;
     race) python3 tools/gpu_torchbind_race_probe.py --out "$OUT" 2>&1 | tee "$OUT/race.log" | tail -20 ;;

@@ -40,7 +40,7 @@ from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
 from trt_runtime.graphs import GraphCache
 from trt_runtime.protocols import EngineSource, TensorSpec
-from trt_runtime.settings import RuntimeSettings
+from trt_runtime.settings import CudaGraphStrategy, RuntimeSettings
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -118,6 +118,9 @@ class PythonEngine(EngineBase):
         # A blocking stream is ordered with the legacy default stream by CUDA itself.
         blocking = stream_order.StreamOrder.blocking(mode)
         self._stream = state.create_stream(blocking=True) if blocking else state.create_stream()
+        #: The other stream of an "implicit" lane: non-blocking, used while TensorRT-RTX's
+        #: cuda_graph_strategy is on (see _pick_stream); made when first needed.
+        self._spare_stream: Any = None
         self._stream_handle = int(self._stream.handle)
         self._res.stream_handle = self._stream_handle
         #: The parts, each owning its state: torch (bound on the first tensor seen), the
@@ -227,7 +230,31 @@ class PythonEngine(EngineBase):
         return self._contract.shapes
 
     # -- context lifecycle -------------------------------------------------------------------
+    def _pick_stream(self, settings: RuntimeSettings) -> None:
+        """TensorRT-RTX's ``cuda_graph_strategy`` captures inside ``execute_async_v3`` on the
+        stream it is given. A capture on a *blocking* stream makes every call on the legacy
+        default stream in the process fail meanwhile (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``:
+        seen on an H100 with 8 threads, one of them on torch's default stream). So while the
+        strategy is on, an "implicit" lane runs on a non-blocking stream and orders callers on
+        the legacy stream with events, as the "events" mode does; with it off, back to the
+        blocking stream, which needs no events for them."""
+        order = self._order
+        if order.mode != "implicit":
+            return
+        capture = settings.cuda_graph_strategy is not CudaGraphStrategy.DISABLED
+        if capture == (order.skip == ()):
+            return
+        self._sync()  # the stream left behind is idle: its allocations are usable from the other
+        if self._spare_stream is None:
+            self._spare_stream = self._state.create_stream()  # non-blocking
+        stream, self._spare_stream = self._spare_stream, self._stream
+        self._stream = stream
+        self._stream_handle = self._res.stream_handle = int(stream.handle)
+        self._binding.stream = stream
+        order.use_stream(self._stream_handle, stream, skip=() if capture else stream_order.LEGACY_STREAMS)
+
     def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> Any:
+        self._pick_stream(settings)
         trt = self._trt
         clock = time.perf_counter
         t0 = clock()
@@ -342,6 +369,8 @@ class PythonEngine(EngineBase):
         self._graphs.close()
         stream, self._stream = self._stream, None
         cuda.close_quietly(stream)
+        spare, self._spare_stream = self._spare_stream, None
+        cuda.close_quietly(spare)
 
     # -- lanes ---------------------------------------------------------------------------------
     def _clone_lane(self) -> PythonEngine:

@@ -138,6 +138,13 @@ class StreamOrder:
             cuda.check((err,), "cudaStreamWaitEvent")
         self.tail = target
 
+    def use_stream(self, ours: int, own: Any, skip: tuple[int, ...]) -> None:
+        """Run on another stream of the lane from now on (the old one is idle: the lane
+        synchronized it), with ``skip`` the caller streams that need no event."""
+        self.ours = self.tail = ours
+        self.own = own
+        self.skip = skip
+
     def release(self) -> None:
         """Forget the streams (the engine closes)."""
         self.seen.clear()
