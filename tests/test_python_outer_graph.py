@@ -265,8 +265,11 @@ def test_python_outer_graph_torch_replay_shortcut(torch: FakeTorch) -> None:
         engine._rt.calls.clear()
         y2 = engine(static)
         assert y1 is y2  # the same torch view of the static output, every call
-        assert [c[0] for c in engine._rt.calls] == ["record", "wait", "launch", "record", "wait"]
+        assert [c[0] for c in engine._rt.calls] == ["record", "wait", "launch"]  # onto 55, once
         torch.current_stream = 0
+        engine._rt.calls.clear()
+        engine(static)  # the legacy stream: back on our (blocking) stream, after 55
+        assert [c[0] for c in engine._rt.calls] == ["record", "wait", "launch"]
         engine._rt.calls.clear()
         engine(static)
         assert [c[0] for c in engine._rt.calls] == ["launch"]  # one graph launch, nothing else
