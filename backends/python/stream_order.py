@@ -129,13 +129,7 @@ class StreamOrder:
 
     def join(self, target: int) -> None:
         """Make ``target`` wait for the work queued so far on :attr:`tail`; it becomes the tail."""
-        rt = self.rt
-        (err,) = rt.cudaEventRecord(self.event_tail, self.tail)
-        if err:
-            cuda.check((err,), "cudaEventRecord")
-        (err,) = rt.cudaStreamWaitEvent(target, self.event_tail, 0)
-        if err:
-            cuda.check((err,), "cudaStreamWaitEvent")
+        self._chain(self.event_tail, self.tail, target)
         self.tail = target
 
     def use_stream(self, ours: int, own: Any, skip: tuple[int, ...]) -> None:
@@ -158,21 +152,19 @@ class StreamOrder:
 
     def before(self, caller: int) -> None:
         """Make our stream wait for the work queued so far on ``caller``."""
-        rt = self.rt
-        (err,) = rt.cudaEventRecord(self.event_in, caller)
-        if err:
-            cuda.check((err,), "cudaEventRecord")
-        (err,) = rt.cudaStreamWaitEvent(self.ours, self.event_in, 0)
-        if err:
-            cuda.check((err,), "cudaStreamWaitEvent")
+        self._chain(self.event_in, caller, self.ours)
 
     def after(self, caller: int) -> None:
         """Make ``caller`` wait for the work queued so far on our stream."""
+        self._chain(self.event_out, self.ours, caller)
+
+    def _chain(self, event: Any, producer: int, waiter: int) -> None:
+        """``waiter`` waits for the work queued so far on ``producer`` (through ``event``)."""
         rt = self.rt
-        (err,) = rt.cudaEventRecord(self.event_out, self.ours)
+        (err,) = rt.cudaEventRecord(event, producer)
         if err:
             cuda.check((err,), "cudaEventRecord")
-        (err,) = rt.cudaStreamWaitEvent(caller, self.event_out, 0)
+        (err,) = rt.cudaStreamWaitEvent(waiter, event, 0)
         if err:
             cuda.check((err,), "cudaStreamWaitEvent")
 
