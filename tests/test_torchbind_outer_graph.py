@@ -319,11 +319,12 @@ def test_torchbind_outer_graph_captures_hold_the_process_wide_capture_lock(monke
     # torch.cuda.graph synchronizes the device when it starts, which fails while another
     # lane captures (H100, several contexts): captures take one lock, replays none.
     from _recording_lock import RecordingLock
-    from trt_runtime_backends.torchbind import graphs
+
+    from trt_runtime import outer
 
     lock = RecordingLock()
     held = lock.held
-    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", lock)
+    monkeypatch.setattr(outer, "CAPTURE_LOCK", lock)
     engine, _bridge = dynamic_engine()
     engine.outer_graph = True
     engine.execute(dyn(1))
