@@ -80,11 +80,10 @@ def test_torchbind_outer_graph_captures_once_then_replays() -> None:
         assert bridge.ops.streams[-WARMUP - 1:] == [graph.stream.name] * (WARMUP + 1)
         side = graph.stream.name
         assert bridge.events == [
-            (f"wait {'current:0'}", side),  # the side stream waits for the caller's inputs
-            ("replay", side),  # the check that the new graph writes its outputs
-            (f"wait {side}", "current:0"),  # the caller waits for the side stream
             ("copy", "current:0"),  # inputs into the static inputs, on the caller's stream
-            ("replay", "current:0"),
+            (f"wait {'current:0'}", side),  # the side stream waits for them
+            ("replay", side),  # the check that the new graph writes its outputs (this call's results)
+            (f"wait {side}", "current:0"),  # the caller waits for the side stream
         ]
         np.testing.assert_array_equal(first.array, eager.array)
         bridge.events.clear()
@@ -220,7 +219,7 @@ def test_torchbind_outer_graph_least_recently_used_graph_evicted() -> None:
     assert engine.graph_captures == 3
     engine.execute(dyn(2))
     assert engine.graph_captures == 4
-    stats = engine._graphs.cache.stats()
+    stats = engine._outer_graphs.cache.stats()
     assert stats["evictions"] == 2 and stats["captures"] == 4 and stats["graphs"] == 2
 
 
