@@ -37,7 +37,6 @@ from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
 from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import CapabilityError, EngineError
 from trt_runtime.outer import GraphSlot, OuterGraphs
-from trt_runtime.protocols import TensorSpec
 
 __all__ = ["GraphOps"]
 
@@ -146,8 +145,9 @@ def _launch_failed(lane: Any, err: Any) -> None:
 
 
 # -- the core's GraphHooks (methods of PythonEngine) ----------------------------------------------
-def graph_call(lane: Any, inspection: Inspection) -> tuple[Any, list[Any], list[int], Any]:
+def graph_call(lane: Any, call: Any) -> tuple[Any, Sequence[Any], Sequence[int], Any]:
     """Key, sources (device addresses, or the host arrays), addresses, shortcut key."""
+    inspection: Inspection = call
     if lane._multi_device:
         lane._set_device()
     ptrs = inspection.ptrs
@@ -164,21 +164,21 @@ def graph_call(lane: Any, inspection: Inspection) -> tuple[Any, list[Any], list[
     return (inspection.shapes, inspection.profile), sources, ptrs, shortcut
 
 
-def graph_enter(lane: Any, stream: Any, inspection: Inspection) -> int:
-    caller = lane._order.caller(stream, inspection.kind == KIND_TORCH)
+def graph_enter(lane: Any, stream: Any, call: Any) -> Any:
+    caller = lane._order.caller(stream, call.kind == KIND_TORCH)
     if caller is not None:
         lane._order.before(caller)
     lane._graphs.caller = caller
-    return lane._stream_handle  # type: ignore[no-any-return]
+    return lane._stream_handle
 
 
-def graph_exit(lane: Any, ours: int) -> None:
+def graph_exit(lane: Any, stream: Any) -> None:
     caller = lane._graphs.caller
     if caller is not None:
         lane._order.after(caller)
 
 
-def alloc_static(lane: Any, shape: tuple[int, ...], spec: TensorSpec) -> tuple[DeviceArray, int]:
+def alloc_static(lane: Any, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
     if not hasattr(lane._threads, "ready"):
         lane._activate_thread()
     buf = lane._state.allocate(numel(shape) * itemsize(spec.dtype), lane._stream)
@@ -195,7 +195,8 @@ def input_views(lane: Any, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
     return list(slot.input_views)
 
 
-def bind_static(lane: Any, ctx: Any, slot: GraphSlot) -> None:
+def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
+    ctx = context
     key = slot.key
     if ctx.shape_key != key:
         ctx.shape_key = None  # if applying fails halfway, the next call applies again
@@ -228,16 +229,17 @@ def bind_static(lane: Any, ctx: Any, slot: GraphSlot) -> None:
     ctx.bound_ptrs = ()
 
 
-def enqueue(lane: Any, ctx: Any, slot: GraphSlot, stream: int) -> None:
-    if not ctx.trt_context.execute_async_v3(stream):
+def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:
+    if not context.trt_context.execute_async_v3(stream):
         lane._execute_failed()
+    return None
 
 
-def capture(lane: Any, fn: Callable[[Any], Any], ours: int) -> tuple[Any, None]:
+def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tuple[Any, list[Any] | None]:
     """Capture ``fn`` (``execute_async_v3``) on the capture stream once the warm-up on
-    ``ours`` is done, and instantiate the graph."""
+    ``stream`` (the engine's) is done, and instantiate the graph."""
     rt = lane._rt
-    cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
+    cuda.check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
     capture_stream = lane._graphs.capture_handle()
     mark = lane._logger.mark()
     cuda.check(
@@ -267,16 +269,16 @@ def capture(lane: Any, fn: Callable[[Any], Any], ours: int) -> tuple[Any, None]:
     return graph_exec, None
 
 
-def launch(lane: Any, graph_exec: Any, ours: int) -> None:
+def launch(lane: Any, graph: Any, stream: Any) -> None:
     """Replay a graph. It touches no TensorRT context state: the graph holds its shapes,
     profile and addresses, so the context keeps whatever it had (``shape_key`` stays true)
     and the next eager call sets only what differs."""
-    (err,) = lane._rt.cudaGraphLaunch(graph_exec, ours)
+    (err,) = lane._rt.cudaGraphLaunch(graph, stream)
     if err:
         _launch_failed(lane, err)
 
 
-def copy(lane: Any, dst: Any, src: Any, nbytes: int, ours: int) -> None:
+def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
     """Into a static input (a ``DeviceArray``) from a device address or a host array."""
     rt = lane._rt
     if isinstance(src, int):
@@ -284,21 +286,22 @@ def copy(lane: Any, dst: Any, src: Any, nbytes: int, ours: int) -> None:
     else:
         src, nbytes = host_memory(src)
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-    cuda.check(rt.cudaMemcpyAsync(dst.ptr, src, nbytes, kind, ours), "cudaMemcpyAsync")
+    cuda.check(rt.cudaMemcpyAsync(dst.ptr, src, nbytes, kind, stream), "cudaMemcpyAsync")
 
 
-def destroy_graph(lane: Any, graph_exec: Any) -> None:
+def destroy_graph(lane: Any, graph: Any) -> None:
     destroy = getattr(lane._rt, "cudaGraphExecDestroy", None)
     if destroy is not None:
-        destroy(graph_exec)
+        destroy(graph)
     execs = lane._res.graph_execs
-    if graph_exec in execs:
-        execs.remove(graph_exec)
+    if graph in execs:
+        execs.remove(graph)
 
 
-def graph_results(lane: Any, ctx: Any, slot: GraphSlot, inspection: Inspection,
-                  outputs: Sequence[Any] | None, view: bool, ours: int) -> list[Any]:
+def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any,
+                  outputs: Sequence[Any] | None, view: bool, stream: Any) -> list[Any]:
     """The call's outputs from the static output buffers, by output mode and input kind."""
+    ctx, inspection, ours = context, call, stream
     rt = lane._rt
     kind = inspection.kind
     caller = lane._graphs.caller

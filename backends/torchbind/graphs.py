@@ -35,11 +35,9 @@ from typing import TYPE_CHECKING, Any
 from trt_runtime.contract import KIND_HOST
 from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
 from trt_runtime.outer import GraphSlot, OuterGraphs
-from trt_runtime.protocols import TensorSpec
 
 if TYPE_CHECKING:
     from .bridge import TorchBridge
-    from .contract import Call
 
 __all__ = ["WARMUP_RUNS", "GraphOps"]
 
@@ -108,7 +106,7 @@ def _torch_failed(lane: Any, exc: Exception) -> EngineError:
 
 
 # -- the core's GraphHooks (methods of TorchbindEngine) ---------------------------------------
-def graph_call(lane: Any, call: Call) -> tuple[Any, list[Any], list[int], Any]:
+def graph_call(lane: Any, call: Any) -> tuple[Any, Sequence[Any], Sequence[int], Any]:
     if call.host:
         lane._log_staging(call)
     host = call.host
@@ -117,7 +115,7 @@ def graph_call(lane: Any, call: Call) -> tuple[Any, list[Any], list[int], Any]:
     return key, call.tensors, addresses, call.shapes
 
 
-def alloc_static(lane: Any, shape: tuple[int, ...], spec: TensorSpec) -> tuple[Any, int]:
+def alloc_static(lane: Any, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
     tensor = lane._bridge.zeros(shape, spec.dtype, lane._device)
     return tensor, tensor.data_ptr()
 
@@ -127,7 +125,7 @@ def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
     allocates the outputs (the captured call's outputs become the static outputs)."""
 
 
-def warm_up(lane: Any, context: Any, slot: GraphSlot, caller: Any) -> None:
+def warm_up(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> None:
     """``WARMUP_RUNS`` eager runs on the side stream, after the caller's stream (which
     copied the inputs in)."""
     ops = lane._graphs
@@ -135,7 +133,7 @@ def warm_up(lane: Any, context: Any, slot: GraphSlot, caller: Any) -> None:
     if ops.side is None:
         ops.side = bridge.new_stream(lane._device)
     side = ops.side
-    bridge.wait_stream(side, caller)
+    bridge.wait_stream(side, stream)  # the caller's stream copied the inputs in
     try:
         with bridge.stream_scope(side):
             for _ in range(WARMUP_RUNS):
@@ -149,12 +147,12 @@ def warm_up(lane: Any, context: Any, slot: GraphSlot, caller: Any) -> None:
         ) from exc
 
 
-def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any]:
+def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:
     """One ``execute_engine`` on the static inputs, on the current stream."""
     return lane._raw_execute(slot.inputs)  # type: ignore[no-any-return]
 
 
-def capture(lane: Any, fn: Callable[[Any], Any], caller: Any) -> tuple[Any, list[Any]]:
+def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tuple[Any, list[Any] | None]:
     """Capture ``fn`` on the side stream (after the warm-up there), check that the graph
     writes its outputs, and order the caller's stream after it."""
     ops = lane._graphs
@@ -178,7 +176,7 @@ def capture(lane: Any, fn: Callable[[Any], Any], caller: Any) -> tuple[Any, list
             f"engine {lane.name!r}: the outer CUDA graph captured from torch-tensorrt's "
             f"execute_engine could not be replayed ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
         ) from exc
-    bridge.wait_stream(caller, side)
+    bridge.wait_stream(stream, side)  # the caller's stream waits for the capture
     return graph, outputs
 
 
@@ -219,7 +217,7 @@ def destroy_graph(lane: Any, graph: Any) -> None:
     lane._bridge.reset_graph(graph)
 
 
-def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Call, outputs: Sequence[Any] | None,
+def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any, outputs: Sequence[Any] | None,
                   view: bool, stream: Any) -> list[Any]:
     """Clones of the static outputs (``"copy"``), the static outputs (``"view"``), or
     ``outputs=`` filled from them (nothing allocated); host calls get host arrays."""
