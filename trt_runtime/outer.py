@@ -222,7 +222,6 @@ class OuterGraphs:
         while released:
             slot = released.pop()
             graph, slot.graph = slot.graph, None
-            slot.output_views = None
             if graph is not None:
                 lane._destroy_graph(graph)
 
