@@ -1,7 +1,7 @@
 """``PythonEngine``: one deserialized engine, its own CUDA stream and a lazy execution context.
 
 The call pipeline is :class:`~trt_runtime.EngineBase`'s; this engine fills its hooks
-(``_call_fast``, ``_validate_inputs``, ``_run``, ``_run_outer``, ``_clone_lane``...). Each
+(``_call_fast``, ``_validate_inputs``, ``_run``, the outer graph's, ``_clone_lane``...). Each
 lane holds its parts, each owning its state: a :class:`.contract.Contract` (input
 checks), a :class:`.bridge.TorchBridge` (torch), an :class:`.output_binding.OutputBinding`
 (outputs and host staging), :class:`.graphs.GraphOps` (capture and launch of the outer

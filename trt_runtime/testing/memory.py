@@ -10,10 +10,9 @@ It honours the whole device contract (docs/device-contract.md) for the one array
 it has, numpy: host arrays in, new numpy arrays out, dtypes never converted,
 non-contiguous arrays refused, every check before an execution context exists;
 ``outputs=`` numpy arrays written and returned as given; and a simulated outer CUDA
-graph: the first call of an input-shape key in a context "captures" (counted in
-``graph_captures``) static input and output buffers, later calls copy the inputs into
-the static inputs and compute from those, and return copies (``"copy"``) or the static
-output arrays themselves (``"view"``). It has no device and no stream: ``stream=`` is
+graph through the core's outer-graph manager (:mod:`trt_runtime.outer`): its graph hooks
+allocate numpy static buffers, "capture" the enqueue (a :class:`MemoryGraph` that a launch
+replays, computing from the static inputs into the static outputs) and copy with numpy. It has no device and no stream: ``stream=`` is
 accepted and ignored, and nothing is staged.
 
 The runtime cache is an in-memory native object holding "kernel" entries. Every run
