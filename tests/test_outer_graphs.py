@@ -123,7 +123,7 @@ def test_outer_graphs_first_call_runs_eagerly_then_captures_and_later_calls_laun
     (y,) = engine.execute(_x(2, 1.0), stream="s")
     np.testing.assert_array_equal(y, np.full((2, 4), 2.0))  # the warm-up's result
     assert _hooks(engine) == [
-        "alloc", "enter", "copy", "bind", "alloc", "enqueue", "capture", "alloc", "copy", "exit",
+        "enter", "alloc", "copy", "bind", "alloc", "enqueue", "capture", "alloc", "copy", "exit",
     ]  # static input; copy-in; static output (bind); warm-up; capture; "copy": a new output
     assert engine.log[5] == ("enqueue", "token:s")  # the warm-up, on the call's stream
     assert engine.graph_captures == 1 and engine.graph_stats()["captures"] == 1

@@ -9,9 +9,9 @@ before any capture), static output buffers and, from its first call on, the capt
 
 A call (:meth:`OuterGraphs.run`):
 
-1. finds the slot of its key (an LRU: beyond ``OuterGraph.max_graphs`` the least recently
+1. is ordered after the caller's stream (``_graph_enter``, the backend's);
+2. finds the slot of its key (an LRU: beyond ``OuterGraph.max_graphs`` the least recently
    used slot is released, after the lane's queued work is done);
-2. is ordered after the caller's stream (``_graph_enter``, the backend's);
 3. copies its inputs into the static inputs, except an input whose address *is* the static
    buffer's (the caller filled ``static_inputs()`` itself);
 4. on the slot's first call: binds the static buffers (``_bind_static``), runs the engine
@@ -157,11 +157,12 @@ class OuterGraphs:
         if not lane._graph_capturable():
             return lane._run(context, call, stream, outputs)  # type: ignore[no-any-return]
         key, sources, addresses, shortcut = lane._graph_call(call)
-        slot = self.cache.get(key)
-        if slot is None:
-            slot = self.slot(lane, key)
+        # Ordered first: static buffers made now are made on the call's stream.
         token = lane._graph_enter(stream, call)
         try:
+            slot = self.cache.get(key)
+            if slot is None:
+                slot = self.slot(lane, key)
             copy = lane._copy
             for src, address, dst, ptr, nbytes in zip(
                 sources, addresses, slot.inputs, slot.in_ptrs, slot.in_nbytes, strict=True

@@ -294,13 +294,14 @@ class TorchbindEngine(EngineBase):
         ops.caller_stream = stream is not None
         if stream is None and (self._single_device or self._get_device() == self._device):
             current = bridge.current_stream(self._device)
-        else:
-            with translate_errors(self.name, "resolving the stream"):
-                current = bridge.resolve_stream(stream, self._device)
-            scope = bridge.stream_scope(current)
-            scope.__enter__()
-            ops.scope = scope
+            ops.follow(current)
+            return current
+        with translate_errors(self.name, "resolving the stream"):
+            current = bridge.resolve_stream(stream, self._device)
         ops.follow(current)
+        scope = bridge.stream_scope(current)
+        scope.__enter__()
+        ops.scope = scope
         return current
 
     def _graph_exit(self, stream: Any) -> None:
