@@ -12,8 +12,8 @@ non-contiguous arrays refused, every check before an execution context exists;
 ``outputs=`` numpy arrays written and returned as given; and a simulated outer CUDA
 graph through the core's outer-graph manager (:mod:`trt_runtime.outer`): its graph hooks
 allocate numpy static buffers, "capture" the enqueue (a :class:`MemoryGraph` that a launch
-replays, computing from the static inputs into the static outputs) and copy with numpy. It has no device and no stream: ``stream=`` is
-accepted and ignored, and nothing is staged.
+replays, computing from the static inputs into the static outputs) and copy with numpy.
+It has no device and no stream: ``stream=`` is accepted and ignored, and nothing is staged.
 
 The runtime cache is an in-memory native object holding "kernel" entries. Every run
 with a cache adds an entry for the input shapes and settings seen (as TensorRT-RTX
