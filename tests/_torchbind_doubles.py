@@ -92,6 +92,9 @@ class FakeTensor:
     def is_contiguous(self) -> bool:
         return bool(self.array.flags.c_contiguous)
 
+    def data_ptr(self) -> int:
+        return int(self.array.__array_interface__["data"][0])
+
     def __repr__(self) -> str:
         return f"FakeTensor({self.shape}, {self.array.dtype}, {self.device})"
 

@@ -131,7 +131,10 @@ def test_architecture_docs_capability_table_matches_backend_capabilities() -> No
     assert all(documented.values())
 
 
-_TEMPLATE = ("execute", "__call__", "runtime_settings", "outer_graph", "contexts", "static_inputs", "close")
+_TEMPLATE = (
+    "execute", "__call__", "runtime_settings", "outer_graph", "contexts", "static_inputs", "close",
+    "_run_outer", "_drop_graphs",  # the core's outer-graph manager, not hooks
+)
 
 
 def _engine_classes() -> list[type]:
@@ -158,11 +161,15 @@ def test_architecture_no_engine_overrides_the_call_template(cls: type) -> None:
 def test_architecture_memory_backend_implements_the_documented_hooks() -> None:
     """docs/writing-a-backend.md names the hooks the memory backend implements: exactly those."""
     from trt_runtime.engine import EngineBase
+    from trt_runtime.outer import GraphHooks
     from trt_runtime.testing.memory import MemoryEngine
 
     text = (ROOT / "docs" / "writing-a-backend.md").read_text(encoding="utf-8")
     proof = text[text.index("## The proof"):]
     documented = set(re.findall(r"`(_\w+)`", proof))
-    hooks = {n for n in vars(EngineBase) if n.startswith("_") and not n.startswith("__") and n != "_abc_impl"}
+    hooks = {
+        n for n in (*vars(EngineBase), *vars(GraphHooks))
+        if n.startswith("_") and not n.startswith("__") and n not in ("_abc_impl", "_no_graphs")
+    }
     implemented = {name for name in vars(MemoryEngine) if name in hooks}
     assert implemented == documented

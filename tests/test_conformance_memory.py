@@ -158,19 +158,18 @@ class _IgnoresOutputs(MemoryEngine):
 class _StaleReplays(MemoryEngine):
     """Replays a graph without copying the new inputs into its static buffers."""
 
-    def _run_graph(self, context, arrays, *, view):
-        graph = self.graphs.get(tuple(tuple(a.shape) for a in arrays))
-        if graph is None:
-            return super()._run_graph(context, arrays, view=view)
-        return list(graph.outputs) if view else [o.copy() for o in graph.outputs]
+    def _copy(self, dst, src, nbytes, stream):
+        captured = [s for s in self._outer_graphs.cache.values() if s.graph is not None]
+        if not any(dst is s.inputs[0] for s in captured):
+            super()._copy(dst, src, nbytes, stream)
 
 
 class _Recaptures(MemoryEngine):
     """Captures a new graph on every call (replays nothing)."""
 
-    def _run_graph(self, context, arrays, *, view):
-        self.graphs.clear()
-        return super()._run_graph(context, arrays, view=view)
+    def _graph_call(self, call):
+        self._outer_graphs.drop(self)
+        return super()._graph_call(call)
 
 
 class _RemembersBindings(MemoryEngine):
@@ -366,18 +365,19 @@ def test_conformance_memory_outer_graph_simulation():
     x, b = np.ones((2, 4), np.float32), np.arange(3, dtype=np.int32)
     with enable_cudagraphs(engine, outer="view"):
         y1, z1 = engine.execute(x, b)
-        (graph,) = engine.graphs.values()
+        (slot,) = engine._outer_graphs.cache.values()
+        graph = slot.graph
         assert graph.context is engine.current_context and graph.replays == 0
-        assert y1 is graph.outputs[0] and z1 is graph.outputs[1]
+        assert y1 is slot.outputs[0] and z1 is slot.outputs[1]
         y2, _ = engine.execute(x * 3, b)
         assert y2 is y1 and graph.replays == 1
         np.testing.assert_allclose(y1, 2 * (x * 3) + 1)  # the static buffer was overwritten
         # The static input buffers themselves skip the copy and are read as they are.
-        graph.inputs[0][:] = 5
-        (y3, _) = engine.execute(*graph.inputs)
+        slot.inputs[0][:] = 5
+        (y3, _) = engine.execute(*slot.inputs)
         np.testing.assert_allclose(y3, np.full((2, 4), 11.0))
         assert engine.current_context.captures == 1 and engine.graph_captures == 1
-    assert engine.graphs == {} and engine.outer_graph is None
+    assert len(engine._outer_graphs) == 0 and graph.destroyed and engine.outer_graph is None
     assert engine.context_creations == 1
 
 

@@ -85,7 +85,7 @@ def test_python_outer_graph_host_inputs_are_copied_straight_into_static_buffers(
     rt.copies.clear()
     out = engine.execute(np.ones((2, 4), np.float32))[0]
     assert isinstance(out, np.ndarray)  # host in, host out, also in view mode
-    (slot,) = engine._graphs.cache.values()
+    (slot,) = engine._outer_graphs.cache.values()
     assert [(k, dst) for k, dst, *_ in rt.copies] == [(H2D, slot.in_ptrs[0]), (D2H, out.ctypes.data)]
     assert rt.calls[-1] == ("sync", 4242)
 
@@ -98,7 +98,7 @@ def test_python_outer_graph_copy_mode_returns_new_arrays() -> None:
         second = engine.execute(x)[0]
     assert isinstance(first, DeviceArray) and isinstance(second, DeviceArray)
     assert first.ptr != second.ptr
-    (slot,) = engine._graphs.cache.values() if engine._graphs.cache else (None,)
+    (slot,) = engine._outer_graphs.cache.values() if engine._outer_graphs.cache else (None,)
     assert slot is None  # leaving the wrap dropped the graphs
     copies = [c for c in engine._rt.copies if c[0] == D2D]
     # per call: x into the static input, the static output into a new array
@@ -113,7 +113,7 @@ def test_python_outer_graph_view_mode_returns_the_static_buffers() -> None:
     first = engine.execute(_device())[0]
     second = engine.execute(_device())[0]
     assert first is second
-    (slot,) = engine._graphs.cache.values()
+    (slot,) = engine._outer_graphs.cache.values()
     assert first is slot.outputs[0]
     assert not [c for c in engine._rt.copies if c[2] == first.ptr]  # nothing copied out
 
@@ -189,7 +189,7 @@ def test_python_outer_graph_dropped_on_settings_change_and_recaptured() -> None:
         (first_exec,) = engine._res.graph_execs
         with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
             assert ("exec_destroy", first_exec) in engine._rt.calls
-            assert len(engine._graphs.cache) == 0
+            assert len(engine._outer_graphs.cache) == 0
             engine.execute(x)
             engine.execute(x)
             assert engine.graph_captures == 2
@@ -216,7 +216,7 @@ def test_python_outer_graph_preallocated_outputs_are_written() -> None:
     assert engine.execute(x, outputs=[y])[0] is y
     engine._rt.copies.clear()
     assert engine.execute(x, outputs=[y])[0] is y
-    (slot,) = engine._graphs.cache.values()
+    (slot,) = engine._outer_graphs.cache.values()
     assert (D2D, y.ptr, slot.out_ptrs[0]) in [c[:3] for c in engine._rt.copies]
     with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(3, 4\)"):
         engine.execute(x, outputs=[_device(3)])
@@ -240,7 +240,7 @@ def test_python_outer_graph_torch_replay_shortcut(torch: FakeTorch) -> None:
     with enable_cudagraphs(engine, outer=True):
         first = engine(x)
         assert engine.graph_captures == 1 and first.get_device() == 0
-        assert engine._graphs.shortcuts
+        assert engine._outer_graphs.shortcuts
         rt = engine._rt
         rt.calls.clear()
         again = engine(torch.cuda_tensor((2, 4)))  # another tensor of the same shape
@@ -318,11 +318,12 @@ def test_python_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypa
     # TensorRT-RTX 1.6.1 crashed when two contexts of one engine captured at once (H100):
     # the warm-up run and the capture happen under one lock, a replay takes none.
     from _recording_lock import RecordingLock
-    from trt_runtime_backends.python import graphs
+
+    from trt_runtime import outer
 
     lock = RecordingLock()
     held = lock.held
-    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", lock)
+    monkeypatch.setattr(outer, "CAPTURE_LOCK", lock)
     engine = _fake_engine()
     engine.outer_graph = True
     engine.execute(np.ones((2, 4), np.float32))

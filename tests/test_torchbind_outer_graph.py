@@ -80,11 +80,10 @@ def test_torchbind_outer_graph_captures_once_then_replays() -> None:
         assert bridge.ops.streams[-WARMUP - 1:] == [graph.stream.name] * (WARMUP + 1)
         side = graph.stream.name
         assert bridge.events == [
-            (f"wait {'current:0'}", side),  # the side stream waits for the caller's inputs
-            ("replay", side),  # the check that the new graph writes its outputs
-            (f"wait {side}", "current:0"),  # the caller waits for the side stream
             ("copy", "current:0"),  # inputs into the static inputs, on the caller's stream
-            ("replay", "current:0"),
+            (f"wait {'current:0'}", side),  # the side stream waits for them
+            ("replay", side),  # the check that the new graph writes its outputs (this call's results)
+            (f"wait {side}", "current:0"),  # the caller waits for the side stream
         ]
         np.testing.assert_array_equal(first.array, eager.array)
         bridge.events.clear()
@@ -220,7 +219,7 @@ def test_torchbind_outer_graph_least_recently_used_graph_evicted() -> None:
     assert engine.graph_captures == 3
     engine.execute(dyn(2))
     assert engine.graph_captures == 4
-    stats = engine._graphs.cache.stats()
+    stats = engine._outer_graphs.cache.stats()
     assert stats["evictions"] == 2 and stats["captures"] == 4 and stats["graphs"] == 2
 
 
@@ -319,11 +318,12 @@ def test_torchbind_outer_graph_captures_hold_the_process_wide_capture_lock(monke
     # torch.cuda.graph synchronizes the device when it starts, which fails while another
     # lane captures (H100, several contexts): captures take one lock, replays none.
     from _recording_lock import RecordingLock
-    from trt_runtime_backends.torchbind import graphs
+
+    from trt_runtime import outer
 
     lock = RecordingLock()
     held = lock.held
-    monkeypatch.setattr(graphs, "_CAPTURE_LOCK", lock)
+    monkeypatch.setattr(outer, "CAPTURE_LOCK", lock)
     engine, _bridge = dynamic_engine()
     engine.outer_graph = True
     engine.execute(dyn(1))

@@ -24,6 +24,7 @@ from typing_extensions import Self
 from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.lease import ContextPool
+from trt_runtime.outer import GraphHooks, OuterGraphs
 from trt_runtime.protocols import Backend, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["EngineBase"]
 
 
-class EngineBase(abc.ABC):
+class EngineBase(GraphHooks, abc.ABC):
     """Base class for backend engines: owns the call pipeline and the lifecycle.
 
     Settings changes invalidate the execution context(s), created lazily on the next
@@ -73,6 +74,8 @@ class EngineBase(abc.ABC):
         self._creations = 0
         self._closed = False
         self._outer_graph: OuterGraph | None = None
+        #: This lane's outer graphs (the core's manager; the backend fills GraphHooks).
+        self._outer_graphs = OuterGraphs()
         self._graph_captures = 0
         self._settings = RuntimeSettings()
         self._lease_timeout: float | None = None
@@ -298,7 +301,7 @@ class EngineBase(abc.ABC):
                 checker.check_count(len(shapes), "static_inputs()")
             key = tuple(tuple(int(d) for d in shape) for shape in shapes)
             chosen = checker.select(key, self.profile if profile is None else profile)
-            return self._static_inputs(key, chosen, as_torch)
+            return self._outer_graphs.static_inputs(self, (key, chosen), as_torch)
 
     @property
     def _shape_checker(self) -> Any:
@@ -309,12 +312,6 @@ class EngineBase(abc.ABC):
         if checker is None:
             checker = self.__dict__["_default_checker"] = ShapeChecker(self.name, self._inputs)
         return checker
-
-    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
-                       ) -> list[Any]:
-        """The static inputs of the graph of (``shapes``, ``profile``) on this lane,
-        allocated now when it has not been captured yet."""
-        raise CapabilityError(f"the {self._backend.name!r} backend does not support outer_cuda_graph")
 
     @property
     def graph_captures(self) -> int:
@@ -328,17 +325,11 @@ class EngineBase(abc.ABC):
         totals = {"graphs": 0, "hits": 0, "misses": 0, "captures": 0, "evictions": 0}
         limit = 0
         for lane in self._pool.lanes:
-            cache = lane._graph_cache()
-            if cache is not None:
-                stats = cache.stats()
-                limit = stats["max_graphs"]
-                for key in totals:
-                    totals[key] += stats[key]
-        return {**totals, "max_graphs": limit or (self._outer_graph.max_graphs if self._outer_graph else 0)}
-
-    def _graph_cache(self) -> Any:
-        """This lane's :class:`~trt_runtime.graphs.GraphCache`, if the backend keeps one."""
-        return None
+            stats = lane._outer_graphs.cache.stats()
+            limit = stats["max_graphs"]
+            for key in totals:
+                totals[key] += stats[key]
+        return {**totals, "max_graphs": self._outer_graph.max_graphs if self._outer_graph else limit}
 
     def reset_graphs(self) -> None:
         """Drop every captured graph; the next call under the outer wrap captures again."""
@@ -411,6 +402,15 @@ class EngineBase(abc.ABC):
             return self._run_outer(context, call, stream, outputs)
         return self._run(context, call, stream, outputs)
 
+    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        """Run a validated ``call`` under :attr:`outer_graph` (the core's
+        :class:`~trt_runtime.outer.OuterGraphs`; not a hook)."""
+        return self._outer_graphs.run(self, context, call, stream, outputs)
+
+    def _drop_graphs(self) -> None:
+        """Release this lane's outer graphs (not a hook; the caller ran :meth:`_sync`)."""
+        self._outer_graphs.drop(self)
+
     def synchronize(self) -> None:
         """Wait for the work every context of this engine queued."""
         for lane in self._pool.lanes:
@@ -472,7 +472,7 @@ class EngineBase(abc.ABC):
         (default: the inputs as given)."""
         return inputs
 
-    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:  # noqa: B027 - optional hook
+    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:
         """Check preallocated ``outputs`` (count, dtype, device, contiguity; shapes where
         ``call`` tells them) before any context exists; checks that need output shapes from
         the context stay in :meth:`_run`."""
@@ -488,24 +488,16 @@ class EngineBase(abc.ABC):
     def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         """Run a validated ``call`` eagerly (bind, enqueue, outputs)."""
 
-    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
-        """Run a validated ``call`` under :attr:`outer_graph`: replay the graph of its
-        (shapes, profile) or capture it (counted in ``self._graph_captures``). Only called
-        for backends with ``supports_outer_cuda_graph``."""
-        raise CapabilityError(f"the {self._backend.name!r} backend does not support outer_cuda_graph")
-
     def _clone_lane(self) -> EngineBase:
         """A new lane over the same deserialized engine: its own (lazy) context, stream and
         buffers, on the same device. Needed for ``supports_multiple_contexts``."""
         raise CapabilityError(f"the {self._backend.name!r} backend does not support multiple_contexts")
 
-    def _sync(self) -> None:  # noqa: B027 - optional hook
+    def _sync(self) -> None:
         """Wait for the work this lane queued (default: nothing to wait for)."""
 
-    def _drop_graphs(self) -> None:  # noqa: B027 - optional hook
-        """Release this lane's captured outer graphs (called after :meth:`_sync`)."""
 
-    def _release(self) -> None:  # noqa: B027 - optional hook
+    def _release(self) -> None:
         """Release this lane's engine object (after its context)."""
 
 

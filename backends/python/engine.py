@@ -1,11 +1,12 @@
 """``PythonEngine``: one deserialized engine, its own CUDA stream and a lazy execution context.
 
 The call pipeline is :class:`~trt_runtime.EngineBase`'s; this engine fills its hooks
-(``_call_fast``, ``_validate_inputs``, ``_run``, ``_run_outer``, ``_clone_lane``...). Each
+(``_call_fast``, ``_validate_inputs``, ``_run``, the outer graph's, ``_clone_lane``...). Each
 lane holds its parts, each owning its state: a :class:`.contract.Contract` (input
 checks), a :class:`.bridge.TorchBridge` (torch), an :class:`.output_binding.OutputBinding`
-(outputs and host staging), :class:`.graphs.OuterGraphs` (capture and replay of the outer
-CUDA graph), :class:`.fast_path.FastPaths` (repeat calls that skip the checks) and a
+(outputs and host staging), :class:`.graphs.GraphOps` (capture and launch of the outer
+CUDA graphs the core's :class:`~trt_runtime.outer.OuterGraphs` keeps),
+:class:`.fast_path.FastPaths` (repeat calls that skip the checks) and a
 :class:`.stream_order.StreamOrder` (ordering with the caller's stream). One
 ``PythonEngine`` object is one *lane*: one execution context with its stream, events,
 bindings and caches; ``contexts=N`` makes
@@ -20,7 +21,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime_backends.python import cuda, stream_order
+from trt_runtime_backends.python import cuda, graphs, stream_order
 from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.bridge import TorchBridge
 from trt_runtime_backends.python.contract import Contract, Inspection, TensorInfo, read_specs
@@ -32,13 +33,12 @@ from trt_runtime_backends.python.execution_context import (
     trt_enum,
 )
 from trt_runtime_backends.python.fast_path import FastPaths
-from trt_runtime_backends.python.graphs import OuterGraphs
+from trt_runtime_backends.python.graphs import GraphOps
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 
 from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
-from trt_runtime.graphs import GraphCache
 from trt_runtime.protocols import EngineSource, TensorSpec
 from trt_runtime.settings import CudaGraphStrategy, RuntimeSettings
 
@@ -133,7 +133,7 @@ class PythonEngine(EngineBase):
         self._res.events = self._order.events()
         self._res.order = self._order
         self._fast_paths = FastPaths()
-        self._graphs = OuterGraphs(self._rt, state, self._res)
+        self._graphs = GraphOps(self._rt, state, self._res)
         self._output_allocator = "auto"
         self._cache_key: Any = None
         self._context_timings: dict[str, float] = {}
@@ -223,7 +223,7 @@ class PythonEngine(EngineBase):
                 assert isinstance(lane, PythonEngine)
                 lane._profile = value
                 lane._fast_paths.forget()
-                lane._graphs.shortcuts.clear()
+                lane._outer_graphs.shortcuts.clear()
 
     @property
     def _shape_checker(self) -> ShapeChecker:
@@ -325,7 +325,7 @@ class PythonEngine(EngineBase):
             ctx.profile = -1
         memory = ctx.device_memory
         if memory is None or memory.size < need:
-            if memory is not None and self._graphs.cache:
+            if memory is not None and self._outer_graphs.cache:
                 self._sync()
                 self._drop_graphs()
             # The old buffer is freed on our stream, after the work that still uses it.
@@ -389,21 +389,19 @@ class PythonEngine(EngineBase):
             mine.spec = theirs.spec  # outputs found data-dependent stay so
         return lane
 
-    def _graph_cache(self) -> GraphCache[tuple[Any, int], Any]:
-        return self._graphs.cache
-
-    # -- the outer graph: the OuterGraphs part --------------------------------------------------
-    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
-                       ) -> list[Any]:
-        self._order.to_ours()  # buffers are allocated on our stream
-        return self._graphs.static_inputs(self, shapes, profile, as_torch)
-
-    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
-        self._order.to_ours()  # the general path works on our stream (see stream_order)
-        return self._graphs.run_outer(self, context, call, stream, outputs)
-
-    def _drop_graphs(self) -> None:
-        self._graphs.drop()
+    # -- the outer graph: the core's GraphHooks, in graphs.py ------------------------------------
+    _graph_call = graphs.graph_call
+    _graph_enter = graphs.graph_enter
+    _graph_exit = graphs.graph_exit
+    _alloc_static = graphs.alloc_static
+    _input_views = graphs.input_views
+    _bind_static = graphs.bind_static
+    _enqueue = graphs.enqueue
+    _capture = graphs.capture
+    _launch = graphs.launch
+    _copy = graphs.copy
+    _destroy_graph = graphs.destroy_graph
+    _graph_results = graphs.graph_results
 
     def _memory_usage(self) -> tuple[int, int]:
         trt_engine = self._trt_engine
@@ -423,9 +421,9 @@ class PythonEngine(EngineBase):
         if not hasattr(self._threads, "ready"):
             self._activate_thread()
         if self._outer_graph is not None:
-            graphs = self._graphs
-            if outputs is None and graphs.shortcuts:
-                return graphs.replay_torch(self, inputs, stream)
+            outer = self._outer_graphs
+            if outputs is None and outer.shortcuts:
+                return self._graphs.replay_torch(self, inputs, stream, outer)
             return None
         fast = self._fast_paths
         if outputs is None:

@@ -43,8 +43,9 @@ from trt_runtime.settings import (
     SettingsLike,
 )
 
+from . import graphs
 from .contract import Call, Contract
-from .graphs import OuterGraphs
+from .graphs import GraphOps
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -131,9 +132,7 @@ class TorchbindEngine(EngineBase):
         self._staged = False
         self._strategy_warned = False
         self._lazy_noted = False
-        self._graphs = OuterGraphs(
-            name, device, bridge, self._raw_execute, tuple(o.name for o in outputs)
-        )
+        self._graphs = GraphOps(device, bridge)
         self._serial = 0
         #: How many times ``update_runtime_settings`` was called (diagnostics, tests).
         self.native_updates = 0
@@ -176,12 +175,6 @@ class TorchbindEngine(EngineBase):
             return None
         return int(self._native.num_execution_contexts_created())
 
-    def _static_inputs(self, shapes: tuple[tuple[int, ...], ...], profile: int, as_torch: bool | None
-                       ) -> list[Any]:
-        """The static input tensors of the graph for ``shapes`` (torch CUDA tensors whatever
-        ``as_torch`` says: this backend has no other kind)."""
-        return self._graphs.static_inputs(shapes, [s.dtype for s in self._inputs])
-
     @property
     def _shape_checker(self) -> Any:
         return self._contract.shapes
@@ -197,9 +190,6 @@ class TorchbindEngine(EngineBase):
             backend, runtime=runtime, native=self._make_native(), name=name, inputs=inputs,
             outputs=outputs, device=device, settings=self._settings, make_native=self._make_native,
         )
-
-    def _graph_cache(self) -> Any:
-        return self._graphs.cache
 
     def _memory_usage(self) -> tuple[int, int]:
         # torch-tensorrt reports neither; each lane holds a whole copy of the engine.
@@ -270,7 +260,7 @@ class TorchbindEngine(EngineBase):
         if stream is None and outputs is None:
             if self._outer_graph is None:
                 return self._fast(inputs)
-            if self._graphs.replayable:
+            if self._outer_graphs.shortcuts:
                 return self._replay_fast(inputs)
         return None
 
@@ -283,7 +273,44 @@ class TorchbindEngine(EngineBase):
     def _run(self, context: Any, call: Call, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         return self._run_call(call, stream, outputs, call.views)
 
-    _run_outer = _run  # _dispatch runs the outer graph when it is set
+    # -- the outer graph: the core's GraphHooks (static inputs are torch CUDA tensors whatever
+    # static_inputs(as_torch=) says: this backend has no other kind) ------------------------
+    _graph_call = graphs.graph_call
+    _alloc_static = graphs.alloc_static
+    _bind_static = graphs.bind_static
+    _warm_up = graphs.warm_up
+    _enqueue = graphs.enqueue
+    _capture = graphs.capture
+    _launch = graphs.launch
+    _copy = graphs.copy
+    _destroy_graph = graphs.destroy_graph
+    _graph_results = graphs.graph_results
+
+    def _graph_enter(self, stream: Any, call: Call) -> Any:
+        """The caller's torch stream (``stream``, or torch's current one on the engine's
+        device), made current for the call; it waits for the graphs' last stream."""
+        bridge = self._bridge
+        ops = self._graphs
+        ops.caller_stream = stream is not None
+        if stream is None and (self._single_device or self._get_device() == self._device):
+            current = bridge.current_stream(self._device)
+            ops.follow(current)
+            return current
+        with translate_errors(self.name, "resolving the stream"):
+            current = bridge.resolve_stream(stream, self._device)
+        ops.follow(current)
+        scope = bridge.stream_scope(current)
+        scope.__enter__()
+        ops.scope = scope
+        return current
+
+    def _graph_exit(self, stream: Any) -> None:
+        scope, self._graphs.scope = self._graphs.scope, None
+        if scope is None:
+            self._last_stream = _CURRENT
+        else:
+            self._last_stream = stream
+            scope.__exit__(None, None, None)
 
     def _torch_key(self, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The shape key of contiguous CUDA torch tensors of the right dtypes on the engine's
@@ -306,9 +333,12 @@ class TorchbindEngine(EngineBase):
         key = self._torch_key(inputs)
         if key is None:
             return None
-        results = self._graphs.replay(key, inputs, view=self._outer_graph.outputs == "view")  # type: ignore[union-attr]
-        if results is not None:
-            self._last_stream = _CURRENT
+        outer = self._outer_graphs
+        slot = outer.shortcuts.get(key)
+        if slot is None:
+            return None
+        results = self._graphs.replay(outer, slot, inputs, self._outer_graph.outputs == "view")  # type: ignore[union-attr]
+        self._last_stream = _CURRENT
         return results
 
     def _fast(self, inputs: tuple[Any, ...]) -> list[Any] | None:
@@ -356,29 +386,21 @@ class TorchbindEngine(EngineBase):
         """Run ``call`` on the current stream (eagerly or under the outer graph) and hand the
         results over in the kind the contract says."""
         bridge = self._bridge
-        graph = self._outer_graph
         if call.host:
             self._log_staging(call)
-        if graph is not None and self._graph_capturable():
-            self._graphs.cache.max_graphs = graph.max_graphs
-            # outputs= are filled straight from the static outputs: nothing is allocated
-            results, captured = self._graphs.run(call, view=views is not None or graph.outputs == "view")
-            if captured:
-                self._graph_captures += 1
-        else:
-            tensors = call.tensors
-            if call.host:
-                tensors = list(tensors)
-                for i in call.host:
-                    tensors[i] = bridge.to_device(tensors[i], self._device)
-            results = self._execute_now(tensors)
-            if len(results) != self._n_out:
-                raise EngineError(
-                    f"engine {self.name!r}: torch-tensorrt returned {len(results)} output(s); "
-                    f"expected {self._n_out} {[o.name for o in self._outputs]}"
-                )
-            if self._contract.learns_output_shapes:
-                self._contract.learn(call.shapes, results)
+        tensors = call.tensors
+        if call.host:
+            tensors = list(tensors)
+            for i in call.host:
+                tensors[i] = bridge.to_device(tensors[i], self._device)
+        results = self._execute_now(tensors)
+        if len(results) != self._n_out:
+            raise EngineError(
+                f"engine {self.name!r}: torch-tensorrt returned {len(results)} output(s); "
+                f"expected {self._n_out} {[o.name for o in self._outputs]}"
+            )
+        if self._contract.learns_output_shapes:
+            self._contract.learn(call.shapes, results)
         if views is not None:
             assert outputs is not None
             self._contract.check_results(results, views)
@@ -463,19 +485,20 @@ class TorchbindEngine(EngineBase):
             )
         return False
 
-    def _drop_graphs(self) -> None:
-        self._graphs.drop()
-
     def _sync(self) -> None:
-        """Wait for the work this lane queued on the last stream it ran on."""
-        stream = self._last_stream
-        if stream is None:
-            return
+        """Wait for the work this lane queued on the last stream it ran on and on its
+        graphs' streams; never the whole device (another lane may be capturing, and a device
+        synchronize then fails: "operation not permitted when stream is capturing")."""
         bridge = self._bridge
+        stream = self._last_stream
         if stream is _CURRENT:
             stream = bridge.current_stream(self._device)
-        bridge.synchronize(stream)
+        done: list[Any] = []
+        for s in (stream, *self._graphs.streams()):
+            if s is not None and not any(s is d for d in done):
+                bridge.synchronize(s)
+                done.append(s)
 
     def _release(self) -> None:
-        self._graphs.drop()  # static inputs handed out before any capture
+        self._drop_graphs()  # static inputs handed out before any capture
         self._native = None  # the C++ engine is freed with its last reference

@@ -1,41 +1,45 @@
-"""The outer CUDA-graph wrap of the torchbind backend: ``execute_engine`` captured into a
-``torch.cuda.CUDAGraph`` per input-shape key, then replayed.
+"""The torchbind backend's part of the outer CUDA graph: ``execute_engine`` captured into a
+``torch.cuda.CUDAGraph`` and replayed, as the core's :class:`trt_runtime.outer.OuterGraphs`
+asks.
+
+The core keeps the graphs (per input shapes, an LRU), the static inputs, the
+first-call-eager-then-capture rule, the capture lock and the release rules; the functions
+below fill its hooks (they become methods of ``TorchbindEngine``), and
+:meth:`GraphOps.replay` is the replay fast path.
 
 It follows torch-tensorrt's own cudagraphs module (``_CudaGraphsTorchTensorRTModule``):
 static input tensors owned by the engine, a warm-up on a side stream so that first-run
 allocations and kernel compilation stay out of the graph, capture under
-``torch.cuda.graph(graph, stream=side)``, then ``replay()``; new inputs are copied into the
-static inputs and outputs are cloned from the static outputs (``"copy"``) or returned as
-they are (``"view"``).
-
-Where it differs: a graph is kept per input-shape key (torch-tensorrt keeps one and
-captures again on every shape change); capture happens on an engine-owned side stream,
-never on the legacy default stream, ordered against the caller's stream with events;
-replays run on the caller's stream, so a call queues a graph launch and its copies and
-nothing else. When replays move to another stream, that stream first waits for the last
-one (the graphs share the execution context's memory).
+``torch.cuda.graph(graph, stream=side)``, then ``replay()``; the static outputs are the
+tensors the captured call returned, cloned (``"copy"``) or returned as they are
+(``"view"``). Where it differs: a graph is kept per input-shape key (torch-tensorrt keeps
+one and captures again on every shape change); capture happens on an engine-owned side
+stream, never on the legacy default stream, ordered against the caller's stream with
+events; replays run on the caller's stream, so a call queues a graph launch and its copies
+and nothing else. When replays move to another stream, that stream first waits for the
+last one (the graphs share the execution context's memory).
 
 torch-tensorrt's ``execute_engine`` ignores a failed ``enqueueV3``; a context TensorRT-RTX
 cannot capture (engines built without ``BuilderFlag.REQUIRE_USER_ALLOCATION``) would give a
 graph that computes nothing. So each new graph is replayed once into outputs filled with
 NaN and compared with the warm-up run; a graph that left them unwritten, or a capture that
-raised, is a :class:`~trt_runtime.CapabilityError` (kept until the graphs are dropped).
+raised, is a :class:`~trt_runtime.CapabilityError` (which the core keeps until the graphs
+are dropped).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trt_runtime.contract import KIND_HOST
 from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
-from trt_runtime.graphs import GraphCache
+from trt_runtime.outer import GraphSlot, OuterGraphs
 
 if TYPE_CHECKING:
     from .bridge import TorchBridge
-    from .contract import Call
 
-__all__ = ["GraphEntry", "OuterGraphs"]
+__all__ = ["WARMUP_RUNS", "GraphOps"]
 
 #: Eager runs on the side stream before a capture: the first compiles TensorRT-RTX's
 #: kernels for the shapes, the second settles what the first allocated.
@@ -49,209 +53,192 @@ _NOT_CAPTURABLE = (
 )
 
 
-#: Serializes outer-graph captures (see OuterGraphs._capture).
-_CAPTURE_LOCK = threading.Lock()
+class GraphOps:
+    """The streams of one lane's outer graphs and the replay fast path. Not thread-safe:
+    the lane is leased by one call."""
 
+    __slots__ = ("bridge", "caller_stream", "device", "eager", "last", "scope", "side")
 
-class GraphEntry:
-    """One captured graph and the static tensors it reads and writes."""
+    def __init__(self, device: int, bridge: TorchBridge) -> None:
+        self.device = device
+        self.bridge = bridge
+        self.side: Any = None  # the capture stream, made at the first capture
+        self.last: Any = None  # the stream the graphs last ran on
+        #: The warm-up's outputs, which the new graph's check compares with.
+        self.eager: list[Any] = []
+        #: The call in flight: the stream scope entered for it, and whether ``stream=`` was given.
+        self.scope: Any = None
+        self.caller_stream = False
 
-    __slots__ = ("graph", "inputs", "outputs")
+    def streams(self) -> tuple[Any, ...]:
+        """The streams the graphs ran on: each replay waits for the one before (``last``),
+        so these cover them all."""
+        return tuple(s for s in (self.last, self.side) if s is not None)
 
-    def __init__(self, graph: Any, inputs: list[Any], outputs: list[Any]) -> None:
-        self.graph = graph
-        self.inputs = inputs
-        self.outputs = outputs
+    def follow(self, current: Any) -> None:
+        """Order ``current`` after the stream the graphs last ran on; it becomes the last."""
+        last = self.last
+        if last is not None and last is not current:
+            self.bridge.wait_stream(current, last)
+        self.last = current
 
-
-class OuterGraphs:
-    """The captured graphs of one lane, kept in the core's :class:`~trt_runtime.graphs.GraphCache`
-    (LRU, ``OuterGraph.max_graphs``). Not thread-safe: the lane is leased by one call."""
-
-    def __init__(
-        self,
-        engine: str,
-        device: int,
-        bridge: TorchBridge,
-        run: Callable[[list[Any]], list[Any]],
-        output_names: tuple[str, ...],
-    ) -> None:
-        self._engine = engine
-        self._device = device
-        self._bridge = bridge
-        self._run = run  # one eager execute_engine call on the current stream
-        self._output_names = output_names
-        self._entries: GraphCache[tuple[Any, ...], GraphEntry] = GraphCache(self._release)
-        self._side: Any = None
-        self._last: Any = None  # the stream the graphs last ran on
-        self._error: CapabilityError | None = None
-        #: Static inputs handed out by :meth:`static_inputs` before their graph exists.
-        self._reserved: dict[tuple[Any, ...], list[Any]] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def cache(self) -> GraphCache[tuple[Any, ...], GraphEntry]:
-        return self._entries
-
-    @property
-    def replayable(self) -> bool:
-        """Whether any graph is captured (the hot path may replay it)."""
-        return len(self._entries) > 0
-
-    def _settle(self) -> None:
-        """Wait for this lane's replays and captures: each replay waits for the one before
-        (``_last``), so its stream and the capture stream cover them all. Not the whole
-        device: another lane may be capturing, and a device synchronize then fails (CUDA's
-        "operation not permitted when stream is capturing", seen with several contexts)."""
-        for stream in (self._last, self._side):
-            if stream is not None:
-                self._bridge.synchronize(stream)
-
-    def _release(self, entry: GraphEntry) -> None:
-        self._bridge.reset_graph(entry.graph)
-
-    def replay(self, shapes: tuple[Any, ...], tensors: Sequence[Any], *, view: bool) -> list[Any] | None:
-        """The hot path: replay the graph already captured for ``shapes`` with CUDA torch
-        ``tensors``; ``None`` when there is none."""
-        entry = self._entries.peek(shapes)
-        if entry is None:
-            return None
-        self._entries.touch(shapes)
-        return self._replay(entry, tensors, view)
-
-    def run(self, call: Call, *, view: bool) -> tuple[list[Any], bool]:
-        """Replay the graph of ``call``'s shapes on the current stream (capturing it first if
-        there is none); return the outputs and whether a graph was captured."""
-        entry = self._entries.get(call.shapes)
-        captured = entry is None
-        if entry is None:
-            entry = self._capture(call)
-        return self._replay(entry, call.tensors, view), captured
-
-    def _replay(self, entry: GraphEntry, tensors: Sequence[Any], view: bool) -> list[Any]:
-        bridge = self._bridge
-        current = bridge.current_stream(self._device)
-        last = self._last
+    def replay(self, outer: OuterGraphs, slot: GraphSlot, tensors: Sequence[Any], view: bool) -> list[Any]:
+        """The hot path: replay ``slot``'s graph with CUDA torch ``tensors`` on the current
+        stream (an input that *is* the static input is not copied)."""
+        outer.cache.touch(slot.key)
+        bridge = self.bridge
+        current = bridge.current_stream(self.device)
+        last = self.last
         if last is not None and last is not current:
             bridge.wait_stream(current, last)
-        self._last = current
-        for static, tensor in zip(entry.inputs, tensors, strict=True):
+        self.last = current
+        for static, tensor in zip(slot.inputs, tensors, strict=True):
             if tensor is not static:  # the caller may fill the static inputs itself
                 bridge.copy_(static, tensor)
-        bridge.replay(entry.graph)
+        bridge.replay(slot.graph)
         if view:
-            return list(entry.outputs)
-        return [bridge.clone(o) for o in entry.outputs]
+            return list(slot.outputs)
+        return [bridge.clone(o) for o in slot.outputs]
 
-    def _capture(self, call: Call) -> GraphEntry:
-        """Capture ``call``'s graph, one capture at a time in the process
-        (:data:`_CAPTURE_LOCK`): ``torch.cuda.graph`` synchronizes the whole device when it
-        starts, which fails while another lane's stream is capturing (seen on an H100 with
-        several contexts under the outer graph: "operation not permitted when stream is
-        capturing"). Captures happen once per shapes and lane; replays take no lock."""
-        with _CAPTURE_LOCK:
-            return self._capture_now(call)
 
-    def _capture_now(self, call: Call) -> GraphEntry:
-        if self._error is not None:
-            raise self._error
-        bridge = self._bridge
-        caller = bridge.current_stream(self._device)
-        if self._side is None:
-            self._side = bridge.new_stream(self._device)
-        side = self._side
-        bridge.wait_stream(side, caller)  # the inputs were produced on the caller's stream
-        if self._last is not None and self._last is not caller:
-            bridge.wait_stream(side, self._last)  # replays of other graphs share the context
-        if len(self._entries) >= self._entries.max_graphs:
-            self._settle()  # no replay of the graph evicted below is in flight
-        host = set(call.host)
-        reserved = self._reserved.pop(call.shapes, None)
-        try:
-            with bridge.stream_scope(side):
-                if reserved is not None:
-                    statics = reserved
-                    for static, tensor in zip(statics, call.tensors, strict=True):
-                        if tensor is not static:
-                            bridge.copy_(static, tensor)
-                else:
-                    statics = [
-                        bridge.to_device(t, self._device) if i in host else bridge.clone(t)
-                        for i, t in enumerate(call.tensors)
-                    ]
-                eager: list[Any] = []
-                for _ in range(WARMUP_RUNS):
-                    eager = self._run(statics)
-        except TrtRuntimeError:
-            raise
-        except Exception as exc:
-            raise EngineError(
-                f"engine {self._engine!r}: execute_engine failed in torch-tensorrt's runtime "
-                f"(warm-up before the outer CUDA graph capture): {exc}"
-            ) from exc
-        try:
-            graph, outputs = bridge.capture(lambda: self._run(statics), side)
-        except Exception as exc:
-            self._error = CapabilityError(
-                f"engine {self._engine!r}: the outer CUDA graph could not capture torch-tensorrt's "
-                f"execute_engine ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
-            )
-            raise self._error from exc
-        outputs = list(outputs)
-        try:
-            self._verify(graph, outputs, eager, side)
-        except TrtRuntimeError:
-            raise
-        except Exception as exc:  # the replay itself failed
-            self._error = CapabilityError(
-                f"engine {self._engine!r}: the outer CUDA graph captured from torch-tensorrt's "
-                f"execute_engine could not be replayed ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
-            )
-            raise self._error from exc
-        bridge.wait_stream(caller, side)
-        self._last = caller
-        entry = GraphEntry(graph, statics, outputs)
-        self._entries.add(call.shapes, entry)
-        return entry
+def _torch_failed(lane: Any, exc: Exception) -> EngineError:
+    return EngineError(f"engine {lane.name!r}: the call failed in torch: {exc}")
 
-    def _verify(self, graph: Any, outputs: list[Any], eager: list[Any], side: Any) -> None:
-        """Replay the new graph into NaN-filled outputs once: an output it did not write
-        means TensorRT-RTX enqueued nothing under capture (waits for the side stream)."""
-        bridge = self._bridge
+
+# -- the core's GraphHooks (methods of TorchbindEngine) ---------------------------------------
+def graph_call(lane: Any, call: Any) -> tuple[Any, Sequence[Any], Sequence[int], Any]:
+    if call.host:
+        lane._log_staging(call)
+    host = call.host
+    addresses = [-1 if i in host else t.data_ptr() for i, t in enumerate(call.tensors)]
+    key = (call.shapes, lane._shape_checker.select(call.shapes, None))
+    return key, call.tensors, addresses, call.shapes
+
+
+def alloc_static(lane: Any, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
+    tensor = lane._bridge.zeros(shape, spec.dtype, lane._device)
+    return tensor, tensor.data_ptr()
+
+
+def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
+    """Nothing to bind: ``execute_engine`` takes the static inputs as its arguments and
+    allocates the outputs (the captured call's outputs become the static outputs)."""
+
+
+def warm_up(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> None:
+    """``WARMUP_RUNS`` eager runs on the side stream, after the caller's stream (which
+    copied the inputs in)."""
+    ops = lane._graphs
+    bridge = ops.bridge
+    if ops.side is None:
+        ops.side = bridge.new_stream(lane._device)
+    side = ops.side
+    bridge.wait_stream(side, stream)  # the caller's stream copied the inputs in
+    try:
         with bridge.stream_scope(side):
-            poisoned = [bridge.poison(o) for o in outputs]
-            bridge.replay(graph)
-            for name, out, ref, checked in zip(self._output_names, outputs, eager, poisoned, strict=True):
-                if checked and bridge.unwritten(out, ref):
-                    bridge.reset_graph(graph)
-                    self._error = CapabilityError(
-                        f"engine {self._engine!r}: the CUDA graph captured from torch-tensorrt's "
-                        f"execute_engine did not write output {name!r}: TensorRT-RTX did not enqueue "
-                        f"the engine under stream capture; {_NOT_CAPTURABLE}"
-                    )
-                    raise self._error
+            for _ in range(WARMUP_RUNS):
+                ops.eager = lane._raw_execute(slot.inputs)
+    except TrtRuntimeError:
+        raise
+    except Exception as exc:
+        raise EngineError(
+            f"engine {lane.name!r}: execute_engine failed in torch-tensorrt's runtime "
+            f"(warm-up before the outer CUDA graph capture): {exc}"
+        ) from exc
 
-    def static_inputs(self, shapes: tuple[tuple[int, ...], ...], dtypes: list[str]) -> list[Any]:
-        """The static inputs of the graph for ``shapes``; allocated now (zeros) when it has
-        not been captured yet, and used by its capture."""
-        entry = self._entries.peek(shapes)
-        if entry is not None:
-            return list(entry.inputs)
-        reserved = self._reserved.get(shapes)
-        if reserved is None:
-            zeros = self._bridge.zeros
-            reserved = self._reserved[shapes] = [
-                zeros(shape, dtype, self._device) for shape, dtype in zip(shapes, dtypes, strict=True)
-            ]
-        return list(reserved)
 
-    def drop(self) -> None:
-        """Release every graph and its static tensors (after the device finished with them)."""
-        if self._entries:
-            self._settle()
-        self._entries.clear()
-        self._reserved.clear()
-        self._error = None
-        self._last = None
+def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:
+    """One ``execute_engine`` on the static inputs, on the current stream."""
+    return lane._raw_execute(slot.inputs)  # type: ignore[no-any-return]
+
+
+def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tuple[Any, list[Any] | None]:
+    """Capture ``fn`` on the side stream (after the warm-up there), check that the graph
+    writes its outputs, and order the caller's stream after it."""
+    ops = lane._graphs
+    bridge = ops.bridge
+    side = ops.side
+    try:
+        graph, outputs = bridge.capture(lambda: fn(side), side)
+    except Exception as exc:
+        raise CapabilityError(
+            f"engine {lane.name!r}: the outer CUDA graph could not capture torch-tensorrt's "
+            f"execute_engine ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
+        ) from exc
+    outputs = list(outputs)
+    eager, ops.eager = ops.eager, []
+    try:
+        _verify(lane, graph, outputs, eager, side)
+    except TrtRuntimeError:
+        raise
+    except Exception as exc:  # the replay itself failed
+        raise CapabilityError(
+            f"engine {lane.name!r}: the outer CUDA graph captured from torch-tensorrt's "
+            f"execute_engine could not be replayed ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
+        ) from exc
+    bridge.wait_stream(stream, side)  # the caller's stream waits for the capture
+    return graph, outputs
+
+
+def _verify(lane: Any, graph: Any, outputs: list[Any], eager: list[Any], side: Any) -> None:
+    """Replay the new graph into NaN-filled outputs once: an output it did not write
+    means TensorRT-RTX enqueued nothing under capture (waits for the side stream)."""
+    bridge = lane._bridge
+    names = [o.name for o in lane._outputs]
+    with bridge.stream_scope(side):
+        poisoned = [bridge.poison(o) for o in outputs]
+        bridge.replay(graph)
+        for name, out, ref, checked in zip(names, outputs, eager, poisoned, strict=True):
+            if checked and bridge.unwritten(out, ref):
+                bridge.reset_graph(graph)
+                raise CapabilityError(
+                    f"engine {lane.name!r}: the CUDA graph captured from torch-tensorrt's "
+                    f"execute_engine did not write output {name!r}: TensorRT-RTX did not enqueue "
+                    f"the engine under stream capture; {_NOT_CAPTURABLE}"
+                )
+
+
+def launch(lane: Any, graph: Any, stream: Any) -> None:
+    try:
+        lane._bridge.replay(graph)
+    except Exception as exc:
+        raise _torch_failed(lane, exc) from exc
+
+
+def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
+    """Into a static input, on the current stream (host tensors included)."""
+    try:
+        lane._bridge.copy_(dst, src)
+    except Exception as exc:
+        raise _torch_failed(lane, exc) from exc
+
+
+def destroy_graph(lane: Any, graph: Any) -> None:
+    lane._bridge.reset_graph(graph)
+
+
+def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any, outputs: Sequence[Any] | None,
+                  view: bool, stream: Any) -> list[Any]:
+    """Clones of the static outputs (``"copy"``), the static outputs (``"view"``), or
+    ``outputs=`` filled from them (nothing allocated); host calls get host arrays."""
+    bridge = lane._bridge
+    try:
+        if outputs is not None:
+            views = call.views
+            assert views is not None
+            lane._contract.check_results(slot.outputs, views)
+            for dst, src in zip(views, slot.outputs, strict=True):
+                bridge.copy_(dst, src)
+            if call.kind == KIND_HOST and not lane._graphs.caller_stream:  # host inputs promise ready results
+                bridge.synchronize(stream)
+            return list(outputs)
+        if call.kind == KIND_HOST:
+            host = [bridge.to_host(r) for r in slot.outputs]  # new arrays, whatever the mode
+            return host if call.torch_host else [bridge.to_numpy(t) for t in host]
+        if view:
+            return list(slot.outputs)
+        return [bridge.clone(o) for o in slot.outputs]
+    except TrtRuntimeError:
+        raise
+    except Exception as exc:
+        raise _torch_failed(lane, exc) from exc

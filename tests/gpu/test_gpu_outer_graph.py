@@ -154,6 +154,27 @@ def test_outer_graph_dynamic_engine_one_capture_per_shape(open_engine) -> None:
         assert engine.graph_captures == 5
 
 
+def test_outer_graph_lru_eviction_after_the_lanes_work(open_engine) -> None:
+    """max_graphs=2 over three shapes: every call evicts (after the lane's stream is
+    synchronized, then cudaGraphExecDestroy) and captures again, results equal eager."""
+    from trt_runtime import OuterGraph
+
+    torch = _torch()
+    engine, built = open_engine("dynamic")
+    batches = (3, 8, 20) * 3
+    xs = [_inputs(torch, built, b, seed) for seed, b in enumerate(batches)]
+    eager = [engine(x).clone() for x in xs]
+    engine.outer_graph = OuterGraph(max_graphs=2)
+    try:
+        for x, want in zip(xs, eager, strict=True):
+            _assert_same(torch, engine(x), want)
+        stats = engine.graph_stats()
+        assert stats["graphs"] == 2 and stats["evictions"] == len(batches) - 2
+        assert engine.graph_captures == len(batches)
+    finally:
+        engine.outer_graph = None
+
+
 class _ContextSpy:
     """Stands in for a TensorRT execution context and records every method called on it."""
 

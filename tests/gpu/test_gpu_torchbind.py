@@ -641,6 +641,31 @@ def test_gpu_torchbind_outer_graph_dynamic_engine_one_capture_per_shape(
                        f"{sum(bitwise)}/{len(bitwise)}")
 
 
+def test_gpu_torchbind_outer_graph_lru_eviction_after_the_lanes_work(
+    open_torchbind: Any, torchbind_backend: Any, torch: Any
+) -> None:
+    """max_graphs=2 over three shapes: every call evicts (after the lane's streams are
+    synchronized, then CUDAGraph.reset) and captures again; results close to eager."""
+    from trt_runtime import OuterGraph
+
+    _needs_strategies(torchbind_backend)
+    engine, built = open_torchbind("dynamic", settings=RuntimeSettings(
+        dynamic_shapes_kernel_specialization_strategy="eager"))
+    batches = (3, 8, 20) * 3
+    xs = [_input(torch, built, batch=b, seed=i) for i, b in enumerate(batches)]
+    eager = [engine(x).clone() for x in xs]
+    bitwise: list[bool] = []
+    engine.outer_graph = OuterGraph(max_graphs=2)
+    try:
+        for x, want in zip(xs, eager, strict=True):
+            _close(torch, engine(x), want, bitwise)
+        stats = engine.graph_stats()
+        assert stats["graphs"] == 2 and stats["evictions"] == len(batches) - 2
+        assert engine.graph_captures == len(batches)
+    finally:
+        engine.outer_graph = None
+
+
 def test_gpu_torchbind_outer_graph_recaptures_on_settings_change(open_torchbind: Any, torch: Any) -> None:
     from trt_runtime import enable_cudagraphs, runtime_config
 

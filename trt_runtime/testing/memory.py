@@ -10,11 +10,10 @@ It honours the whole device contract (docs/device-contract.md) for the one array
 it has, numpy: host arrays in, new numpy arrays out, dtypes never converted,
 non-contiguous arrays refused, every check before an execution context exists;
 ``outputs=`` numpy arrays written and returned as given; and a simulated outer CUDA
-graph: the first call of an input-shape key in a context "captures" (counted in
-``graph_captures``) static input and output buffers, later calls copy the inputs into
-the static inputs and compute from those, and return copies (``"copy"``) or the static
-output arrays themselves (``"view"``). It has no device and no stream: ``stream=`` is
-accepted and ignored, and nothing is staged.
+graph through the core's outer-graph manager (:mod:`trt_runtime.outer`): its graph hooks
+allocate numpy static buffers, "capture" the enqueue (a :class:`MemoryGraph` that a launch
+replays, computing from the static inputs into the static outputs) and copy with numpy.
+It has no device and no stream: ``stream=`` is accepted and ignored, and nothing is staged.
 
 The runtime cache is an in-memory native object holding "kernel" entries. Every run
 with a cache adds an entry for the input shapes and settings seen (as TensorRT-RTX
@@ -34,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -176,13 +175,13 @@ class MemoryContext:
 
 @dataclasses.dataclass
 class MemoryGraph:
-    """A simulated outer CUDA graph: the static buffers of one input-shape key in one context."""
+    """A simulated outer CUDA graph: the captured enqueue (``run``, replayed by a launch) of
+    one context."""
 
-    key: tuple[tuple[int, ...], ...]
+    run: Callable[[Any], Any]
     context: MemoryContext
-    inputs: list[Any]
-    outputs: list[Any]
     replays: int = 0
+    destroyed: bool = False
 
 
 class MemoryEngine(EngineBase):
@@ -205,8 +204,6 @@ class MemoryEngine(EngineBase):
         self.created_contexts: list[MemoryContext] = []
         #: How many times :meth:`_run` reached the numeric work (after validation).
         self.runs = 0
-        #: Outer graphs of the current context by input-shape key.
-        self.graphs: dict[tuple[tuple[int, ...], ...], MemoryGraph] = {}
         super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
 
     @property
@@ -247,19 +244,11 @@ class MemoryEngine(EngineBase):
     def _destroy_context(self, context: Any) -> None:
         context.destroyed = True
 
-    def _drop_graphs(self) -> None:
-        self.graphs.clear()
-
     def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> list[Any]:
         return self._validate(inputs)
 
     def _run(self, context: Any, call: Any, stream: Any, outputs: Any = None) -> list[Any]:
         return self._finish(context, call, self._compute(call), outputs)
-
-    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Any = None) -> list[Any]:
-        assert self._outer_graph is not None
-        results = self._run_graph(context, call, view=self._outer_graph.outputs == "view")
-        return self._finish(context, call, results, outputs)
 
     def _clone_lane(self) -> MemoryEngine:
         """Another "execution context" of the same engine (the core's ``contexts=N``)."""
@@ -297,29 +286,49 @@ class MemoryEngine(EngineBase):
             results.append(y)
         return results
 
-    def _run_graph(self, context: MemoryContext, arrays: Sequence[Any], *, view: bool) -> list[Any]:
-        """The simulated outer graph: capture on the first call of a key, replay after."""
+    # -- the simulated outer CUDA graph: the core's GraphHooks -----------------------------
+    def _graph_call(self, call: Any) -> tuple[Any, list[Any], list[int], None]:
+        shapes = tuple(tuple(int(d) for d in a.shape) for a in call)
+        key = (shapes, self._shape_checker.select(shapes, None))
+        return key, call, [a.ctypes.data for a in call], None
+
+    def _alloc_static(self, shape: tuple[int, ...], spec: TensorSpec) -> tuple[Any, int]:
         import numpy as np
 
-        key = tuple(tuple(a.shape) for a in arrays)
-        graph = self.graphs.get(key)
-        if graph is None:
-            static_in = [np.empty_like(a) for a in arrays]
-            static_out = [np.empty_like(y) for y in self._compute(arrays)]
-            graph = MemoryGraph(key, context, static_in, static_out)
-            self.graphs[key] = graph
-            self._graph_captures += 1
-            context.captures += 1
-        elif graph.context is not context:  # the core drops graphs with their context
-            raise EngineError(f"engine {self.name!r}: an outer graph outlived the context it was captured in")
-        else:
-            graph.replays += 1
-        for static, array in zip(graph.inputs, arrays, strict=True):
-            if static is not array:  # the caller may pass the static buffers themselves
-                np.copyto(static, array)
-        for static, result in zip(graph.outputs, self._compute(graph.inputs), strict=True):
+        buffer = np.empty(shape, _np_dtype(spec.dtype))
+        return buffer, buffer.ctypes.data
+
+    def _bind_static(self, context: Any, slot: Any) -> None:
+        shapes = {spec.name: shape for spec, shape in zip(self._inputs, slot.key[0], strict=True)}
+        self._outer_graphs.alloc_outputs(self, slot, [shapes[op.input] for op in self._ops])
+
+    def _enqueue(self, context: Any, slot: Any, stream: Any) -> None:
+        import numpy as np
+
+        for static, result in zip(slot.outputs, self._compute(slot.inputs), strict=True):
             np.copyto(static, result)
-        return list(graph.outputs) if view else [o.copy() for o in graph.outputs]
+        self.runs += 1
+        context.runs += 1
+        self._record_kernels(context, slot.inputs)
+
+    def _capture(self, fn: Callable[[Any], Any], stream: Any) -> tuple[MemoryGraph, None]:
+        context = self._context
+        context.captures += 1
+        return MemoryGraph(fn, context), None
+
+    def _launch(self, graph: MemoryGraph, stream: Any) -> None:
+        if graph.destroyed or graph.context is not self._context:  # the core drops graphs with their context
+            raise EngineError(f"engine {self.name!r}: an outer graph outlived the context it was captured in")
+        graph.replays += 1
+        graph.run(stream)
+
+    def _copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
+        import numpy as np
+
+        np.copyto(dst, src, casting="no")
+
+    def _destroy_graph(self, graph: MemoryGraph) -> None:
+        graph.destroyed = True
 
     def _record_kernels(self, context: MemoryContext, arrays: Sequence[Any]) -> None:
         native = context.config.runtime_cache

@@ -1,0 +1,321 @@
+"""The core's outer-graph manager (trt_runtime/outer.py) driven through a test-double backend
+whose hooks record what they are asked: first call eager then captured, replays, copy-in
+skipping, "view"/"copy", eviction after the lane's work, re-capture after a settings change,
+the process-wide capture lock, refusals kept until the graphs go."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trt_runtime import CapabilityError, OuterGraph
+from trt_runtime.engine import EngineBase
+from trt_runtime.errors import EngineError
+from trt_runtime.protocols import BackendCapabilities, TensorSpec
+
+X = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),))
+Y = TensorSpec("y", "float32", (-1, 4), False)
+
+
+class _Backend:
+    name = "double"
+    capabilities = BackendCapabilities(
+        supports_outer_cuda_graph=True, supports_multiple_contexts=True, supports_preallocated_outputs=True,
+        supports_dynamic_shapes_kernel_specialization_strategy=True,
+    )
+
+
+class _Graph:
+    def __init__(self, fn: Any, context: int) -> None:
+        self.fn, self.context, self.destroyed = fn, context, False
+
+
+class _Engine(EngineBase):
+    """y = 2 * x on numpy "device" buffers; every hook call is logged as (hook, detail)."""
+
+    def __init__(self, log: list[tuple[str, Any]] | None = None, settings: Any = None) -> None:
+        self.log: list[tuple[str, Any]] = [] if log is None else log
+        self.contexts_made = 0
+        self.fail_capture: Exception | None = None
+        self.capture_hold: threading.Event | None = None
+        super().__init__(_Backend(), name="double", inputs=[X], outputs=[Y], settings=settings)  # type: ignore[arg-type]
+
+    def _create_context(self, settings: Any, cache: Any) -> int:
+        self.contexts_made += 1
+        return self.contexts_made
+
+    def _destroy_context(self, context: Any) -> None:
+        self.log.append(("destroy_context", context))
+
+    def _sync(self) -> None:
+        self.log.append(("sync", None))
+
+    def _clone_lane(self) -> _Engine:
+        return _Engine(self.log)
+
+    def _run(self, context: Any, call: Any, stream: Any, outputs: Any) -> list[Any]:
+        self.log.append(("eager", None))
+        return [2 * call[0]]
+
+    # -- the graph hooks --
+    def _graph_call(self, call: Any) -> tuple[Any, list[Any], list[int], Any]:
+        shapes = tuple(tuple(a.shape) for a in call)
+        return (shapes, 0), list(call), [a.ctypes.data for a in call], None
+
+    def _alloc_static(self, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
+        buffer = np.zeros(shape, np.float32)
+        self.log.append(("alloc", spec.name))
+        return buffer, buffer.ctypes.data
+
+    def _bind_static(self, context: Any, slot: Any) -> None:
+        self.log.append(("bind", slot.key))
+        self._outer_graphs.alloc_outputs(self, slot, slot.key[0])
+
+    def _enqueue(self, context: Any, slot: Any, stream: Any) -> None:
+        self.log.append(("enqueue", stream))
+        np.multiply(slot.inputs[0], 2, out=slot.outputs[0])
+
+    def _capture(self, fn: Any, stream: Any) -> tuple[_Graph, None]:
+        self.log.append(("capture", stream))
+        if self.capture_hold is not None:
+            self.capture_hold.wait(0.3)
+        if self.fail_capture is not None:
+            raise self.fail_capture
+        return _Graph(fn, self._context), None
+
+    def _launch(self, graph: _Graph, stream: Any) -> None:
+        assert not graph.destroyed and graph.context == self._context
+        self.log.append(("launch", stream))
+        graph.fn("replay")
+
+    def _copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
+        self.log.append(("copy", nbytes))
+        np.copyto(dst, src)
+
+    def _destroy_graph(self, graph: _Graph) -> None:
+        graph.destroyed = True
+        self.log.append(("destroy_graph", graph))
+
+    def _graph_enter(self, stream: Any, call: Any) -> Any:
+        self.log.append(("enter", stream))
+        return f"token:{stream}"
+
+    def _graph_exit(self, stream: Any) -> None:
+        self.log.append(("exit", stream))
+
+
+def _hooks(engine: _Engine, *names: str) -> list[str]:
+    return [name for name, _ in engine.log if not names or name in names]
+
+
+def _x(rows: int = 2, value: float = 1.0) -> Any:
+    return np.full((rows, 4), value, np.float32)
+
+
+def test_outer_graphs_first_call_runs_eagerly_then_captures_and_later_calls_launch() -> None:
+    engine = _Engine()
+    engine.outer_graph = True
+    engine.log.clear()
+    (y,) = engine.execute(_x(2, 1.0), stream="s")
+    np.testing.assert_array_equal(y, np.full((2, 4), 2.0))  # the warm-up's result
+    assert _hooks(engine) == [
+        "enter", "alloc", "copy", "bind", "alloc", "enqueue", "capture", "alloc", "copy", "exit",
+    ]  # static input; copy-in; static output (bind); warm-up; capture; "copy": a new output
+    assert engine.log[5] == ("enqueue", "token:s")  # the warm-up, on the call's stream
+    assert engine.graph_captures == 1 and engine.graph_stats()["captures"] == 1
+    engine.log.clear()
+    (y2,) = engine.execute(_x(2, 3.0), stream="s")
+    assert _hooks(engine) == ["enter", "copy", "launch", "enqueue", "alloc", "copy", "exit"]
+    assert engine.log[3] == ("enqueue", "replay")  # the captured enqueue, replayed
+    np.testing.assert_array_equal(y2, np.full((2, 4), 6.0))
+    np.testing.assert_array_equal(y, np.full((2, 4), 2.0))  # "copy": the first result stays
+    assert engine.graph_captures == 1 and engine.graph_stats()["hits"] == 1
+
+
+def test_outer_graphs_view_returns_the_static_outputs_copy_returns_new_arrays() -> None:
+    engine = _Engine()
+    engine.outer_graph = "view"
+    (a,) = engine.execute(_x(2, 1.0))
+    (b,) = engine.execute(_x(2, 2.0))
+    assert a is b and a is engine._outer_graphs.cache.peek((((2, 4),), 0)).outputs[0]
+    engine.outer_graph = "copy"
+    (c,) = engine.execute(_x(2, 1.0))
+    (d,) = engine.execute(_x(2, 2.0))
+    assert c is not d and c is not a
+    np.testing.assert_array_equal(c, np.full((2, 4), 2.0))
+
+
+def test_outer_graphs_preallocated_outputs_are_written_from_the_static_outputs() -> None:
+    engine = _Engine()
+    engine.outer_graph = "view"
+    y = np.zeros((2, 4), np.float32)
+    engine.execute(_x(2, 1.0))
+    assert engine.execute(_x(2, 5.0), outputs=[y])[0] is y
+    np.testing.assert_array_equal(y, np.full((2, 4), 10.0))
+
+
+def test_outer_graphs_static_inputs_skip_the_copy_in() -> None:
+    engine = _Engine()
+    engine.outer_graph = "view"  # nothing copied out either: every copy is a copy-in
+    (static,) = engine.static_inputs((2, 4))
+    static[...] = 4.0
+    engine.log.clear()
+    (y,) = engine.execute(static)  # handed out before the capture: the capture reads it
+    assert "copy" not in _hooks(engine) and engine.graph_captures == 1
+    np.testing.assert_array_equal(y, np.full((2, 4), 8.0))
+    engine.log.clear()
+    engine.execute(static)
+    engine.execute(static[:, :])  # another array at the same address
+    assert _hooks(engine, "copy", "launch") == ["launch", "launch"]
+    engine.execute(_x(2))
+    assert _hooks(engine, "copy", "launch") == ["launch", "launch", "copy", "launch"]
+    assert engine.static_inputs((2, 4))[0] is static
+
+
+def test_outer_graphs_evict_the_least_recently_used_after_the_lanes_work() -> None:
+    engine = _Engine()
+    engine.outer_graph = OuterGraph(max_graphs=2)
+    for rows in (1, 2, 1):
+        engine.execute(_x(rows))
+    (two,) = [s.graph for s in engine._outer_graphs.cache.values() if s.key[0] == ((2, 4),)]
+    engine.log.clear()
+    engine.execute(_x(3))  # 2 was used least recently: it goes, after a sync
+    names = _hooks(engine)
+    assert names.index("sync") < names.index("destroy_graph") and two.destroyed
+    stats = engine.graph_stats()
+    assert stats == {"graphs": 2, "hits": 1, "misses": 3, "captures": 3, "evictions": 1, "max_graphs": 2}
+    engine.execute(_x(2))  # captured again
+    assert engine.graph_captures == 4 and engine.graph_stats()["evictions"] == 2
+
+
+def test_outer_graphs_recaptured_after_a_settings_change() -> None:
+    engine = _Engine()
+    engine.outer_graph = True
+    engine.execute(_x())
+    (slot,) = engine._outer_graphs.cache.values()
+    first = slot.graph
+    engine.runtime_settings = {"dynamic_shapes_kernel_specialization_strategy": "eager"}
+    assert first.destroyed and len(engine._outer_graphs) == 0
+    names = _hooks(engine)
+    assert names.index("sync") < names.index("destroy_graph") < names.index("destroy_context")
+    engine.execute(_x())
+    assert engine.graph_captures == 2 and engine.context_creations == 2
+    (slot,) = engine._outer_graphs.cache.values()
+    assert slot.graph.context == 2  # captured in the new context
+    engine.reset_graphs()
+    engine.execute(_x())
+    assert engine.graph_captures == 3 and engine.context_creations == 2
+
+
+def test_outer_graphs_a_refused_capture_is_kept_until_the_graphs_are_dropped() -> None:
+    engine = _Engine()
+    engine.outer_graph = True
+    engine.fail_capture = CapabilityError("cannot capture this context")
+    with pytest.raises(CapabilityError, match="cannot capture this context"):
+        engine.execute(_x(2))
+    assert _hooks(engine)[-1] == "exit"  # the caller's stream is ordered after a failure too
+    engine.log.clear()
+    with pytest.raises(CapabilityError, match="cannot capture this context"):
+        engine.execute(_x(3))  # known: not tried again
+    assert "capture" not in _hooks(engine) and engine.graph_captures == 0
+    engine.fail_capture = None
+    engine.reset_graphs()
+    engine.execute(_x(3))
+    assert engine.graph_captures == 1
+    engine.fail_capture = EngineError("a one-off failure")  # not a CapabilityError: tried again
+    with pytest.raises(EngineError):
+        engine.execute(_x(4))
+    engine.fail_capture = None
+    engine.execute(_x(4))
+    assert engine.graph_captures == 2
+
+
+def test_outer_graphs_capture_lock_serializes_captures_of_two_lanes() -> None:
+    engine = _Engine()
+    engine.contexts = 2
+    engine.outer_graph = True
+    lanes = engine._lanes
+    inside = []
+    active = [0]
+    guard = threading.Lock()
+    arrived = threading.Event()
+
+    def capturing(lane: _Engine) -> None:
+        original = lane._capture
+
+        def capture(fn: Any, stream: Any) -> Any:
+            with guard:
+                active[0] += 1
+                inside.append(active[0])
+            arrived.set()
+            time.sleep(0.05)
+            try:
+                return original(fn, stream)
+            finally:
+                with guard:
+                    active[0] -= 1
+
+        lane._capture = capture  # type: ignore[method-assign]
+
+    for lane in lanes:
+        capturing(lane)  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            engine.execute(_x(2))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert errors == []
+    assert engine.graph_captures == 2 and sorted(inside) == [1, 1], "two captures ran at once"
+
+
+def test_outer_graphs_capture_lock_is_the_cores_one_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    from _recording_lock import RecordingLock
+
+    from trt_runtime import outer
+
+    lock = RecordingLock()
+    monkeypatch.setattr(outer, "CAPTURE_LOCK", lock)
+    engine = _Engine()
+    engine.outer_graph = True
+    engine.execute(_x(2))
+    engine.execute(_x(2))  # a replay takes no lock
+    assert lock.held == [True, False]
+
+
+def test_outer_graphs_slot_kept_when_binding_dropped_the_graphs() -> None:
+    # The python backend grows a context's memory in _bind_static, which drops every graph
+    # (they hold the old address): the slot being captured must stay in the cache.
+    class _Grows(_Engine):
+        def _bind_static(self, context: Any, slot: Any) -> None:
+            self._sync()
+            self._drop_graphs()
+            super()._bind_static(context, slot)
+
+    engine = _Grows()
+    engine.outer_graph = True
+    engine.execute(_x(2))
+    engine.execute(_x(2))
+    assert len(engine._outer_graphs) == 1 and engine.graph_captures == 1
+    assert _hooks(engine).count("launch") == 1
+
+
+def test_outer_graphs_released_on_close() -> None:
+    engine = _Engine()
+    engine.outer_graph = True
+    engine.execute(_x(2))
+    (slot,) = engine._outer_graphs.cache.values()
+    graph = slot.graph
+    engine.close()
+    assert graph.destroyed and len(engine._outer_graphs) == 0
