@@ -271,7 +271,7 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once() -> Non
         def current_stream(self, index: int) -> Any:
             return caller
 
-        def Stream(self, device: int) -> Any:  # noqa: N802 - torch's name
+        def Stream(self, device: int) -> Any:
             return side
 
     class C(_C):
