@@ -2,7 +2,7 @@
 #   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
 # logging to $OUT/STEP.log. Steps: env, suite, suite-python (python backend only), bench,
-# concurrency, serve, onnx, race (torchbind threads probe), shapes (shape-switch probe), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,7 +21,10 @@ for step in "$@"; do
     concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" ${CONC_ARGS:-} 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;
     serve) python3 benchmarks/bench_serve.py --out "$OUT/serve" 2>&1 | tee "$OUT/serve.log" | tail -80 ;;
     onnx) python3 tools/gpu_onnx_compare.py --out "$OUT/onnx" 2>&1 | tee "$OUT/onnx.log" | tail -40 ;;
-    race) python3 tools/gpu_torchbind_race_probe.py --out "$OUT" 2>&1 | tee "$OUT/race.log" | tail -20 ;;
+    race) # under GPU load: three matmul processes (tools/gpu_burn.py, 150 s each) beside the probe
+          _burns=(); for _i in 1 2 3; do python3 tools/gpu_burn.py & _burns+=($!); done; sleep 5
+          python3 tools/gpu_torchbind_race_probe.py --out "$OUT" 2>&1 | tee "$OUT/race.log" | tail -20
+          kill "${_burns[@]}" 2>/dev/null; wait "${_burns[@]}" 2>/dev/null ;;
     shapes) python3 tools/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
     *) echo "gpu_round: unknown step $step (env suite suite-python bench concurrency serve onnx race shapes pack)" ;;
