@@ -47,9 +47,11 @@ class _T:
 
 
 class _Stream:
-    def __init__(self, handle: int = 0, device: Any = None) -> None:
+    def __init__(self, handle: int = 0, device: Any = None, priority: int = 0) -> None:
         self.handle = handle
         self.device = device
+        self.priority = priority
+        self.stream_id, self.device_index, self.device_type = handle, device, 1
 
 
 class _ExternalStream(_Stream):
@@ -189,7 +191,6 @@ def test_torchbind_bridge_streams() -> None:
     with pytest.raises(TypeError, match=r"stream must be None, an int cudaStream_t.*got float"):
         bridge.resolve_stream(1.5, 0)
     assert bridge.stream_scope(mine) == ("stream-context", mine)
-    assert bridge.new_stream(2).device == 2
     assert bridge.current_device_fn()() == 3  # torch._C._cuda_getDevice, no Python layer
     blob = bytes(range(200))
     assert bytes(bridge.bytes_to_tensor(blob).array.tobytes()) == blob
@@ -259,7 +260,10 @@ class _Out:
         self.log.append(("record_stream", stream.name))
 
 
-def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once() -> None:
+def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # the lane stream from torch's pool
     log = _Log()
     caller = _OrderedStream(log, "caller", 11)
     side = _OrderedStream(log, "lane", 22)
@@ -271,7 +275,7 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once() -> Non
         def current_stream(self, index: int) -> Any:
             return caller
 
-        def Stream(self, device: int) -> Any:
+        def Stream(self, device: int, priority: int = 0) -> Any:
             return side
 
     class C(_C):
@@ -310,3 +314,74 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once() -> Non
     with pytest.raises(RuntimeError, match="op failed"):
         bridge.execute_on(lane, failing, [], None, 0)
     assert current["id"] == 11  # the caller's stream is current again
+
+
+class _FakeCudart:
+    """``cuda.bindings.runtime``: streams made and destroyed."""
+
+    cudaStreamNonBlocking = 1
+
+    def __init__(self) -> None:
+        self.made: list[tuple[int, int]] = []
+        self.destroyed: list[int] = []
+
+    def cudaStreamCreateWithFlags(self, flags: int) -> tuple[int, int]:
+        self.made.append((flags, 7000 + len(self.made)))
+        return 0, self.made[-1][1]
+
+    def cudaStreamDestroy(self, handle: int) -> tuple[int]:
+        self.destroyed.append(handle)
+        return (0,)
+
+
+def _torch_with_devices() -> Any:
+    import contextlib
+
+    class Cuda(_Cuda):
+        devices: list[int] = []
+        Event = object
+
+        @contextlib.contextmanager
+        def device(self, index: int) -> Any:
+            self.devices.append(index)
+            yield
+
+    class Torch(_TorchStandIn):
+        cuda = Cuda()
+
+        @staticmethod
+        def device(kind: str, index: int) -> _Dev:
+            return _Dev(kind, index)
+
+    return Torch()
+
+
+def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(monkeypatch) -> None:
+    import gc
+    import sys
+    import types
+
+    cudart = _FakeCudart()
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = cudart  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
+    torch = _torch_with_devices()
+    bridge = TorchBridge(torch)
+    stream = bridge.new_stream(2)
+    # a stream of its own (not one of torch's pooled streams), non-blocking, on device 2
+    assert isinstance(stream, _ExternalStream) and stream.handle == 7000 and stream.device.index == 2
+    assert cudart.made == [(1, 7000)] and torch.cuda.devices == [2]
+    lane = bridge.lane_stream(2)
+    assert lane.stream.handle == 7001
+    del stream
+    gc.collect()
+    assert cudart.destroyed == [7000]  # destroyed with its last reference
+
+
+def test_torchbind_bridge_private_streams_without_cuda_python_use_the_high_priority_pool(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # import fails
+    stream = TorchBridge(_torch_with_devices()).new_stream(1)
+    assert type(stream) is _Stream and stream.device == 1 and stream.priority == -1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -310,8 +311,21 @@ class TorchBridge:
         return LaneStream(self.new_stream(index), cuda.Event(), cuda.Event())
 
     def new_stream(self, index: int) -> Any:
-        """A new non-default stream on device ``index`` (never the legacy default stream)."""
-        return self.torch.cuda.Stream(device=index)
+        """A new non-blocking stream on device ``index`` that nothing else in the process uses.
+
+        ``torch.cuda.Stream()`` hands out one of a small pool of streams (32 per priority and
+        device) shared by every ``torch.cuda.Stream()`` of the process, so a caller's stream
+        could be the very stream a lane runs on or captures an outer graph on (seen on an
+        H100: 16 caller threads and 8 contexts, a capture then failed and left the CUDA
+        context unusable). With cuda-python installed the stream is made with
+        ``cudaStreamCreateWithFlags(cudaStreamNonBlocking)`` and wrapped in an
+        ``ExternalStream`` (destroyed when that object goes); without it, a stream of torch's
+        high-priority pool, which callers' default-priority streams do not share."""
+        torch = self.torch
+        made = _create_stream(torch, index)
+        if made is None:
+            return torch.cuda.Stream(device=index, priority=-1)
+        return made
 
     @staticmethod
     def wait_stream(waiter: Any, producer: Any) -> None:
@@ -379,3 +393,26 @@ class TorchBridge:
 
     def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
         return self.execute_op()(inputs, engine)
+
+
+def _create_stream(torch: Any, index: int) -> Any:
+    """A dedicated non-blocking stream on device ``index`` as a torch ``ExternalStream``
+    (cuda-python's runtime); ``None`` when cuda-python is not installed."""
+    try:
+        from cuda.bindings import runtime as rt
+    except ImportError:
+        return None
+    with torch.cuda.device(index):
+        err, handle = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+    if int(err):
+        raise RuntimeError(f"cudaStreamCreateWithFlags failed on device {index}: {err}")
+    stream = torch.cuda.ExternalStream(int(handle), device=torch.device("cuda", index))
+    weakref.finalize(stream, _destroy_stream, rt, handle)
+    return stream
+
+
+def _destroy_stream(rt: Any, handle: Any) -> None:
+    try:
+        rt.cudaStreamDestroy(handle)  # pending work still completes
+    except Exception:  # a dying process; nothing to report to
+        pass

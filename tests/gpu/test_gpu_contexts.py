@@ -99,11 +99,27 @@ def test_gpu_contexts_threads_with_mixed_shapes_equal_the_reference(
         engine.close()
 
 
-def _free_bytes() -> int:
+def _used_bytes() -> int:
+    """Device memory this process uses (``nvidia-smi``'s per-process figure: the suite runs
+    with several workers on one GPU, so the device-wide free memory moves with theirs);
+    the device-wide figure where nvidia-smi cannot tell."""
+    import os
+    import shutil
+    import subprocess
+
     torch = _torch()
     torch.cuda.synchronize()
-    free, _ = torch.cuda.mem_get_info()
-    return int(free)
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, check=False,
+        ).stdout
+        for line in out.splitlines():
+            pid, _, mib = line.partition(",")
+            if pid.strip() == str(os.getpid()) and mib.strip().isdigit():
+                return int(mib) << 20
+    free, total = torch.cuda.mem_get_info()
+    return int(total - free)
 
 
 def test_gpu_contexts_memory_n_contexts_cost_n_activation_buffers(
@@ -118,7 +134,7 @@ def test_gpu_contexts_memory_n_contexts_cost_n_activation_buffers(
     engine = backend.load_engine(EngineSource(built.plan, name="mlp_fp16"))
     try:
         engine(x)
-        before = _free_bytes()
+        before = _used_bytes()
         engine.contexts = 4
         lanes = [engine._pool.acquire() for _ in range(4)]  # run every context once
         try:
@@ -127,9 +143,9 @@ def test_gpu_contexts_memory_n_contexts_cost_n_activation_buffers(
         finally:
             for lane in lanes:
                 engine._pool.release(lane)
-        after = _free_bytes()
+        after = _used_bytes()
         usage = engine.memory_usage()
-        added = before - after
+        added = after - before
         per = usage["activations_per_context"]
         constant = 64 << 20  # streams, events, allocator granularity
         report_measurement(
