@@ -3,7 +3,7 @@ stand-in: the calls it makes into torch, with the arguments torch expects."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -338,7 +338,7 @@ def _torch_with_devices() -> Any:
     import contextlib
 
     class Cuda(_Cuda):
-        devices: list[int] = []
+        devices: ClassVar[list[int]] = []
         Event = object
 
         @contextlib.contextmanager
