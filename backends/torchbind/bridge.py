@@ -407,7 +407,9 @@ def _create_stream(torch: Any, index: int) -> Any:
     if int(err):
         raise RuntimeError(f"cudaStreamCreateWithFlags failed on device {index}: {err}")
     stream = torch.cuda.ExternalStream(int(handle), device=torch.device("cuda", index))
-    weakref.finalize(stream, _destroy_stream, rt, handle)
+    # Destroyed when the lane lets go of it; not at interpreter exit, where CUDA and torch
+    # may already be torn down (a destroy then crashed a process on the H100).
+    weakref.finalize(stream, _destroy_stream, rt, handle).atexit = False
     return stream
 
 
