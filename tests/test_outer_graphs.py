@@ -319,3 +319,31 @@ def test_outer_graphs_released_on_close() -> None:
     graph = slot.graph
     engine.close()
     assert graph.destroyed and len(engine._outer_graphs) == 0
+
+
+def test_graph_hooks_from_binds_a_modules_functions_but_not_the_classes_own() -> None:
+    import types
+
+    import pytest
+
+    from trt_runtime.outer import GraphHooks, graph_hooks_from
+
+    module = types.SimpleNamespace(
+        launch=lambda lane, graph, stream: ("launched", lane.name, graph, stream),
+        copy=lambda lane, dst, src, nbytes, stream: ("module copy",),
+        unrelated=lambda lane: None,
+    )
+
+    @graph_hooks_from(module)
+    class Lane(GraphHooks):
+        name = "lane"
+
+        def _copy(self, dst: object, src: object, nbytes: int, stream: object) -> object:
+            return ("own copy",)
+
+    lane = Lane()
+    assert lane._launch("g", 7) == ("launched", "lane", "g", 7)
+    assert lane._copy(1, 2, 3, 4) == ("own copy",)  # the class's own hook stays
+    assert not hasattr(Lane, "_unrelated") and not hasattr(Lane, "unrelated")
+    with pytest.raises(TypeError, match="defines none of the GraphHooks"):
+        graph_hooks_from(types.SimpleNamespace(other=len))(type("Empty", (GraphHooks,), {}))

@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from trt_runtime.contract import numel
 from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import CapabilityError
 from trt_runtime.graphs import GraphCache
 
-__all__ = ["CAPTURE_LOCK", "SHORTCUTS", "GraphHooks", "GraphSlot", "OuterGraphs"]
+__all__ = ["CAPTURE_LOCK", "SHORTCUTS", "GraphHooks", "GraphSlot", "OuterGraphs", "graph_hooks_from"]
 
 #: Serializes outer-graph captures in the whole process, for every backend: TensorRT-RTX
 #: 1.6.1 crashed (segfault, H100, 2026-11-24) when two contexts of one engine captured at
@@ -321,3 +321,28 @@ class GraphHooks:
     def _no_graphs(self) -> CapabilityError:
         backend = getattr(getattr(self, "_backend", None), "name", type(self).__name__)
         return CapabilityError(f"the {backend!r} backend does not support outer_cuda_graph")
+
+
+_E = TypeVar("_E", bound=type)
+
+
+def graph_hooks_from(module: Any) -> Callable[[_E], _E]:
+    """A class decorator: each :class:`GraphHooks` hook ``_name`` the class does not define
+    itself becomes ``module.name`` when the module has it (a backend keeps its hooks as
+    functions taking the lane first, in its ``graphs.py``). Raises ``TypeError`` for a
+    module without any hook, so a misspelt module fails at import."""
+
+    def bind(cls: _E) -> _E:
+        bound = 0
+        for name in vars(GraphHooks):
+            if not name.startswith("_") or name.startswith("__") or name in vars(cls):
+                continue
+            fn = getattr(module, name[1:], None)
+            if callable(fn):
+                setattr(cls, name, fn)
+                bound += 1
+        if not bound:
+            raise TypeError(f"{getattr(module, '__name__', module)!r} defines none of the GraphHooks")
+        return cls
+
+    return bind

@@ -39,6 +39,7 @@ from trt_runtime_backends.python.output_binding import OutputBinding, make_outpu
 from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
+from trt_runtime.outer import graph_hooks_from
 from trt_runtime.protocols import EngineSource, TensorSpec
 from trt_runtime.settings import CudaGraphStrategy, RuntimeSettings
 
@@ -56,6 +57,7 @@ __all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
 MEMORY_PER_SHAPE = False
 
 
+@graph_hooks_from(graphs)
 class PythonEngine(EngineBase):
     """A TensorRT(-RTX) engine run by the python backend. Made by ``PythonBackend.load_engine``.
 
@@ -389,19 +391,7 @@ class PythonEngine(EngineBase):
             mine.spec = theirs.spec  # outputs found data-dependent stay so
         return lane
 
-    # -- the outer graph: the core's GraphHooks, in graphs.py ------------------------------------
-    _graph_call = graphs.graph_call
-    _graph_enter = graphs.graph_enter
-    _graph_exit = graphs.graph_exit
-    _alloc_static = graphs.alloc_static
-    _input_views = graphs.input_views
-    _bind_static = graphs.bind_static
-    _enqueue = graphs.enqueue
-    _capture = graphs.capture
-    _launch = graphs.launch
-    _copy = graphs.copy
-    _destroy_graph = graphs.destroy_graph
-    _graph_results = graphs.graph_results
+    # -- the outer graph: the core's GraphHooks are graphs.py's functions (graph_hooks_from) ---------
 
     def _memory_usage(self) -> tuple[int, int]:
         trt_engine = self._trt_engine

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from trt_runtime.contract import KIND_HOST
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CacheError, CapabilityError, EngineError, TrtRuntimeError
+from trt_runtime.outer import graph_hooks_from
 from trt_runtime.protocols import Backend, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -86,6 +87,7 @@ class NativeState:
     applied: bool = False  # whether update_runtime_settings was called for it
 
 
+@graph_hooks_from(graphs)
 class TorchbindEngine(EngineBase):
     """An engine run by torch-tensorrt's C++ runtime; outputs follow the kind of the inputs."""
 
@@ -275,16 +277,7 @@ class TorchbindEngine(EngineBase):
 
     # -- the outer graph: the core's GraphHooks (static inputs are torch CUDA tensors whatever
     # static_inputs(as_torch=) says: this backend has no other kind) ------------------------
-    _graph_call = graphs.graph_call
-    _alloc_static = graphs.alloc_static
-    _bind_static = graphs.bind_static
-    _warm_up = graphs.warm_up
-    _enqueue = graphs.enqueue
-    _capture = graphs.capture
-    _launch = graphs.launch
-    _copy = graphs.copy
-    _destroy_graph = graphs.destroy_graph
-    _graph_results = graphs.graph_results
+    # (the other hooks are graphs.py's functions: graph_hooks_from)
 
     def _graph_enter(self, stream: Any, call: Call) -> Any:
         """The caller's torch stream (``stream``, or torch's current one on the engine's
