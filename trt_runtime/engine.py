@@ -13,7 +13,6 @@ with every lane leased (so in-flight calls finish first).
 from __future__ import annotations
 
 import abc
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -38,12 +37,7 @@ from trt_runtime.validation import seconds, show
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
 
-__all__ = ["SERIAL_CALLS", "EngineBase"]
-
-#: Whether the calls of one engine do their host work one at a time (an engine-wide lock
-#: around the lane's work; the GPU work of different lanes still overlaps). Under
-#: ``TRT_RUNTIME_SERIAL_CALLS=1``; read when an engine is made.
-SERIAL_CALLS = os.environ.get("TRT_RUNTIME_SERIAL_CALLS", "") == "1"
+__all__ = ["EngineBase"]
 
 
 class EngineBase(GraphHooks, abc.ABC):
@@ -85,8 +79,6 @@ class EngineBase(GraphHooks, abc.ABC):
         self._graph_captures = 0
         self._settings = RuntimeSettings()
         self._lease_timeout: float | None = None
-        #: Held across each call's host work when set (see :data:`SERIAL_CALLS`).
-        self._call_lock: threading.Lock | None = threading.Lock() if SERIAL_CALLS else None
         #: The lanes: this engine first, then clones made by :meth:`_clone_lane`.
         self._pool: ContextPool[EngineBase] = ContextPool(name, [self])
         self.runtime_settings = RuntimeSettings.coerce(settings)
@@ -524,16 +516,11 @@ def _entry(bare: bool, name: str, doc: str | None) -> Any:
         if slot is None or not slot.lock.acquire(False):
             slot = pool.lease(self._lease_timeout)
         lane = slot.lane
-        serial = self._call_lock
-        if serial is not None:
-            serial.acquire()
         try:
             result = lane._call_fast(inputs, stream, outputs) if profile is None else None
             if result is None:
                 result = lane._call(inputs, stream, outputs, profile)
         finally:
-            if serial is not None:
-                serial.release()
             if pool._waiters or pool.closed:
                 pool.give_back(slot)
             else:
