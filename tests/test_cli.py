@@ -720,7 +720,7 @@ class _FakeStdin:
 # -- backends -------------------------------------------------------------------------
 
 
-def test_cli_backends_lists_installed_with_reasons_and_capabilities(
+def test_cli_backends_lists_installed_with_reasons_labels_and_capabilities(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from trt_runtime import backend_status, installed_backends
@@ -735,10 +735,17 @@ def test_cli_backends_lists_installed_with_reasons_and_capabilities(
         assert row["reason"] == status[name].reason
         if not row["available"]:
             assert row["reason"]
+        if not row["installed"]:
+            assert "pip install" in row["reason"]
     assert rows["memory"]["available"] is True
+    assert rows["memory"]["description"].startswith("test backend")
     assert rows["memory"]["capabilities"]["supports_runtime_cache"] is True
     code, out, _ = _run(capsys, "backends")
-    assert code == 0 and "memory" in out and "runtime_cache" in out
+    text = " ".join(out.split())
+    assert code == 0 and "memory (test backend" in text and "runtime_cache" in out
+    if not all(row["installed"] for row in rows.values()):
+        assert "not installed (pip install" in text
+    assert " none " not in text
 
 
 #: An install hint as backends give it, with text rich would read as markup.

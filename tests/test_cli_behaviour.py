@@ -65,23 +65,6 @@ def test_cli_behaviour_mem_engine_runs_without_force_or_warning(
         assert [r["label"] for r in doc["results"]] == ["memory"]
 
 
-def test_cli_behaviour_backends_labels_the_test_backend_and_missing_ones(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    code, out, err = _run(capsys, "--json", "backends")
-    assert code == 0, err
-    rows = {r["name"]: r for r in json.loads(out)["backends"]}
-    assert rows["memory"]["description"].startswith("test backend")
-    code, out, _ = _run(capsys, "backends")
-    text = " ".join(out.split())
-    assert "memory (test backend" in text
-    for row in rows.values():
-        if not row["installed"]:
-            assert "pip install" in row["reason"]
-            assert "not installed (pip install" in text
-    assert " none " not in text
-
-
 # -- the API refuses what the CLI refuses --------------------------------------------------
 
 

@@ -496,7 +496,6 @@ class EngineBase(GraphHooks, abc.ABC):
     def _sync(self) -> None:
         """Wait for the work this lane queued (default: nothing to wait for)."""
 
-
     def _release(self) -> None:
         """Release this lane's engine object (after its context)."""
 
@@ -521,7 +520,7 @@ def _entry(bare: bool, name: str, doc: str | None) -> Any:
             if result is None:
                 result = lane._call(inputs, stream, outputs, profile)
         finally:
-            if pool._waiters or pool.closed:
+            if pool._waiters:  # (close() holds every lane: no call is in flight then)
                 pool.give_back(slot)
             else:
                 slot.lock.release()

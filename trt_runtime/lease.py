@@ -106,12 +106,15 @@ class ContextPool(Generic[T]):
     def lease(self, timeout: float | None = None) -> Slot[T]:
         """Any free slot, else wait for one; the slot becomes this thread's preferred one.
         (``EngineBase.execute`` tries the preferred slot inline first.)"""
-        slot = None if self.closed else self._take_any()
-        if slot is None:
-            slot = self._wait(timeout)
+        slot = self._take(timeout)
         self._local.slot = slot
         slot.claimed = True
         return slot
+
+    def _take(self, timeout: float | None) -> Slot[T]:
+        """Any free slot, else wait for one (a closed pool has none: :meth:`_wait` raises)."""
+        slot = None if self.closed else self._take_any()
+        return slot if slot is not None else self._wait(timeout)
 
     def _take_any(self) -> Slot[T] | None:
         """A free slot, one no thread has claimed first (so threads spread over the lanes)."""
@@ -198,8 +201,7 @@ class ContextPool(Generic[T]):
         held: list[Slot[T]] = []
         try:
             while len(held) < len(self._slots):
-                slot = self.lease(timeout) if not held else self._next(timeout)
-                held.append(slot)
+                held.append(self._take(timeout))
         except BaseException:
             for slot in held:
                 self.give_back(slot)
@@ -210,10 +212,6 @@ class ContextPool(Generic[T]):
             if not self.closed:
                 for slot in self._slots:
                     self.give_back(slot)
-
-    def _next(self, timeout: float | None) -> Slot[T]:
-        slot = self._take_any()
-        return slot if slot is not None else self._wait(timeout)
 
     def resize(self, lanes: Sequence[T]) -> None:
         """Replace the set of lanes; only inside :meth:`all_lanes` (every lane is held):

@@ -244,7 +244,8 @@ class PythonEngine(EngineBase):
         if order.mode != "implicit":
             return
         capture = settings.cuda_graph_strategy is not CudaGraphStrategy.DISABLED
-        if capture == (order.skip == ()):
+        on_spare = order.skip == ()  # legacy callers ordered with events: the non-blocking stream
+        if capture == on_spare:
             return
         self._sync()  # the stream left behind is idle: its allocations are usable from the other
         if self._spare_stream is None:
@@ -357,8 +358,7 @@ class PythonEngine(EngineBase):
         """Wait for all work this lane queued: on its stream, and on the caller's stream
         its last fast-path call followed (see stream_order)."""
         if getattr(self, "_stream", None) is not None:
-            order = self._order
-            order.to_ours()
+            self._order.to_ours()
             cuda.check(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
 
     def _release(self) -> None:

@@ -164,9 +164,7 @@ class FastPaths:
             return None
         order = lane._order
         caller = None if stream is lane._stream else order.caller(stream, fast.torch)
-        run = order.tail  # the caller's stream when it made the lane's previous call too
-        if caller != run and (caller is not None or run != lane._stream_handle):
-            run = order.follow(caller)
+        run = order.follow(caller)
         if not fast.execute(run):
             lane._execute_failed()
         if caller is not None and run != caller:
@@ -256,9 +254,7 @@ class FastPaths:
                     ctx.bound_ptrs = ()
                 results.append(y)
         order = lane._order
-        run = order.tail  # the caller's stream when it made the lane's previous call too
-        if caller != run and (caller is not None or run != lane._stream_handle):
-            run = order.follow(caller)
+        run = order.follow(caller)
         if not trt_context.execute_async_v3(run):
             lane._execute_failed()
         if caller is not None and run != caller:

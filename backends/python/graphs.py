@@ -96,9 +96,7 @@ class GraphOps:
         if lane._multi_device:
             lane._set_device()
         order = lane._order
-        run = order.tail  # the caller's stream when it made the lane's previous call too
-        if caller != run and (caller is not None or run != lane._stream_handle):
-            run = order.follow(caller)
+        run = order.follow(caller)
         rt = self.rt
         for x, dst, nbytes in zip(inputs, slot.in_ptrs, slot.in_nbytes, strict=False):
             src = x.data_ptr()

@@ -108,19 +108,17 @@ class StreamOrder:
     def follow(self, caller: int | None) -> int:
         """The stream a fast-path call runs on, ordered after the lane's previous work:
         ``caller`` (as :meth:`caller` returned it) when it is a stream of its own, else
-        ours. For a legacy-stream caller in ``"events"`` mode this also makes our stream
-        wait for it; the call then owes :meth:`after` (``run != caller``)."""
-        if caller is None:
-            if self.tail != self.ours:
-                self.join(self.ours)
-            return self.ours
+        ours. Nothing to order when the lane's previous work went to that very stream (the
+        common case). For a legacy-stream caller in ``"events"`` mode this also makes our
+        stream wait for it; the call then owes :meth:`after` (``run != caller``)."""
         if caller in LEGACY_STREAMS:  # only in "events" mode (implicit mode skips them)
             self.to_ours()
             self.before(caller)
             return self.ours
-        if caller != self.tail:
-            self.join(caller)
-        return caller
+        target = self.ours if caller is None else caller
+        if self.tail != target:
+            self.join(target)
+        return target
 
     def to_ours(self) -> None:
         """Before queuing anything on our stream: order it after the lane's previous work."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trt_runtime.contract import stream_handle
+from trt_runtime.errors import EngineError
 
 __all__ = ["LaneStream", "TensorInfo", "TorchBridge"]
 
@@ -405,7 +406,9 @@ def _create_stream(torch: Any, index: int) -> Any:
     with torch.cuda.device(index):
         err, handle = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
     if int(err):
-        raise RuntimeError(f"cudaStreamCreateWithFlags failed on device {index}: {err}")
+        raise EngineError(
+            f"could not create a CUDA stream on device {index}: cudaStreamCreateWithFlags returned {err}"
+        )
     stream = torch.cuda.ExternalStream(int(handle), device=torch.device("cuda", index))
     # Destroyed when the lane lets go of it; not at interpreter exit, where CUDA and torch
     # may already be torn down (a destroy then crashed a process on the H100).
