@@ -31,6 +31,7 @@ Writes ``call_overhead.json`` and ``call_overhead.md`` to ``--out`` (default ``$
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -160,6 +161,42 @@ class Raw:
     def graph(self) -> None:
         self._launch(self.exec, self.handle)
 
+    def variants(self) -> dict[str, Callable[[], Any]]:
+        """Where the raw call's cost goes: the same enqueue on a *blocking* stream (as the
+        python backend's own stream is in "implicit" mode), the same graph launched through
+        the driver API, on a blocking stream, and captured into a ``torch.cuda.CUDAGraph``
+        replayed on torch's current stream (benchmarks' ``raw-graph-replay``)."""
+        from cuda.bindings import driver as drv
+        from cuda.bindings import runtime as rt
+
+        err, blocking = rt.cudaStreamCreate()
+        assert int(err) == 0, err
+        self.blocking = int(blocking)
+        execute, exec_, launch = self.ctx.execute_async_v3, self.exec, self._launch
+        handle, bl = self.handle, self.blocking
+        cu_launch = drv.cuGraphLaunch
+        cu_exec = drv.CUgraphExec(int(exec_))
+        torch = self.torch
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            g.capture_begin()
+            execute(int(side.cuda_stream))
+            g.capture_end()
+        torch.cuda.synchronize()
+        self.torch_graph = g
+        replay = g.replay
+        raw_launch = getattr(g, "raw_cuda_graph_exec", None)
+        rows = {
+            "raw_prebound_blocking": lambda: execute(bl),
+            "raw_graph_blocking": lambda: launch(exec_, bl),
+            "raw_graph_driver": lambda: cu_launch(cu_exec, handle),
+            "raw_graph_torch_replay": replay,
+        }
+        if raw_launch is not None:
+            rows["raw_graph_torch_exec_cudart"] = functools.partial(launch, raw_launch(), handle)
+        return rows
+
 
 def measure(rows: dict[str, Callable[[], Any]], sync: Callable[[], Any], rounds: int, chunks: int,
             chunk: int) -> dict[str, dict[str, float]]:
@@ -234,6 +271,42 @@ def components(torch: Any, x: Any, rounds: int) -> dict[str, float]:
     return {k: v["median_us"] for k, v in res.items()}
 
 
+def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
+    """Microseconds of each step of the python backend's outer replay of ``engine`` (under
+    ``outer="view"``, called with its static input): where the µs over a bare launch go."""
+    from trt_runtime_backends.python.fast_path import torch_lookup
+
+    outer = engine._outer_graphs
+    ((key, slot),) = [(k, v) for k, v in outer.shortcuts.items()]
+    (arg,) = engine.static_inputs(tuple(key[0]), as_torch=True)
+    rt = engine._graphs.rt
+    ours = engine._order.ours
+    graph = slot.graph
+    pool = engine._pool
+    local_slot = pool._local.slot
+    lock = local_slot.lock
+
+    def lease_pair() -> None:
+        lock.acquire(False)
+        lock.release()
+
+    ops: dict[str, Callable[[], Any]] = {
+        "engine(s) whole": functools.partial(engine, arg),
+        "replay_torch": functools.partial(engine._graphs.replay_torch, engine, (arg,), None, outer),
+        "_call_fast": functools.partial(engine._call_fast, (arg,), None, None),
+        "torch_lookup": functools.partial(torch_lookup, engine, (arg,), None, outer.shortcuts),
+        "cache.touch": functools.partial(outer.cache.touch, slot.key),
+        "order.follow(None)": functools.partial(engine._order.follow, None),
+        "cudaGraphLaunch ours": functools.partial(rt.cudaGraphLaunch, graph, ours),
+        "cudaGraphLaunch ours, cudaStream_t": functools.partial(rt.cudaGraphLaunch, graph, rt.cudaStream_t(ours)),
+        "list(views)": functools.partial(list, slot.output_views or ()),
+        "lease acquire+release": lease_pair,
+        "raw stream": functools.partial(torch._C._cuda_getCurrentRawStream, 0),
+    }
+    res = measure(ops, torch.cuda.synchronize, rounds, 20, 50)
+    return {k: v["median_us"] for k, v in res.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -245,8 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.probe_dynamic:
         return probe_dynamic(args.probe_dynamic, args.out)
-
-    import functools
 
     import numpy as np
     import torch
@@ -285,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             "raw_prebound": raw.prebound,
             "raw_bind_alloc": raw.bind_alloc,
             "raw_graph": raw.graph,
+            **raw.variants(),
         }
         engines = []
         checks: dict[str, Any] = {}
@@ -327,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows[f"{mode}:outer_{outer}"] = functools.partial(oeng, arg)
         stream_order.DEFAULT_MODE = "implicit"
         res = measure(rows, sync, args.rounds, args.chunks, args.chunk)
+        static = next(e for e in engines if e.name.endswith("-implicit-static"))
+        document.setdefault("replay_parts", {})[name] = replay_parts(static, torch, args.rounds)
+        print("replay parts:", json.dumps(document["replay_parts"][name], indent=1), flush=True)
         # correctness of every python row after the timing loops
         for row, call in rows.items():
             if row.startswith("raw"):
