@@ -298,10 +298,35 @@ def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
         "cache.touch": functools.partial(outer.cache.touch, slot.key),
         "order.follow(None)": functools.partial(engine._order.follow, None),
         "cudaGraphLaunch ours": functools.partial(rt.cudaGraphLaunch, graph, ours),
-        "cudaGraphLaunch ours, cudaStream_t": functools.partial(rt.cudaGraphLaunch, graph, rt.cudaStream_t(ours)),
+        "cudaGraphLaunch ours, cudaStream_t": functools.partial(
+            rt.cudaGraphLaunch, graph, rt.cudaStream_t(ours)),
         "list(views)": functools.partial(list, slot.output_views or ()),
         "lease acquire+release": lease_pair,
         "raw stream": functools.partial(torch._C._cuda_getCurrentRawStream, 0),
+    }
+    res = measure(ops, torch.cuda.synchronize, rounds, 20, 50)
+    return {k: v["median_us"] for k, v in res.items()}
+
+
+def prebound_parts(engine: Any, raw: Raw, x: Any, y: Any, torch: Any, rounds: int) -> dict[str, float]:
+    """Microseconds of each step of the python backend's pre-bound call of ``engine``, and
+    its context's bare ``execute_async_v3`` beside the raw loop's."""
+    ours = engine._order.ours
+    trt_context = engine._res.context.trt_context
+    s = engine.stream
+    ys = [y]
+    fast = engine._fast_paths
+    execute = engine.execute
+    run = trt_context.execute_async_v3
+    ops: dict[str, Callable[[], Any]] = {
+        "partial(execute, x, outputs=, stream=)": functools.partial(execute, x, outputs=ys, stream=s),
+        "execute(x, outputs=ys, stream=s)": lambda: execute(x, outputs=ys, stream=s),
+        "_call_fast": functools.partial(engine._call_fast, (x,), s, ys),
+        "call_prebound": functools.partial(fast.call_prebound, engine, (x,), ys, s),
+        "our context execute_async_v3(ours)": functools.partial(run, ours),
+        "our context execute_async_v3(raw stream)": functools.partial(run, raw.handle),
+        "raw context execute_async_v3(raw stream)": functools.partial(raw.ctx.execute_async_v3, raw.handle),
+        "raw context execute_async_v3(ours)": functools.partial(raw.ctx.execute_async_v3, ours),
     }
     res = measure(ops, torch.cuda.synchronize, rounds, 20, 50)
     return {k: v["median_us"] for k, v in res.items()}
@@ -377,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                 eng.execute(x, outputs=[y], stream=eng.stream)
                 rows[f"{mode}:prebound"] = functools.partial(eng.execute, x, outputs=[y], stream=eng.stream)
                 if mode == "implicit":
+                    prebound_args = (eng, y)
+                if mode == "implicit":
 
                     def natural_side(eng: Any = eng, x: Any = x) -> Any:
                         with torch.cuda.stream(side):
@@ -399,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows[f"{mode}:outer_{outer}"] = functools.partial(oeng, arg)
         stream_order.DEFAULT_MODE = "implicit"
         res = measure(rows, sync, args.rounds, args.chunks, args.chunk)
+        document.setdefault("prebound_parts", {})[name] = prebound_parts(
+            prebound_args[0], raw, x, prebound_args[1], torch, args.rounds)
+        print("prebound parts:", json.dumps(document["prebound_parts"][name], indent=1), flush=True)
         static = next(e for e in engines if e.name.endswith("-implicit-static"))
         document.setdefault("replay_parts", {})[name] = replay_parts(static, torch, args.rounds)
         print("replay parts:", json.dumps(document["replay_parts"][name], indent=1), flush=True)
