@@ -1,0 +1,150 @@
+"""The CPU cost of each step of the python backend's fast paths, statement by statement.
+
+Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
+
+    python3 tools/gpu_step_costs.py [--out DIR] [--repeats 60] [--number 40]
+
+For the ``tiny`` and ``dynamic`` workloads of ``benchmarks/`` it loads a python-backend
+engine, makes one call of each fast path (pre-bound ``execute``, ``engine(x)``, an outer
+replay in ``"view"`` mode with the static input) and then times single statements with
+:mod:`timeit`: the whole call, the backend function behind it, and each step inside it,
+beside the bare TensorRT and CUDA calls. Statements are interleaved, ``number`` runs per
+sample with a device synchronize between samples; the median of ``repeats`` samples is
+reported in µs. This is where the per-call µs over the raw loops of ``bench_all`` go.
+
+Writes ``step_costs.json`` to ``--out`` (default ``$OUT`` or ``.``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import os
+import statistics
+import sys
+import timeit
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def time_statements(statements: dict[str, str], ns: dict[str, Any], sync: Any, repeats: int, number: int
+                    ) -> dict[str, float]:
+    """Median µs per run of each statement (interleaved samples of ``number`` runs)."""
+    timers = {label: timeit.Timer(stmt, globals=ns) for label, stmt in statements.items()}
+    for timer in timers.values():
+        timer.timeit(number=number)
+    sync()
+    samples: dict[str, list[float]] = {label: [] for label in statements}
+    for _ in range(repeats):
+        for label, timer in timers.items():
+            samples[label].append(timer.timeit(number=number) / number * 1e6)
+            sync()
+    return {label: round(statistics.median(values), 3) for label, values in samples.items()}
+
+
+def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str, float]:
+    from trt_runtime_backends.python import fast_path
+
+    from benchmarks import workloads
+    from trt_runtime import EngineSource, enable_cudagraphs, get_backend
+
+    workload = workloads.WORKLOADS_BY_KEY[key]
+    built, _ = workloads.build(workload)
+    tensors = workloads.make_tensors(torch, built, workload)
+    backend = get_backend("python")
+    engine = backend.load_engine(EngineSource(built.plan, name=f"{key}-steps"))
+    outer = backend.load_engine(EngineSource(built.plan, name=f"{key}-steps-outer"))
+    wrap = enable_cudagraphs(outer, outer="view")
+    wrap.__enter__()
+    xs, ys = tensors.inputs, tensors.outputs
+    statics = []
+    for x in xs:
+        (s,) = outer.static_inputs(tuple(x.shape), as_torch=True)
+        s.copy_(x)
+        statics.append(s)
+    for x, y, s in zip(xs, ys, statics, strict=True):
+        engine(x)
+        engine.execute(x, outputs=[y], stream=engine.stream)
+        outer(s)
+        outer(s)
+    torch.cuda.synchronize()
+    ctx = engine._res.context
+    slot = next(iter(outer._outer_graphs.shortcuts.values()))
+    n = len(xs)
+    ns: dict[str, Any] = {
+        "e": engine, "o": outer, "x": xs[0], "y": ys[0], "xs": xs, "ys": ys, "ss": statics,
+        "s": engine.stream, "fp": engine._fast_paths, "tc": ctx.trt_context, "ours": engine._order.ours,
+        "order": engine._order, "lookup": fast_path.torch_lookup, "restore": fast_path.restore_shapes,
+        "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._outer_graphs,
+        "graph": slot.graph, "orders": outer._order, "rt": outer._graphs.rt, "n": n,
+        "it": iter(range(1 << 62)), "next": next, "ptr": ys[0].data_ptr(), "shape0": tuple(ys[0].shape),
+    }
+    fast = engine._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
+    ns["f"] = fast
+    stmts = {
+        # pre-bound
+        "pre: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
+        "pre: fp.call_prebound": "fp.call_prebound(e, (x,), [y], s)",
+        "pre: key + dict get": "fp.prebound.get((*map(id, (x,)), *map(id, [y])))",
+        "pre: ptr check": "tuple(map(f.ptr_of, f.arrays)) != f.ptrs",
+        "pre: shape check": "tuple(map(shape_attr, f.arrays)) != f.shapes",
+        "pre: follow(None)": "order.follow(None)",
+        "pre: list(outputs)": "list([y])",
+        "trt: execute_async_v3(ours)": "tc.execute_async_v3(ours)",
+        # natural
+        "nat: e(x)": "e(x)",
+        "nat: fp.call_natural": "fp.call_natural(e, (x,), None)",
+        "nat: torch_lookup": "lookup(e, (x,), None, fp.natural)",
+        "nat: x.new_empty": "x.new_empty(shape0)",
+        "nat: set_tensor_address": "tc.set_tensor_address('y', ptr)",
+        "nat: x.data_ptr()": "x.data_ptr()",
+        "nat: x.shape": "x.shape",
+        "nat: dtype+device+contig": "x.dtype; x.get_device(); x.is_contiguous()",
+        # outer replay
+        "outer: o(s)": "o(ss[0])",
+        "outer: replay_torch": "o._graphs.replay_torch(o, (ss[0],), None, outer_graphs)",
+        "outer: torch_lookup": "lookup(o, (ss[0],), None, outer_graphs.shortcuts)",
+        "outer: cudaGraphLaunch": "rt.cudaGraphLaunch(graph, ours)",
+    }
+    if n > 1:  # cycling shapes
+        stmts.update({
+            "dyn: e(xs[i % n])": "e(xs[next(it) % n])",
+            "dyn: e.execute(xs[i], outputs=[ys[i]], stream=s)":
+                "i = next(it) % n; e.execute(xs[i], outputs=[ys[i]], stream=s)",
+            "dyn: o(ss[i % n])": "o(ss[next(it) % n])",
+            "dyn: set_input_shape": "tc.set_input_shape('x', tuple(xs[next(it) % n].shape))",
+        })
+    try:
+        return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
+    finally:
+        wrap.__exit__(None, None, None)
+        outer.close()
+        engine.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--number", type=int, default=40)
+    parser.add_argument("--workloads", default="tiny,dynamic")
+    args = parser.parse_args(argv)
+    import torch
+
+    document: dict[str, Any] = {}
+    for key in args.workloads.split(","):
+        document[key] = workload_steps(key, torch, args.repeats, args.number)
+        print(f"== {key}")
+        for label, us in document[key].items():
+            print(f"  {label:52s} {us:8.2f} us", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    Path(args.out, "step_costs.json").write_text(json.dumps(document, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
