@@ -274,8 +274,6 @@ def components(torch: Any, x: Any, rounds: int) -> dict[str, float]:
 def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
     """Microseconds of each step of the python backend's outer replay of ``engine`` (under
     ``outer="view"``, called with its static input): where the µs over a bare launch go."""
-    from trt_runtime_backends.python.fast_path import torch_lookup
-
     outer = engine._outer_graphs
     ((key, slot),) = [(k, v) for k, v in outer.shortcuts.items()]
     (arg,) = engine.static_inputs(tuple(key[0]), as_torch=True)
@@ -294,7 +292,7 @@ def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
         "engine(s) whole": functools.partial(engine, arg),
         "replay_torch": functools.partial(engine._graphs.replay_torch, engine, (arg,), None, outer),
         "_call_fast": functools.partial(engine._call_fast, (arg,), None, None),
-        "torch_lookup": functools.partial(torch_lookup, engine, (arg,), None, outer.shortcuts),
+        "plan": functools.partial(slot.plan, (arg,), None, None),
         "cache.touch": functools.partial(outer.cache.touch, slot.key),
         "order.follow(None)": functools.partial(engine._order.follow, None),
         "cudaGraphLaunch ours": functools.partial(rt.cudaGraphLaunch, graph, ours),

@@ -81,6 +81,9 @@ class EngineBase(GraphHooks, abc.ABC):
         self._lease_timeout: float | None = None
         #: The lanes: this engine first, then clones made by :meth:`_clone_lane`.
         self._pool: ContextPool[EngineBase] = ContextPool(name, [self])
+        #: What the pipeline tries first on this lane: :meth:`_call_fast`, or a function the
+        #: backend put here for the calls it expects next (see :meth:`_reset_fast`).
+        self._fast_entry: Any = self._call_fast
         self.runtime_settings = RuntimeSettings.coerce(settings)
 
     # -- metadata ---------------------------------------------------------------
@@ -409,7 +412,14 @@ class EngineBase(GraphHooks, abc.ABC):
 
     def _drop_graphs(self) -> None:
         """Release this lane's outer graphs (not a hook; the caller ran :meth:`_sync`)."""
+        self._reset_fast()
         self._outer_graphs.drop(self)
+
+    def _reset_fast(self) -> None:
+        """Forget the function in :attr:`_fast_entry` (the next call starts at :meth:`_call_fast`):
+        called when the context, the graphs or the outer-graph wrap change, and by a backend
+        whenever what it put there may no longer hold."""
+        self._fast_entry = self._call_fast
 
     def synchronize(self) -> None:
         """Wait for the work every context of this engine queued."""
@@ -481,8 +491,15 @@ class EngineBase(GraphHooks, abc.ABC):
                    ) -> list[Any] | None:
         """The backend's fast path for a call like one it validated before (same shapes,
         same arrays...): its results, or ``None`` to take the general path. It must not
-        raise for bad input (the general path says what is wrong)."""
+        raise for bad input (the general path says what is wrong). The pipeline calls
+        :attr:`_fast_entry`, which is this method unless the backend put a more specific function
+        there (one that calls this method for calls it does not take)."""
         return None
+
+    def _thread_start(self) -> None:
+        """Called on a lane before the first call a thread makes on this engine (and
+        before that call's :attr:`_fast_entry`): per-thread setup, such as making the engine's
+        device current in that thread (default: nothing)."""
 
     @abc.abstractmethod
     def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
@@ -512,11 +529,18 @@ def _entry(bare: bool, name: str, doc: str | None) -> Any:
         # ContextPool.acquire/give_back inlined for their uncontended case: this thread's
         # lane of its previous call, if it is free.
         slot = getattr(pool._local, "slot", None)
-        if slot is None or not slot.lock.acquire(False):
+        if slot is None:  # this thread's first call on this engine
+            slot = pool.lease(self._lease_timeout)
+            try:
+                slot.lane._thread_start()
+            except BaseException:
+                pool.give_back(slot)
+                raise
+        elif not slot.lock.acquire(False):
             slot = pool.lease(self._lease_timeout)
         lane = slot.lane
         try:
-            result = lane._call_fast(inputs, stream, outputs) if profile is None else None
+            result = lane._fast_entry(inputs, stream, outputs) if profile is None else None
             if result is None:
                 result = lane._call(inputs, stream, outputs, profile)
         finally:

@@ -65,12 +65,13 @@ class GraphSlot:
     ``out_ptrs`` their device addresses, ``in_nbytes``/``out_nbytes`` their sizes,
     ``out_shapes`` the output shapes; ``graph``: the backend's captured graph, ``None``
     until the first call captures it; ``input_views``/``output_views``: the backend's
-    cached views of them (e.g. torch tensors), made at most once.
+    cached views of them (e.g. torch tensors), made at most once; ``plan``: the backend's
+    own replay function for it (``None`` until the backend makes one).
     """
 
     __slots__ = (
         "graph", "in_nbytes", "in_ptrs", "input_views", "inputs", "key", "out_nbytes", "out_ptrs",
-        "out_shapes", "output_views", "outputs",
+        "out_shapes", "output_views", "outputs", "plan",
     )
 
     def __init__(self, key: tuple[Any, int], inputs: list[Any], in_ptrs: tuple[int, ...],
@@ -86,6 +87,7 @@ class GraphSlot:
         self.graph: Any = None
         self.input_views: list[Any] | None = None
         self.output_views: list[Any] | None = None
+        self.plan: Any = None
 
 
 def _static_buffers(lane: Any, specs: Sequence[Any], shapes: Sequence[Sequence[int]]
@@ -222,6 +224,7 @@ class OuterGraphs:
         self.shortcuts.clear()  # may point at a released slot
         while released:
             slot = released.pop()
+            slot.plan = None
             graph, slot.graph = slot.graph, None
             if graph is not None:
                 lane._destroy_graph(graph)

@@ -226,6 +226,7 @@ class PythonEngine(EngineBase):
                 lane._profile = value
                 lane._fast_paths.forget()
                 lane._outer_graphs.shortcuts.clear()
+                lane._reset_fast()
 
     @property
     def _shape_checker(self) -> ShapeChecker:
@@ -347,6 +348,7 @@ class PythonEngine(EngineBase):
         ctx.trt_context.set_output_allocator(name, allocator)
         ctx.allocators[name] = allocator
         self._fast_paths.natural.clear()  # natural calls are remembered only without allocators
+        self._reset_fast()
 
     def _destroy_context(self, context: Any) -> None:
         self._fast_paths.forget()
@@ -408,8 +410,6 @@ class PythonEngine(EngineBase):
     # -- execution -----------------------------------------------------------------------------
     def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
                    ) -> list[Any] | None:
-        if not hasattr(self._threads, "ready"):
-            self._activate_thread()
         if self._outer_graph is not None:
             outer = self._outer_graphs
             if outputs is None and outer.shortcuts:
@@ -434,6 +434,9 @@ class PythonEngine(EngineBase):
         self._order.to_ours()  # the general path works on our stream (see stream_order)
         return self._run_inspected(context, call.inputs, call, stream, outputs, remember=call.remember)
 
+    def _thread_start(self) -> None:
+        self._activate_thread()
+
     def _activate_thread(self) -> None:
         """A new thread has no current CUDA context until something makes one current;
         TensorRT's profile switch and cuda.core's allocations need it."""
@@ -445,6 +448,7 @@ class PythonEngine(EngineBase):
 
     def _execute_failed(self) -> None:
         self._fast_paths.forget()
+        self._reset_fast()
         raise EngineError(
             f"engine {self.name!r}: execute_async_v3 failed" + _detail(self._logger.errors_since(None)[-3:])
         )

@@ -15,9 +15,13 @@ profile changes or the engine closes:
   arguments and goes straight to ``execute_async_v3`` on the caller's stream (see
   :meth:`.stream_order.StreamOrder.follow`).
 
-:class:`FastPaths`, a part of each ``PythonEngine`` lane, owns both caches and runs them
-(from the lane's ``_call_fast`` hook of the core pipeline); :func:`torch_lookup` is
-shared with the outer graphs' torch replay (which sets no shapes: a graph holds its own).
+:class:`FastPaths`, a part of each ``PythonEngine`` lane, owns both caches. Each entry
+carries its *plan* (:mod:`.plans`), the function that runs such a call; the last plan
+used is the lane's current one (``EngineBase._fast_entry``), which the core pipeline calls
+first: a thread that repeats its call goes from ``engine(x)`` straight into it. A plan
+that does not take a call hands it to the lane's ``_call_fast``, which looks the call up
+here (:func:`shape_key` for natural calls, shared with the outer graphs' replay) and
+switches plans (:func:`switch`).
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+from trt_runtime_backends.python import plans
 from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.contract import TensorInfo
 
 from trt_runtime.contract import KIND_TORCH
 
-__all__ = ["FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall", "restore_shapes", "torch_lookup"]
+__all__ = ["FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall", "restore_shapes", "shape_key", "switch"]
 
 #: How many validated calls of each kind an engine remembers (a few cycled shapes or buffers).
 FAST_ENTRIES = 16
@@ -50,7 +55,7 @@ class FastPath:
     shapes goes straight to ``execute_async_v3``."""
 
     __slots__ = (
-        "arrays", "dynamic_dims", "execute", "in_ids", "out_ids", "out_shapes", "ptr_of", "ptrs",
+        "arrays", "dynamic_dims", "execute", "in_ids", "out_ids", "out_shapes", "plan", "ptr_of", "ptrs",
         "shape_key", "shapes", "torch",
     )
 
@@ -61,6 +66,7 @@ class FastPath:
     execute: Any
     in_ids: tuple[int, ...]
     out_ids: tuple[int, ...]
+    plan: Any
     ptr_of: Any
     ptrs: tuple[int, ...]
     shapes: tuple[Any, ...]
@@ -101,7 +107,9 @@ class FastPath:
 class NaturalCall:
     """What a call without ``outputs=`` needs for one input-shape signature (torch inputs)."""
 
-    __slots__ = ("dynamic_dims", "like_input", "out_shapes", "outputs", "shape_key")
+    __slots__ = ("dynamic_dims", "like_input", "out_shapes", "outputs", "plan", "shape_key")
+
+    plan: Any
 
     def __init__(self, engine: Any, ctx: Any) -> None:
         self.shape_key = ctx.shape_key
@@ -127,9 +135,9 @@ def _dynamic_dims(
 
 
 class FastPaths:
-    """Runs and remembers :class:`FastPath` and :class:`NaturalCall` calls: a part of each
-    ``PythonEngine`` lane, owning both tables. Its methods take the lane whose context
-    they run."""
+    """Remembers :class:`FastPath` and :class:`NaturalCall` calls and runs them through their
+    plans (:mod:`.plans`): a part of each ``PythonEngine`` lane, owning both tables. Its
+    methods take the lane whose context they run."""
 
     __slots__ = ("natural", "prebound")
 
@@ -140,38 +148,21 @@ class FastPaths:
         self.natural: dict[tuple[Any, ...], NaturalCall] = {}
 
     def forget(self) -> None:
-        """Drop every remembered call (the context, profile or engine changed)."""
+        """Drop every remembered call (the context, profile or engine changed); the lane's
+        current plan goes too (``EngineBase._reset_fast``)."""
         self.prebound.clear()
         self.natural.clear()
 
     # -- outputs= with the same arrays --------------------------------------------------------
     def call_prebound(self, lane: Any, inputs: tuple[Any, ...], outputs: Sequence[Any], stream: Any
                       ) -> list[Any] | None:
-        """Run a call with the very arrays of a remembered :class:`FastPath` whose pointers
-        and shapes are unchanged; ``None`` when there is none (the full path runs it)."""
+        """Run a call with the very arrays of a remembered :class:`FastPath` through its plan
+        (which becomes the lane's current one); ``None`` when there is none, or when it is
+        the plan that just declined the call (the full path then runs it)."""
         fast = self.prebound.get((*map(id, inputs), *map(id, outputs)))
-        if (
-            fast is None
-            or tuple(map(fast.ptr_of, fast.arrays)) != fast.ptrs
-            or tuple(map(_shape_attr, fast.arrays)) != fast.shapes
-        ):
-            return None
-        ctx = lane._context
-        # identity checks first: the context is normally still in this call's state
-        if (ctx is None or ctx.shape_key is not fast.shape_key or ctx.bound_ptrs is not fast.ptrs) and (
-            not self._prepare(lane, fast)
-        ):
-            return None
-        order = lane._order
-        caller = None if stream is lane._stream else order.caller(stream, fast.torch)
-        run = order.follow(caller)
-        if not fast.execute(run):
-            lane._execute_failed()
-        if caller is not None and run != caller:
-            order.after(caller)
-        return list(outputs)
+        return None if fast is None else switch(lane, fast.plan, inputs, stream, outputs)
 
-    def _prepare(self, lane: Any, fast: FastPath) -> bool:
+    def prepare(self, lane: Any, fast: FastPath) -> bool:
         """Put the context in the state ``fast`` was recorded in: its shapes (the same
         profile only) and its addresses. False sends the call down the full path."""
         ctx = lane._context
@@ -199,7 +190,9 @@ class FastPaths:
             if len(self.prebound) >= FAST_ENTRIES:
                 self.prebound.clear()
             ctx.bound_ptrs = fast.ptrs  # the same object: the next call's identity check holds
+            fast.plan = plans.prebound_plan(lane, fast, fast.ptr_of is not _ptr_attr)
             self.prebound[fast.in_ids + fast.out_ids] = fast
+            lane._fast_entry = fast.plan
 
     # -- engine(x) with torch tensors ---------------------------------------------------------
     def remember_natural(self, lane: Any, ctx: Any, shapes: tuple[Any, ...]) -> None:
@@ -207,59 +200,37 @@ class FastPaths:
             return
         if len(self.natural) >= FAST_ENTRIES:
             self.natural.clear()
-        self.natural[shapes] = NaturalCall(lane, ctx)
+        entry = self.natural[shapes] = NaturalCall(lane, ctx)
+        entry.plan = plans.natural_plan(lane, entry, shapes)
+        lane._fast_entry = entry.plan
 
     def call_natural(self, lane: Any, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
-        """Run a call whose torch inputs have shapes an earlier call validated; ``None``
-        when it does not qualify (the full path then checks and runs it)."""
-        found = torch_lookup(lane, inputs, stream, self.natural)
-        if found is None:
-            return None
-        entry, caller = found
-        ctx = lane._context
-        if ctx.shape_key is not entry.shape_key and (
-            ctx.shape_key != entry.shape_key
-            and not restore_shapes(lane, ctx, entry.shape_key, entry.dynamic_dims, entry.out_shapes)
-        ):
-            return None
-        if lane._multi_device:
-            lane._set_device()
-        trt_context = ctx.trt_context
-        bound = ctx.bound
-        for name, x in zip(lane._in_names, inputs, strict=False):
-            ptr = x.data_ptr()
-            if bound.get(name) != ptr:
-                trt_context.set_tensor_address(name, ptr)
-                bound[name] = ptr
-                ctx.bound_ptrs = ()
-        results = []
-        if entry.like_input:
-            for name, shape, _ in entry.outputs:
-                y = inputs[0].new_empty(shape)
-                ptr = y.data_ptr()
-                if bound.get(name) != ptr:
-                    trt_context.set_tensor_address(name, ptr)
-                    bound[name] = ptr
-                    ctx.bound_ptrs = ()
-                results.append(y)
-        else:
-            empty = lane._torch.empty
-            torch_device = lane._torch.device
-            for name, shape, dtype in entry.outputs:
-                y = empty(shape, dtype=dtype, device=torch_device)
-                ptr = y.data_ptr()
-                if bound.get(name) != ptr:
-                    trt_context.set_tensor_address(name, ptr)
-                    bound[name] = ptr
-                    ctx.bound_ptrs = ()
-                results.append(y)
-        order = lane._order
-        run = order.follow(caller)
-        if not trt_context.execute_async_v3(run):
-            lane._execute_failed()
-        if caller is not None and run != caller:
-            order.after(caller)
-        return results
+        """Run a call whose inputs have the shapes of a remembered :class:`NaturalCall`
+        through its plan (which checks that they are the torch tensors it takes); ``None``
+        when there is none, or when it is the plan that just declined the call."""
+        key = shape_key(inputs)
+        entry = None if key is None else self.natural.get(key)
+        return None if entry is None else switch(lane, entry.plan, inputs, stream, None)
+
+
+def switch(lane: Any, plan: Any, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
+           ) -> list[Any] | None:
+    """Make ``plan`` the lane's current one and run the call through it; ``None`` (the full
+    path) when it is the current one already: it declined this call a moment ago."""
+    if plan is lane._fast_entry:
+        return None
+    lane._fast_entry = plan
+    return plan(inputs, stream, outputs)  # type: ignore[no-any-return]
+
+
+def shape_key(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The shapes of ``inputs`` as the tables key them (``None``: something without a shape)."""
+    try:
+        if len(inputs) == 1:
+            return (inputs[0].shape,)
+        return tuple([x.shape for x in inputs])
+    except AttributeError:
+        return None
 
 
 def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
@@ -280,38 +251,3 @@ def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
     ctx.shape_key = shape_key
     ctx.out_shapes = out_shapes
     return True
-
-
-def torch_lookup(lane: Any, inputs: tuple[Any, ...], stream: Any, table: dict[Any, Any]
-                 ) -> tuple[Any, int | None] | None:
-    """For contiguous CUDA torch tensors of the right dtypes on the engine's device: the
-    entry of ``table`` for their shapes and the caller's stream to order with (torch's
-    current stream when ``stream`` is None; ``None`` when no event is needed). ``None``
-    for anything else, or shapes ``table`` does not know (one function for both torch
-    fast paths: every call in them counts)."""
-    bridge = lane._torch
-    tensor = bridge.tensor
-    device = lane._device
-    if len(inputs) == 1:  # most engines: no tuple building, one check
-        (x,) = inputs
-        if (type(x) is not tensor or x.dtype is not bridge.in_dtypes[0] or x.get_device() != device
-                or not x.is_contiguous()):
-            return None
-        entry = table.get((x.shape,))
-    else:
-        if len(inputs) != lane._n_in:
-            return None
-        for x, dtype in zip(inputs, bridge.in_dtypes, strict=False):
-            if (type(x) is not tensor or x.dtype is not dtype or x.get_device() != device
-                    or not x.is_contiguous()):
-                return None
-        entry = table.get(tuple([x.shape for x in inputs]))
-    if entry is None:
-        return None
-    if stream is None:
-        caller: int | None = bridge.raw_stream(device)
-        if caller in lane._order.skip or caller == lane._stream_handle:
-            caller = None
-    else:
-        caller = lane._order.caller(stream, True)
-    return entry, caller

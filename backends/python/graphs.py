@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trt_runtime_backends.python import cuda
+from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
-from trt_runtime_backends.python.fast_path import torch_lookup
+from trt_runtime_backends.python.fast_path import shape_key, switch
 from trt_runtime_backends.python.output_binding import host_memory
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
@@ -82,36 +82,21 @@ class GraphOps:
 
     def replay_torch(self, lane: Any, inputs: tuple[Any, ...], stream: Any, graphs: OuterGraphs
                      ) -> list[Any] | None:
-        """A replay for CUDA torch inputs of shapes already captured; ``None`` when the call
-        does not qualify (the full path then checks and runs it). One dict get finds the
-        slot; then one copy per input not already in its static buffer, one
-        ``cudaGraphLaunch`` (no TensorRT call: the graph holds its shapes and addresses),
-        and the static outputs (``"view"``) or copies of them, all on the caller's stream
-        (:meth:`.stream_order.StreamOrder.follow`)."""
-        found = torch_lookup(lane, inputs, stream, graphs.shortcuts)
-        if found is None:
+        """A replay for CUDA torch inputs of shapes already captured, through the slot's
+        plan (:func:`.plans.replay_plan`, made on first use; it becomes the lane's current
+        one); ``None`` when no slot has those shapes or its plan just declined the call (the
+        full path then checks and runs it). A plan copies each input that is not already
+        in its static buffer, makes one ``cudaGraphLaunch`` (no TensorRT call: the graph
+        holds its shapes and addresses) and hands over the static outputs (``"view"``) or
+        copies of them, all on the caller's stream (:meth:`.stream_order.StreamOrder.follow`)."""
+        key = shape_key(inputs)
+        slot = None if key is None else graphs.shortcuts.get(key)
+        if key is None or slot is None or slot.graph is None:
             return None
-        slot, caller = found
-        graphs.cache.touch(slot.key)
-        if lane._multi_device:
-            lane._set_device()
-        order = lane._order
-        run = order.follow(caller)
-        rt = self.rt
-        for x, dst, nbytes in zip(inputs, slot.in_ptrs, slot.in_nbytes, strict=False):
-            src = x.data_ptr()
-            if src != dst and nbytes:
-                (err,) = rt.cudaMemcpyAsync(dst, src, nbytes, self.d2d, run)
-                if err:
-                    cuda.check((err,), "cudaMemcpyAsync")
-        (err,) = rt.cudaGraphLaunch(slot.graph, run)
-        if err:
-            _launch_failed(lane, err)
-        views = slot.output_views  # made only in "view" mode
-        results = list(views) if views is not None else torch_results(lane, slot, run, False)
-        if caller is not None and run != caller:
-            order.after(caller)
-        return results
+        plan = slot.plan
+        if plan is None:
+            plan = slot.plan = plans.replay_plan(lane, slot, key, graphs)
+        return switch(lane, plan, inputs, stream, None)
 
 
 def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any]:
@@ -136,9 +121,10 @@ def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any
     return results
 
 
-def _launch_failed(lane: Any, err: Any) -> None:
+def replay_failed(lane: Any, err: Any, call: str = "cudaGraphLaunch") -> None:
+    """Raise the :class:`~trt_runtime.EngineError` of a replay whose ``call`` returned ``err``."""
     try:
-        cuda.check((err,), "cudaGraphLaunch")
+        cuda.check((err,), call)
     except Exception as exc:
         raise EngineError(f"engine {lane.name!r}: replaying its CUDA graph failed: {exc}") from exc
 
@@ -276,7 +262,7 @@ def launch(lane: Any, graph: Any, stream: Any) -> None:
     and the next eager call sets only what differs."""
     (err,) = lane._rt.cudaGraphLaunch(graph, stream)
     if err:
-        _launch_failed(lane, err)
+        replay_failed(lane, err)
 
 
 def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:

@@ -1,0 +1,283 @@
+"""Call plans: the python backend's fast paths, compiled for one call signature.
+
+A repeat call is only a few µs of Python on top of TensorRT's enqueue, and on a busy
+host each attribute read and each function call of it shows (measured step by step
+with ``tools/gpu_step_costs.py`` on an H100 host: 3 to 5 µs over the raw loops, spread
+over some thirty small steps). So once the full path has validated a call, the lane
+keeps a *plan* for it: a function made for that call's arity (the number of inputs and
+outputs) whose constants (the arrays or dtypes and shapes seen, the device, the
+context, the bound methods it calls) are closure variables, with nothing looked up
+twice. The core pipeline calls the lane's current plan first (``EngineBase._fast_entry``);
+a plan that does not apply hands the call to the lane's ``_call_fast``, which finds the
+plan that does in its tables (and makes it current) or sends the call down the full
+path.
+
+Three kinds, each checking exactly what the table lookup they replace checked:
+
+* ``prebound`` (:class:`.fast_path.FastPath`): ``execute(*inputs, outputs=[...])`` with
+  the very arrays of an earlier call, their pointers and shapes unchanged;
+* ``natural`` (:class:`.fast_path.NaturalCall`): ``engine(x)`` with contiguous CUDA torch
+  tensors of the engine's dtypes, on its device, of shapes seen before;
+* ``replay`` (an outer-graph slot, ``trt_runtime.outer.GraphSlot``): the same call
+  under the outer graph, replayed.
+
+The plans are generated source (as :mod:`dataclasses` generates ``__init__``): one
+template per kind, unrolled for the call's arity, compiled once per (kind, arity,
+pointer read) and then only bound to constants.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["natural_plan", "prebound_plan", "replay_plan"]
+
+Plan = Callable[[tuple[Any, ...], Any, Any], "list[Any] | None"]
+
+# -- the shared tail: order with the caller's stream, enqueue, hand the results over -------------
+_CALLER = """\
+        if stream is None:
+            caller = {default_caller}
+        elif stream is own:
+            caller = None
+        else:
+            caller = order.caller(stream, {torch_kind})
+"""
+
+_RUN = """\
+        if caller is None:
+            run = order.ours
+            if order.tail != run:
+                order.join(run)
+        else:
+            run = order.follow(caller)
+"""
+
+_AFTER = """\
+        if caller is not None and run != caller:
+            order.after(caller)
+"""
+
+_PREBOUND = """\
+def make(lane, miss, order, own, ctx, key, ptrs, execute, prepare, torch_kind, {consts}):
+    def plan(inputs, stream, outputs):
+        if outputs is None or len(inputs) != {n} or len(outputs) != {m}:
+            return miss(inputs, stream, outputs)
+        {unpack_in}
+        {unpack_out}
+        if {identity} or {pointers} or {shapes}:
+            return miss(inputs, stream, outputs)
+        if lane._context is not ctx:
+            return None
+        if (ctx.shape_key is not key or ctx.bound_ptrs is not ptrs) and not prepare():
+            return None
+{caller}{run}\
+        if not execute(run):
+            lane._execute_failed()
+{after}\
+        return [{outs}]
+    return plan
+"""
+
+_NATURAL = """\
+def make(lane, miss, order, own, ctx, key, execute, restore, tensor, device, raw_stream, set_address,
+         bound, empty, torch_device, {consts}):
+    bound_get = bound.get
+    def plan(inputs, stream, outputs):
+        if outputs is not None or len(inputs) != {n}:
+            return miss(inputs, stream, outputs)
+        {unpack_in}
+        if {tensor_checks}:
+            return miss(inputs, stream, outputs)
+        if lane._context is not ctx:
+            return None
+        if ctx.shape_key is not key and ctx.shape_key != key and not restore():
+            return None
+        if lane._multi_device:
+            lane._set_device()
+{bind_in}{alloc_out}{caller}{run}\
+        if not execute(run):
+            lane._execute_failed()
+{after}\
+        return [{outs}]
+    return plan
+"""
+
+_REPLAY = """\
+def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results, tensor, device,
+         raw_stream, {consts}):
+    def plan(inputs, stream, outputs):
+        if outputs is not None or len(inputs) != {n}:
+            return miss(inputs, stream, outputs)
+        {unpack_in}
+        if {replay_checks}:
+            return miss(inputs, stream, outputs)
+        graph = slot.graph
+        if graph is None:
+            return miss(inputs, stream, outputs)
+        {sources}
+        if {foreign_device}:
+            return miss(inputs, stream, outputs)
+        touch(slot.key)
+        if lane._multi_device:
+            lane._set_device()
+{caller}{run}{copies}\
+        (err,) = launch(graph, run)
+        if err:
+            failed(err, "cudaGraphLaunch")
+        out = results(run)
+{after}\
+        return out
+    return plan
+"""
+
+_TORCH_CALLER = "None if (c := raw_stream(device)) in order.skip or c == order.ours else c"
+
+
+def _names(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+def _unpack(names: list[str], source: str) -> str:
+    return f"{', '.join(names)}, = {source}"
+
+
+def _any(terms: list[str]) -> str:
+    return " or ".join(terms)
+
+
+def _indent(lines: list[str]) -> str:
+    return "".join(f"        {line}\n" for line in lines)
+
+
+def _bind(var: str, name: str) -> list[str]:
+    """Bind ``var``'s address to tensor ``name`` unless the context has it already."""
+    return [f"p = {var}.data_ptr()", f"if bound_get({name}) != p:", f"    set_address({name}, p)",
+            f"    bound[{name}] = p", "    ctx.bound_ptrs = ()"]
+
+
+@functools.cache
+def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
+    """The ``make`` function of plan ``kind`` for ``n`` inputs and ``m`` outputs.
+    ``variant``: prebound, torch tensors (``data_ptr()``, else ``DeviceArray.ptr``);
+    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``)."""
+    if n < 1:
+        raise ValueError(f"a plan needs at least one input; got {n}")
+    xs, ys = _names("x", n), _names("y", m)
+    fields: dict[str, str] = {"n": str(n), "m": str(m), "unpack_in": _unpack(xs, "inputs"),
+                              "outs": ", ".join(ys), "run": _RUN, "after": _AFTER}
+    if kind == "prebound":
+        arrays = xs + ys
+        ptr = "{}.data_ptr()" if variant else "{}.ptr"
+        consts = _names("a", n + m) + _names("p", n + m) + _names("s", n + m)
+        fields.update(
+            consts=", ".join(consts),
+            unpack_out=_unpack(ys, "outputs") if m else "",
+            identity=_any([f"{v} is not a{i}" for i, v in enumerate(arrays)]),
+            pointers=_any([f"{ptr.format(v)} != p{i}" for i, v in enumerate(arrays)]),
+            shapes=_any([f"{v}.shape != s{i}" for i, v in enumerate(arrays)]),
+            caller=_CALLER.format(default_caller="order.caller(None, torch_kind)", torch_kind="torch_kind"),
+        )
+        template = _PREBOUND
+    elif kind == "natural":
+        consts = _names("d", n) + _names("s", n) + _names("name", n) + _names("out", m) + _names("shape", m)
+        bind_in = [line for i, x in enumerate(xs) for line in _bind(x, f"name{i}")]
+        alloc_out = []
+        for i, y in enumerate(ys):
+            if variant:
+                alloc_out.append(f"{y} = x0.new_empty(shape{i})")
+            else:
+                alloc_out.append(f"{y} = empty(shape{i}, dtype=od{i}, device=torch_device)")
+            alloc_out += _bind(y, f"out{i}")
+        consts += _names("od", m)
+        fields.update(
+            consts=", ".join(consts),
+            tensor_checks=_any([
+                f"type({x}) is not tensor or {x}.dtype is not d{i} or {x}.get_device() != device "
+                f"or not {x}.is_contiguous() or {x}.shape != s{i}" for i, x in enumerate(xs)
+            ]),
+            bind_in=_indent(bind_in), alloc_out=_indent(alloc_out),
+            caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
+        )
+        template = _NATURAL
+    elif kind == "replay":
+        consts = _names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n)
+        copies = []
+        for i in range(n):
+            copies += [f"if src{i} != dst{i} and nb{i}:",
+                       f"    (err,) = copy(dst{i}, src{i}, nb{i}, d2d, run)",
+                       "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
+        fields.update(
+            consts=", ".join(consts),
+            replay_checks=_any([
+                f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous() "
+                f"or {x}.shape != s{i}" for i, x in enumerate(xs)
+            ]),
+            sources="; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
+            # an input that is not the static buffer itself must be on the engine's device
+            foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
+                                 for i, x in enumerate(xs)]),
+            copies=_indent(copies),
+            caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
+        )
+        template = _REPLAY
+    else:
+        raise ValueError(f"plan kind must be one of 'prebound', 'natural', 'replay'; got {kind!r}")
+    source = template.format(**fields)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<trt_runtime plan: {kind} {n}->{m}>", "exec"), namespace)
+    return namespace["make"]  # type: ignore[no-any-return]
+
+
+def prebound_plan(lane: Any, fast: Any, torch_ptrs: bool) -> Plan:
+    """The plan of a remembered pre-bound call ``fast`` (a :class:`.fast_path.FastPath`)
+    of the lane's current context; ``torch_ptrs``: its arrays are torch tensors (else
+    ``DeviceArray``\\ s)."""
+    make = _compile("prebound", len(fast.in_ids), len(fast.out_ids), torch_ptrs)
+    prepare = functools.partial(lane._fast_paths.prepare, lane, fast)
+    return make(lane, lane._call_fast, lane._order, lane._stream, lane._context, fast.shape_key, fast.ptrs,
+                fast.execute, prepare, fast.torch, *fast.arrays, *fast.ptrs, *fast.shapes)
+
+
+def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
+    """The plan of a remembered natural call ``entry`` (a :class:`.fast_path.NaturalCall`)
+    of the lane's current context, for torch inputs of ``shapes`` (``torch.Size``\\ s)."""
+    from trt_runtime_backends.python.fast_path import restore_shapes
+
+    bridge = lane._torch
+    ctx = lane._context
+    trt_context = ctx.trt_context
+    make = _compile("natural", len(shapes), len(entry.outputs), entry.like_input)
+    restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
+                                entry.out_shapes)
+    names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
+    return make(
+        lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, trt_context.execute_async_v3,
+        restore, bridge.tensor, lane._device, bridge.raw_stream, trt_context.set_tensor_address, ctx.bound,
+        bridge.empty, bridge.device,
+        *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes,
+    )
+
+
+def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> Plan:
+    """The plan of a captured outer-graph ``slot`` for torch inputs of ``shapes``: its
+    static outputs handed back when it has views of them (``"view"``), else copies."""
+    from trt_runtime_backends.python.graphs import replay_failed, torch_results
+
+    bridge = lane._torch
+    rt = lane._graphs.rt
+    make = _compile("replay", len(shapes), 0, False)
+    views = slot.output_views
+    if views is not None:
+        def results(run: int) -> list[Any]:
+            return list(views)
+    else:
+        results = functools.partial(torch_results, lane, slot, view=False)
+    failed = functools.partial(replay_failed, lane)
+    return make(
+        lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, rt.cudaGraphLaunch,
+        rt.cudaMemcpyAsync, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, failed, results, bridge.tensor,
+        lane._device, bridge.raw_stream, *bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes,
+    )

@@ -1,0 +1,154 @@
+"""The python backend's call plans (backends/python/plans.py), over the test doubles."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from _python_doubles import FakeTorch, _fake_engine, _FakeBuffer, _trt_calls, fake_torch_fixture
+from trt_runtime_backends.python import plans
+from trt_runtime_backends.python.arrays import DeviceArray
+
+from trt_runtime import InputError
+
+
+@pytest.fixture
+def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
+    return fake_torch_fixture(monkeypatch)
+
+
+def _kinds(engine: Any) -> list[str]:
+    return [c[0] for c in _trt_calls(engine)]
+
+
+def test_plans_natural_call_becomes_the_lanes_current_plan(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    assert engine._fast_entry == engine._call_fast  # nothing validated yet
+    engine(torch.cuda_tensor((2, 4)))
+    (entry,) = engine._fast_paths.natural.values()
+    assert engine._fast_entry is entry.plan
+    _trt_calls(engine).clear()
+    out = engine(torch.cuda_tensor((2, 4)))
+    assert _kinds(engine) == ["address", "address", "execute"] and out.shape == (2, 4)
+
+
+def test_plans_switch_between_shapes_and_decline_what_they_do_not_take(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
+    engine(a)
+    engine(b)
+    plan_a, plan_b = (engine._fast_paths.natural[k].plan for k in (((2, 4),), ((3, 4),)))
+    assert engine._fast_entry is plan_b
+    _trt_calls(engine).clear()
+    assert engine(a).shape == (2, 4)  # plan_b declines, the table finds plan_a
+    assert engine._fast_entry is plan_a
+    assert [c for c in _trt_calls(engine) if c[0] == "shape"] == [("shape", "x", (2, 4))]
+    # what no plan takes goes down the full path, which says what is wrong
+    with pytest.raises(InputError, match=r"input 'x' must have dtype float32; got torch\.float16"):
+        engine(torch.cuda_tensor((2, 4), torch.float16))
+    with pytest.raises(InputError, match=r"input 'x' is not contiguous"):
+        engine(torch.cuda_tensor((2, 4), contiguous=False))
+    with pytest.raises(InputError, match=r"takes 1 input\(s\) \(x\); got 2"):
+        engine(a, a)
+    assert engine(np.ones((2, 4), np.float32)).shape == (2, 4)  # numpy: the full path
+
+
+def test_plans_prebound_checks_identity_pointer_and_shape(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    x, y = torch.cuda_tensor((2, 4)), torch.cuda_tensor((2, 4))
+    engine.execute(x, outputs=[y])
+    (fast,) = engine._fast_paths.prebound.values()
+    assert engine._fast_entry is fast.plan
+    _trt_calls(engine).clear()
+    assert engine.execute(x, outputs=[y])[0] is y
+    assert _kinds(engine) == ["execute"]
+    x._ptr += 4096  # the same object moved (set_(), a resize): the full path binds it again
+    _trt_calls(engine).clear()
+    engine.execute(x, outputs=[y])
+    assert ("address", "x", x.data_ptr()) in _trt_calls(engine)
+    other = torch.cuda_tensor((2, 4))  # another output object: the full path
+    _trt_calls(engine).clear()
+    assert engine.execute(x, outputs=[other])[0] is other
+    assert ("address", "y", other.data_ptr()) in _trt_calls(engine)
+    with pytest.raises(InputError, match="output"):
+        engine.execute(x, outputs=[torch.cuda_tensor((3, 4))])
+
+
+def test_plans_go_when_the_context_or_profile_changes(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    x = torch.cuda_tensor((2, 4))
+    engine(x)
+    assert engine._fast_entry != engine._call_fast
+    engine.invalidate_context()
+    assert engine._fast_entry == engine._call_fast and not engine._fast_paths.natural
+    engine(x)  # a new context: the full path, then a new plan
+    assert engine._fast_entry is engine._fast_paths.natural[((2, 4),)].plan
+    engine.profile = 0
+    assert engine._fast_entry == engine._call_fast
+    engine.close()
+    assert engine._fast_entry == engine._call_fast
+
+
+def test_plans_replay_a_captured_slot_and_go_with_the_graphs(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    engine.outer_graph = "view"
+    x = torch.cuda_tensor((2, 4))
+    engine(x)
+    engine(x)  # the first call captured; the second finds the slot by its shapes
+    (slot,) = engine._outer_graphs.shortcuts.values()
+    assert slot.plan is not None and engine._fast_entry is slot.plan
+    engine._rt.calls.clear()
+    out = engine(x)
+    assert [c[0] for c in engine._rt.calls if c[0] in ("launch", "memcpy")] == ["memcpy", "launch"]
+    assert out is not None and engine.graph_stats()["hits"] >= 2
+    (static,) = engine.static_inputs((2, 4), as_torch=True)
+    engine._rt.calls.clear()
+    engine(static)  # the static buffer itself: no copy
+    assert [c[0] for c in engine._rt.calls if c[0] in ("launch", "memcpy")] == ["launch"]
+    engine.reset_graphs()
+    assert slot.plan is None and slot.graph is None and engine._fast_entry == engine._call_fast
+    engine.outer_graph = None
+    assert engine(x).shape == (2, 4)
+
+
+def test_plans_a_threads_first_call_makes_the_device_current_even_on_a_plan(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    x = torch.cuda_tensor((2, 4))
+    engine(x)
+    state = engine._state
+    before = state.activations
+    engine(x)
+    assert state.activations == before
+    threads = [threading.Thread(target=engine, args=(torch.cuda_tensor((2, 4)),)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+        thread.join()
+    assert state.activations == before + 3  # each thread went straight to the plan
+
+
+@pytest.mark.parametrize(("n", "m"), [(1, 1), (2, 3), (3, 0)])
+def test_plans_compile_for_any_arity(n: int, m: int) -> None:
+    for kind, variant in (("prebound", True), ("prebound", False), ("natural", True), ("natural", False),
+                          ("replay", False)):
+        make = plans._compile(kind, n, m, variant)
+        assert callable(make) and make.__code__.co_filename == f"<trt_runtime plan: {kind} {n}->{m}>"
+    assert plans._compile("natural", n, m, True) is plans._compile("natural", n, m, True)  # once
+
+
+def test_plans_compile_rejects_what_has_no_plan() -> None:
+    with pytest.raises(ValueError, match="plan kind must be one of 'prebound', 'natural', 'replay'; got 'x'"):
+        plans._compile("x", 1, 1, False)
+    with pytest.raises(ValueError, match="a plan needs at least one input; got 0"):
+        plans._compile("natural", 0, 1, False)
+
+
+def test_plans_prebound_device_arrays_use_their_ptr() -> None:
+    engine = _fake_engine()
+    x = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    y = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
+    engine.execute(x, outputs=[y])
+    _trt_calls(engine).clear()
+    assert engine.execute(x, outputs=[y])[0] is y
+    assert _kinds(engine) == ["execute"]
