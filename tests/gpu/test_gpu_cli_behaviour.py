@@ -24,7 +24,9 @@ from trt_runtime import FormatError, TensorSpec
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
 
-def test_gpu_load_picks_by_format_with_python_available(engines: Any, tmp_path: Path) -> None:
+def test_gpu_load_picks_by_format_with_python_available(engines: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRT_RUNTIME_BACKEND", raising=False)  # the pick by format, not a named backend
     plan = engines.path("mlp_fp32")
     with trt.load(plan) as engine:
         assert engine.backend.name == "python"
