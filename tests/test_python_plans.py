@@ -152,3 +152,32 @@ def test_plans_prebound_device_arrays_use_their_ptr() -> None:
     _trt_calls(engine).clear()
     assert engine.execute(x, outputs=[y])[0] is y
     assert _kinds(engine) == ["execute"]
+
+
+def test_plans_hold_no_context_and_die_with_their_tables(torch: FakeTorch) -> None:
+    """Dropping a context frees its plans at once (no reference cycle waits for the garbage
+    collector with a TensorRT context in it: drop_context's order is what TensorRT needs)."""
+    import gc
+    import weakref
+
+    engine = _fake_engine()
+    x, y = torch.cuda_tensor((2, 4)), torch.cuda_tensor((2, 4))
+    engine.execute(x, outputs=[y])
+    engine(x)
+    engine.outer_graph = "view"
+    engine(x)
+    engine(x)
+    refs = [weakref.ref(f.plan) for f in engine._fast_paths.prebound.values()]
+    refs += [weakref.ref(e.plan) for e in engine._fast_paths.natural.values()]
+    refs += [weakref.ref(s.plan) for s in engine._outer_graphs.shortcuts.values()]
+    assert len(refs) == 3 and all(r() is not None for r in refs)
+    for plan in (r() for r in refs):
+        names = plan.__code__.co_freevars  # type: ignore[union-attr]
+        assert "execute" not in names and "set_address" not in names  # read from ctx per call
+    del plan
+    gc.disable()
+    try:
+        engine.invalidate_context()
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        gc.enable()

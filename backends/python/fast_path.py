@@ -36,7 +36,10 @@ from trt_runtime_backends.python.contract import TensorInfo
 
 from trt_runtime.contract import KIND_TORCH
 
-__all__ = ["FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall", "restore_shapes", "shape_key", "switch"]
+__all__ = [
+    "FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall", "prepare_state", "restore_shapes", "shape_key",
+    "switch",
+]
 
 #: How many validated calls of each kind an engine remembers (a few cycled shapes or buffers).
 FAST_ENTRIES = 16
@@ -55,7 +58,7 @@ class FastPath:
     shapes goes straight to ``execute_async_v3``."""
 
     __slots__ = (
-        "arrays", "dynamic_dims", "execute", "in_ids", "out_ids", "out_shapes", "plan", "ptr_of", "ptrs",
+        "arrays", "dynamic_dims", "in_ids", "out_ids", "out_shapes", "plan", "ptr_of", "ptrs",
         "shape_key", "shapes", "torch",
     )
 
@@ -63,7 +66,6 @@ class FastPath:
     dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...]
     out_shapes: list[tuple[int, ...]]
     shape_key: tuple[Any, ...]
-    execute: Any
     in_ids: tuple[int, ...]
     out_ids: tuple[int, ...]
     plan: Any
@@ -97,7 +99,6 @@ class FastPath:
         self.ptrs = (*in_ptrs, *out_ptrs)
         self.shapes = tuple(map(_shape_attr, arrays))
         self.torch = kind == KIND_TORCH
-        self.execute = ctx.trt_context.execute_async_v3
         self.shape_key = shape_key
         self.out_shapes = ctx.out_shapes
         self.dynamic_dims = _dynamic_dims(engine._in, shape_key)
@@ -162,27 +163,6 @@ class FastPaths:
         fast = self.prebound.get((*map(id, inputs), *map(id, outputs)))
         return None if fast is None else switch(lane, fast.plan, inputs, stream, outputs)
 
-    def prepare(self, lane: Any, fast: FastPath) -> bool:
-        """Put the context in the state ``fast`` was recorded in: its shapes (the same
-        profile only) and its addresses. False sends the call down the full path."""
-        ctx = lane._context
-        if ctx is None:
-            return False
-        if ctx.shape_key != fast.shape_key and not restore_shapes(
-            lane, ctx, fast.shape_key, fast.dynamic_dims, fast.out_shapes
-        ):
-            return False
-        if ctx.bound_ptrs != fast.ptrs:
-            trt_context = ctx.trt_context
-            bound = ctx.bound
-            for name, ptr in zip(lane._io_names, fast.ptrs, strict=True):
-                if bound.get(name) != ptr:
-                    trt_context.set_tensor_address(name, ptr)
-                    bound[name] = ptr
-        ctx.shape_key = fast.shape_key
-        ctx.bound_ptrs = fast.ptrs
-        return True
-
     def remember_prebound(self, lane: Any, ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any],
                           in_ptrs: list[int], out_ptrs: list[int], kind: int) -> None:
         fast = FastPath.make(lane, ctx, inputs, outputs, in_ptrs, out_ptrs, kind)
@@ -211,6 +191,28 @@ class FastPaths:
         key = shape_key(inputs)
         entry = None if key is None else self.natural.get(key)
         return None if entry is None else switch(lane, entry.plan, inputs, stream, None)
+
+
+def prepare_state(lane: Any, shape_key: tuple[Any, int],
+                  dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any,
+                  ptrs: tuple[int, ...]) -> bool:
+    """Put the lane's context in the state a pre-bound call was recorded in: its shapes (the
+    same profile only) and its addresses. False sends the call down the full path."""
+    ctx = lane._context
+    if ctx is None:
+        return False
+    if ctx.shape_key != shape_key and not restore_shapes(lane, ctx, shape_key, dynamic_dims, out_shapes):
+        return False
+    if ctx.bound_ptrs != ptrs:
+        trt_context = ctx.trt_context
+        bound = ctx.bound
+        for name, ptr in zip(lane._io_names, ptrs, strict=True):
+            if bound.get(name) != ptr:
+                trt_context.set_tensor_address(name, ptr)
+                bound[name] = ptr
+    ctx.shape_key = shape_key
+    ctx.bound_ptrs = ptrs
+    return True
 
 
 def switch(lane: Any, plan: Any, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None

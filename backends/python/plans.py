@@ -21,6 +21,11 @@ Three kinds, each checking exactly what the table lookup they replace checked:
 * ``replay`` (an outer-graph slot, ``trt_runtime.outer.GraphSlot``): the same call
   under the outer graph, replayed.
 
+A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
+dropping a context (``execution_context.drop_context``) releases it then and there,
+whatever plan is still referenced; nor does it reference its table entry (a cycle would
+keep it, and anything it holds, until the garbage collector runs).
+
 The plans are generated source (as :mod:`dataclasses` generates ``__init__``): one
 template per kind, unrolled for the call's arity, compiled once per (kind, arity,
 pointer read) and then only bound to constants.
@@ -61,7 +66,7 @@ _AFTER = """\
 """
 
 _PREBOUND = """\
-def make(lane, miss, order, own, ctx, key, ptrs, execute, prepare, torch_kind, {consts}):
+def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, {consts}):
     def plan(inputs, stream, outputs):
         if outputs is None or len(inputs) != {n} or len(outputs) != {m}:
             return miss(inputs, stream, outputs)
@@ -74,7 +79,7 @@ def make(lane, miss, order, own, ctx, key, ptrs, execute, prepare, torch_kind, {
         if (ctx.shape_key is not key or ctx.bound_ptrs is not ptrs) and not prepare():
             return None
 {caller}{run}\
-        if not execute(run):
+        if not ctx.trt_context.execute_async_v3(run):
             lane._execute_failed()
 {after}\
         return [{outs}]
@@ -82,8 +87,8 @@ def make(lane, miss, order, own, ctx, key, ptrs, execute, prepare, torch_kind, {
 """
 
 _NATURAL = """\
-def make(lane, miss, order, own, ctx, key, execute, restore, tensor, device, raw_stream, set_address,
-         bound, empty, torch_device, {consts}):
+def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, bound, empty, torch_device,
+         {consts}):
     bound_get = bound.get
     def plan(inputs, stream, outputs):
         if outputs is not None or len(inputs) != {n}:
@@ -97,8 +102,10 @@ def make(lane, miss, order, own, ctx, key, execute, restore, tensor, device, raw
             return None
         if lane._multi_device:
             lane._set_device()
+        trt_context = ctx.trt_context
+        set_address = trt_context.set_tensor_address
 {bind_in}{alloc_out}{caller}{run}\
-        if not execute(run):
+        if not trt_context.execute_async_v3(run):
             lane._execute_failed()
 {after}\
         return [{outs}]
@@ -235,10 +242,13 @@ def prebound_plan(lane: Any, fast: Any, torch_ptrs: bool) -> Plan:
     """The plan of a remembered pre-bound call ``fast`` (a :class:`.fast_path.FastPath`)
     of the lane's current context; ``torch_ptrs``: its arrays are torch tensors (else
     ``DeviceArray``\\ s)."""
+    from trt_runtime_backends.python.fast_path import prepare_state
+
     make = _compile("prebound", len(fast.in_ids), len(fast.out_ids), torch_ptrs)
-    prepare = functools.partial(lane._fast_paths.prepare, lane, fast)
+    prepare = functools.partial(prepare_state, lane, fast.shape_key, fast.dynamic_dims, fast.out_shapes,
+                                fast.ptrs)
     return make(lane, lane._call_fast, lane._order, lane._stream, lane._context, fast.shape_key, fast.ptrs,
-                fast.execute, prepare, fast.torch, *fast.arrays, *fast.ptrs, *fast.shapes)
+                prepare, fast.torch, *fast.arrays, *fast.ptrs, *fast.shapes)
 
 
 def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
@@ -248,15 +258,13 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
 
     bridge = lane._torch
     ctx = lane._context
-    trt_context = ctx.trt_context
     make = _compile("natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
     names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
     return make(
-        lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, trt_context.execute_async_v3,
-        restore, bridge.tensor, lane._device, bridge.raw_stream, trt_context.set_tensor_address, ctx.bound,
-        bridge.empty, bridge.device,
+        lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
+        lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device,
         *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes,
     )
 
