@@ -32,6 +32,13 @@ class Caller:
 
     #: max |serial output - float64 reference| / max |reference| (None: not computed).
     error: float | None = None
+    #: The largest max |output - serial output| / max |serial output| of a wrong output.
+    wrong_diff: float | None = None
+
+    def _wrong(self, diff: float) -> bool:
+        """Record a wrong output that is off by ``diff`` (relative to the peak); False."""
+        self.wrong_diff = diff if self.wrong_diff is None else max(self.wrong_diff, diff)
+        return False
 
     def prepare(self) -> None:
         """Runs in the caller's thread before its first call."""
@@ -89,7 +96,10 @@ class _TorchCaller(Caller):
 
     def check(self, output: Any) -> bool:
         got = output.float().reshape(self.expected.shape)
-        return bool(self.torch.allclose(got, self.expected, rtol=self.rtol, atol=self.atol))
+        if self.torch.allclose(got, self.expected, rtol=self.rtol, atol=self.atol):
+            return True
+        peak = float(self.expected.abs().max()) or 1.0
+        return self._wrong(float((got - self.expected).abs().max()) / peak)
 
 
 class _EngineCaller(_TorchCaller):
@@ -198,7 +208,10 @@ class _MemoryCaller(Caller):
     def check(self, output: Any) -> bool:
         import numpy as np
 
-        return bool(np.allclose(output, self.expected, rtol=self.rtol, atol=self.atol))
+        if np.allclose(output, self.expected, rtol=self.rtol, atol=self.atol):
+            return True
+        peak = float(np.max(np.abs(self.expected))) or 1.0
+        return self._wrong(float(np.max(np.abs(np.asarray(output) - self.expected))) / peak)
 
 
 def memory_callers(

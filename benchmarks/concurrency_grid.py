@@ -60,6 +60,9 @@ class Row:
     wrong: int | None = None
     errors: int = 0
     max_error: float | None = None
+    #: The largest difference of a wrong output from its caller's serial output, relative to
+    #: the serial output's peak (``None``: no output was wrong).
+    wrong_diff: float | None = None
     checked: int = 0
     calls: int = 0
     skipped: str | None = None
@@ -168,6 +171,8 @@ def measure(
     row.errors = len([e for e in errors if e.startswith("thread")])
     found = [c.error for c in callers if c.error is not None]
     row.max_error = round(max(found), 6) if found else None
+    diffs = [c.wrong_diff for c in callers if c.wrong_diff is not None]
+    row.wrong_diff = round(max(diffs), 6) if diffs else None
     if errors:
         row.note = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     if total:
@@ -206,7 +211,9 @@ def evaluate_targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
     measured = [r for r in rows if r.ok]
     wrong = sum(r.wrong or 0 for r in measured)
     failed = sum(r.errors for r in rows)
-    bad = [f"{r.backend}/{r.workload}/{r.mode}/{r.callers}x{r.contexts}" for r in rows if r.wrong or r.errors]
+    bad = [f"{r.backend}/{r.workload}/{r.mode}/{r.callers}x{r.contexts}"
+           + (f" (off by up to {r.wrong_diff:.1e} of the peak)" if r.wrong_diff is not None else "")
+           for r in rows if r.wrong or r.errors]
     results.append(
         {
             "target": "0 wrong outputs in every row",
