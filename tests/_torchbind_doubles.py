@@ -577,6 +577,15 @@ class FakeBridge:
         self.events.append(("replay", self.active_stream(0).name))
         graph.replay()
 
+    def raw_current_stream(self, index: int) -> int:
+        return id(self.active_stream(index))
+
+    #: ``graph_launcher(graph)``: None (replay() launches) unless a test sets a factory.
+    launcher_factory: Any = None
+
+    def graph_launcher(self, graph: FakeGraph) -> Any:
+        return None if self.launcher_factory is None else self.launcher_factory(graph)
+
     @staticmethod
     def reset_graph(graph: FakeGraph) -> None:
         graph.resets += 1

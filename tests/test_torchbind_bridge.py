@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from trt_runtime_backends.torchbind.bridge import TensorInfo, TorchBridge
 
+from trt_runtime.errors import EngineError
+
 
 class _Dev:
     def __init__(self, kind: str, index: int | None) -> None:
@@ -385,3 +387,25 @@ def test_torchbind_bridge_private_streams_without_cuda_python_use_the_high_prior
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # import fails
     stream = TorchBridge(_torch_with_devices()).new_stream(1)
     assert type(stream) is _Stream and stream.device == 1 and stream.priority == -1
+
+
+def test_torchbind_bridge_graph_launcher_launches_the_executable_graph() -> None:
+    """cuda-python's cudaGraphLaunch of ``raw_cuda_graph_exec()``; none for a torch without
+    it; a failed launch is an EngineError naming the CUDA error (no GPU here: no driver)."""
+    pytest.importorskip("cuda.bindings.runtime")
+
+    class Graph:
+        def raw_cuda_graph_exec(self) -> int:
+            return 0
+
+    assert TorchBridge.graph_launcher(object()) is None
+    launch = TorchBridge.graph_launcher(Graph())
+    assert callable(launch)
+    with pytest.raises(EngineError, match=r"replaying a CUDA graph failed: cudaGraphLaunch returned"):
+        launch(0)
+    assert TorchBridge(_TorchStandIn()).raw_current_stream(0) is None  # a torch without the C getter
+
+    class WithRaw(_TorchStandIn):
+        _C = type("C", (), {"_cuda_getCurrentRawStream": staticmethod(lambda index: 77 + index)})
+
+    assert TorchBridge(WithRaw()).raw_current_stream(1) == 78

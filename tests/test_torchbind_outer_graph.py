@@ -206,6 +206,38 @@ def test_torchbind_outer_graph_orders_replays_across_caller_streams() -> None:
         assert b.syncs == 1
 
 
+def test_torchbind_outer_graph_replays_through_the_graph_launcher() -> None:
+    """Where the bridge has a launcher (cuda-python's cudaGraphLaunch of the executable
+    graph), a replay launches through it on the current stream's handle, not replay()."""
+    engine, bridge = dynamic_engine()
+    launched: list[tuple[Any, int]] = []
+
+    def factory(graph: Any) -> Any:
+        def run(stream: int) -> None:
+            launched.append((graph, stream))
+            graph.replay()
+
+        return run
+
+    bridge.launcher_factory = factory
+    with enable_cudagraphs(engine, outer=True):
+        engine.execute(dyn(2, 1.0))  # the capture
+        (graph,) = bridge.captured
+        bridge.events.clear()
+        (out,) = engine.execute(dyn(2, 2.0))
+        assert launched == [(graph, id(bridge.active_stream(0)))]
+        assert bridge.events == [("copy", "current:0")]  # no replay(): the launcher ran it
+        np.testing.assert_array_equal(out.array, np.full((2, 4), 4.0, np.float32))
+        other = FakeStream("other")
+        with bridge.stream_scope(other):  # torch's current stream moved
+            bridge.events.clear()
+            engine.execute(dyn(2))
+        assert bridge.events[0] == ("wait current:0", "other") and launched[-1] == (graph, id(other))
+        bridge.events.clear()
+        engine.execute(dyn(2))  # back: the current stream waits for "other"
+        assert bridge.events[0] == ("wait other", "current:0")
+
+
 def test_torchbind_outer_graph_least_recently_used_graph_evicted() -> None:
     engine, bridge = dynamic_engine()
     engine.outer_graph = OuterGraph(max_graphs=2)

