@@ -262,6 +262,13 @@ class _FakeRuntime:
         self.calls.append(("exec_destroy", graph_exec))
         return (0,)
 
+    #: cudaGraphExecUpdate refuses (as CUDA does for another topology) while this is set.
+    update_refused = False
+
+    def cudaGraphExecUpdate(self, graph_exec: int, graph: int) -> tuple[int, None]:
+        self.calls.append(("exec_update", graph_exec, graph))
+        return (901 if self.update_refused else 0, None)  # 901: cudaErrorGraphExecUpdateFailure
+
     def cudaGraphLaunch(self, graph_exec: int, stream: int) -> tuple[int]:
         self.calls.append(("launch", graph_exec, stream))
         return (0,)

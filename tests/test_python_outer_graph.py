@@ -298,20 +298,98 @@ def test_python_outer_graph_lru_keeps_max_graphs_and_counts() -> None:
     from trt_runtime import OuterGraph
 
     engine = _fake_engine()
-    engine.outer_graph = OuterGraph(outputs="copy", max_graphs=2)
-    for batch in (2, 3, 2, 4):  # 2 was used after 3: 3 is evicted when 4 comes
-        engine.execute(np.ones((batch, 4), np.float32))
-    stats = engine.graph_stats()
-    assert stats == {"graphs": 2, "hits": 1, "misses": 3, "captures": 3, "evictions": 1, "max_graphs": 2}
     rt = engine._rt
-    rt.calls.clear()
-    engine.execute(np.ones((2, 4), np.float32))  # still there: a replay
-    assert _count(rt.calls, "launch") == 1 and engine.graph_captures == 3
-    engine.execute(np.ones((3, 4), np.float32))  # evicted: captured again
-    assert engine.graph_captures == 4 and engine.graph_stats()["evictions"] == 2
-    assert any(c[0] == "exec_destroy" for c in rt.calls)  # the evicted graph was destroyed
+    del type(rt).cudaGraphExecUpdate  # an older cuda-python: every capture instantiates
+    try:
+        engine.outer_graph = OuterGraph(outputs="copy", max_graphs=2)
+        for batch in (2, 3, 2, 4):  # 2 was used after 3: 3 is evicted when 4 comes
+            engine.execute(np.ones((batch, 4), np.float32))
+        stats = engine.graph_stats()
+        assert stats == {"graphs": 2, "hits": 1, "misses": 3, "captures": 3, "evictions": 1, "updates": 0,
+                         "max_graphs": 2}
+        rt.calls.clear()
+        engine.execute(np.ones((2, 4), np.float32))  # still there: a replay
+        assert _count(rt.calls, "launch") == 1 and engine.graph_captures == 3
+        engine.execute(np.ones((3, 4), np.float32))  # evicted: captured again
+        assert engine.graph_captures == 4 and engine.graph_stats()["evictions"] == 2
+        assert _count(rt.calls, "exec_destroy") == 1 and _count(rt.calls, "instantiate") == 1
+    finally:
+        type(rt).cudaGraphExecUpdate = _UPDATE
     with pytest.raises(ValueError, match="max_graphs must be an int >= 1; got 0"):
         OuterGraph(max_graphs=0)
+
+
+_UPDATE = type(_fake_engine()._rt).cudaGraphExecUpdate
+
+
+def test_python_outer_graph_capture_updates_the_evicted_executable_graph() -> None:
+    """Beyond max_graphs a new shape's graph is captured and written into the executable
+    graph just evicted (cudaGraphExecUpdate) instead of instantiating another one."""
+    from trt_runtime import OuterGraph
+
+    engine = _fake_engine()
+    rt = engine._rt
+    engine.outer_graph = OuterGraph(outputs="copy", max_graphs=1)
+    engine.execute(np.ones((2, 4), np.float32))
+    (first,) = engine._res.graph_execs
+    rt.calls.clear()
+    engine.execute(np.ones((3, 4), np.float32))  # evicts 2; its executable graph is updated
+    update = [c for c in rt.calls if c[0] == "exec_update"]
+    assert len(update) == 1 and update[0][1] == first
+    assert _count(rt.calls, "instantiate") == 0 and _count(rt.calls, "exec_destroy") == 0
+    assert engine._res.graph_execs == [first]
+    rt.calls.clear()
+    engine.execute(np.ones((3, 4), np.float32))  # the replay launches the updated graph
+    assert [c[1] for c in rt.calls if c[0] == "launch"] == [first]
+    stats = engine.graph_stats()
+    assert stats["captures"] == 2 and stats["updates"] == 1 and stats["evictions"] == 1
+    assert engine.graph_captures == 2
+
+
+def test_python_outer_graph_refused_update_instantiates_and_destroys_the_spare() -> None:
+    from trt_runtime import OuterGraph
+
+    engine = _fake_engine()
+    rt = engine._rt
+    engine.outer_graph = OuterGraph(max_graphs=1)
+    engine.execute(np.ones((2, 4), np.float32))
+    (first,) = engine._res.graph_execs
+    rt.update_refused = True  # another topology
+    rt.calls.clear()
+    out = engine.execute(np.ones((3, 4), np.float32))[0]
+    assert out.shape == (3, 4)
+    assert _count(rt.calls, "exec_update") == 1 and ("exec_destroy", first) in rt.calls
+    assert _count(rt.calls, "instantiate") == 1
+    (second,) = engine._res.graph_execs
+    assert second != first and engine.graph_stats()["updates"] == 0
+
+
+def test_python_outer_graph_spare_goes_before_its_context() -> None:
+    """A spare executable graph (kept from reset_graphs) is destroyed when its context is
+    dropped, and a context created later never updates a graph of the old one."""
+    engine = _fake_engine()
+    rt = engine._rt
+    engine.outer_graph = True
+    x = _device()
+    engine.execute(x)
+    (first,) = engine._res.graph_execs
+    engine.reset_graphs()
+    assert engine._graphs.spare is not None and engine._res.graph_execs == [first]
+    rt.calls.clear()
+    engine.invalidate_context()
+    assert ("exec_destroy", first) in rt.calls and engine._graphs.spare is None
+    assert engine._res.graph_execs == []
+    engine.execute(x)
+    assert _count(rt.calls, "exec_update") == 0 and _count(rt.calls, "instantiate") == 1
+    # a spare kept from the old context is not updated by the new one's capture
+    engine.reset_graphs()
+    stale = engine._graphs.spare
+    engine._graphs.spare = (stale[0], object())
+    rt.calls.clear()
+    engine.execute(x)
+    assert _count(rt.calls, "exec_update") == 0 and ("exec_destroy", stale[0]) in rt.calls
+    engine.close()
+    assert engine._graphs.spare is None and engine._res.graph_execs == []
 
 
 def test_python_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypatch: Any) -> None:

@@ -323,9 +323,9 @@ class EngineBase(GraphHooks, abc.ABC):
 
     def graph_stats(self) -> dict[str, int]:
         """The outer graphs of every context: ``graphs`` kept, ``max_graphs`` per context,
-        and ``hits``, ``misses``, ``captures``, ``evictions`` counted by the core's
-        :class:`~trt_runtime.graphs.GraphCache` (all zero for a backend without one)."""
-        totals = {"graphs": 0, "hits": 0, "misses": 0, "captures": 0, "evictions": 0}
+        and ``hits``, ``misses``, ``captures``, ``evictions``, ``updates`` counted by the
+        core's :class:`~trt_runtime.graphs.GraphCache` (all zero for a backend without one)."""
+        totals = {"graphs": 0, "hits": 0, "misses": 0, "captures": 0, "evictions": 0, "updates": 0}
         limit = 0
         for lane in self._pool.lanes:
             stats = lane._outer_graphs.cache.stats()

@@ -86,17 +86,20 @@ class GraphCache(Generic[K, G]):
     stores whatever its graphs are and is called back to release one (``release``) when
     it is evicted or the cache is cleared. ``hits``, ``misses``, ``captures`` and
     ``evictions`` count lookups that found a graph, lookups that did not, graphs added
-    and graphs evicted. A backend's hot path may look graphs up in its own shortcut
-    table and report the replay with :meth:`touch`.
+    and graphs evicted; ``updates`` the captures whose executable graph the backend made
+    by updating a released one in place instead of instantiating a new one (the backend
+    counts them; see :meth:`GraphHooks._capture <trt_runtime.outer.GraphHooks._capture>`).
+    A backend's hot path may look graphs up in its own shortcut table and report the
+    replay with :meth:`touch`.
     """
 
-    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses")
+    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses", "updates")
 
     def __init__(self, release: Callable[[G], None], max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
         self._entries: OrderedDict[K, G] = OrderedDict()
         self._release = release
         self.max_graphs = max_graphs
-        self.hits = self.misses = self.captures = self.evictions = 0
+        self.hits = self.misses = self.captures = self.evictions = self.updates = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -166,4 +169,5 @@ class GraphCache(Generic[K, G]):
             "misses": self.misses,
             "captures": self.captures,
             "evictions": self.evictions,
+            "updates": self.updates,
         }

@@ -352,6 +352,7 @@ class PythonEngine(EngineBase):
 
     def _destroy_context(self, context: Any) -> None:
         self._fast_paths.forget()
+        graphs.drop_spare(self)  # before its context: it holds the context's kernels
         if self._res.context is context:
             self._res.context = None
         drop_context(context)

@@ -10,9 +10,14 @@ fills its hooks (the ``_graph_*``, ``_alloc_static``, ``_bind_static``, ``_enque
 Static buffers are cuda.core device memory, shown as ``DeviceArray``\\ s or zero-copy torch
 views. The warm-up run goes on the engine's stream; the capture on a private non-blocking
 capture stream (``cudaStreamCaptureModeThreadLocal``; never the legacy default stream),
-then the graph is instantiated. A replay copies the inputs in (host inputs straight from
-host memory), launches the graph on the engine's stream and hands the outputs over;
-ordering with the caller's stream is the same as for eager calls (:mod:`.stream_order`).
+then the graph is instantiated, or, when the lane has a spare executable graph (the last
+one released while its context lives on: an LRU eviction, ``reset_graphs``, a change of
+the wrap), that one is updated in place (``cudaGraphExecUpdate``: same topology, new
+shapes, addresses and kernel parameters; counted in ``graph_stats()["updates"]``); an
+update CUDA refuses falls back to a new instantiation. A replay copies the inputs in (host
+inputs straight from host memory), launches the graph on the engine's stream and hands the
+outputs over; ordering with the caller's stream is the same as for eager calls
+(:mod:`.stream_order`).
 
 A context that TensorRT says cannot be captured (``is_stream_capturable`` false) raises
 :class:`~trt_runtime.CapabilityError`; so do outputs that go through an
@@ -55,7 +60,7 @@ class GraphOps:
     """The CUDA side of one lane's outer graphs: the CUDA runtime, the capture stream, the
     caller stream of the call in flight and the torch replay fast path."""
 
-    __slots__ = ("caller", "capture_stream", "d2d", "res", "rt", "state")
+    __slots__ = ("caller", "capture_stream", "d2d", "res", "rt", "spare", "state")
 
     def __init__(self, rt: Any, state: Any, res: Any) -> None:
         self.rt = rt
@@ -67,9 +72,14 @@ class GraphOps:
         self.capture_stream: Any = None
         #: The caller's stream handle of the call in flight (``None``: no event needed).
         self.caller: int | None = None
+        #: ``(executable graph, the context it was captured with)``: the last graph released
+        #: while its context lived on, kept for the next capture to update in place.
+        self.spare: tuple[Any, Any] | None = None
 
     def close(self) -> None:
-        """Close the capture stream (the lane closes, after its graphs were dropped)."""
+        """Close the capture stream (the lane closes, after its graphs were dropped and
+        the finalizer destroyed every executable graph, the spare one included)."""
+        self.spare = None
         stream, self.capture_stream = self.capture_stream, None
         cuda.close_quietly(stream)
 
@@ -249,11 +259,29 @@ def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tu
             f"engine {lane.name!r}: capturing execute_async_v3 into a CUDA graph failed: {detail}"
         )
     try:
-        graph_exec = cuda.check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        return executable(lane, graph), None
     finally:
         rt.cudaGraphDestroy(graph)  # the executable graph does not need it
+
+
+def executable(lane: Any, graph: Any) -> Any:
+    """The executable graph of a captured ``graph``: the lane's spare one updated in place
+    when it was captured with the same context and CUDA accepts the update, else a new
+    instantiation (the spare one is then destroyed)."""
+    rt = lane._rt
+    spare, lane._graphs.spare = lane._graphs.spare, None
+    if spare is not None:
+        graph_exec, context = spare
+        update = getattr(rt, "cudaGraphExecUpdate", None)
+        if update is not None and context is lane._context:
+            err, _ = update(graph_exec, graph)
+            if not err:
+                lane._outer_graphs.cache.updates += 1
+                return graph_exec
+        _destroy_exec(lane, graph_exec)
+    graph_exec = cuda.check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
     lane._res.graph_execs.append(graph_exec)
-    return graph_exec, None
+    return graph_exec
 
 
 def launch(lane: Any, graph: Any, stream: Any) -> None:
@@ -277,6 +305,25 @@ def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
 
 
 def destroy_graph(lane: Any, graph: Any) -> None:
+    """Keep the released ``graph`` as the lane's spare while its context lives on (the
+    spare it replaces is destroyed); destroy it when the context is gone."""
+    context = lane._context
+    if context is not None and getattr(lane._rt, "cudaGraphExecUpdate", None) is not None:
+        spare, lane._graphs.spare = lane._graphs.spare, (graph, context)
+        if spare is not None:
+            _destroy_exec(lane, spare[0])
+        return
+    _destroy_exec(lane, graph)
+
+
+def drop_spare(lane: Any) -> None:
+    """Destroy the lane's spare executable graph (its context goes; the lane's work is done)."""
+    spare, lane._graphs.spare = lane._graphs.spare, None
+    if spare is not None:
+        _destroy_exec(lane, spare[0])
+
+
+def _destroy_exec(lane: Any, graph: Any) -> None:
     destroy = getattr(lane._rt, "cudaGraphExecDestroy", None)
     if destroy is not None:
         destroy(graph)

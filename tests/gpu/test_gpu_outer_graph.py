@@ -154,9 +154,10 @@ def test_outer_graph_dynamic_engine_one_capture_per_shape(open_engine) -> None:
         assert engine.graph_captures == 5
 
 
-def test_outer_graph_lru_eviction_after_the_lanes_work(open_engine) -> None:
+def test_outer_graph_lru_eviction_after_the_lanes_work(open_engine, report_measurement) -> None:
     """max_graphs=2 over three shapes: every call evicts (after the lane's stream is
-    synchronized, then cudaGraphExecDestroy) and captures again, results equal eager."""
+    synchronized) and captures again, into the evicted executable graph where CUDA accepts
+    the update (else a new one); results equal eager, replays of updated graphs too."""
     from trt_runtime import OuterGraph
 
     torch = _torch()
@@ -171,6 +172,36 @@ def test_outer_graph_lru_eviction_after_the_lanes_work(open_engine) -> None:
         stats = engine.graph_stats()
         assert stats["graphs"] == 2 and stats["evictions"] == len(batches) - 2
         assert engine.graph_captures == len(batches)
+        assert stats["updates"] <= len(batches) - 2
+        assert len(engine._res.graph_execs) == 3  # two graphs kept and the spare
+        for x, want in zip(xs[-2:], eager[-2:], strict=True):  # replays of the last captures
+            _assert_same(torch, engine(x), want)
+        assert engine.graph_stats()["captures"] == len(batches)
+        report_measurement("dynamic_graph_updates", f"{stats['updates']} of {len(batches) - 2} captures "
+                           "after an eviction updated the evicted executable graph")
+    finally:
+        engine.outer_graph = None
+
+
+@pytest.mark.parametrize("name", ["tiny", "convnet_fp16"])
+def test_outer_graph_recapture_updates_the_released_graph(open_engine, name) -> None:
+    """After reset_graphs the same shapes are captured again into the released executable
+    graph (cudaGraphExecUpdate: the same topology), with other inputs: results right."""
+    torch = _torch()
+    engine, built = open_engine(name)
+    xs = [_inputs(torch, built, None, seed) for seed in range(3)]
+    eager = [engine(x).clone() for x in xs]
+    engine.outer_graph = True
+    try:
+        _assert_same(torch, engine(xs[0]), eager[0])  # eager warm-up, then the capture
+        _assert_same(torch, engine(xs[1]), eager[1])  # a replay
+        (first,) = engine._res.graph_execs
+        engine.reset_graphs()
+        _assert_same(torch, engine(xs[2]), eager[2])  # captured again: the update
+        assert engine.graph_stats()["updates"] == 1 and engine.graph_captures == 2
+        assert engine._res.graph_execs == [first]
+        _assert_same(torch, engine(xs[0]), eager[0])  # replays of the updated graph
+        _assert_same(torch, engine(xs[1]), eager[1])
     finally:
         engine.outer_graph = None
 

@@ -1,0 +1,115 @@
+"""What a capture costs when the outer graph churns, with and without updating a released
+executable graph in place (``cudaGraphExecUpdate``) instead of instantiating a new one.
+
+Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
+
+    python3 tools/gpu_graph_churn.py [--out DIR] [--calls 60] [--rounds 5]
+
+Two python-backend engines per workload, one of them without ``cudaGraphExecUpdate`` (its
+CUDA runtime module seen through a proxy that lacks it: every capture instantiates):
+
+* ``dynamic``: ``OuterGraph(max_graphs=2)`` over batches 1/8/64 in turn: every call evicts
+  a graph and captures one (the eager warm-up run, the capture, then update or instantiate);
+* ``convnet``: ``reset_graphs()`` before every call: the same shapes captured again.
+
+Rounds alternate the two engines; each round times ``--calls`` calls, each call followed
+by a device synchronize. Reports the median µs per call of each, their ratio, and the
+updates counted in ``graph_stats()``. Writes ``graph_churn.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+
+class NoUpdate:
+    """The CUDA runtime module without ``cudaGraphExecUpdate``."""
+
+    def __init__(self, rt: Any) -> None:
+        self._rt = rt
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "cudaGraphExecUpdate":
+            raise AttributeError(name)
+        return getattr(self._rt, name)
+
+
+def churn(key: str, torch: Any, calls: int, rounds: int) -> dict[str, Any]:
+    from benchmarks import workloads
+    from trt_runtime import EngineSource, OuterGraph, get_backend
+
+    workload = workloads.WORKLOADS_BY_KEY[key]
+    built, _ = workloads.build(workload)
+    tensors = workloads.make_tensors(torch, built, workload)
+    xs = tensors.inputs
+    backend = get_backend("python")
+    engines = {}
+    for label in ("update", "instantiate"):
+        engine = backend.load_engine(EngineSource(built.plan, name=f"{key}-{label}"))
+        if label == "instantiate":
+            for lane in engine._pool.lanes:
+                lane._rt = NoUpdate(lane._rt)
+        engine.outer_graph = OuterGraph(max_graphs=2) if len(xs) > 1 else True
+        engines[label] = engine
+    with backend.load_engine(EngineSource(built.plan, name=f"{key}-eager")) as eager:
+        want = [eager(x)[0].clone() for x in xs]
+    reset = len(xs) == 1
+    samples: dict[str, list[float]] = {label: [] for label in engines}
+    wrong = {label: 0 for label in engines}
+    for r in range(rounds + 1):  # round 0 warms up
+        for label, engine in engines.items():
+            times = []
+            for i in range(calls):
+                x = xs[i % len(xs)]
+                if reset:
+                    engine.reset_graphs()
+                t0 = time.perf_counter_ns()
+                (y,) = engine(x)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+                if not torch.allclose(y.float(), want[i % len(xs)].float(), rtol=1e-2, atol=1e-2):
+                    wrong[label] += 1
+            if r:
+                samples[label].extend(times)
+    result: dict[str, Any] = {"workload": key, "calls": calls * rounds, "reset_graphs_each_call": reset}
+    for label, engine in engines.items():
+        stats = engine.graph_stats()
+        result[label] = {"median_us": round(statistics.median(samples[label]), 1),
+                         "p90_us": round(statistics.quantiles(samples[label], n=10)[-1], 1),
+                         "captures": stats["captures"], "updates": stats["updates"], "wrong": wrong[label]}
+        engine.close()
+    ratio = result["instantiate"]["median_us"] / result["update"]["median_us"]
+    result["instantiate_over_update"] = round(ratio, 3)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workloads", default="dynamic,convnet")
+    args = parser.parse_args(argv)
+    import torch
+
+    document = [churn(key, torch, args.calls, args.rounds) for key in args.workloads.split(",")]
+    for row in document:
+        print(json.dumps(row), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    Path(args.out, "graph_churn.json").write_text(json.dumps(document, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
