@@ -348,3 +348,36 @@ def test_graph_hooks_from_binds_a_modules_functions_but_not_the_classes_own() ->
     assert not hasattr(Lane, "_unrelated") and not hasattr(Lane, "unrelated")
     with pytest.raises(TypeError, match="defines none of the GraphHooks"):
         graph_hooks_from(types.SimpleNamespace(other=len))(type("Empty", (GraphHooks,), {}))
+
+
+def test_outer_graphs_capture_runs_with_the_garbage_collector_off() -> None:
+    """A collection inside a capture could finalize an unrelated TensorRT object on the
+    capturing thread (its destructor's free invalidates the capture): the collector is off
+    while the backend captures, back on after, also when the capture fails."""
+    import gc
+
+    engine = _Engine()
+    seen: list[bool] = []
+    capture = engine._capture
+
+    def spying(fn: Any, stream: Any) -> Any:
+        seen.append(gc.isenabled())
+        return capture(fn, stream)
+
+    engine._capture = spying  # type: ignore[method-assign]
+    engine.outer_graph = True
+    assert gc.isenabled()
+    engine.execute(_x())
+    assert seen == [False] and gc.isenabled()
+    engine.reset_graphs()
+    engine.fail_capture = RuntimeError("capture failed")
+    with pytest.raises(RuntimeError, match="capture failed"):
+        engine.execute(_x())
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:  # a caller that had it off keeps it off
+        engine.fail_capture = None
+        engine.execute(_x(3))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -36,6 +36,7 @@ and report the replay with ``cache.touch(slot.key)``.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
@@ -100,6 +101,20 @@ def _static_buffers(lane: Any, specs: Sequence[Any], shapes: Sequence[Sequence[i
         ptrs.append(ptr)
         sizes.append(numel(dims) * itemsize(spec.dtype))
     return buffers, tuple(ptrs), tuple(sizes)
+
+
+def _without_collector(capture: Callable[..., Any], *args: Any) -> Any:
+    """``capture(*args)`` with Python's garbage collector off: a collection inside a capture
+    may finalize an unrelated TensorRT object (an engine dropped by its last cycle), whose
+    destructor frees memory on the capturing thread and so invalidates the capture (seen on
+    the H100: ``~ICudaEngine ... operation not permitted when stream is capturing``)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return capture(*args)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class OuterGraphs:
@@ -195,7 +210,8 @@ class OuterGraphs:
                 if self.cache.peek(slot.key) is not slot:
                     self._keep(lane, slot)  # binding dropped the graphs (the context's memory grew)
                 lane._warm_up(context, slot, token)
-                graph, made = lane._capture(lambda stream: lane._enqueue(context, slot, stream), token)
+                enqueue = lambda stream: lane._enqueue(context, slot, stream)  # noqa: E731
+                graph, made = _without_collector(lane._capture, enqueue, token)
             except CapabilityError as exc:
                 self.refused = exc
                 raise

@@ -173,7 +173,8 @@ def test_outer_graph_lru_eviction_after_the_lanes_work(open_engine, report_measu
         assert stats["graphs"] == 2 and stats["evictions"] == len(batches) - 2
         assert engine.graph_captures == len(batches)
         assert stats["updates"] <= len(batches) - 2
-        assert len(engine._res.graph_execs) == 3  # two graphs kept and the spare
+        # the two graphs kept, and the spare while the last capture did not consume it
+        assert len(engine._res.graph_execs) == 2 + (engine._graphs.spare is not None)
         for x, want in zip(xs[-2:], eager[-2:], strict=True):  # replays of the last captures
             _assert_same(torch, engine(x), want)
         assert engine.graph_stats()["captures"] == len(batches)
