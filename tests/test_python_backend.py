@@ -834,3 +834,59 @@ def test_python_backend_makes_its_device_current_once_per_thread() -> None:
         thread.start()
         thread.join()
     assert state.activations == before + 3  # a thread has no current context until made so
+
+
+class _CountingLock:
+    """Stands in for trt_runtime.outer.NATIVE_CAPTURE_LOCK and counts its entries."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.held = False
+
+    def __enter__(self) -> None:
+        self.entered += 1
+        self.held = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.held = False
+
+
+def test_python_backend_enqueues_under_the_native_capture_lock_while_trt_captures(
+    torch: FakeTorch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With cuda_graph_strategy on, TensorRT-RTX captures inside execute_async_v3; contexts
+    capturing at once crashed on the H100, so every enqueue takes the process-wide lock (the
+    fast paths stand aside), and none does with it off."""
+    from trt_runtime import outer
+
+    lock = _CountingLock()
+    monkeypatch.setattr(outer, "NATIVE_CAPTURE_LOCK", lock)
+    engine = _fake_engine()
+    x = torch.cuda_tensor((2, 4))
+    y = torch.cuda_tensor((2, 4))
+    engine(x)
+    engine(x)
+    engine.execute(x, outputs=[y])
+    engine.execute(x, outputs=[y])
+    assert lock.entered == 0
+    from _python_doubles import _FakeContext
+
+    seen: list[bool] = []
+    execute = _FakeContext.execute_async_v3
+
+    def spy(self: Any, stream: int) -> bool:
+        seen.append(lock.held)
+        return execute(self, stream)
+
+    monkeypatch.setattr(_FakeContext, "execute_async_v3", spy)
+    engine.runtime_settings = {"cuda_graph_strategy": "whole_graph_capture"}
+    for _ in range(3):
+        engine(x)
+        engine.execute(x, outputs=[y])
+    assert lock.entered == 6 and seen == [True] * 6
+    assert engine._fast_entry == engine._call_fast
+    engine.runtime_settings = {"cuda_graph_strategy": "disabled"}
+    engine(x)
+    engine(x)
+    assert lock.entered == 6 and seen[6:] == [False, False]
+    engine.close()

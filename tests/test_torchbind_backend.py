@@ -671,3 +671,43 @@ def test_torchbind_engine_runs_every_call_of_a_lane_on_its_own_stream() -> None:
         assert len(bridge.lane_calls) >= 2
     finally:
         engine.close()
+
+
+def test_torchbind_op_runs_under_the_native_capture_lock_while_trt_captures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With cuda_graph_strategy on, TensorRT-RTX captures inside execute_engine: a worker
+    crashed (SIGSEGV in the op, H100) with four lanes doing so at once, so every op call
+    takes the process-wide lock then, fast path included; none does with it off."""
+    from trt_runtime import outer
+
+    held: list[bool] = []
+
+    class Lock:
+        def __enter__(self) -> None:
+            held.append(True)
+
+        def __exit__(self, *exc: object) -> None:
+            held.pop()
+
+    monkeypatch.setattr(outer, "NATIVE_CAPTURE_LOCK", Lock())
+    backend, _bridge = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+    seen: list[bool] = []
+    execute_on = engine._bridge.execute_on
+
+    def spy(*args: Any) -> Any:
+        seen.append(bool(held))
+        return execute_on(*args)
+
+    monkeypatch.setattr(engine._bridge, "execute_on", spy)
+    for _ in range(3):
+        engine.execute(*inputs())
+    assert seen == [False] * 3
+    engine.runtime_settings = RuntimeSettings(cuda_graph_strategy="whole_graph_capture")
+    for _ in range(3):
+        engine.execute(*inputs())
+    assert seen[3:] == [True] * 3 and not held
+    engine.runtime_settings = RuntimeSettings()
+    engine.execute(*inputs())
+    assert seen[6:] == [False]
