@@ -46,10 +46,7 @@ from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import CapabilityError
 from trt_runtime.graphs import GraphCache
 
-__all__ = [
-    "CAPTURE_LOCK", "NATIVE_CAPTURE_LOCK", "SHORTCUTS", "GraphHooks", "GraphSlot", "OuterGraphs",
-    "graph_hooks_from",
-]
+__all__ = ["CAPTURE_LOCK", "SHORTCUTS", "GraphHooks", "GraphSlot", "OuterGraphs", "graph_hooks_from"]
 
 #: Serializes outer-graph captures in the whole process, for every backend: TensorRT-RTX
 #: 1.6.1 crashed (segfault, H100, 2026-11-24) when two contexts of one engine captured at
@@ -57,14 +54,6 @@ __all__ = [
 #: another lane's stream is capturing. Captures happen once per shapes and lane; replays
 #: take no lock.
 CAPTURE_LOCK = threading.Lock()
-
-#: Serializes the enqueues of execution contexts that TensorRT-RTX captures itself
-#: (``cuda_graph_strategy`` on: TensorRT-RTX captures inside the enqueue), in the whole
-#: process and for every backend; the same lock as :data:`CAPTURE_LOCK`, since both guard
-#: captures. A worker crashed (SIGSEGV inside torch-tensorrt's ``execute_engine``, H100,
-#: 2026-11-24) with four contexts running ``whole_graph_capture`` at once, as two contexts
-#: capturing at once did. Backends read it from this module at call time.
-NATIVE_CAPTURE_LOCK = CAPTURE_LOCK
 
 #: How many shortcut keys (input shapes) :attr:`OuterGraphs.shortcuts` remembers.
 SHORTCUTS = 16

@@ -36,7 +36,6 @@ from trt_runtime_backends.python.fast_path import FastPaths
 from trt_runtime_backends.python.graphs import GraphOps
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 
-from trt_runtime import outer
 from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError, InputError
@@ -124,9 +123,6 @@ class PythonEngine(EngineBase):
         #: The other stream of an "implicit" lane: non-blocking, used while TensorRT-RTX's
         #: cuda_graph_strategy is on (see _pick_stream); made when first needed.
         self._spare_stream: Any = None
-        #: TensorRT-RTX's own capture is on for the current context (cuda_graph_strategy):
-        #: its enqueues take outer.NATIVE_CAPTURE_LOCK and the fast paths stand aside.
-        self._native_capture = False
         self._stream_handle = int(self._stream.handle)
         self._res.stream_handle = self._stream_handle
         #: The parts, each owning its state: torch (bound on the first tensor seen), the
@@ -245,10 +241,10 @@ class PythonEngine(EngineBase):
         strategy is on, an "implicit" lane runs on a non-blocking stream and orders callers on
         the legacy stream with events, as the "events" mode does; with it off, back to the
         blocking stream, which needs no events for them."""
-        capture = self._native_capture = settings.cuda_graph_strategy is not CudaGraphStrategy.DISABLED
         order = self._order
         if order.mode != "implicit":
             return
+        capture = settings.cuda_graph_strategy is not CudaGraphStrategy.DISABLED
         on_spare = order.skip == ()  # legacy callers ordered with events: the non-blocking stream
         if capture == on_spare:
             return
@@ -415,8 +411,6 @@ class PythonEngine(EngineBase):
     # -- execution -----------------------------------------------------------------------------
     def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
                    ) -> list[Any] | None:
-        if self._native_capture:
-            return None  # every enqueue under the lock: the general path (_run_inspected)
         if self._outer_graph is not None:
             outer = self._outer_graphs
             if outputs is None and outer.shortcuts:
@@ -501,12 +495,7 @@ class PythonEngine(EngineBase):
         ctx.bound_ptrs = (*ptrs, *out_ptrs)
         for allocator in ctx.allocators.values():
             allocator.shapes.clear()
-        if self._native_capture:
-            with outer.NATIVE_CAPTURE_LOCK:  # TensorRT-RTX captures inside the enqueue
-                ok = trt_context.execute_async_v3(ours)
-        else:
-            ok = trt_context.execute_async_v3(ours)
-        if not ok:
+        if not trt_context.execute_async_v3(ours):
             self._execute_failed()
         if ctx.allocators:
             results = self._binding.collect_data_dependent(ctx, kind, results, ours)
@@ -521,7 +510,7 @@ class PythonEngine(EngineBase):
             for r in results:
                 if isinstance(r, DeviceArray):
                     r.stream = ours
-        if remember and host is None and not ctx.allocators and not self._native_capture:
+        if remember and host is None and not ctx.allocators:
             if outputs is not None:
                 self._fast_paths.remember_prebound(self, ctx, inputs, outputs, ptrs, out_ptrs, kind)
             elif kind == KIND_TORCH and self._torch.tensor is not None:

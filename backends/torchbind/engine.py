@@ -32,7 +32,6 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime import outer
 from trt_runtime.contract import KIND_HOST
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CacheError, CapabilityError, EngineError, TrtRuntimeError
@@ -422,9 +421,6 @@ class TorchbindEngine(EngineBase):
         lane = self._lane_stream
         if lane is None:
             lane = self._lane_stream = self._bridge.lane_stream(self._device)
-        if self._settings.cuda_graph_strategy is not CudaGraphStrategy.DISABLED:
-            with outer.NATIVE_CAPTURE_LOCK:  # TensorRT-RTX captures inside the op
-                return self._bridge.execute_on(lane, self._op, tensors, self._native, self._device)
         return self._bridge.execute_on(lane, self._op, tensors, self._native, self._device)
 
     def _execute_now(self, tensors: list[Any]) -> list[Any]:
