@@ -362,3 +362,75 @@ def test_torchbind_outer_graph_captures_hold_the_process_wide_capture_lock(monke
     assert held == [True, False] and engine.graph_captures == 1
     engine.execute(dyn(1))  # a replay
     assert held == [True, False]
+
+
+# -- the replay plan ---------------------------------------------------------------------------------
+def test_torchbind_outer_graph_replay_plan_becomes_the_fast_entry() -> None:
+    """A replay found through the shortcut makes the slot's plan the lane's fast entry; later
+    calls of those shapes go straight to it (no _call_fast), other shapes, a stream= or an
+    evicted slot go back through _call_fast, and each result stays right."""
+    engine, bridge = dynamic_engine()
+    engine.outer_graph = OuterGraph(max_graphs=2)
+    engine.execute(dyn(2, 1.0))  # the capture
+    engine.execute(dyn(2, 1.0))  # through the shortcut: the plan is made
+    (slot,) = [s for s in engine._outer_graphs.cache.values() if s.key[0] == ((2, 4),)]
+    assert slot.plan is not None and engine._fast_entry is slot.plan
+    missed: list[int] = []
+    call_fast = engine._call_fast
+
+    def spy(*args: Any) -> Any:
+        missed.append(1)
+        return call_fast(*args)
+
+    engine._call_fast = spy  # type: ignore[method-assign]
+    slot.plan = None  # the plan below binds the spy as its miss
+    engine._fast_entry = engine._call_fast
+    engine.execute(dyn(2, 1.0))
+    plan = engine._fast_entry
+    assert plan is slot.plan and missed == [1]
+    for value in (2.0, 3.0):
+        (out,) = engine.execute(dyn(2, value))
+        np.testing.assert_array_equal(out.array, np.full((2, 4), 2.0 * value, np.float32))
+    assert missed == [1], "repeat calls go straight to the plan"
+    (out,) = engine.execute(dyn(5, 1.0))  # other shapes: through _call_fast, then captured
+    np.testing.assert_array_equal(out.array, np.full((5, 4), 2.0, np.float32))
+    assert len(missed) == 2
+    (out,) = engine.execute(dyn(2, 4.0), stream=bridge.active_stream(0))  # declined: general path
+    np.testing.assert_array_equal(out.array, np.full((2, 4), 8.0, np.float32))
+    engine._fast_entry = plan
+    engine.execute(dyn(8, 1.0))  # evicts the least recently used (shape 5)...
+    engine.execute(dyn(7, 1.0))  # ...and then shape 2, whose plan now declines
+    assert slot.graph is None
+    engine._fast_entry = plan
+    captures = engine.graph_captures
+    (out,) = engine.execute(dyn(2, 6.0))
+    np.testing.assert_array_equal(out.array, np.full((2, 4), 12.0, np.float32))
+    assert engine.graph_captures == captures + 1  # captured again, not the released graph
+
+
+def test_torchbind_thread_start_binds_the_thread_before_a_plan_runs() -> None:
+    """A thread's first call may go straight to a replay plan (no _call_fast): the core's
+    _thread_start binds torch's device for that thread first."""
+    import threading
+
+    from trt_runtime_backends.torchbind import engine as engine_module
+
+    engine, bridge = dynamic_engine()
+    engine.outer_graph = True
+    engine.execute(dyn(2))
+    engine.execute(dyn(2))
+    assert engine._fast_entry is not engine._call_fast
+    bound: list[int] = []
+    bind = bridge.bind_thread
+    bridge.bind_thread = lambda index: (bound.append(index), bind(index))  # type: ignore[method-assign]
+    results: list[Any] = []
+
+    def work() -> None:
+        assert "bound" not in engine_module._THREAD.__dict__
+        results.append(engine.execute(dyn(2, 2.0))[0])
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert bound == [0]
+    np.testing.assert_array_equal(results[0].array, np.full((2, 4), 4.0, np.float32))

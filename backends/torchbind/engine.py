@@ -266,6 +266,13 @@ class TorchbindEngine(EngineBase):
                 return self._replay_fast(inputs)
         return None
 
+    def _thread_start(self) -> None:
+        """A thread's first call on this engine: torch's device binding for the thread (a
+        replay plan, called before ``_call_fast``, does not check it)."""
+        if "bound" not in _THREAD.__dict__:
+            self._bridge.bind_thread(self._device)
+            _THREAD.bound = True
+
     def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Call:
         return self._contract.inspect(inputs)
 
@@ -326,13 +333,17 @@ class TorchbindEngine(EngineBase):
         key = self._torch_key(inputs)
         if key is None:
             return None
-        outer = self._outer_graphs
-        slot = outer.shortcuts.get(key)
-        if slot is None:
+        slot = self._outer_graphs.shortcuts.get(key)
+        if slot is None or slot.graph is None:
             return None
-        results = self._graphs.replay(outer, slot, inputs, self._outer_graph.outputs == "view")  # type: ignore[union-attr]
-        self._last_stream = _CURRENT
-        return results
+        plan = slot.plan
+        if plan is None:
+            view = self._outer_graph.outputs == "view"  # type: ignore[union-attr]
+            plan = slot.plan = self._graphs.replay_plan(self, slot, key, view, _CURRENT)
+        elif plan is self._fast_entry:
+            return None  # it declined this call: the general path says why
+        self._fast_entry = plan
+        return plan(inputs, None, None)  # type: ignore[no-any-return]
 
     def _fast(self, inputs: tuple[Any, ...]) -> list[Any] | None:
         """The hot path: contiguous CUDA torch tensors of the right dtypes, on the engine's

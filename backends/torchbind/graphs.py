@@ -5,7 +5,7 @@ asks.
 The core keeps the graphs (per input shapes, an LRU), the static inputs, the
 first-call-eager-then-capture rule, the capture lock and the release rules; the functions
 below fill its hooks (they become methods of ``TorchbindEngine``), and
-:meth:`GraphOps.replay` is the replay fast path.
+:meth:`GraphOps.replay_plan` makes the replay fast path.
 
 It follows torch-tensorrt's own cudagraphs module (``_CudaGraphsTorchTensorRTModule``):
 static input tensors owned by the engine, a warm-up on a side stream so that first-run
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime.contract import KIND_HOST
 from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
-from trt_runtime.outer import GraphSlot, OuterGraphs
+from trt_runtime.outer import GraphSlot
 
 if TYPE_CHECKING:
     from .bridge import TorchBridge
@@ -84,34 +84,71 @@ class GraphOps:
         self.last = current
         self.last_raw = None
 
-    def replay(self, outer: OuterGraphs, slot: GraphSlot, tensors: Sequence[Any], view: bool) -> list[Any]:
-        """The hot path: replay ``slot``'s graph with CUDA torch ``tensors`` on the current
-        stream (an input that *is* the static input is not copied).
+    def replay_plan(self, lane: Any, slot: GraphSlot, shapes: tuple[Any, ...], view: bool,
+                    current: object) -> Callable[[tuple[Any, ...], Any, Any], list[Any] | None]:
+        """The replay fast path of ``slot`` (captured for torch inputs of ``shapes``) as one
+        function, the lane's ``_fast_entry`` while its calls keep coming: it checks what the
+        shortcut lookup checked (CUDA torch tensors of the engine's dtypes, contiguous, of
+        these shapes, on the engine's device and current there; no ``stream=`` or
+        ``outputs=``), copies each input that is not the static input itself, launches the
+        graph on torch's current stream and hands the static outputs over (``view``) or
+        clones of them; any other call goes to ``lane._call_fast``.
 
         The current stream is told by its handle (torch's stream object only when it moved),
-        and the graph is launched by its ``launch`` function, kept in ``slot.plan``: through
-        cuda-python's ``cudaGraphLaunch`` of the graph's executable graph where there is one
-        (:meth:`.bridge.TorchBridge.graph_launcher`: about 1 µs less per call than
-        ``CUDAGraph.replay()``, measured on an H100), else ``replay()``."""
-        outer.cache.touch(slot.key)
+        and the graph is launched through cuda-python's ``cudaGraphLaunch`` of its executable
+        graph where there is one (:meth:`.bridge.TorchBridge.graph_launcher`: about 1 µs less
+        per call than ``CUDAGraph.replay()``, measured on an H100), else ``replay()``.
+        ``current`` is what the lane's ``_last_stream`` is set to (torch's current stream)."""
         bridge = self.bridge
-        raw = bridge.raw_current_stream(self.device)
-        if raw is None or raw != self.last_raw:
-            self.follow(bridge.current_stream(self.device))
-            self.last_raw = raw
-        for static, tensor in zip(slot.inputs, tensors, strict=True):
-            if tensor is not static:  # the caller may fill the static inputs itself
-                bridge.copy_(static, tensor)
-        if raw is None:
-            bridge.replay(slot.graph)
-        else:
-            launch = slot.plan
+        miss = lane._call_fast
+        touch = lane._outer_graphs.cache.touch
+        key = slot.key
+        statics = tuple(slot.inputs)
+        outputs = slot.outputs
+        tensor_type = lane._tensor_type
+        checks = tuple(zip(lane._torch_dtypes, shapes, strict=True))
+        n = len(checks)
+        device = self.device
+        single = lane._single_device
+        raw_stream = bridge.raw_current_stream
+        copy_, clone = bridge.copy_, bridge.clone
+        graph = slot.graph
+        launch = None
+        if raw_stream(device) is not None:  # else this torch tells the stream only as an object
+            launch = bridge.graph_launcher(graph) or _on_current(bridge, graph)
+        ops = self
+
+        def plan(inputs: tuple[Any, ...], stream: Any, outs: Any) -> list[Any] | None:
+            if stream is not None or outs is not None or len(inputs) != n:
+                return miss(inputs, stream, outs)
+            for x, (dtype, shape) in zip(inputs, checks):  # noqa: B905 - lengths checked above
+                if (type(x) is not tensor_type or x.dtype is not dtype or not x.is_cuda
+                        or not x.is_contiguous() or x.shape != shape):
+                    return miss(inputs, stream, outs)
+            if slot.graph is None or (not single and (
+                lane._get_device() != device or any(x.get_device() != device for x in inputs)
+            )):
+                return miss(inputs, stream, outs)
+            touch(key)
+            raw: Any = None
             if launch is None:
-                launch = slot.plan = bridge.graph_launcher(slot.graph) or _on_current(bridge, slot.graph)
-            launch(raw)
-        if view:
-            return list(slot.outputs)
-        return [bridge.clone(o) for o in slot.outputs]
+                ops.follow(bridge.current_stream(device))
+            else:
+                raw = raw_stream(device)
+                if raw != ops.last_raw:
+                    ops.follow(bridge.current_stream(device))
+                    ops.last_raw = raw
+            for static, x in zip(statics, inputs):  # noqa: B905
+                if x is not static:  # the caller may fill the static inputs itself
+                    copy_(static, x)
+            if launch is None:
+                bridge.replay(graph)
+            else:
+                launch(raw)
+            lane._last_stream = current
+            return list(outputs) if view else [clone(o) for o in outputs]
+
+        return plan
 
 
 def _on_current(bridge: Any, graph: Any) -> Callable[[int], None]:
