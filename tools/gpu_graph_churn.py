@@ -19,18 +19,12 @@ updates counted in ``graph_stats()``. Writes ``graph_churn.json`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
+import _gpu_tool
 
 
 class NoUpdate:
@@ -95,8 +89,7 @@ def churn(key: str, torch: Any, calls: int, rounds: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser = _gpu_tool.parser(__doc__)
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workloads", default="dynamic,convnet")
@@ -106,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     document = [churn(key, torch, args.calls, args.rounds) for key in args.workloads.split(",")]
     for row in document:
         print(json.dumps(row), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    Path(args.out, "graph_churn.json").write_text(json.dumps(document, indent=1))
+    _gpu_tool.write_json(args.out, "graph_churn.json", document)
     return 0
 
 

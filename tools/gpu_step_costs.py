@@ -17,18 +17,12 @@ Writes ``step_costs.json`` to ``--out`` (default ``$OUT`` or ``.``).
 
 from __future__ import annotations
 
-import argparse
-import json
 import operator
-import os
 import statistics
-import sys
 import timeit
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _gpu_tool
 
 
 def time_statements(statements: dict[str, str], ns: dict[str, Any], sync: Any, repeats: int, number: int
@@ -129,8 +123,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser = _gpu_tool.parser(__doc__)
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--number", type=int, default=40)
     parser.add_argument("--workloads", default="tiny,dynamic")
@@ -143,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {key}")
         for label, us in document[key].items():
             print(f"  {label:52s} {us:8.2f} us", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    Path(args.out, "step_costs.json").write_text(json.dumps(document, indent=1))
+    _gpu_tool.write_json(args.out, "step_costs.json", document)
     return 0
 
 

@@ -415,6 +415,16 @@ class EngineBase(GraphHooks, abc.ABC):
         self._reset_fast()
         self._outer_graphs.drop(self)
 
+    def _switch_fast(self, plan: Any, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
+                     ) -> list[Any] | None:
+        """Make ``plan`` (a function the backend made for calls like this one) the lane's
+        :attr:`_fast_entry` and run the call through it; ``None`` (the general path) when it
+        is the entry already: it declined this very call a moment ago."""
+        if plan is self._fast_entry:
+            return None
+        self._fast_entry = plan
+        return plan(inputs, stream, outputs)  # type: ignore[no-any-return]
+
     def _reset_fast(self) -> None:
         """Forget the function in :attr:`_fast_entry` (the next call starts at :meth:`_call_fast`):
         called when the context, the graphs or the outer-graph wrap change, and by a backend

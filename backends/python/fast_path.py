@@ -21,7 +21,7 @@ used is the lane's current one (``EngineBase._fast_entry``), which the core pipe
 first: a thread that repeats its call goes from ``engine(x)`` straight into it. A plan
 that does not take a call hands it to the lane's ``_call_fast``, which looks the call up
 here (:func:`shape_key` for natural calls, shared with the outer graphs' replay) and
-switches plans (:func:`switch`).
+switches plans (``EngineBase._switch_fast``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from trt_runtime.contract import KIND_TORCH
 
 __all__ = [
     "FAST_ENTRIES", "FastPath", "FastPaths", "NaturalCall", "prepare_state", "restore_shapes", "shape_key",
-    "switch",
 ]
 
 #: How many validated calls of each kind an engine remembers (a few cycled shapes or buffers).
@@ -161,7 +160,7 @@ class FastPaths:
         (which becomes the lane's current one); ``None`` when there is none, or when it is
         the plan that just declined the call (the full path then runs it)."""
         fast = self.prebound.get((*map(id, inputs), *map(id, outputs)))
-        return None if fast is None else switch(lane, fast.plan, inputs, stream, outputs)
+        return None if fast is None else lane._switch_fast(fast.plan, inputs, stream, outputs)
 
     def remember_prebound(self, lane: Any, ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any],
                           in_ptrs: list[int], out_ptrs: list[int], kind: int) -> None:
@@ -190,7 +189,7 @@ class FastPaths:
         when there is none, or when it is the plan that just declined the call."""
         key = shape_key(inputs)
         entry = None if key is None else self.natural.get(key)
-        return None if entry is None else switch(lane, entry.plan, inputs, stream, None)
+        return None if entry is None else lane._switch_fast(entry.plan, inputs, stream, None)
 
 
 def prepare_state(lane: Any, shape_key: tuple[Any, int],
@@ -213,16 +212,6 @@ def prepare_state(lane: Any, shape_key: tuple[Any, int],
     ctx.shape_key = shape_key
     ctx.bound_ptrs = ptrs
     return True
-
-
-def switch(lane: Any, plan: Any, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
-           ) -> list[Any] | None:
-    """Make ``plan`` the lane's current one and run the call through it; ``None`` (the full
-    path) when it is the current one already: it declined this call a moment ago."""
-    if plan is lane._fast_entry:
-        return None
-    lane._fast_entry = plan
-    return plan(inputs, stream, outputs)  # type: ignore[no-any-return]
 
 
 def shape_key(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:

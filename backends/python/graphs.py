@@ -35,7 +35,7 @@ from typing import Any
 from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
-from trt_runtime_backends.python.fast_path import shape_key, switch
+from trt_runtime_backends.python.fast_path import shape_key
 from trt_runtime_backends.python.output_binding import host_memory
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
@@ -106,7 +106,7 @@ class GraphOps:
         plan = slot.plan
         if plan is None:
             plan = slot.plan = plans.replay_plan(lane, slot, key, graphs)
-        return switch(lane, plan, inputs, stream, None)
+        return lane._switch_fast(plan, inputs, stream, None)  # type: ignore[no-any-return]
 
 
 def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any]:

@@ -65,6 +65,25 @@ _AFTER = """\
             order.after(caller)
 """
 
+# the start of the natural and replay plans: ``n`` torch tensors passing ``checks``, no outputs=
+_TORCH_HEAD = """\
+        if outputs is not None or len(inputs) != {n}:
+            return miss(inputs, stream, outputs)
+        {unpack_in}
+        if {checks}:
+            return miss(inputs, stream, outputs)
+"""
+
+# ... then TensorRT's enqueue on that stream (``trt``: the context's expression)
+_ENQUEUE = """\
+{caller}{run}\
+        if not {trt}.execute_async_v3(run):
+            lane._execute_failed()
+{after}\
+        return [{outs}]
+    return plan
+"""
+
 _PREBOUND = """\
 def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, {consts}):
     def plan(inputs, stream, outputs):
@@ -78,24 +97,14 @@ def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, {consts}):
             return None
         if (ctx.shape_key is not key or ctx.bound_ptrs is not ptrs) and not prepare():
             return None
-{caller}{run}\
-        if not ctx.trt_context.execute_async_v3(run):
-            lane._execute_failed()
-{after}\
-        return [{outs}]
-    return plan
-"""
+{enqueue}"""
 
 _NATURAL = """\
 def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, bound, empty, torch_device,
          {consts}):
     bound_get = bound.get
     def plan(inputs, stream, outputs):
-        if outputs is not None or len(inputs) != {n}:
-            return miss(inputs, stream, outputs)
-        {unpack_in}
-        if {tensor_checks}:
-            return miss(inputs, stream, outputs)
+{torch_head}\
         if lane._context is not ctx:
             return None
         if ctx.shape_key is not key and ctx.shape_key != key and not restore():
@@ -104,23 +113,13 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
             lane._set_device()
         trt_context = ctx.trt_context
         set_address = trt_context.set_tensor_address
-{bind_in}{alloc_out}{caller}{run}\
-        if not trt_context.execute_async_v3(run):
-            lane._execute_failed()
-{after}\
-        return [{outs}]
-    return plan
-"""
+{bind_in}{alloc_out}{enqueue}"""
 
 _REPLAY = """\
 def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results, tensor, device,
          raw_stream, {consts}):
     def plan(inputs, stream, outputs):
-        if outputs is not None or len(inputs) != {n}:
-            return miss(inputs, stream, outputs)
-        {unpack_in}
-        if {replay_checks}:
-            return miss(inputs, stream, outputs)
+{torch_head}\
         graph = slot.graph
         if graph is None:
             return miss(inputs, stream, outputs)
@@ -165,6 +164,17 @@ def _bind(var: str, name: str) -> list[str]:
             f"    bound[{name}] = p", "    ctx.bound_ptrs = ()"]
 
 
+def _torch_head(xs: list[str], checks: list[str]) -> str:
+    """The start of a plan taking torch tensors ``xs`` (no ``outputs=``) that pass ``checks``."""
+    return _TORCH_HEAD.format(n=len(xs), unpack_in=_unpack(xs, "inputs"), checks=_any(checks))
+
+
+def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) -> str:
+    """The tail of the pre-bound and natural plans: order with the caller, enqueue, return."""
+    caller = _CALLER.format(default_caller=default_caller, torch_kind=torch_kind)
+    return _ENQUEUE.format(caller=caller, run=_RUN, after=_AFTER, trt=trt, outs=", ".join(outs))
+
+
 @functools.cache
 def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
     """The ``make`` function of plan ``kind`` for ``n`` inputs and ``m`` outputs.
@@ -185,7 +195,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             identity=_any([f"{v} is not a{i}" for i, v in enumerate(arrays)]),
             pointers=_any([f"{ptr.format(v)} != p{i}" for i, v in enumerate(arrays)]),
             shapes=_any([f"{v}.shape != s{i}" for i, v in enumerate(arrays)]),
-            caller=_CALLER.format(default_caller="order.caller(None, torch_kind)", torch_kind="torch_kind"),
+            enqueue=_enqueue("ctx.trt_context", ys, "order.caller(None, torch_kind)", "torch_kind"),
         )
         template = _PREBOUND
     elif kind == "natural":
@@ -201,12 +211,12 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         consts += _names("od", m)
         fields.update(
             consts=", ".join(consts),
-            tensor_checks=_any([
+            torch_head=_torch_head(xs, [
                 f"type({x}) is not tensor or {x}.dtype is not d{i} or {x}.get_device() != device "
                 f"or not {x}.is_contiguous() or {x}.shape != s{i}" for i, x in enumerate(xs)
             ]),
             bind_in=_indent(bind_in), alloc_out=_indent(alloc_out),
-            caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
+            enqueue=_enqueue("trt_context", ys, _TORCH_CALLER, "True"),
         )
         template = _NATURAL
     elif kind == "replay":
@@ -218,7 +228,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                        "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
         fields.update(
             consts=", ".join(consts),
-            replay_checks=_any([
+            torch_head=_torch_head(xs, [
                 f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous() "
                 f"or {x}.shape != s{i}" for i, x in enumerate(xs)
             ]),

@@ -256,9 +256,6 @@ class TorchbindEngine(EngineBase):
     # -- execution: hooks of the core pipeline -----------------------------------------------
     def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
                    ) -> list[Any] | None:
-        if "bound" not in _THREAD.__dict__:  # every call starts here: once per thread
-            self._bridge.bind_thread(self._device)
-            _THREAD.bound = True
         if stream is None and outputs is None:
             if self._outer_graph is None:
                 return self._fast(inputs)
@@ -340,10 +337,7 @@ class TorchbindEngine(EngineBase):
         if plan is None:
             view = self._outer_graph.outputs == "view"  # type: ignore[union-attr]
             plan = slot.plan = self._graphs.replay_plan(self, slot, key, view, _CURRENT)
-        elif plan is self._fast_entry:
-            return None  # it declined this call: the general path says why
-        self._fast_entry = plan
-        return plan(inputs, None, None)  # type: ignore[no-any-return]
+        return self._switch_fast(plan, inputs, None, None)
 
     def _fast(self, inputs: tuple[Any, ...]) -> list[Any] | None:
         """The hot path: contiguous CUDA torch tensors of the right dtypes, on the engine's
