@@ -77,6 +77,16 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "graph": slot.graph, "orders": outer._order, "rt": outer._graphs.rt, "n": n,
         "it": iter(range(1 << 62)), "next": next, "ptr": ys[0].data_ptr(), "shape0": tuple(ys[0].shape),
     }
+    import ctypes
+
+    for lib, name in ((ctypes.PyDLL, "pylaunch"), (ctypes.CDLL, "claunch"), (ctypes.PyDLL, "pylaunch_int")):
+        fn = lib("libcuda.so.1").cuGraphLaunch
+        fn.restype = ctypes.c_int
+        if name.endswith("_int"):
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        ns[name] = fn
+    ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(engine._order.ours),
+              graph_i=int(slot.graph), ours_t=outer._graphs.rt.cudaStream_t(engine._order.ours))
     fast = engine._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
     ns["f"] = fast
     stmts = {
@@ -105,6 +115,10 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "outer: replay_torch": "o._graphs.replay_torch(o, (ss[0],), None, outer_graphs)",
         "outer: plan": "outer_graphs.shortcuts[(ss[0].shape,)].plan((ss[0],), None, None)",
         "outer: cudaGraphLaunch": "rt.cudaGraphLaunch(graph, ours)",
+        "outer: cudaGraphLaunch(stream_t)": "rt.cudaGraphLaunch(graph, ours_t)",
+        "outer: ctypes PyDLL cuGraphLaunch": "pylaunch(graph_p, ours_p)",
+        "outer: ctypes CDLL cuGraphLaunch": "claunch(graph_p, ours_p)",
+        "outer: ctypes PyDLL cuGraphLaunch(int)": "pylaunch_int(graph_i, ours)",
     }
     if n > 1:  # cycling shapes
         stmts.update({

@@ -1,0 +1,221 @@
+"""Where 8 caller threads lose to 1: the GIL, and how CUDA launches are made.
+
+Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
+
+    python3 tools/gpu_gil_probe.py [--out DIR] [--workloads tiny,mlp] [--duration 0.6]
+
+Each row is a request/response loop of ``benchmarks/bench_concurrency`` (a call, then the
+caller's own stream synchronized; every caller on a thread and stream of its own) at 1 and
+8 callers, calls per second. The rows differ in one thing each:
+
+* ``raw eager``: TensorRT-RTX's ``execute_async_v3`` on a context per thread; ``+pyN``
+  adds N µs of pure Python per call (as much time holding the GIL as a runtime's own work);
+* ``raw graph <launch>``: one captured graph per thread, launched by torch's
+  ``CUDAGraph.replay()``, cuda-python's ``cudaGraphLaunch``, or the driver's
+  ``cuGraphLaunch`` through ctypes, either releasing the GIL (``CDLL``) or keeping it
+  (``PyDLL``);
+* ``python eager`` / ``python outer``: ``engine(x)`` of one python-backend engine with 8
+  contexts (``outer``: under ``enable_cudagraphs(engine, outer="copy")``); ``outer
+  launch=<how>`` swaps the plans' graph launch and input copy for the driver's, through
+  ctypes as above.
+
+Writes ``gil_probe.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+import _gpu_tool
+
+
+def _driver(keep_gil: bool) -> Any:
+    """``cuGraphLaunch(exec, stream)`` of libcuda through ctypes; ``keep_gil``: PyDLL."""
+    lib = (ctypes.PyDLL if keep_gil else ctypes.CDLL)("libcuda.so.1")
+    fn = lib.cuGraphLaunch
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _busy(us: float) -> Any:
+    end_ns = int(us * 1000)
+    clock = time.perf_counter_ns
+
+    def spin() -> None:
+        t = clock() + end_ns
+        while clock() < t:
+            pass
+
+    return spin
+
+
+class _RtProxy:
+    """cuda-python's runtime module with ``cudaGraphLaunch`` and ``cudaMemcpyAsync`` replaced."""
+
+    def __init__(self, rt: Any, how: str) -> None:
+        self._rt = rt
+        self.cudaGraphLaunch = _launcher(how)
+        self.cudaMemcpyAsync = _copier(how)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rt, name)
+
+
+def _copier(how: str) -> Any:
+    """A ``copy(dst, src, nbytes, kind, stream) -> (err,)`` through the driver's ``cuMemcpyAsync``."""
+    lib = (ctypes.PyDLL if how == "pydll" else ctypes.CDLL)("libcuda.so.1")
+    fn = lib.cuMemcpyAsync
+    fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+
+    def copy(dst: int, src: int, nbytes: int, kind: Any, stream: int) -> tuple[int]:
+        return (fn(dst, src, nbytes, stream),)
+
+    return copy
+
+
+def _launcher(how: str) -> Any:
+    """A ``launch(graph, stream) -> (err,)`` for the python backend's plans."""
+    fn = _driver(keep_gil=how == "pydll")
+
+    def launch(graph: Any, stream: int) -> tuple[int]:
+        return (fn(int(graph), stream),)
+
+    return launch
+
+
+def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
+    """The rows of one workload: calls/s by callers, and 8 over 1."""
+    import trt_runtime
+    from benchmarks import concurrency_callers as cc
+    from benchmarks.concurrency_grid import Row, measure
+    from benchmarks.raw_rows import open_engine
+    from benchmarks.workloads import WORKLOADS_BY_KEY, build
+
+    workload = WORKLOADS_BY_KEY[key]
+    built, _ = build(workload)
+    shape = tuple(workload.shapes[0])
+    raw = open_engine(built.plan)
+    results: dict[str, dict[int, float]] = {}
+
+    def run(label: str, make: Any, results: dict[str, dict[int, float]] = results) -> None:
+        for n in counts:
+            callers = make(n)
+            row = Row("probe", key, label, n, n)
+            measure(row, callers, args.duration, args.warmup, batch=shape[0])
+            results.setdefault(label, {})[n] = row.calls_per_s or 0.0
+            extra = f" wrong {row.wrong}" if row.wrong else ""
+            extra += f" {row.note}" if row.note else ""
+            print(f"{key:6s} {label:34s} {n:2d} callers {row.calls_per_s or 0:10.1f} calls/s{extra}",
+                  flush=True)
+            del callers
+
+    def raw_eager(py_us: float) -> Any:
+        def make(n: int) -> list[Any]:
+            made = cc.raw_callers(raw, torch, built, shape, n, outer=False)
+            if py_us:
+                spin = _busy(py_us)
+                for c in made:
+                    execute = c.execute
+
+                    def slow(handle: int, execute: Any = execute) -> bool:
+                        spin()
+                        return execute(handle)  # type: ignore[no-any-return]
+
+                    c.execute = slow
+            return made
+        return make
+
+    def raw_graph(how: str) -> Any:
+        from cuda.bindings import runtime as rt
+
+        def make(n: int) -> list[Any]:
+            made = cc.raw_callers(raw, torch, built, shape, n, outer=True)
+            for c in made:
+                exec_ptr = int(c.graph.raw_cuda_graph_exec())
+                handle, sync, y = c.handle, c.sync, c.y
+                if how == "torch":
+                    continue
+                if how == "cuda-python":
+                    g = rt.cudaGraphExec_t(exec_ptr)
+                    launch = rt.cudaGraphLaunch
+
+                    def call(g: Any = g, launch: Any = launch, h: int = handle, sync: Any = sync,
+                             y: Any = y) -> Any:
+                        (err,) = launch(g, h)
+                        if err:
+                            raise RuntimeError(err)
+                        sync()
+                        return y
+                else:
+                    fn = _driver(keep_gil=how == "pydll")
+                    gp, sp = ctypes.c_void_p(exec_ptr), ctypes.c_void_p(handle)
+
+                    def call(fn: Any = fn, gp: Any = gp, sp: Any = sp, sync: Any = sync,
+                             y: Any = y) -> Any:
+                        err = fn(gp, sp)
+                        if err:
+                            raise RuntimeError(f"cuGraphLaunch: {err}")
+                        sync()
+                        return y
+                c.call = call
+            return made
+        return make
+
+    def backend(outer: bool, launch: str | None = None) -> Any:
+        def make(n: int) -> list[Any]:
+            engine = trt_runtime.load(built.plan, "python", name=f"{key}-gil", contexts=8)
+            if launch is not None:
+                for lane in engine._pool.lanes:
+                    lane._graphs.rt = _RtProxy(lane._graphs.rt, launch)
+            if outer:
+                wrap = trt_runtime.enable_cudagraphs(engine, outer="copy")
+                wrap.__enter__()
+                engines_open.append((engine, wrap))
+            else:
+                engines_open.append((engine, None))
+            return cc.backend_callers(engine, torch, built, shape, n)
+        return make
+
+    engines_open: list[Any] = []
+    for py_us in (0.0, 4.0, 8.0):
+        run(f"raw eager+py{py_us:g}", raw_eager(py_us))
+    for how in ("torch", "cuda-python", "cdll", "pydll"):
+        run(f"raw graph {how}", raw_graph(how))
+    run("python eager", backend(False))
+    run("python outer", backend(True))
+    run("python outer launch=cdll", backend(True, "cdll"))
+    run("python outer launch=pydll", backend(True, "pydll"))
+    for engine, wrap in engines_open:
+        if wrap is not None:
+            wrap.__exit__(None, None, None)
+        engine.close()
+    return {label: {"calls_per_s": v, "8_over_1": round(v.get(8, 0) / v[1], 3) if v.get(1) else None}
+            for label, v in results.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _gpu_tool.parser(__doc__)
+    parser.add_argument("--workloads", default="tiny,mlp")
+    parser.add_argument("--duration", type=float, default=0.6)
+    parser.add_argument("--warmup", type=float, default=0.15)
+    parser.add_argument("--callers", default="1,8")
+    args = parser.parse_args(argv)
+    import torch
+
+    counts = [int(c) for c in args.callers.split(",")]
+    document: dict[str, Any] = {}
+
+    for key in args.workloads.split(","):
+        document[key] = probe(key, torch, args, counts)
+        for label, v in document[key].items():
+            print(f"  {key} {label:34s} 8/1 = {v['8_over_1']}")
+    _gpu_tool.write_json(args.out, "gil_probe.json", document)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
