@@ -180,15 +180,116 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
             return cc.backend_callers(engine, torch, built, shape, n)
         return make
 
+    empty = torch.empty
+    in_name, out_name = raw.input_name, raw.output_name
+
+    def raw_bound(kind: str) -> Any:
+        """Raw eager with a runtime's per-call steps added: ``alloc`` (torch.empty of the output,
+        unused), ``setaddr`` (set_tensor_address of the output, same pointer), ``bind-alloc``
+        (both addresses set, a new output each call, returned)."""
+        def make(n: int) -> list[Any]:
+            made = cc.raw_callers(raw, torch, built, shape, n, outer=False)
+            for c in made:
+                execute, handle, sync, y0 = c.execute, c.handle, c.sync, c.y
+                set_address = c.context.set_tensor_address
+                out_shape, dtype, x = tuple(y0.shape), y0.dtype, c.x
+
+                if kind == "alloc":
+                    def call(execute: Any = execute, handle: int = handle, sync: Any = sync, y0: Any = y0,
+                             out_shape: Any = out_shape, dtype: Any = dtype) -> Any:
+                        empty(out_shape, dtype=dtype, device="cuda")
+                        if not execute(handle):
+                            raise RuntimeError("execute_async_v3 returned False")
+                        sync()
+                        return y0
+                elif kind == "setaddr":
+                    p0 = y0.data_ptr()
+
+                    def call(execute: Any = execute, handle: int = handle, sync: Any = sync, y0: Any = y0,
+                             p0: int = p0, set_address: Any = set_address) -> Any:
+                        set_address(out_name, p0)
+                        if not execute(handle):
+                            raise RuntimeError("execute_async_v3 returned False")
+                        sync()
+                        return y0
+                else:
+                    def call(execute: Any = execute, handle: int = handle, sync: Any = sync, x: Any = x,
+                             out_shape: Any = out_shape, dtype: Any = dtype, set_address: Any = set_address
+                             ) -> Any:
+                        set_address(in_name, x.data_ptr())
+                        y = empty(out_shape, dtype=dtype, device="cuda")
+                        set_address(out_name, y.data_ptr())
+                        if not execute(handle):
+                            raise RuntimeError("execute_async_v3 returned False")
+                        sync()
+                        return y
+                c.call = call
+            return made
+        return make
+
+    def prebound() -> Any:
+        def make(n: int) -> list[Any]:
+            engine = trt_runtime.load(built.plan, "python", name=f"{key}-gil", contexts=8)
+            engines_open.append((engine, None))
+            made = cc.backend_callers(engine, torch, built, shape, n)
+            for c in made:
+                y = c.expected.to(dtype=engine_out_dtype(engine)).clone()
+                execute, x, stream, sync = engine.execute, c.x, c.stream, c.sync
+
+                def call(execute: Any = execute, x: Any = x, y: Any = y, stream: Any = stream,
+                         sync: Any = sync) -> Any:
+                    execute(x, outputs=[y], stream=stream)
+                    sync()
+                    return y
+                c.call = call
+            return made
+        return make
+
+    def engine_out_dtype(engine: Any) -> Any:
+        from trt_runtime.dtypes import normalize_dtype
+
+        return getattr(torch, normalize_dtype(engine.outputs[0].dtype))
+
+    def with_setting(make: Any, *, gc_off: bool = False, switch_s: float | None = None) -> Any:
+        def wrapped(n: int) -> list[Any]:
+            import gc
+            import sys
+
+            made = make(n)
+            if gc_off:
+                gc.disable()
+                restore.append(gc.enable)
+            if switch_s is not None:
+                old = sys.getswitchinterval()
+                sys.setswitchinterval(switch_s)
+                restore.append(lambda: sys.setswitchinterval(old))
+            return made
+        return wrapped
+
     engines_open: list[Any] = []
+    restore: list[Any] = []
+    rows: dict[str, Any] = {}
     for py_us in (0.0, 4.0, 8.0):
-        run(f"raw eager+py{py_us:g}", raw_eager(py_us))
+        rows[f"raw eager+py{py_us:g}"] = raw_eager(py_us)
+    for kind in ("alloc", "setaddr", "bind-alloc"):
+        rows[f"raw eager {kind}"] = raw_bound(kind)
     for how in ("torch", "cuda-python", "cdll", "pydll"):
-        run(f"raw graph {how}", raw_graph(how))
-    run("python eager", backend(False))
-    run("python outer", backend(True))
-    run("python outer launch=cdll", backend(True, "cdll"))
-    run("python outer launch=pydll", backend(True, "pydll"))
+        rows[f"raw graph {how}"] = raw_graph(how)
+    rows["python eager"] = backend(False)
+    rows["python eager gc-off"] = with_setting(backend(False), gc_off=True)
+    rows["python eager switch=0.2ms"] = with_setting(backend(False), switch_s=0.0002)
+    rows["python prebound"] = prebound()
+    rows["python outer"] = backend(True)
+    rows["python outer gc-off"] = with_setting(backend(True), gc_off=True)
+    rows["python outer launch=cdll"] = backend(True, "cdll")
+    rows["python outer launch=pydll"] = backend(True, "pydll")
+    wanted = [w for w in args.rows.split(",") if w]
+    for label, make in rows.items():
+        if wanted and not any(label.startswith(w) for w in wanted):
+            continue
+        run(label, make)
+        while restore:
+            restore.pop()()
     for engine, wrap in engines_open:
         if wrap is not None:
             wrap.__exit__(None, None, None)
@@ -203,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.6)
     parser.add_argument("--warmup", type=float, default=0.15)
     parser.add_argument("--callers", default="1,8")
+    parser.add_argument("--rows", default="", help="comma-separated label prefixes (default: all)")
     args = parser.parse_args(argv)
     import torch
 
