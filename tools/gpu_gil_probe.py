@@ -87,6 +87,70 @@ def _launcher(how: str) -> Any:
     return launch
 
 
+def measure_switches(row: Any, callers: list[Any], duration: float, warmup: float) -> str:
+    """Like ``concurrency_grid.measure`` (fewer checks), and per call: the caller threads'
+    voluntary and involuntary context switches and the process's CPU time."""
+    import resource
+    import threading
+
+    count = len(callers)
+    start, timed = threading.Barrier(count + 1), threading.Barrier(count + 1)
+    warm_done, stop = threading.Event(), threading.Event()
+    calls = [0] * count
+    csw = [(0, 0)] * count
+    wrong = [0] * count
+    errors: list[str] = []
+
+    def body(i: int) -> None:
+        caller = callers[i]
+        try:
+            caller.prepare()
+            start.wait(timeout=60)
+            while not warm_done.is_set():
+                caller.call()
+            timed.wait(timeout=60)
+            r0 = resource.getrusage(resource.RUSAGE_THREAD)
+            done = 0
+            while not stop.is_set():
+                out = caller.call()
+                if done % 64 == 0 and not caller.check(out):
+                    wrong[i] += 1
+                done += 1
+            r1 = resource.getrusage(resource.RUSAGE_THREAD)
+            calls[i] = done
+            csw[i] = (r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw)
+        except Exception as exc:
+            errors.append(f"thread {i}: {type(exc).__name__}: {exc}")
+            start.abort()
+            timed.abort()
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        start.wait(timeout=60)
+        time.sleep(warmup)
+        warm_done.set()
+        timed.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        warm_done.set()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    time.sleep(duration)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    total = sum(calls)
+    row.calls_per_s = round(total / elapsed, 1) if total else None
+    row.wrong = sum(wrong)
+    row.note = "; ".join(errors[:2])
+    if not total:
+        return ""
+    vol = sum(c[0] for c in csw) / total
+    invol = sum(c[1] for c in csw) / total
+    return f" | per call: {vol:5.2f} vol + {invol:5.2f} invol switches, {cpu / total * 1e6:7.1f} us CPU"
+
+
 def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
     """The rows of one workload: calls/s by callers, and 8 over 1."""
     import trt_runtime
@@ -105,11 +169,15 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
         for n in counts:
             callers = make(n)
             row = Row("probe", key, label, n, n)
-            measure(row, callers, args.duration, args.warmup, batch=shape[0])
+            if args.switches:
+                per = measure_switches(row, callers, args.duration, args.warmup)
+            else:
+                measure(row, callers, args.duration, args.warmup, batch=shape[0])
+                per = ""
             results.setdefault(label, {})[n] = row.calls_per_s or 0.0
             extra = f" wrong {row.wrong}" if row.wrong else ""
             extra += f" {row.note}" if row.note else ""
-            print(f"{key:6s} {label:34s} {n:2d} callers {row.calls_per_s or 0:10.1f} calls/s{extra}",
+            print(f"{key:6s} {label:34s} {n:2d} callers {row.calls_per_s or 0:10.1f} calls/s{per}{extra}",
                   flush=True)
             del callers
 
@@ -194,7 +262,19 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
                 set_address = c.context.set_tensor_address
                 out_shape, dtype, x = tuple(y0.shape), y0.dtype, c.x
 
-                if kind == "alloc":
+                if kind == "torchpy":
+                    s0, p0 = x.shape, x.data_ptr()
+
+                    def call(execute: Any = execute, handle: int = handle, sync: Any = sync, y0: Any = y0,
+                             x: Any = x, s0: Any = s0, p0: int = p0) -> Any:
+                        for _ in range(12):  # about a plan's torch reads, a few times over
+                            if x.data_ptr() != p0 or x.shape != s0 or y0.data_ptr() == 0:
+                                raise RuntimeError("moved")
+                        if not execute(handle):
+                            raise RuntimeError("execute_async_v3 returned False")
+                        sync()
+                        return y0
+                elif kind == "alloc":
                     def call(execute: Any = execute, handle: int = handle, sync: Any = sync, y0: Any = y0,
                              out_shape: Any = out_shape, dtype: Any = dtype) -> Any:
                         empty(out_shape, dtype=dtype, device="cuda")
@@ -245,6 +325,42 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
             return made
         return make
 
+    def lane_direct(kind: str) -> Any:
+        """Each thread's own lane of one engine, called past the core's entry: its current
+        plan (``plan``), or TensorRT's enqueue on that lane's context (``trt``)."""
+        def make(n: int) -> list[Any]:
+            engine = trt_runtime.load(built.plan, "python", name=f"{key}-gil", contexts=8)
+            engines_open.append((engine, None))
+            made = cc.backend_callers(engine, torch, built, shape, n)
+            for c in made:
+                y = c.expected.to(dtype=engine_out_dtype(engine)).clone()
+                x, stream, sync = c.x, c.stream, c.sync
+                handle = int(stream.cuda_stream)
+                box: dict[str, Any] = {}
+
+                def prepare(c: Any = c, x: Any = x, y: Any = y, stream: Any = stream, box: Any = box) -> None:
+                    torch.cuda.set_stream(stream)
+                    engine.execute(x, outputs=[y], stream=stream)
+                    engine.execute(x, outputs=[y], stream=stream)
+                    lane = engine._pool._local.slot.lane
+                    box["plan"] = lane._fast_entry
+                    box["trt"] = lane._res.context.trt_context.execute_async_v3
+
+                if kind == "plan":
+                    def call(box: Any = box, x: Any = x, y: Any = y, stream: Any = stream, sync: Any = sync
+                             ) -> Any:
+                        box["plan"]((x,), stream, [y])
+                        sync()
+                        return y
+                else:
+                    def call(box: Any = box, y: Any = y, handle: int = handle, sync: Any = sync) -> Any:
+                        box["trt"](handle)
+                        sync()
+                        return y
+                c.prepare, c.call = prepare, call
+            return made
+        return make
+
     def engine_out_dtype(engine: Any) -> Any:
         from trt_runtime.dtypes import normalize_dtype
 
@@ -271,7 +387,7 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for py_us in (0.0, 4.0, 8.0):
         rows[f"raw eager+py{py_us:g}"] = raw_eager(py_us)
-    for kind in ("alloc", "setaddr", "bind-alloc"):
+    for kind in ("torchpy", "alloc", "setaddr", "bind-alloc"):
         rows[f"raw eager {kind}"] = raw_bound(kind)
     for how in ("torch", "cuda-python", "cdll", "pydll"):
         rows[f"raw graph {how}"] = raw_graph(how)
@@ -279,6 +395,8 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
     rows["python eager gc-off"] = with_setting(backend(False), gc_off=True)
     rows["python eager switch=0.2ms"] = with_setting(backend(False), switch_s=0.0002)
     rows["python prebound"] = prebound()
+    rows["python lane plan"] = lane_direct("plan")
+    rows["python lane trt"] = lane_direct("trt")
     rows["python outer"] = backend(True)
     rows["python outer gc-off"] = with_setting(backend(True), gc_off=True)
     rows["python outer launch=cdll"] = backend(True, "cdll")
@@ -305,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=0.15)
     parser.add_argument("--callers", default="1,8")
     parser.add_argument("--rows", default="", help="comma-separated label prefixes (default: all)")
+    parser.add_argument("--switches", action="store_true",
+                        help="count context switches and CPU time per call (own loop, fewer checks)")
     args = parser.parse_args(argv)
     import torch
 
