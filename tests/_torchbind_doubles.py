@@ -95,6 +95,12 @@ class FakeTensor:
     def data_ptr(self) -> int:
         return int(self.array.__array_interface__["data"][0])
 
+    def numel(self) -> int:
+        return int(self.array.size)
+
+    def element_size(self) -> int:
+        return int(self.array.itemsize)
+
     def __repr__(self) -> str:
         return f"FakeTensor({self.shape}, {self.array.dtype}, {self.device})"
 
@@ -580,11 +586,15 @@ class FakeBridge:
     def raw_current_stream(self, index: int) -> int:
         return id(self.active_stream(index))
 
-    #: ``graph_launcher(graph)``: None (replay() launches) unless a test sets a factory.
+    #: ``graph_launcher(graph)``: None (replay() launches) unless a test sets a factory,
+    #: which returns the launch function, or the launch and copy functions.
     launcher_factory: Any = None
 
     def graph_launcher(self, graph: FakeGraph) -> Any:
-        return None if self.launcher_factory is None else self.launcher_factory(graph)
+        if self.launcher_factory is None:
+            return None
+        made = self.launcher_factory(graph)
+        return made if isinstance(made, tuple) else (made, None)
 
     @staticmethod
     def reset_graph(graph: FakeGraph) -> None:

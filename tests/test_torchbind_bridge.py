@@ -390,8 +390,9 @@ def test_torchbind_bridge_private_streams_without_cuda_python_use_the_high_prior
 
 
 def test_torchbind_bridge_graph_launcher_launches_the_executable_graph() -> None:
-    """cuda-python's cudaGraphLaunch of ``raw_cuda_graph_exec()``; none for a torch without
-    it; a failed launch is an EngineError naming the CUDA error (no GPU here: no driver)."""
+    """The driver's (or cuda-python's) graph launch of ``raw_cuda_graph_exec()`` and a device
+    copy; none for a torch without it; a failed launch is an EngineError naming the CUDA
+    error (no GPU here: no driver)."""
     pytest.importorskip("cuda.bindings.runtime")
 
     class Graph:
@@ -399,8 +400,10 @@ def test_torchbind_bridge_graph_launcher_launches_the_executable_graph() -> None
             return 0
 
     assert TorchBridge.graph_launcher(object()) is None
-    launch = TorchBridge.graph_launcher(Graph())
-    assert callable(launch)
+    made = TorchBridge.graph_launcher(Graph())
+    assert made is not None
+    launch, copy = made
+    assert callable(launch) and callable(copy)
     with pytest.raises(EngineError, match=r"replaying a CUDA graph failed: cudaGraphLaunch returned"):
         launch(0)
     assert TorchBridge(_TorchStandIn()).raw_current_stream(0) is None  # a torch without the C getter

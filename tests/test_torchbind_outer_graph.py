@@ -434,3 +434,43 @@ def test_torchbind_thread_start_binds_the_thread_before_a_plan_runs() -> None:
     thread.join()
     assert bound == [0]
     np.testing.assert_array_equal(results[0].array, np.full((2, 4), 4.0, np.float32))
+
+
+def test_torchbind_outer_graph_copies_inputs_through_the_launchers_copy() -> None:
+    """With the launcher's device copy (the driver's, GIL held), a replay copies each input
+    into its static buffer through it, by address and size, on the current stream's handle,
+    not with ``copy_``; an input that is the static buffer itself is not copied."""
+    import ctypes
+
+    engine, bridge = dynamic_engine()
+    copies: list[tuple[int, int, int, int]] = []
+
+    def copy(dst: int, src: int, nbytes: int, stream: int) -> int:
+        copies.append((dst, src, nbytes, stream))
+        ctypes.memmove(dst, src, nbytes)
+        return 0
+
+    def factory(graph: Any) -> Any:
+        return (lambda stream: graph.replay()), copy
+
+    bridge.launcher_factory = factory
+    with enable_cudagraphs(engine, outer=True):
+        engine.execute(dyn(2, 1.0))  # the capture
+        bridge.events.clear()
+        x = dyn(2, 3.0)
+        (out,) = engine.execute(x)
+        np.testing.assert_array_equal(out.array, np.full((2, 4), 6.0, np.float32))
+        ((dst, src, nbytes, stream),) = copies
+        assert src == x.data_ptr() and nbytes == x.array.nbytes and stream == id(bridge.active_stream(0))
+        assert ("copy", "current:0") not in bridge.events
+        failing = copies.append  # a failed copy is an EngineError naming the error
+
+        def broken(dst: int, src: int, nbytes: int, stream: int) -> int:
+            failing((dst, src, nbytes, stream))
+            return 700
+
+        bridge.launcher_factory = lambda graph: ((lambda stream: graph.replay()), broken)
+        engine.reset_graphs()
+        engine.execute(dyn(2, 1.0))  # captured again: a new plan with the new copy
+        with pytest.raises(EngineError, match=r"copying an input into its CUDA graph's static buffer failed: 700"):
+            engine.execute(dyn(2, 5.0))

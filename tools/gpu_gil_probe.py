@@ -14,10 +14,10 @@ caller's own stream synchronized; every caller on a thread and stream of its own
   ``CUDAGraph.replay()``, cuda-python's ``cudaGraphLaunch``, or the driver's
   ``cuGraphLaunch`` through ctypes, either releasing the GIL (``CDLL``) or keeping it
   (``PyDLL``);
-* ``python eager`` / ``python outer``: ``engine(x)`` of one python-backend engine with 8
-  contexts (``outer``: under ``enable_cudagraphs(engine, outer="copy")``); ``outer
-  launch=<how>`` swaps the plans' graph launch and input copy for the driver's, through
-  ctypes as above.
+* ``python eager`` / ``python outer`` (and ``torchbind``): ``engine(x)`` of one engine
+  with 8 contexts (``outer``: under ``enable_cudagraphs(engine, outer="copy")``);
+  ``gil-released`` makes the replays' launches and copies through cuda-python
+  (``trt_runtime_backends._held.HOLD_GIL = False``), as before they held the GIL.
 
 Writes ``gil_probe.json`` to ``--out``.
 """
@@ -50,41 +50,6 @@ def _busy(us: float) -> Any:
             pass
 
     return spin
-
-
-class _RtProxy:
-    """cuda-python's runtime module with ``cudaGraphLaunch`` and ``cudaMemcpyAsync`` replaced."""
-
-    def __init__(self, rt: Any, how: str) -> None:
-        self._rt = rt
-        self.cudaGraphLaunch = _launcher(how)
-        self.cudaMemcpyAsync = _copier(how)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._rt, name)
-
-
-def _copier(how: str) -> Any:
-    """A ``copy(dst, src, nbytes, kind, stream) -> (err,)`` through the driver's ``cuMemcpyAsync``."""
-    lib = (ctypes.PyDLL if how == "pydll" else ctypes.CDLL)("libcuda.so.1")
-    fn = lib.cuMemcpyAsync
-    fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-
-    def copy(dst: int, src: int, nbytes: int, kind: Any, stream: int) -> tuple[int]:
-        return (fn(dst, src, nbytes, stream),)
-
-    return copy
-
-
-def _launcher(how: str) -> Any:
-    """A ``launch(graph, stream) -> (err,)`` for the python backend's plans."""
-    fn = _driver(keep_gil=how == "pydll")
-
-    def launch(graph: Any, stream: int) -> tuple[int]:
-        return (fn(int(graph), stream),)
-
-    return launch
 
 
 def measure_switches(row: Any, callers: list[Any], duration: float, warmup: float) -> str:
@@ -233,12 +198,15 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
             return made
         return make
 
-    def backend(outer: bool, launch: str | None = None) -> Any:
+    def backend(outer: bool, hold: bool = True, name: str = "python") -> Any:
         def make(n: int) -> list[Any]:
-            engine = trt_runtime.load(built.plan, "python", name=f"{key}-gil", contexts=8)
-            if launch is not None:
-                for lane in engine._pool.lanes:
-                    lane._graphs.rt = _RtProxy(lane._graphs.rt, launch)
+            from trt_runtime_backends import _held
+
+            _held.HOLD_GIL = hold
+            try:
+                engine = trt_runtime.load(built.plan, name, name=f"{key}-gil", contexts=8)
+            finally:
+                _held.HOLD_GIL = True
             if outer:
                 wrap = trt_runtime.enable_cudagraphs(engine, outer="copy")
                 wrap.__enter__()
@@ -399,8 +367,10 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
     rows["python lane trt"] = lane_direct("trt")
     rows["python outer"] = backend(True)
     rows["python outer gc-off"] = with_setting(backend(True), gc_off=True)
-    rows["python outer launch=cdll"] = backend(True, "cdll")
-    rows["python outer launch=pydll"] = backend(True, "pydll")
+    rows["python outer gil-released"] = backend(True, hold=False)
+    rows["torchbind eager"] = backend(False, name="torchbind")
+    rows["torchbind outer"] = backend(True, name="torchbind")
+    rows["torchbind outer gil-released"] = backend(True, hold=False, name="torchbind")
     wanted = [w for w in args.rows.split(",") if w]
     for label, make in rows.items():
         if wanted and not any(label.startswith(w) for w in wanted):

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from trt_runtime_backends._held import replay_calls
 from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
@@ -60,11 +61,14 @@ class GraphOps:
     """The CUDA side of one lane's outer graphs: the CUDA runtime, the capture stream, the
     caller stream of the call in flight and the torch replay fast path."""
 
-    __slots__ = ("caller", "capture_stream", "d2d", "res", "rt", "spare", "state")
+    __slots__ = ("caller", "calls", "capture_stream", "d2d", "res", "rt", "spare", "state")
 
     def __init__(self, rt: Any, state: Any, res: Any) -> None:
         self.rt = rt
         self.d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        #: A replay's graph launch and device copies (with the GIL held where possible:
+        #: ``trt_runtime_backends._held``).
+        self.calls = replay_calls(rt)
         #: The engine's ``cuda.DeviceState`` (the capture stream is made on it) and the
         #: finalizer's resources (which destroy the graphs of an engine never closed).
         self.state = state
@@ -115,20 +119,22 @@ def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any
         if slot.output_views is None:
             slot.output_views = _torch_views(slot.outputs)
         return list(slot.output_views)
-    rt = lane._rt
-    d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     empty = lane._torch.empty
     torch_device = lane._torch.device
     results = []
     for io, arr in zip(lane._out, slot.outputs, strict=False):
         y = empty(arr.shape, dtype=io.torch_dtype, device=torch_device)
-        nbytes = arr.nbytes
-        if nbytes:
-            (err,) = rt.cudaMemcpyAsync(y.data_ptr(), arr.ptr, nbytes, d2d, ours)
-            if err:
-                cuda.check((err,), "cudaMemcpyAsync")
+        _d2d(lane, y.data_ptr(), arr.ptr, arr.nbytes, ours)
         results.append(y)
     return results
+
+
+def _d2d(lane: Any, dst: int, src: int, nbytes: int, stream: int) -> None:
+    """Copy ``nbytes`` between device addresses on ``stream`` (nothing for 0 bytes)."""
+    if nbytes:
+        err = lane._graphs.calls.copy(dst, src, nbytes, stream)
+        if err:
+            cuda.check((err,), "cudaMemcpyAsync")
 
 
 def replay_failed(lane: Any, err: Any, call: str = "cudaGraphLaunch") -> None:
@@ -288,20 +294,20 @@ def launch(lane: Any, graph: Any, stream: Any) -> None:
     """Replay a graph. It touches no TensorRT context state: the graph holds its shapes,
     profile and addresses, so the context keeps whatever it had (``shape_key`` stays true)
     and the next eager call sets only what differs."""
-    (err,) = lane._rt.cudaGraphLaunch(graph, stream)
+    err = lane._graphs.calls.launch(graph, stream)
     if err:
         replay_failed(lane, err)
 
 
 def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
     """Into a static input (a ``DeviceArray``) from a device address or a host array."""
-    rt = lane._rt
     if isinstance(src, int):
-        kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    else:
-        src, nbytes = host_memory(src)
-        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-    cuda.check(rt.cudaMemcpyAsync(dst.ptr, src, nbytes, kind, stream), "cudaMemcpyAsync")
+        _d2d(lane, dst.ptr, src, nbytes, stream)
+        return
+    rt = lane._rt
+    src, nbytes = host_memory(src)
+    h2d = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+    cuda.check(rt.cudaMemcpyAsync(dst.ptr, src, nbytes, h2d, stream), "cudaMemcpyAsync")
 
 
 def destroy_graph(lane: Any, graph: Any) -> None:
@@ -339,12 +345,11 @@ def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any,
     rt = lane._rt
     kind = inspection.kind
     caller = lane._graphs.caller
-    d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     if outputs is not None:
         given, ptrs = lane._binding.check_outputs(ctx, outputs)
         for dst, src, nbytes in zip(ptrs, slot.out_ptrs, slot.out_nbytes, strict=True):
-            if nbytes and dst != src:
-                cuda.check(rt.cudaMemcpyAsync(dst, src, nbytes, d2d, ours), "cudaMemcpyAsync")
+            if dst != src:
+                _d2d(lane, dst, src, nbytes, ours)
         if kind == KIND_HOST and caller is None:  # host inputs promise ready results
             cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
         return given  # type: ignore[no-any-return]
@@ -361,7 +366,6 @@ def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any,
     for io, arr in zip(lane._out, slot.outputs, strict=True):
         buf = lane._state.allocate(arr.nbytes, lane._stream)
         y = DeviceArray(buf, arr.shape, io.dtype, lane._device, stream=ours if caller is None else 0)
-        if arr.nbytes:
-            cuda.check(rt.cudaMemcpyAsync(y.ptr, arr.ptr, arr.nbytes, d2d, ours), "cudaMemcpyAsync")
+        _d2d(lane, y.ptr, arr.ptr, arr.nbytes, ours)
         results.append(y)
     return results

@@ -116,7 +116,7 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 {bind_in}{alloc_out}{enqueue}"""
 
 _REPLAY = """\
-def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results, tensor, device,
+def make(lane, miss, order, own, slot, touch, launch, copy, failed, results, tensor, device,
          raw_stream, {consts}):
     def plan(inputs, stream, outputs):
 {torch_head}\
@@ -130,7 +130,7 @@ def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results
         if lane._multi_device:
             lane._set_device()
 {caller}{run}{copies}\
-        (err,) = launch(graph, run)
+        err = launch(graph, run)
         if err:
             failed(err, "cudaGraphLaunch")
         out = results(run)
@@ -224,7 +224,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         copies = []
         for i in range(n):
             copies += [f"if src{i} != dst{i} and nb{i}:",
-                       f"    (err,) = copy(dst{i}, src{i}, nb{i}, d2d, run)",
+                       f"    err = copy(dst{i}, src{i}, nb{i}, run)",
                        "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
         fields.update(
             consts=", ".join(consts),
@@ -285,7 +285,7 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     from trt_runtime_backends.python.graphs import replay_failed, torch_results
 
     bridge = lane._torch
-    rt = lane._graphs.rt
+    calls = lane._graphs.calls
     make = _compile("replay", len(shapes), 0, False)
     views = slot.output_views
     if views is not None:
@@ -295,7 +295,7 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
         results = functools.partial(torch_results, lane, slot, view=False)
     failed = functools.partial(replay_failed, lane)
     return make(
-        lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, rt.cudaGraphLaunch,
-        rt.cudaMemcpyAsync, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, failed, results, bridge.tensor,
+        lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, calls.launch,
+        calls.copy, failed, results, bridge.tensor,
         lane._device, bridge.raw_stream, *bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes,
     )

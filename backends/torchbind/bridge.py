@@ -367,11 +367,13 @@ class TorchBridge:
         return None if raw is None else int(raw(index))
 
     @staticmethod
-    def graph_launcher(graph: Any) -> Callable[[int], None] | None:
-        """A function launching ``graph``'s executable graph on a stream handle through
-        cuda-python's ``cudaGraphLaunch``: what ``replay()`` does after its bookkeeping for
-        random-number generators, which a TensorRT graph has no use for. ``None`` without
-        cuda-python, or for a torch whose ``CUDAGraph`` has no ``raw_cuda_graph_exec``."""
+    def graph_launcher(graph: Any) -> tuple[Callable[[int], None], Callable[[int, int, int, int], Any]] | None:
+        """A function launching ``graph``'s executable graph on a stream handle, and a device
+        copy ``(dst, src, nbytes, stream) -> error``, through the CUDA driver with the GIL
+        held (``trt_runtime_backends._held``; cuda-python where that cannot be used): what
+        ``replay()`` does after its bookkeeping for random-number generators, which a
+        TensorRT graph has no use for. ``None`` without cuda-python, or for a torch whose
+        ``CUDAGraph`` has no ``raw_cuda_graph_exec``."""
         exec_of = getattr(graph, "raw_cuda_graph_exec", None)
         if exec_of is None:
             return None
@@ -379,15 +381,18 @@ class TorchBridge:
             from cuda.bindings import runtime as rt
         except ImportError:
             return None
-        handle = rt.cudaGraphExec_t(int(exec_of()))
-        launch = rt.cudaGraphLaunch
+        from trt_runtime_backends._held import replay_calls
+
+        calls = replay_calls(rt)
+        handle = int(exec_of())
+        launch = calls.launch_ptr
 
         def run(stream: int, graph: Any = graph) -> None:  # the graph lives as long as this
-            (err,) = launch(handle, stream)
+            err = launch(handle, stream)
             if err:
-                raise EngineError(f"replaying a CUDA graph failed: cudaGraphLaunch returned {err}")
+                raise EngineError(f"replaying a CUDA graph failed: cudaGraphLaunch returned {err!r}")
 
-        return run
+        return run, calls.copy
 
     @staticmethod
     def reset_graph(graph: Any) -> None:

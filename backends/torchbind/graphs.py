@@ -113,9 +113,11 @@ class GraphOps:
         raw_stream = bridge.raw_current_stream
         copy_, clone = bridge.copy_, bridge.clone
         graph = slot.graph
-        launch = None
+        launch = copy = None
         if raw_stream(device) is not None:  # else this torch tells the stream only as an object
-            launch = bridge.graph_launcher(graph) or _on_current(bridge, graph)
+            launch, copy = bridge.graph_launcher(graph) or (_on_current(bridge, graph), None)
+        # each static input with its address and size, for copies through ``copy``
+        targets = tuple((s, s.data_ptr(), s.numel() * s.element_size()) for s in statics)
         ops = self
 
         def plan(inputs: tuple[Any, ...], stream: Any, outs: Any) -> list[Any] | None:
@@ -138,9 +140,13 @@ class GraphOps:
                 if raw != ops.last_raw:
                     ops.follow(bridge.current_stream(device))
                     ops.last_raw = raw
-            for static, x in zip(statics, inputs):  # noqa: B905
+            for (static, dst, nbytes), x in zip(targets, inputs):  # noqa: B905
                 if x is not static:  # the caller may fill the static inputs itself
-                    copy_(static, x)
+                    if copy is None:
+                        copy_(static, x)
+                    elif nbytes and (err := copy(dst, x.data_ptr(), nbytes, raw)):
+                        raise EngineError(f"engine {lane.name!r}: copying an input into its CUDA graph's "
+                                          f"static buffer failed: {err!r}")
             if launch is None:
                 bridge.replay(graph)
             else:
