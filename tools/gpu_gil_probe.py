@@ -371,7 +371,7 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
     rows["torchbind eager"] = backend(False, name="torchbind")
     rows["torchbind outer"] = backend(True, name="torchbind")
     rows["torchbind outer gil-released"] = backend(True, hold=False, name="torchbind")
-    wanted = [w for w in args.rows.split(",") if w]
+    wanted = [w.replace("_", " ") for w in args.rows.split(",") if w]
     for label, make in rows.items():
         if wanted and not any(label.startswith(w) for w in wanted):
             continue
@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.6)
     parser.add_argument("--warmup", type=float, default=0.15)
     parser.add_argument("--callers", default="1,8")
-    parser.add_argument("--rows", default="", help="comma-separated label prefixes (default: all)")
+    parser.add_argument("--rows", default="", help="comma-separated label prefixes, '_' for a space "
+                        "(default: all)")
     parser.add_argument("--switches", action="store_true",
                         help="count context switches and CPU time per call (own loop, fewer checks)")
     args = parser.parse_args(argv)
