@@ -460,7 +460,7 @@ def test_torchbind_outer_graph_copies_inputs_through_the_launchers_copy() -> Non
         x = dyn(2, 3.0)
         (out,) = engine.execute(x)
         np.testing.assert_array_equal(out.array, np.full((2, 4), 6.0, np.float32))
-        ((dst, src, nbytes, stream),) = copies
+        ((_dst, src, nbytes, stream),) = copies
         assert src == x.data_ptr() and nbytes == x.array.nbytes and stream == id(bridge.active_stream(0))
         assert ("copy", "current:0") not in bridge.events
         failing = copies.append  # a failed copy is an EngineError naming the error
@@ -472,5 +472,5 @@ def test_torchbind_outer_graph_copies_inputs_through_the_launchers_copy() -> Non
         bridge.launcher_factory = lambda graph: ((lambda stream: graph.replay()), broken)
         engine.reset_graphs()
         engine.execute(dyn(2, 1.0))  # captured again: a new plan with the new copy
-        with pytest.raises(EngineError, match=r"copying an input into its CUDA graph's static buffer failed: 700"):
+        with pytest.raises(EngineError, match=r"into its CUDA graph's static buffer failed: 700"):
             engine.execute(dyn(2, 5.0))

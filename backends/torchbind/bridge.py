@@ -48,6 +48,10 @@ class LaneStream:
         self.device_type = stream.device_type
 
 
+#: A device-to-device copy ``(dst, src, nbytes, stream) -> 0 or the error``.
+_Copy = Callable[[int, int, int, int], Any]
+
+
 class TorchBridge:
     """Tensors, devices, streams and the ``tensorrt`` torch namespaces, for real."""
 
@@ -367,7 +371,7 @@ class TorchBridge:
         return None if raw is None else int(raw(index))
 
     @staticmethod
-    def graph_launcher(graph: Any) -> tuple[Callable[[int], None], Callable[[int, int, int, int], Any]] | None:
+    def graph_launcher(graph: Any) -> tuple[Callable[[int], None], _Copy] | None:
         """A function launching ``graph``'s executable graph on a stream handle, and a device
         copy ``(dst, src, nbytes, stream) -> error``, through the CUDA driver with the GIL
         held (``trt_runtime_backends._held``; cuda-python where that cannot be used): what

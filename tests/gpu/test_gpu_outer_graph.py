@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from trt_runtime_backends._held import ReplayCalls
 
 from trt_runtime import (
