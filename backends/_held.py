@@ -21,9 +21,11 @@ waits on one would never drain. :data:`HOLD_GIL` turns these calls off for such 
 
 :func:`replay_calls` gives the calls a replay makes: these, or cuda-python's when they
 cannot be used (:data:`HOLD_GIL` false, no ``libcuda.so.1``, or a cuda-python stand-in in
-tests). A held call returns ``0`` or a cuda-python ``CUresult`` naming the error. A thread
-with no current CUDA context (the driver's ``CUDA_ERROR_INVALID_CONTEXT``) makes the call
-again through cuda-python, which makes the device's primary context current first.
+tests). A held call returns ``0`` or a cuda-python ``CUresult`` naming the error. The
+driver launches a graph from a thread with no current context (the executable graph
+carries its own; tests/gpu/test_gpu_held_calls.py); should a driver answer
+``CUDA_ERROR_INVALID_CONTEXT`` all the same, the call is made again through cuda-python,
+which makes the device's primary context current first.
 """
 
 from __future__ import annotations
