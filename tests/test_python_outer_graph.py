@@ -408,3 +408,39 @@ def test_python_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypa
     assert held == [True, False] and engine.graph_captures == 1
     engine.execute(np.ones((2, 4), np.float32))  # a replay
     assert held == [True, False]
+
+
+def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch, monkeypatch: Any) -> None:
+    """Inputs of another shape captured before go from one replay plan straight to that
+    shape's plan (no way round ``_call_fast``), launching that shape's graph; a shape never
+    captured still goes the full way and is captured."""
+    from trt_runtime_backends.python.graphs import GraphOps
+
+    looked_up: list[Any] = []
+    original = GraphOps.replay_torch
+
+    def counting(self: Any, lane: Any, inputs: Any, stream: Any, graphs: Any) -> Any:
+        looked_up.append(tuple(inputs[0].shape))
+        return original(self, lane, inputs, stream, graphs)
+
+    monkeypatch.setattr(GraphOps, "replay_torch", counting)
+    engine = _fake_engine()
+    a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
+    with enable_cudagraphs(engine, outer="view"):
+        for x in (a, b, a, b):  # captures, then a plan made for each shape
+            engine(x)
+        assert engine.graph_captures == 2
+        plans = {shape: slot.plan for shape, slot in engine._outer_graphs.shortcuts.items()}
+        assert all(plans.values())
+        looked_up.clear()
+        engine._rt.calls.clear()
+        for x in (a, b, a, b, a):
+            out = engine(x)
+            assert out.shape == x.shape
+        assert looked_up == []  # every switch went plan to plan
+        launched = [c[1] for c in engine._rt.calls if c[0] == "launch"]
+        slots = engine._outer_graphs.shortcuts
+        assert launched == [slots[(x.shape,)].graph for x in (a, b, a, b, a)]
+        assert engine._fast_entry is plans[(a.shape,)]
+        engine(torch.cuda_tensor((5, 4)))  # a new shape: captured through the full path
+        assert engine.graph_captures == 3 and looked_up == [(5, 4)]

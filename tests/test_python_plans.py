@@ -55,6 +55,36 @@ def test_plans_switch_between_shapes_and_decline_what_they_do_not_take(torch: Fa
     assert engine(np.ones((2, 4), np.float32)).shape == (2, 4)  # numpy: the full path
 
 
+def test_plans_natural_switch_shapes_plan_to_plan(torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shapes in turn (a dynamic engine's usual load): each natural plan hands a call of
+    another shape seen before straight to that shape's plan, not through the table lookup
+    of ``_call_fast``; a shape never seen goes the full way."""
+    from trt_runtime_backends.python.fast_path import FastPaths
+
+    looked_up: list[Any] = []
+    original = FastPaths.call_natural
+
+    def counting(self: Any, lane: Any, inputs: Any, stream: Any) -> Any:
+        looked_up.append(tuple(inputs[0].shape))
+        return original(self, lane, inputs, stream)
+
+    monkeypatch.setattr(FastPaths, "call_natural", counting)
+    engine = _fake_engine()
+    a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
+    engine(a)
+    engine(b)
+    by_shape = {k[0]: e.plan for k, e in engine._fast_paths.natural.items()}
+    looked_up.clear()
+    _trt_calls(engine).clear()
+    for x in (a, b, a, b):
+        assert engine(x).shape == x.shape
+        assert engine._fast_entry is by_shape[x.shape]
+    assert looked_up == []
+    assert [c[2] for c in _trt_calls(engine) if c[0] == "shape"] == [(2, 4), (3, 4), (2, 4), (3, 4)]
+    engine(torch.cuda_tensor((5, 4)))
+    assert looked_up == [(5, 4)]
+
+
 def test_plans_prebound_checks_identity_pointer_and_shape(torch: FakeTorch) -> None:
     engine = _fake_engine()
     x, y = torch.cuda_tensor((2, 4)), torch.cuda_tensor((2, 4))

@@ -17,9 +17,11 @@ Three kinds, each checking exactly what the table lookup they replace checked:
 * ``prebound`` (:class:`.fast_path.FastPath`): ``execute(*inputs, outputs=[...])`` with
   the very arrays of an earlier call, their pointers and shapes unchanged;
 * ``natural`` (:class:`.fast_path.NaturalCall`): ``engine(x)`` with contiguous CUDA torch
-  tensors of the engine's dtypes, on its device, of shapes seen before;
+  tensors of the engine's dtypes, on its device, of shapes seen before (inputs of another
+  shape seen before go straight to that shape's plan);
 * ``replay`` (an outer-graph slot, ``trt_runtime.outer.GraphSlot``): the same call
-  under the outer graph, replayed.
+  under the outer graph, replayed. Inputs of another shape captured before go straight
+  to that slot's plan (a dynamic engine fed shapes in turn switches plans on every call).
 
 A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
 dropping a context (``execution_context.drop_context``) releases it then and there,
@@ -74,6 +76,20 @@ _TORCH_HEAD = """\
             return miss(inputs, stream, outputs)
 """
 
+# ... then, for inputs of another shape, the plan of that shape from ``table`` (keyed as
+# fast_path.shape_key keys) when there is one: no way round ``_call_fast`` on every call
+# of a dynamic engine fed shapes in turn. (``lane._fast_entry`` is this plan: no name for
+# it here, a closure on itself is a reference cycle.)
+_SWITCH = """\
+        if {shape_differs}:
+            other = table.get({shape_key})
+            other = None if other is None{unusable} else other.plan
+            if other is None or other is lane._fast_entry:
+                return miss(inputs, stream, outputs)
+            lane._fast_entry = other
+            return other(inputs, stream, outputs)
+"""
+
 # ... then TensorRT's enqueue on that stream (``trt``: the context's expression)
 _ENQUEUE = """\
 {caller}{run}\
@@ -101,10 +117,11 @@ def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, {consts}):
 
 _NATURAL = """\
 def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, bound, empty, torch_device,
-         {consts}):
+         table, {consts}):
     bound_get = bound.get
     def plan(inputs, stream, outputs):
 {torch_head}\
+{switch}\
         if lane._context is not ctx:
             return None
         if ctx.shape_key is not key and ctx.shape_key != key and not restore():
@@ -117,9 +134,10 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 
 _REPLAY = """\
 def make(lane, miss, order, own, slot, touch, launch, copy, failed, results, tensor, device,
-         raw_stream, {consts}):
+         raw_stream, table, {consts}):
     def plan(inputs, stream, outputs):
 {torch_head}\
+{switch}\
         graph = slot.graph
         if graph is None:
             return miss(inputs, stream, outputs)
@@ -169,6 +187,13 @@ def _torch_head(xs: list[str], checks: list[str]) -> str:
     return _TORCH_HEAD.format(n=len(xs), unpack_in=_unpack(xs, "inputs"), checks=_any(checks))
 
 
+def _switch(xs: list[str], unusable: str = "") -> str:
+    """Inputs ``xs`` of other shapes than ``s0``, ``s1``... go to that shape's plan in ``table``
+    (``unusable``: a further condition on the entry, such as a released graph)."""
+    return _SWITCH.format(shape_differs=_any([f"{x}.shape != s{i}" for i, x in enumerate(xs)]),
+                          shape_key="(" + "".join(f"{x}.shape, " for x in xs) + ")", unusable=unusable)
+
+
 def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) -> str:
     """The tail of the pre-bound and natural plans: order with the caller, enqueue, return."""
     caller = _CALLER.format(default_caller=default_caller, torch_kind=torch_kind)
@@ -213,8 +238,9 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             consts=", ".join(consts),
             torch_head=_torch_head(xs, [
                 f"type({x}) is not tensor or {x}.dtype is not d{i} or {x}.get_device() != device "
-                f"or not {x}.is_contiguous() or {x}.shape != s{i}" for i, x in enumerate(xs)
+                f"or not {x}.is_contiguous()" for i, x in enumerate(xs)
             ]),
+            switch=_switch(xs),
             bind_in=_indent(bind_in), alloc_out=_indent(alloc_out),
             enqueue=_enqueue("trt_context", ys, _TORCH_CALLER, "True"),
         )
@@ -229,9 +255,10 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         fields.update(
             consts=", ".join(consts),
             torch_head=_torch_head(xs, [
-                f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous() "
-                f"or {x}.shape != s{i}" for i, x in enumerate(xs)
+                f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
+                for i, x in enumerate(xs)
             ]),
+            switch=_switch(xs, " or other.graph is None"),
             sources="; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
             # an input that is not the static buffer itself must be on the engine's device
             foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
@@ -274,7 +301,7 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
     names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
     return make(
         lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
-        lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device,
+        lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
         *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes,
     )
 
@@ -297,5 +324,6 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     return make(
         lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, calls.launch,
         calls.copy, failed, results, bridge.tensor,
-        lane._device, bridge.raw_stream, *bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes,
+        lane._device, bridge.raw_stream, graphs.shortcuts, *bridge.in_dtypes, *shapes, *slot.in_ptrs,
+        *slot.in_nbytes,
     )
