@@ -202,11 +202,10 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
         def make(n: int) -> list[Any]:
             from trt_runtime_backends import _held
 
+            # for the whole row: torchbind picks its calls at a slot's first replay
             _held.HOLD_GIL = hold
-            try:
-                engine = trt_runtime.load(built.plan, name, name=f"{key}-gil", contexts=8)
-            finally:
-                _held.HOLD_GIL = True
+            restore.append(lambda: setattr(_held, "HOLD_GIL", True))
+            engine = trt_runtime.load(built.plan, name, name=f"{key}-gil", contexts=8)
             if outer:
                 wrap = trt_runtime.enable_cudagraphs(engine, outer="copy")
                 wrap.__enter__()

@@ -606,6 +606,62 @@ def test_gpu_torchbind_outer_graph_equals_eager(
     assert engine.native_context_creations in (None, 1)  # None: before 2.13
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_gpu_torchbind_outer_replays_launch_and_copy_with_the_gil_held(
+    open_torchbind: Any, torch: Any, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """A replay launches the graph and copies its input through the CUDA driver with the GIL
+    held (trt_runtime_backends._held), once each per call, from any thread; outputs equal
+    eager ones."""
+    import ctypes
+    import threading
+
+    from cuda.bindings import driver
+    from cuda.bindings import runtime as rt
+    from trt_runtime_backends import _held
+
+    from trt_runtime import enable_cudagraphs
+
+    calls = _held.ReplayCalls(rt, ctypes.PyDLL("libcuda.so.1"), driver)
+    counts = {"launch": 0, "copy": 0}
+    launch, copy = calls.launch_ptr, calls.copy
+
+    def counted_launch(graph: int, stream: int) -> Any:
+        counts["launch"] += 1
+        return launch(graph, stream)
+
+    def counted_copy(dst: int, src: int, nbytes: int, stream: int) -> Any:
+        counts["copy"] += 1
+        return copy(dst, src, nbytes, stream)
+
+    calls.launch_ptr, calls.copy = counted_launch, counted_copy
+    monkeypatch.setattr(_held, "replay_calls", lambda runtime: calls)
+    engine, built = open_torchbind("mlp_fp16")
+    xs = [_input(torch, built, seed=seed) for seed in range(4)]
+    eager = [engine(x).clone() for x in xs]
+    results: dict[int, list[Any]] = {}
+    with enable_cudagraphs(engine, outer="copy"):
+        engine(xs[0])  # the capture
+        before = dict(counts)
+
+        def body(index: int) -> None:
+            results[index] = [engine(x) for x in xs]
+            torch.cuda.current_stream().synchronize()
+
+        workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    torch.cuda.synchronize()
+    replays = threads * len(xs)
+    assert counts["launch"] - before["launch"] == replays
+    assert counts["copy"] - before["copy"] == replays
+    for index in range(threads):
+        for got, want in zip(results[index], eager, strict=True):
+            _same(torch, got, want)
+
+
 def _needs_strategies(engine_or_backend: Any) -> None:
     backend = getattr(engine_or_backend, "backend", engine_or_backend)
     if not backend.capabilities.supports_dynamic_shapes_kernel_specialization_strategy:
