@@ -1,31 +1,33 @@
-"""Two CUDA calls made while holding the GIL: a graph launch and an asynchronous copy.
+"""Two CUDA calls that can be made while holding the GIL: a graph launch and an async copy.
 
 Shared by the backends' replay paths (no backend imports another; both import this).
 
 Each cuda-python call, and each torch operation, releases the GIL for the time it runs.
-With one caller thread that costs nothing. With several, every release is a point where a
-waiting thread takes the GIL, and the caller then has to wait to get it back: a context
-switch each way. ``tools/gpu_gil_probe.py`` counted them on an H100, with 8 threads each
-running their own replay of a small graph and then synchronizing:
+With several caller threads, every release is a point where a waiting thread takes the
+GIL, and the caller then waits to get it back: a thread switch each way.
+``tools/gpu_gil_probe.py`` counted them on an H100 (8 threads, each on its own context
+and stream, ``engine(x)`` under ``outer="copy"`` then a synchronize): with the launch and
+the copies made through the CUDA driver's ``cuGraphLaunch`` / ``cuMemcpyAsync`` via
+``ctypes.PyDLL`` (GIL held), 3.9 switches per call instead of 7.1, and less CPU time per
+call (tiny: 102 against 121 µs). **But not more calls per second**: in all six
+comparisons made (python and torchbind, tiny and mlp, three runs) the released calls gave
+2 to 25% more calls/s at 8 callers. While a thread holds the GIL through a 2 µs launch, no
+other thread runs its Python; released, the launch overlaps another thread's work. So
+:data:`HOLD_GIL` is off: replays call cuda-python as before. On one thread the held launch
+is about 0.2 µs cheaper (1.84 against 2.08 µs, ``tools/gpu_step_costs.py``), for a program
+that calls from one thread and counts every µs.
 
-* cuda-python's ``cudaGraphLaunch``: 3.5 switches per call, and 0.62x the calls/s of 1 thread;
-* the driver's ``cuGraphLaunch`` through ``ctypes.PyDLL`` (GIL held): 1.2 switches per
-  call, and 1.25x the calls/s of 1 thread.
+Held calls block only while the stream's launch queue is full (thousands of operations
+queued). A CUDA host function written in Python needs the GIL to run, so a full queue
+waiting on one would never drain: leave :data:`HOLD_GIL` off in such programs.
 
-A launch or a copy only queues work: it returns in about 2 µs, and holding the GIL for that
-long costs the other threads less than giving it away. (Waiting, like a stream
-synchronize, still releases it.) Both calls can block only while the stream's launch queue
-is full (thousands of operations queued), and then for as long as the GPU needs to make
-room. A CUDA host function written in Python needs the GIL to run, so a full queue that
-waits on one would never drain. :data:`HOLD_GIL` turns these calls off for such programs.
-
-:func:`replay_calls` gives the calls a replay makes: these, or cuda-python's when they
-cannot be used (:data:`HOLD_GIL` false, no ``libcuda.so.1``, or a cuda-python stand-in in
-tests). A held call returns ``0`` or a cuda-python ``CUresult`` naming the error. The
-driver launches a graph from a thread with no current context (the executable graph
-carries its own; tests/gpu/test_gpu_held_calls.py); should a driver answer
-``CUDA_ERROR_INVALID_CONTEXT`` all the same, the call is made again through cuda-python,
-which makes the device's primary context current first.
+:func:`replay_calls` gives the calls a replay makes: the held ones when :data:`HOLD_GIL`
+is set and they can be used (``libcuda.so.1`` loads, and the runtime is cuda-python's,
+not a test double), else cuda-python's. A held call returns ``0`` or a cuda-python
+``CUresult`` naming the error. The driver launches a graph from a thread with no current
+context (the executable graph carries its own; tests/gpu/test_gpu_held_calls.py); should a
+driver answer ``CUDA_ERROR_INVALID_CONTEXT`` all the same, the call is made again through
+cuda-python, which makes the device's primary context current first.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from typing import Any
 
 __all__ = ["HOLD_GIL", "ReplayCalls", "replay_calls"]
 
-#: Whether replays launch graphs and copy with the GIL held (see the module docstring).
-#: Read when a plan is made: set it before loading engines.
-HOLD_GIL = True
+#: Whether replays launch graphs and copy with the GIL held (see the module docstring:
+#: off, because it gave fewer calls/s to concurrent callers). Read when an engine's lane is
+#: made (python backend) or a graph's replay plan is (torchbind): set it before loading.
+HOLD_GIL = False
 
 #: ``CUDA_ERROR_INVALID_CONTEXT``: this thread has no current CUDA context.
 _INVALID_CONTEXT = 201

@@ -111,14 +111,28 @@ def test_replay_calls_of_a_stand_in_runtime_are_plain() -> None:
     assert not _held.replay_calls(_Runtime()).held
 
 
-def test_replay_calls_with_hold_gil_off_are_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_calls_are_plain_by_default() -> None:
+    """Off by default: held calls cost concurrent callers calls/s (see the module docstring)."""
     runtime = pytest.importorskip("cuda.bindings.runtime", reason="needs cuda-python")
-    monkeypatch.setattr(_held, "HOLD_GIL", False)
+    assert _held.HOLD_GIL is False
     assert not _held.replay_calls(runtime).held
+
+
+def test_replay_calls_held_when_asked_and_the_driver_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = pytest.importorskip("cuda.bindings.runtime", reason="needs cuda-python")
+    monkeypatch.setattr(_held, "HOLD_GIL", True)
+    monkeypatch.setattr(_held.ctypes, "PyDLL", lambda name: _Library())
+    _held._held.cache_clear()
+    try:
+        assert _held.replay_calls(runtime).held
+        assert not _held.replay_calls(_Runtime()).held  # a stand-in runtime: never held
+    finally:
+        _held._held.cache_clear()
 
 
 def test_replay_calls_without_the_driver_library_are_plain(monkeypatch: pytest.MonkeyPatch) -> None:
     runtime = pytest.importorskip("cuda.bindings.runtime", reason="needs cuda-python")
+    monkeypatch.setattr(_held, "HOLD_GIL", True)
 
     def missing(name: str) -> Any:
         raise OSError(f"{name}: cannot open shared object file")

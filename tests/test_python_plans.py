@@ -161,7 +161,7 @@ def test_plans_a_threads_first_call_makes_the_device_current_even_on_a_plan(torc
 @pytest.mark.parametrize(("n", "m"), [(1, 1), (2, 3), (3, 0)])
 def test_plans_compile_for_any_arity(n: int, m: int) -> None:
     for kind, variant in (("prebound", True), ("prebound", False), ("natural", True), ("natural", False),
-                          ("replay", False)):
+                          ("replay", False), ("replay", True)):
         make = plans._compile(kind, n, m, variant)
         assert callable(make) and make.__code__.co_filename == f"<trt_runtime plan: {kind} {n}->{m}>"
     assert plans._compile("natural", n, m, True) is plans._compile("natural", n, m, True)  # once

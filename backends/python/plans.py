@@ -133,7 +133,7 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 {bind_in}{alloc_out}{enqueue}"""
 
 _REPLAY = """\
-def make(lane, miss, order, own, slot, touch, launch, copy, failed, results, tensor, device,
+def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results, tensor, device,
          raw_stream, table, {consts}):
     def plan(inputs, stream, outputs):
 {torch_head}\
@@ -148,7 +148,7 @@ def make(lane, miss, order, own, slot, touch, launch, copy, failed, results, ten
         if lane._multi_device:
             lane._set_device()
 {caller}{run}{copies}\
-        err = launch(graph, run)
+        {err} = launch(graph, run)
         if err:
             failed(err, "cudaGraphLaunch")
         out = results(run)
@@ -204,7 +204,8 @@ def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) ->
 def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
     """The ``make`` function of plan ``kind`` for ``n`` inputs and ``m`` outputs.
     ``variant``: prebound, torch tensors (``data_ptr()``, else ``DeviceArray.ptr``);
-    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``)."""
+    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); replay, the launch
+    and copy of ``trt_runtime_backends._held`` holding the GIL (else cuda-python's)."""
     if n < 1:
         raise ValueError(f"a plan needs at least one input; got {n}")
     xs, ys = _names("x", n), _names("y", m)
@@ -247,10 +248,13 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         template = _NATURAL
     elif kind == "replay":
         consts = _names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n)
+        # variant: the held calls (trt_runtime_backends._held: an error or 0, no copy kind),
+        # else cuda-python's own functions (a tuple; cudaMemcpyAsync takes the kind)
+        err = "err" if variant else "(err,)"
         copies = []
         for i in range(n):
             copies += [f"if src{i} != dst{i} and nb{i}:",
-                       f"    err = copy(dst{i}, src{i}, nb{i}, run)",
+                       f"    {err} = copy(dst{i}, src{i}, nb{i}, {'' if variant else 'd2d, '}run)",
                        "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
         fields.update(
             consts=", ".join(consts),
@@ -265,6 +269,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                                  for i, x in enumerate(xs)]),
             copies=_indent(copies),
             caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
+            err=err,
         )
         template = _REPLAY
     else:
@@ -312,8 +317,13 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     from trt_runtime_backends.python.graphs import replay_failed, torch_results
 
     bridge = lane._torch
-    calls = lane._graphs.calls
-    make = _compile("replay", len(shapes), 0, False)
+    ops = lane._graphs
+    calls = ops.calls
+    make = _compile("replay", len(shapes), 0, calls.held)
+    if calls.held:
+        launch, copy = calls.launch, calls.copy
+    else:  # cuda-python's functions themselves: no wrapper in the call
+        launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
     views = slot.output_views
     if views is not None:
         def results(run: int) -> list[Any]:
@@ -322,8 +332,8 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
         results = functools.partial(torch_results, lane, slot, view=False)
     failed = functools.partial(replay_failed, lane)
     return make(
-        lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, calls.launch,
-        calls.copy, failed, results, bridge.tensor,
+        lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, launch, copy, ops.d2d,
+        failed, results, bridge.tensor,
         lane._device, bridge.raw_stream, graphs.shortcuts, *bridge.in_dtypes, *shapes, *slot.in_ptrs,
         *slot.in_nbytes,
     )

@@ -1,9 +1,9 @@
 """The replays' GIL-holding graph launch and copy (``trt_runtime_backends._held``) on a GPU.
 
-Proves: the CUDA driver's ``cuGraphLaunch`` and ``cuMemcpyAsync`` through ``ctypes.PyDLL``
-run a torch-captured graph and copy device memory; a thread with no current context
-launches through the driver too; the python backend's
-replays use the held calls by default and give the same outputs with ``HOLD_GIL`` off.
+Proves: replays use cuda-python by default; asked for, the CUDA driver's ``cuGraphLaunch``
+and ``cuMemcpyAsync`` through ``ctypes.PyDLL`` run a torch-captured graph and copy device
+memory; a thread with no current context launches through the driver too; the python
+backend's replays give the same outputs held and released.
 (The driver does not check a graph handle: a bad one crashes the process, so none is
 tried here; error naming is tested with stand-ins in tests/test_held_calls.py.)
 """
@@ -58,11 +58,13 @@ def _doubling_graph(torch: Any) -> tuple[Any, Any, Any, Any]:
     return graph, x, y, stream
 
 
-def test_held_calls_launch_and_copy_on_the_gpu() -> None:
+def test_held_calls_launch_and_copy_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = _torch()
     from cuda.bindings import runtime as rt
     from trt_runtime_backends import _held
 
+    assert not _held.replay_calls(rt).held, "off by default"
+    monkeypatch.setattr(_held, "HOLD_GIL", True)
     calls = _held.replay_calls(rt)
     assert calls.held, "on a GPU host the replays' calls hold the GIL (libcuda.so.1 loads)"
     graph, x, y, stream = _doubling_graph(torch)
