@@ -373,8 +373,8 @@ class TorchBridge:
     @staticmethod
     def graph_launcher(graph: Any) -> tuple[Callable[[int], None], _Copy] | None:
         """A function launching ``graph``'s executable graph on a stream handle, and a device
-        copy ``(dst, src, nbytes, stream) -> error``, through the CUDA driver with the GIL
-        held (``trt_runtime_backends._held``; cuda-python where that cannot be used): what
+        copy ``(dst, src, nbytes, stream) -> error``, through cuda-python (or the CUDA driver
+        with the GIL held, when ``trt_runtime_backends._held.HOLD_GIL`` is set): what
         ``replay()`` does after its bookkeeping for random-number generators, which a
         TensorRT graph has no use for. ``None`` without cuda-python, or for a torch whose
         ``CUDAGraph`` has no ``raw_cuda_graph_exec``."""
@@ -388,11 +388,16 @@ class TorchBridge:
         from trt_runtime_backends._held import replay_calls
 
         calls = replay_calls(rt)
-        handle = int(exec_of())
-        launch = calls.launch_ptr
+        exec_ptr = int(exec_of())
+        # held: the driver by address; else cuda-python itself, its handle object made once
+        launch = calls.launch_ptr if calls.held else rt.cudaGraphLaunch
+        handle = exec_ptr if calls.held else rt.cudaGraphExec_t(exec_ptr)
+        unpack = not calls.held  # cuda-python answers (err,)
 
         def run(stream: int, graph: Any = graph) -> None:  # the graph lives as long as this
             err = launch(handle, stream)
+            if unpack:
+                (err,) = err
             if err:
                 raise EngineError(f"replaying a CUDA graph failed: cudaGraphLaunch returned {err!r}")
 

@@ -97,8 +97,9 @@ class GraphOps:
         The current stream is told by its handle (torch's stream object only when it moved),
         and the graph is launched through cuda-python's ``cudaGraphLaunch`` of its executable
         graph where there is one (:meth:`.bridge.TorchBridge.graph_launcher`: about 1 µs less
-        per call than ``CUDAGraph.replay()``, measured on an H100), else ``replay()``.
-        ``current`` is what the lane's ``_last_stream`` is set to (torch's current stream)."""
+        per call than ``CUDAGraph.replay()``, measured on an H100), else ``replay()``; the
+        inputs are then copied with the launcher's device copy too (one cuda-python call
+        instead of a torch operation). ``current`` is what the lane's ``_last_stream`` is set to (torch's current stream)."""
         bridge = self.bridge
         miss = lane._call_fast
         touch = lane._outer_graphs.cache.touch
