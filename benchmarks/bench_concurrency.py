@@ -294,9 +294,9 @@ def render_markdown(document: dict[str, Any]) -> str:
             "",
             f"## {workload}",
             "",
-            "| backend | mode | callers | contexts | calls/s | items/s | p50 µs | p99 µs | wrong | errors "
-            "| serial error | note |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| backend | mode | callers | contexts | calls/s | items/s | p50 µs | p99 µs | switches/call "
+            "| CPU µs/call | wrong | errors | serial error | note |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in (r for r in rows if r["workload"] == workload):
             note = r.get("skipped") or r.get("note") or ""
@@ -304,6 +304,7 @@ def render_markdown(document: dict[str, Any]) -> str:
                 f"| {r['backend']} | {r['mode']} | {r['callers']} | {r['contexts']} "
                 f"| {_fmt(r['calls_per_s'])} | {_fmt(r['items_per_s'])} "
                 f"| {_fmt(r['p50_us'], '.1f')} | {_fmt(r['p99_us'], '.1f')} "
+                f"| {_fmt(r.get('switches_per_call'), '.2f')} | {_fmt(r.get('cpu_us_per_call'), '.1f')} "
                 f"| {_fmt(r['wrong'], 'd')} | {_fmt(r.get('errors'), 'd')} "
                 f"| {_fmt(r.get('max_error'), '.1e')} | {note} |"
             )
@@ -486,7 +487,8 @@ def main(argv: Sequence[str] | None = None, *, memory_factory: Callable[[], Any]
                     row.skipped = f"setup failed: {type(exc).__name__}: {exc}"
             done = row.skipped or (
                 f"{row.calls_per_s:>10,.0f} calls/s  p50 {row.p50_us:8.1f} us  "
-                f"p99 {row.p99_us:8.1f} us  wrong {row.wrong}  errors {row.errors}"
+                f"p99 {row.p99_us:8.1f} us  switches/call {_fmt(row.switches_per_call, '.2f')}  "
+                f"wrong {row.wrong}  errors {row.errors}"
             )
             _echo(
                 f"  {row.workload:<8} {row.backend:<9} {row.mode:<5} callers {row.callers:>2} "

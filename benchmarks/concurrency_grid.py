@@ -65,6 +65,10 @@ class Row:
     wrong_diff: float | None = None
     checked: int = 0
     calls: int = 0
+    #: Voluntary context switches of the caller threads per call (Linux ``getrusage``; each
+    #: GIL release a caller waits to get back is one), and the process's CPU µs per call.
+    switches_per_call: float | None = None
+    cpu_us_per_call: float | None = None
     skipped: str | None = None
     note: str | None = None
 
@@ -113,6 +117,7 @@ def measure(
     timed = threading.Barrier(count + 1)
     warm_done, stop = threading.Event(), threading.Event()
     samples: list[list[int]] = [[] for _ in range(count)]
+    switches = [0] * count
     wrong = [0] * count
     checked = [0] * count
     errors: list[str] = []
@@ -127,6 +132,7 @@ def measure(
             while not warm_done.is_set():
                 caller.call()
             timed.wait(timeout=120)
+            switched = _switches()
             done = 0
             while not stop.is_set():
                 t0 = clock()
@@ -137,6 +143,7 @@ def measure(
                     if not caller.check(output):
                         wrong[index] += 1
                 done += 1
+            switches[index] = _switches() - switched
         except threading.BrokenBarrierError:
             errors.append(f"thread {index}: the threads did not start together")
         except Exception as exc:
@@ -152,15 +159,15 @@ def measure(
         time.sleep(warmup_s)
         warm_done.set()
         timed.wait(timeout=120)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         time.sleep(duration_s)
     except threading.BrokenBarrierError:
         warm_done.set()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
     stop.set()
     for thread in threads:
         thread.join(timeout=120)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     hung = sum(t.is_alive() for t in threads)
     if hung:
         errors.append(f"{hung} thread(s) still running 120 s after the row ended")
@@ -181,9 +188,22 @@ def measure(
         row.items_per_s = round(total * batch / elapsed, 1)
         row.p50_us = round(percentile(us, 50), 2)
         row.p99_us = round(percentile(us, 99), 2)
+        row.cpu_us_per_call = round(cpu / total * 1e6, 1)
+        if _switches() >= 0:
+            row.switches_per_call = round(sum(switches) / total, 2)
     elif row.skipped is None:
         row.skipped = f"no call finished: {row.note or 'unknown error'}"
     return row
+
+
+def _switches() -> int:
+    """This thread's voluntary context switches so far (-1 where ``getrusage`` cannot tell)."""
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw)
+    except (ImportError, AttributeError, OSError):
+        return -1
 
 
 # -- targets ------------------------------------------------------------------------------

@@ -71,6 +71,9 @@ def test_bench_concurrency_memory_smoke_rows(tmp_path: Path) -> None:
         for r in measured
     )
     assert all(r["checked"] >= r["callers"] for r in measured)  # every caller's first output is checked
+    assert all(r["cpu_us_per_call"] > 0 for r in measured)
+    if sys.platform == "linux":  # getrusage(RUSAGE_THREAD): the callers' context switches per call
+        assert all(r["switches_per_call"] is not None and r["switches_per_call"] >= 0 for r in measured)
     assert {r["mode"] for r in rows} == {"eager", "outer"} and {r["contexts"] for r in rows} == {1, 2}
     markdown = (tmp_path / "bench_concurrency.md").read_text()
     assert "| memory | outer | 4 | 1 |" in markdown and "## Targets" in markdown

@@ -52,70 +52,6 @@ def _busy(us: float) -> Any:
     return spin
 
 
-def measure_switches(row: Any, callers: list[Any], duration: float, warmup: float) -> str:
-    """Like ``concurrency_grid.measure`` (fewer checks), and per call: the caller threads'
-    voluntary and involuntary context switches and the process's CPU time."""
-    import resource
-    import threading
-
-    count = len(callers)
-    start, timed = threading.Barrier(count + 1), threading.Barrier(count + 1)
-    warm_done, stop = threading.Event(), threading.Event()
-    calls = [0] * count
-    csw = [(0, 0)] * count
-    wrong = [0] * count
-    errors: list[str] = []
-
-    def body(i: int) -> None:
-        caller = callers[i]
-        try:
-            caller.prepare()
-            start.wait(timeout=60)
-            while not warm_done.is_set():
-                caller.call()
-            timed.wait(timeout=60)
-            r0 = resource.getrusage(resource.RUSAGE_THREAD)
-            done = 0
-            while not stop.is_set():
-                out = caller.call()
-                if done % 64 == 0 and not caller.check(out):
-                    wrong[i] += 1
-                done += 1
-            r1 = resource.getrusage(resource.RUSAGE_THREAD)
-            calls[i] = done
-            csw[i] = (r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw)
-        except Exception as exc:
-            errors.append(f"thread {i}: {type(exc).__name__}: {exc}")
-            start.abort()
-            timed.abort()
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    try:
-        start.wait(timeout=60)
-        time.sleep(warmup)
-        warm_done.set()
-        timed.wait(timeout=60)
-    except threading.BrokenBarrierError:
-        warm_done.set()
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    time.sleep(duration)
-    stop.set()
-    for t in threads:
-        t.join(timeout=60)
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    total = sum(calls)
-    row.calls_per_s = round(total / elapsed, 1) if total else None
-    row.wrong = sum(wrong)
-    row.note = "; ".join(errors[:2])
-    if not total:
-        return ""
-    vol = sum(c[0] for c in csw) / total
-    invol = sum(c[1] for c in csw) / total
-    return f" | per call: {vol:5.2f} vol + {invol:5.2f} invol switches, {cpu / total * 1e6:7.1f} us CPU"
-
-
 def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
     """The rows of one workload: calls/s by callers, and 8 over 1."""
     import trt_runtime
@@ -134,11 +70,9 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
         for n in counts:
             callers = make(n)
             row = Row("probe", key, label, n, n)
-            if args.switches:
-                per = measure_switches(row, callers, args.duration, args.warmup)
-            else:
-                measure(row, callers, args.duration, args.warmup, batch=shape[0])
-                per = ""
+            measure(row, callers, args.duration, args.warmup, batch=shape[0])
+            per = (f" | per call: {row.switches_per_call} switches, {row.cpu_us_per_call} us CPU"
+                   if row.switches_per_call is not None else "")
             results.setdefault(label, {})[n] = row.calls_per_s or 0.0
             extra = f" wrong {row.wrong}" if row.wrong else ""
             extra += f" {row.note}" if row.note else ""
@@ -274,13 +208,17 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
             return made
         return make
 
+    def with_outputs(n: int) -> tuple[Any, list[tuple[Any, Any]]]:
+        """A python engine with 8 contexts and ``n`` callers, each with an output of its own."""
+        engine = trt_runtime.load(built.plan, "python", name=f"{key}-gil", contexts=8)
+        engines_open.append((engine, None))
+        made = cc.backend_callers(engine, torch, built, shape, n)
+        return engine, [(c, c.expected.to(dtype=engine_out_dtype(engine)).clone()) for c in made]
+
     def prebound() -> Any:
         def make(n: int) -> list[Any]:
-            engine = trt_runtime.load(built.plan, "python", name=f"{key}-gil", contexts=8)
-            engines_open.append((engine, None))
-            made = cc.backend_callers(engine, torch, built, shape, n)
-            for c in made:
-                y = c.expected.to(dtype=engine_out_dtype(engine)).clone()
+            engine, pairs = with_outputs(n)
+            for c, y in pairs:
                 execute, x, stream, sync = engine.execute, c.x, c.stream, c.sync
 
                 def call(execute: Any = execute, x: Any = x, y: Any = y, stream: Any = stream,
@@ -289,18 +227,15 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
                     sync()
                     return y
                 c.call = call
-            return made
+            return [c for c, _ in pairs]
         return make
 
     def lane_direct(kind: str) -> Any:
         """Each thread's own lane of one engine, called past the core's entry: its current
         plan (``plan``), or TensorRT's enqueue on that lane's context (``trt``)."""
         def make(n: int) -> list[Any]:
-            engine = trt_runtime.load(built.plan, "python", name=f"{key}-gil", contexts=8)
-            engines_open.append((engine, None))
-            made = cc.backend_callers(engine, torch, built, shape, n)
-            for c in made:
-                y = c.expected.to(dtype=engine_out_dtype(engine)).clone()
+            engine, pairs = with_outputs(n)
+            for c, y in pairs:
                 x, stream, sync = c.x, c.stream, c.sync
                 handle = int(stream.cuda_stream)
                 box: dict[str, Any] = {}
@@ -325,7 +260,7 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
                         sync()
                         return y
                 c.prepare, c.call = prepare, call
-            return made
+            return [c for c, _ in pairs]
         return make
 
     def engine_out_dtype(engine: Any) -> Any:
@@ -393,8 +328,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--callers", default="1,8")
     parser.add_argument("--rows", default="", help="comma-separated label prefixes, '_' for a space "
                         "(default: all)")
-    parser.add_argument("--switches", action="store_true",
-                        help="count context switches and CPU time per call (own loop, fewer checks)")
     args = parser.parse_args(argv)
     import torch
 
