@@ -99,7 +99,8 @@ class GraphOps:
         graph where there is one (:meth:`.bridge.TorchBridge.graph_launcher`: about 1 µs less
         per call than ``CUDAGraph.replay()``, measured on an H100), else ``replay()``; the
         inputs are then copied with the launcher's device copy too (one cuda-python call
-        instead of a torch operation). ``current`` is what the lane's ``_last_stream`` is set to (torch's current stream)."""
+        instead of a torch operation). ``current`` is what the lane's ``_last_stream`` is set
+        to (torch's current stream)."""
         bridge = self.bridge
         miss = lane._call_fast
         touch = lane._outer_graphs.cache.touch
