@@ -444,29 +444,3 @@ def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch
         assert engine._fast_entry is plans[(a.shape,)]
         engine(torch.cuda_tensor((5, 4)))  # a new shape: captured through the full path
         assert engine.graph_captures == 3 and looked_up == [(5, 4)]
-
-
-def test_python_outer_graph_replay_plan_with_held_calls(torch: FakeTorch) -> None:
-    """With the GIL-holding calls (trt_runtime_backends._held; here over a stand-in for the
-    CUDA driver library), a replay plan launches the graph and copies its input through
-    them, by address, on the caller's stream, and not through cuda-python."""
-    from test_held_calls import _Driver, _Library
-    from trt_runtime_backends._held import ReplayCalls
-
-    engine = _fake_engine()
-    rt = engine._rt
-    library = _Library()
-    engine._graphs.calls = ReplayCalls(rt, library, _Driver)
-    x = torch.cuda_tensor((2, 4))
-    with enable_cudagraphs(engine, outer=True):
-        engine(x)  # the capture (the general path)
-        rt.calls.clear()
-        library.cuGraphLaunch.calls.clear()
-        library.cuMemcpyAsync.calls.clear()
-        y = torch.cuda_tensor((2, 4))
-        engine(y)  # the plan is made and runs
-        engine(y)
-        slot = engine._outer_graphs.shortcuts[(y.shape,)]
-        assert library.cuGraphLaunch.calls == [(int(slot.graph), 4242)] * 2
-        assert [c[:3] for c in library.cuMemcpyAsync.calls][::2] == [(slot.in_ptrs[0], y.data_ptr(), 32)] * 2
-        assert "launch" not in [c[0] for c in rt.calls]

@@ -15,9 +15,7 @@ caller's own stream synchronized; every caller on a thread and stream of its own
   ``cuGraphLaunch`` through ctypes, either releasing the GIL (``CDLL``) or keeping it
   (``PyDLL``);
 * ``python eager`` / ``python outer`` (and ``torchbind``): ``engine(x)`` of one engine
-  with 8 contexts (``outer``: under ``enable_cudagraphs(engine, outer="copy")``);
-  ``gil-held`` makes the replays' launches and copies through the CUDA driver with the
-  GIL held (``trt_runtime_backends._held.HOLD_GIL = True``; the default releases it).
+  with 8 contexts (``outer``: under ``enable_cudagraphs(engine, outer="copy")``).
 
 Writes ``gil_probe.json`` to ``--out``.
 """
@@ -132,13 +130,8 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
             return made
         return make
 
-    def backend(outer: bool, hold: bool = False, name: str = "python") -> Any:
+    def backend(outer: bool, name: str = "python") -> Any:
         def make(n: int) -> list[Any]:
-            from trt_runtime_backends import _held
-
-            # for the whole row: torchbind picks its calls at a slot's first replay
-            _held.HOLD_GIL = hold
-            restore.append(lambda: setattr(_held, "HOLD_GIL", False))
             engine = trt_runtime.load(built.plan, name, name=f"{key}-gil", contexts=8)
             if outer:
                 wrap = trt_runtime.enable_cudagraphs(engine, outer="copy")
@@ -301,10 +294,8 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
     rows["python lane trt"] = lane_direct("trt")
     rows["python outer"] = backend(True)
     rows["python outer gc-off"] = with_setting(backend(True), gc_off=True)
-    rows["python outer gil-held"] = backend(True, hold=True)
     rows["torchbind eager"] = backend(False, name="torchbind")
     rows["torchbind outer"] = backend(True, name="torchbind")
-    rows["torchbind outer gil-held"] = backend(True, hold=True, name="torchbind")
     wanted = [w.replace("_", " ") for w in args.rows.split(",") if w]
     for label, make in rows.items():
         if wanted and not any(label.startswith(w) for w in wanted):

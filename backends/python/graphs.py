@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trt_runtime_backends._held import replay_calls
 from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
@@ -61,14 +60,11 @@ class GraphOps:
     """The CUDA side of one lane's outer graphs: the CUDA runtime, the capture stream, the
     caller stream of the call in flight and the torch replay fast path."""
 
-    __slots__ = ("caller", "calls", "capture_stream", "d2d", "res", "rt", "spare", "state")
+    __slots__ = ("caller", "capture_stream", "d2d", "res", "rt", "spare", "state")
 
     def __init__(self, rt: Any, state: Any, res: Any) -> None:
         self.rt = rt
         self.d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        #: A replay's graph launch and device copies (with the GIL held where possible:
-        #: ``trt_runtime_backends._held``).
-        self.calls = replay_calls(rt)
         #: The engine's ``cuda.DeviceState`` (the capture stream is made on it) and the
         #: finalizer's resources (which destroy the graphs of an engine never closed).
         self.state = state
@@ -132,7 +128,8 @@ def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any
 def _d2d(lane: Any, dst: int, src: int, nbytes: int, stream: int) -> None:
     """Copy ``nbytes`` between device addresses on ``stream`` (nothing for 0 bytes)."""
     if nbytes:
-        err = lane._graphs.calls.copy(dst, src, nbytes, stream)
+        ops = lane._graphs
+        (err,) = ops.rt.cudaMemcpyAsync(dst, src, nbytes, ops.d2d, stream)
         if err:
             cuda.check((err,), "cudaMemcpyAsync")
 
@@ -294,7 +291,7 @@ def launch(lane: Any, graph: Any, stream: Any) -> None:
     """Replay a graph. It touches no TensorRT context state: the graph holds its shapes,
     profile and addresses, so the context keeps whatever it had (``shape_key`` stays true)
     and the next eager call sets only what differs."""
-    err = lane._graphs.calls.launch(graph, stream)
+    (err,) = lane._graphs.rt.cudaGraphLaunch(graph, stream)
     if err:
         replay_failed(lane, err)
 

@@ -148,7 +148,7 @@ def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results
         if lane._multi_device:
             lane._set_device()
 {caller}{run}{copies}\
-        {err} = launch(graph, run)
+        (err,) = launch(graph, run)
         if err:
             failed(err, "cudaGraphLaunch")
         out = results(run)
@@ -204,8 +204,7 @@ def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) ->
 def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
     """The ``make`` function of plan ``kind`` for ``n`` inputs and ``m`` outputs.
     ``variant``: prebound, torch tensors (``data_ptr()``, else ``DeviceArray.ptr``);
-    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); replay, the launch
-    and copy of ``trt_runtime_backends._held`` holding the GIL (else cuda-python's)."""
+    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); unused for replay."""
     if n < 1:
         raise ValueError(f"a plan needs at least one input; got {n}")
     xs, ys = _names("x", n), _names("y", m)
@@ -248,13 +247,11 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         template = _NATURAL
     elif kind == "replay":
         consts = _names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n)
-        # variant: the held calls (trt_runtime_backends._held: an error or 0, no copy kind),
-        # else cuda-python's own functions (a tuple; cudaMemcpyAsync takes the kind)
-        err = "err" if variant else "(err,)"
+        # cuda-python's own functions: no wrapper in the call
         copies = []
         for i in range(n):
             copies += [f"if src{i} != dst{i} and nb{i}:",
-                       f"    {err} = copy(dst{i}, src{i}, nb{i}, {'' if variant else 'd2d, '}run)",
+                       f"    (err,) = copy(dst{i}, src{i}, nb{i}, d2d, run)",
                        "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
         fields.update(
             consts=", ".join(consts),
@@ -269,7 +266,6 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                                  for i, x in enumerate(xs)]),
             copies=_indent(copies),
             caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
-            err=err,
         )
         template = _REPLAY
     else:
@@ -318,12 +314,8 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
 
     bridge = lane._torch
     ops = lane._graphs
-    calls = ops.calls
-    make = _compile("replay", len(shapes), 0, calls.held)
-    if calls.held:
-        launch, copy = calls.launch, calls.copy
-    else:  # cuda-python's functions themselves: no wrapper in the call
-        launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
+    make = _compile("replay", len(shapes), 0, False)
+    launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
     views = slot.output_views
     if views is not None:
         def results(run: int) -> list[Any]:

@@ -373,8 +373,7 @@ class TorchBridge:
     @staticmethod
     def graph_launcher(graph: Any) -> tuple[Callable[[int], None], _Copy] | None:
         """A function launching ``graph``'s executable graph on a stream handle, and a device
-        copy ``(dst, src, nbytes, stream) -> error``, through cuda-python (or the CUDA driver
-        with the GIL held, when ``trt_runtime_backends._held.HOLD_GIL`` is set): what
+        copy ``(dst, src, nbytes, stream) -> error``, both through cuda-python: what
         ``replay()`` does after its bookkeeping for random-number generators, which a
         TensorRT graph has no use for. ``None`` without cuda-python, or for a torch whose
         ``CUDAGraph`` has no ``raw_cuda_graph_exec``."""
@@ -385,23 +384,19 @@ class TorchBridge:
             from cuda.bindings import runtime as rt
         except ImportError:
             return None
-        from trt_runtime_backends._held import replay_calls
-
-        calls = replay_calls(rt)
-        exec_ptr = int(exec_of())
-        # held: the driver by address; else cuda-python itself, its handle object made once
-        launch = calls.launch_ptr if calls.held else rt.cudaGraphLaunch
-        handle = exec_ptr if calls.held else rt.cudaGraphExec_t(exec_ptr)
-        unpack = not calls.held  # cuda-python answers (err,)
+        launch, memcpy = rt.cudaGraphLaunch, rt.cudaMemcpyAsync
+        handle = rt.cudaGraphExec_t(int(exec_of()))  # made once, not per launch
+        d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
 
         def run(stream: int, graph: Any = graph) -> None:  # the graph lives as long as this
-            err = launch(handle, stream)
-            if unpack:
-                (err,) = err
+            (err,) = launch(handle, stream)
             if err:
                 raise EngineError(f"replaying a CUDA graph failed: cudaGraphLaunch returned {err!r}")
 
-        return run, calls.copy
+        def copy(dst: int, src: int, nbytes: int, stream: int) -> Any:
+            return memcpy(dst, src, nbytes, d2d, stream)[0]
+
+        return run, copy
 
     @staticmethod
     def reset_graph(graph: Any) -> None:

@@ -607,35 +607,36 @@ def test_gpu_torchbind_outer_graph_equals_eager(
 
 
 @pytest.mark.parametrize("threads", [1, 4])
-def test_gpu_torchbind_outer_replays_launch_and_copy_with_the_gil_held(
+def test_gpu_torchbind_outer_replays_launch_and_copy_once_per_call(
     open_torchbind: Any, torch: Any, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
-    """A replay launches the graph and copies its input through the CUDA driver with the GIL
-    held (trt_runtime_backends._held), once each per call, from any thread; outputs equal
-    eager ones."""
-    import ctypes
+    """A replay launches the graph and copies its input through cuda-python (the bridge's
+    ``graph_launcher``), once each per call, from any thread; outputs equal eager ones."""
     import threading
 
-    from cuda.bindings import driver
-    from cuda.bindings import runtime as rt
-    from trt_runtime_backends import _held
+    from trt_runtime_backends.torchbind.bridge import TorchBridge
 
     from trt_runtime import enable_cudagraphs
 
-    calls = _held.ReplayCalls(rt, ctypes.PyDLL("libcuda.so.1"), driver)
     counts = {"launch": 0, "copy": 0}
-    launch, copy = calls.launch_ptr, calls.copy
+    made = TorchBridge.graph_launcher
 
-    def counted_launch(graph: int, stream: int) -> Any:
-        counts["launch"] += 1
-        return launch(graph, stream)
+    def counting(graph: Any) -> Any:
+        pair = made(graph)
+        assert pair is not None, "this torch and cuda-python give a launcher"
+        launch, copy = pair
 
-    def counted_copy(dst: int, src: int, nbytes: int, stream: int) -> Any:
-        counts["copy"] += 1
-        return copy(dst, src, nbytes, stream)
+        def counted_launch(stream: int) -> None:
+            counts["launch"] += 1
+            launch(stream)
 
-    calls.launch_ptr, calls.copy = counted_launch, counted_copy
-    monkeypatch.setattr(_held, "replay_calls", lambda runtime: calls)
+        def counted_copy(dst: int, src: int, nbytes: int, stream: int) -> Any:
+            counts["copy"] += 1
+            return copy(dst, src, nbytes, stream)
+
+        return counted_launch, counted_copy
+
+    monkeypatch.setattr(TorchBridge, "graph_launcher", staticmethod(counting))
     engine, built = open_torchbind("mlp_fp16")
     xs = [_input(torch, built, seed=seed) for seed in range(4)]
     eager = [engine(x).clone() for x in xs]
