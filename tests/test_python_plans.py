@@ -106,6 +106,39 @@ def test_plans_prebound_checks_identity_pointer_and_shape(torch: FakeTorch) -> N
         engine.execute(x, outputs=[torch.cuda_tensor((3, 4))])
 
 
+def test_plans_prebound_switch_arrays_plan_to_plan(torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pre-bound calls with arrays of several shapes in turn: each plan hands a call with
+    other arrays remembered before straight to their plan (no lookup in ``_call_fast``),
+    which sets its shapes; arrays never seen go the full way."""
+    from trt_runtime_backends.python.fast_path import FastPaths
+
+    looked_up: list[Any] = []
+    original = FastPaths.call_prebound
+
+    def counting(self: Any, lane: Any, inputs: Any, outputs: Any, stream: Any) -> Any:
+        looked_up.append(tuple(inputs[0].shape))
+        return original(self, lane, inputs, outputs, stream)
+
+    monkeypatch.setattr(FastPaths, "call_prebound", counting)
+    engine = _fake_engine()
+    pairs = [(torch.cuda_tensor((b, 4)), torch.cuda_tensor((b, 4))) for b in (2, 3)]
+    for x, y in pairs:
+        engine.execute(x, outputs=[y])
+    plan_of = {id(f.arrays[0]): f.plan for f in engine._fast_paths.prebound.values()}
+    looked_up.clear()
+    _trt_calls(engine).clear()
+    for x, y in pairs + pairs:
+        assert engine.execute(x, outputs=[y])[0] is y
+        assert engine._fast_entry is plan_of[id(x)]
+    assert looked_up == []
+    assert [c[2] for c in _trt_calls(engine) if c[0] == "shape"] == [(2, 4), (3, 4), (2, 4), (3, 4)]
+    assert _kinds(engine).count("execute") == 4
+    x, y = pairs[0]
+    fresh = torch.cuda_tensor((2, 4))
+    assert engine.execute(x, outputs=[fresh])[0] is fresh  # not remembered: the full path
+    assert looked_up == [(2, 4)]
+
+
 def test_plans_go_when_the_context_or_profile_changes(torch: FakeTorch) -> None:
     engine = _fake_engine()
     x = torch.cuda_tensor((2, 4))

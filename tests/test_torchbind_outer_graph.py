@@ -408,6 +408,36 @@ def test_torchbind_outer_graph_replay_plan_becomes_the_fast_entry() -> None:
     assert engine.graph_captures == captures + 1  # captured again, not the released graph
 
 
+def test_torchbind_outer_graph_replay_plans_switch_shapes_plan_to_plan() -> None:
+    """Shapes in turn (a dynamic engine's usual load): a replay plan hands a call of another
+    captured shape straight to that slot's plan, not round _call_fast; results stay right,
+    and a shape never captured still goes through _call_fast."""
+    engine, _ = dynamic_engine()
+    missed: list[tuple[int, ...]] = []
+    call_fast = engine._call_fast
+
+    def spy(inputs: Any, *args: Any) -> Any:
+        missed.append(tuple(inputs[0].shape))
+        return call_fast(inputs, *args)
+
+    engine._call_fast = spy  # type: ignore[method-assign]
+    engine._fast_entry = spy
+    with enable_cudagraphs(engine, outer=True):
+        for rows in (2, 2, 5, 5):  # captures, then the plans are made through the shortcut
+            engine.execute(dyn(rows))
+        plans = {s.key[0][0][0]: s.plan for s in engine._outer_graphs.cache.values()}
+        assert None not in plans.values()
+        missed.clear()
+        for rows, value in ((2, 3.0), (5, 4.0), (2, 5.0), (5, 6.0)):
+            (out,) = engine.execute(dyn(rows, value))
+            np.testing.assert_array_equal(out.array, np.full((rows, 4), 2.0 * value, np.float32))
+            assert engine._fast_entry is plans[rows]
+        assert missed == []
+        engine.execute(dyn(7))  # never captured: through _call_fast
+        assert missed == [(7, 4)]
+        assert engine.graph_captures == 3
+
+
 def test_torchbind_thread_start_binds_the_thread_before_a_plan_runs() -> None:
     """A thread's first call may go straight to a replay plan (no _call_fast): the core's
     _thread_start binds torch's device for that thread first."""

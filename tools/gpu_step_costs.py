@@ -89,6 +89,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
               graph_i=int(slot.graph), ours_t=outer._graphs.rt.cudaStream_t(engine._order.ours))
     fast = engine._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
     ns["f"] = fast
+    keep = _raw_side(ns, torch, built, workload, xs, ys, ctx)
     stmts = {
         # pre-bound
         "pre: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
@@ -127,13 +128,56 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
                 "i = next(it) % n; e.execute(xs[i], outputs=[ys[i]], stream=s)",
             "dyn: o(ss[i % n])": "o(ss[next(it) % n])",
             "dyn: set_input_shape": "tc.set_input_shape('x', tuple(xs[next(it) % n].shape))",
+            # the raw loop of bench_all's raw-prebound: on the engine's own context, and on a
+            # context made as benchmarks/raw_rows.py makes it (another ICudaEngine)
+            "dyn: raw cycle, engine's context": "i = next(it) % n; tc.set_input_shape('x', dims[i]); "
+                                                "tc.execute_async_v3(ours)",
+            "dyn: raw cycle, raw_rows context": "i = next(it) % n; rc.set_input_shape('x', dims[i]); "
+                                                "rc.execute_async_v3(ours)",
+        })
+    else:
+        stmts.update({
+            "raw: execute_async_v3, raw_rows context": "rc.execute_async_v3(ours)",
+            "outer: torch replay of a raw graph": "tg.replay()",
+            "outer: cudaGraphLaunch of a raw graph": "rt.cudaGraphLaunch(tg_exec, ours)",
         })
     try:
         return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
     finally:
+        keep.clear()
         wrap.__exit__(None, None, None)
         outer.close()
         engine.close()
+
+
+def _raw_side(ns: dict[str, Any], torch: Any, built: Any, workload: Any, xs: list[Any], ys: list[Any],
+              ctx: Any) -> list[Any]:
+    """A context made as ``benchmarks/raw_rows.py`` makes it (``rc``, bound to ``xs[0]`` and
+    ``ys[0]``, whose views share one address), the shapes as tuples (``dims``) and, for a
+    static engine, a ``torch.cuda.CUDAGraph`` of its enqueue (``tg``, its executable graph
+    ``tg_exec``): what bench_all's raw rows call. Returns what must live while they run."""
+    from benchmarks import raw_rows
+
+    raw = raw_rows.open_engine(built.plan)
+    rc, memory, _ = raw_rows.new_context(raw, torch, workload.shapes)
+    rc.set_input_shape(raw.input_name, tuple(xs[0].shape))
+    rc.set_tensor_address(raw.input_name, xs[0].data_ptr())
+    rc.set_tensor_address(raw.output_name, ys[0].data_ptr())
+    ns.update(rc=rc, dims=[tuple(x.shape) for x in xs])
+    keep: list[Any] = [raw, rc, memory]
+    if len(xs) == 1:
+        side = torch.cuda.Stream()
+        handle = int(side.cuda_stream)
+        with torch.cuda.stream(side):
+            rc.execute_async_v3(handle)  # TensorRT-RTX compiles on a first run
+        side.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            rc.execute_async_v3(handle)
+        keep.append(graph)
+        rt = ns["rt"]
+        ns.update(tg=graph, tg_exec=rt.cudaGraphExec_t(int(graph.raw_cuda_graph_exec())))
+    return keep
 
 
 def main(argv: list[str] | None = None) -> int:

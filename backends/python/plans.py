@@ -76,13 +76,14 @@ _TORCH_HEAD = """\
             return miss(inputs, stream, outputs)
 """
 
-# ... then, for inputs of another shape, the plan of that shape from ``table`` (keyed as
-# fast_path.shape_key keys) when there is one: no way round ``_call_fast`` on every call
-# of a dynamic engine fed shapes in turn. (``lane._fast_entry`` is this plan: no name for
-# it here, a closure on itself is a reference cycle.)
+# ... then, for other inputs (of another shape; other arrays, for a pre-bound call), the
+# plan of those from ``table`` (keyed as the lane's lookup keys it) when there is one: no
+# way round ``_call_fast`` on every call of a dynamic engine fed shapes in turn.
+# (``lane._fast_entry`` is this plan: no name for it here, a closure on itself is a
+# reference cycle.)
 _SWITCH = """\
-        if {shape_differs}:
-            other = table.get({shape_key})
+        if {differs}:
+            other = table.get({key})
             other = None if other is None{unusable} else other.plan
             if other is None or other is lane._fast_entry:
                 return miss(inputs, stream, outputs)
@@ -101,13 +102,14 @@ _ENQUEUE = """\
 """
 
 _PREBOUND = """\
-def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, {consts}):
+def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, table, {consts}):
     def plan(inputs, stream, outputs):
         if outputs is None or len(inputs) != {n} or len(outputs) != {m}:
             return miss(inputs, stream, outputs)
         {unpack_in}
         {unpack_out}
-        if {identity} or {pointers} or {shapes}:
+{switch}\
+        if {pointers} or {shapes}:
             return miss(inputs, stream, outputs)
         if lane._context is not ctx:
             return None
@@ -133,7 +135,7 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 {bind_in}{alloc_out}{enqueue}"""
 
 _REPLAY = """\
-def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results, tensor, device,
+def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results, views, tensor, device,
          raw_stream, table, {consts}):
     def plan(inputs, stream, outputs):
 {torch_head}\
@@ -151,7 +153,7 @@ def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results
         (err,) = launch(graph, run)
         if err:
             failed(err, "cudaGraphLaunch")
-        out = results(run)
+        out = {results}
 {after}\
         return out
     return plan
@@ -190,8 +192,8 @@ def _torch_head(xs: list[str], checks: list[str]) -> str:
 def _switch(xs: list[str], unusable: str = "") -> str:
     """Inputs ``xs`` of other shapes than ``s0``, ``s1``... go to that shape's plan in ``table``
     (``unusable``: a further condition on the entry, such as a released graph)."""
-    return _SWITCH.format(shape_differs=_any([f"{x}.shape != s{i}" for i, x in enumerate(xs)]),
-                          shape_key="(" + "".join(f"{x}.shape, " for x in xs) + ")", unusable=unusable)
+    return _SWITCH.format(differs=_any([f"{x}.shape != s{i}" for i, x in enumerate(xs)]),
+                          key="(" + "".join(f"{x}.shape, " for x in xs) + ")", unusable=unusable)
 
 
 def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) -> str:
@@ -204,7 +206,8 @@ def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) ->
 def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
     """The ``make`` function of plan ``kind`` for ``n`` inputs and ``m`` outputs.
     ``variant``: prebound, torch tensors (``data_ptr()``, else ``DeviceArray.ptr``);
-    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); unused for replay."""
+    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); replay, the static
+    outputs' views handed over (else ``results(run)``: copies)."""
     if n < 1:
         raise ValueError(f"a plan needs at least one input; got {n}")
     xs, ys = _names("x", n), _names("y", m)
@@ -217,7 +220,10 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         fields.update(
             consts=", ".join(consts),
             unpack_out=_unpack(ys, "outputs") if m else "",
-            identity=_any([f"{v} is not a{i}" for i, v in enumerate(arrays)]),
+            # other arrays: the plan remembered for them (keyed by their ids, as
+            # fast_path.FastPaths.call_prebound looks them up)
+            switch=_SWITCH.format(differs=_any([f"{v} is not a{i}" for i, v in enumerate(arrays)]),
+                                  key="(" + "".join(f"id({v}), " for v in arrays) + ")", unusable=""),
             pointers=_any([f"{ptr.format(v)} != p{i}" for i, v in enumerate(arrays)]),
             shapes=_any([f"{v}.shape != s{i}" for i, v in enumerate(arrays)]),
             enqueue=_enqueue("ctx.trt_context", ys, "order.caller(None, torch_kind)", "torch_kind"),
@@ -266,6 +272,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                                  for i, x in enumerate(xs)]),
             copies=_indent(copies),
             caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
+            results="list(views)" if variant else "results(run)",
         )
         template = _REPLAY
     else:
@@ -286,7 +293,7 @@ def prebound_plan(lane: Any, fast: Any, torch_ptrs: bool) -> Plan:
     prepare = functools.partial(prepare_state, lane, fast.shape_key, fast.dynamic_dims, fast.out_shapes,
                                 fast.ptrs)
     return make(lane, lane._call_fast, lane._order, lane._stream, lane._context, fast.shape_key, fast.ptrs,
-                prepare, fast.torch, *fast.arrays, *fast.ptrs, *fast.shapes)
+                prepare, fast.torch, lane._fast_paths.prebound, *fast.arrays, *fast.ptrs, *fast.shapes)
 
 
 def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
@@ -314,18 +321,14 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
 
     bridge = lane._torch
     ops = lane._graphs
-    make = _compile("replay", len(shapes), 0, False)
+    views = slot.output_views  # "view" mode: handed over as they are
+    make = _compile("replay", len(shapes), 0, views is not None)
     launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
-    views = slot.output_views
-    if views is not None:
-        def results(run: int) -> list[Any]:
-            return list(views)
-    else:
-        results = functools.partial(torch_results, lane, slot, view=False)
+    results = functools.partial(torch_results, lane, slot, view=False)
     failed = functools.partial(replay_failed, lane)
     return make(
         lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, launch, copy, ops.d2d,
-        failed, results, bridge.tensor,
+        failed, results, views, bridge.tensor,
         lane._device, bridge.raw_stream, graphs.shortcuts, *bridge.in_dtypes, *shapes, *slot.in_ptrs,
         *slot.in_nbytes,
     )

@@ -104,6 +104,7 @@ class GraphOps:
         bridge = self.bridge
         miss = lane._call_fast
         touch = lane._outer_graphs.cache.touch
+        shortcuts = lane._outer_graphs.shortcuts  # keyed as TorchbindEngine._torch_key keys
         key = slot.key
         statics = tuple(slot.inputs)
         outputs = slot.outputs
@@ -125,10 +126,20 @@ class GraphOps:
         def plan(inputs: tuple[Any, ...], stream: Any, outs: Any) -> list[Any] | None:
             if stream is not None or outs is not None or len(inputs) != n:
                 return miss(inputs, stream, outs)
+            shaped = True
             for x, (dtype, shape) in zip(inputs, checks):  # noqa: B905 - lengths checked above
                 if (type(x) is not tensor_type or x.dtype is not dtype or not x.is_cuda
-                        or not x.is_contiguous() or x.shape != shape):
+                        or not x.is_contiguous()):
                     return miss(inputs, stream, outs)
+                if x.shape != shape:
+                    shaped = False
+            if not shaped:  # another shape: that shape's plan, if it has one (not round miss)
+                other = shortcuts.get((inputs[0].shape,) if n == 1 else tuple([x.shape for x in inputs]))
+                other = None if other is None or other.graph is None else other.plan
+                if other is None or other is lane._fast_entry:
+                    return miss(inputs, stream, outs)
+                lane._fast_entry = other
+                return other(inputs, stream, outs)  # type: ignore[no-any-return]
             if slot.graph is None or (not single and (
                 lane._get_device() != device or any(x.get_device() != device for x in inputs)
             )):
