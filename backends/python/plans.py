@@ -58,6 +58,8 @@ _RUN = """\
             run = order.ours
             if order.tail != run:
                 order.join(run)
+        elif caller == order.tail:  # follow()'s common case, inline: the lane's last work went there
+            run = caller
         else:
             run = order.follow(caller)
 """
