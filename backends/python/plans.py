@@ -15,7 +15,8 @@ path.
 Three kinds, each checking exactly what the table lookup they replace checked:
 
 * ``prebound`` (:class:`.fast_path.FastPath`): ``execute(*inputs, outputs=[...])`` with
-  the very arrays of an earlier call, their pointers and shapes unchanged;
+  the very arrays of an earlier call, their pointers and shapes unchanged (other arrays
+  remembered before go straight to their plan);
 * ``natural`` (:class:`.fast_path.NaturalCall`): ``engine(x)`` with contiguous CUDA torch
   tensors of the engine's dtypes, on its device, of shapes seen before (inputs of another
   shape seen before go straight to that shape's plan);

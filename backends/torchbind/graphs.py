@@ -92,7 +92,8 @@ class GraphOps:
         these shapes, on the engine's device and current there; no ``stream=`` or
         ``outputs=``), copies each input that is not the static input itself, launches the
         graph on torch's current stream and hands the static outputs over (``view``) or
-        clones of them; any other call goes to ``lane._call_fast``.
+        clones of them; a call of another captured shape goes to that slot's plan, any
+        other call to ``lane._call_fast``.
 
         The current stream is told by its handle (torch's stream object only when it moved),
         and the graph is launched through cuda-python's ``cudaGraphLaunch`` of its executable
