@@ -461,3 +461,17 @@ def fake_torch_fixture(monkeypatch: Any) -> FakeTorch:
     fake = FakeTorch()
     monkeypatch.setitem(sys.modules, "torch", fake)
     return fake
+
+
+def count_lookups(monkeypatch: Any, owner: type, name: str) -> list[tuple[int, ...]]:
+    """Record the first input's shape of every call of ``owner.name(self, lane, inputs, ...)``
+    (a lane's table lookup), still doing the lookup: the list a plan-to-plan test keeps empty."""
+    looked_up: list[tuple[int, ...]] = []
+    original = getattr(owner, name)
+
+    def counting(self: Any, lane: Any, inputs: Any, *args: Any) -> Any:
+        looked_up.append(tuple(inputs[0].shape))
+        return original(self, lane, inputs, *args)
+
+    monkeypatch.setattr(owner, name, counting)
+    return looked_up

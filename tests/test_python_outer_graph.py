@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _python_doubles import _CAI, FakeTorch, _fake_engine, _FakeBuffer, _trt_calls
+from _python_doubles import _CAI, FakeTorch, _fake_engine, _FakeBuffer, _trt_calls, count_lookups
 from trt_runtime_backends.python.arrays import DeviceArray
 
 from trt_runtime import (
@@ -416,14 +416,7 @@ def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch
     captured still goes the full way and is captured."""
     from trt_runtime_backends.python.graphs import GraphOps
 
-    looked_up: list[Any] = []
-    original = GraphOps.replay_torch
-
-    def counting(self: Any, lane: Any, inputs: Any, stream: Any, graphs: Any) -> Any:
-        looked_up.append(tuple(inputs[0].shape))
-        return original(self, lane, inputs, stream, graphs)
-
-    monkeypatch.setattr(GraphOps, "replay_torch", counting)
+    looked_up = count_lookups(monkeypatch, GraphOps, "replay_torch")
     engine = _fake_engine()
     a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
     with enable_cudagraphs(engine, outer="view"):

@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _python_doubles import FakeTorch, _fake_engine, _FakeBuffer, _trt_calls, fake_torch_fixture
+from _python_doubles import (
+    FakeTorch,
+    _fake_engine,
+    _FakeBuffer,
+    _trt_calls,
+    count_lookups,
+    fake_torch_fixture,
+)
 from trt_runtime_backends.python import plans
 from trt_runtime_backends.python.arrays import DeviceArray
 
@@ -61,14 +68,7 @@ def test_plans_natural_switch_shapes_plan_to_plan(torch: FakeTorch, monkeypatch:
     of ``_call_fast``; a shape never seen goes the full way."""
     from trt_runtime_backends.python.fast_path import FastPaths
 
-    looked_up: list[Any] = []
-    original = FastPaths.call_natural
-
-    def counting(self: Any, lane: Any, inputs: Any, stream: Any) -> Any:
-        looked_up.append(tuple(inputs[0].shape))
-        return original(self, lane, inputs, stream)
-
-    monkeypatch.setattr(FastPaths, "call_natural", counting)
+    looked_up = count_lookups(monkeypatch, FastPaths, "call_natural")
     engine = _fake_engine()
     a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
     engine(a)
@@ -112,14 +112,7 @@ def test_plans_prebound_switch_arrays_plan_to_plan(torch: FakeTorch, monkeypatch
     which sets its shapes; arrays never seen go the full way."""
     from trt_runtime_backends.python.fast_path import FastPaths
 
-    looked_up: list[Any] = []
-    original = FastPaths.call_prebound
-
-    def counting(self: Any, lane: Any, inputs: Any, outputs: Any, stream: Any) -> Any:
-        looked_up.append(tuple(inputs[0].shape))
-        return original(self, lane, inputs, outputs, stream)
-
-    monkeypatch.setattr(FastPaths, "call_prebound", counting)
+    looked_up = count_lookups(monkeypatch, FastPaths, "call_prebound")
     engine = _fake_engine()
     pairs = [(torch.cuda_tensor((b, 4)), torch.cuda_tensor((b, 4))) for b in (2, 3)]
     for x, y in pairs:
