@@ -54,6 +54,10 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     outer = backend.load_engine(EngineSource(built.plan, name=f"{key}-steps-outer"))
     wrap = enable_cudagraphs(outer, outer="view")
     wrap.__enter__()
+    # the default outer mode ("copy", outer=True): inputs copied in, outputs copied out
+    copying = backend.load_engine(EngineSource(built.plan, name=f"{key}-steps-copy"))
+    copy_wrap = enable_cudagraphs(copying, outer="copy")
+    copy_wrap.__enter__()
     xs, ys = tensors.inputs, tensors.outputs
     statics = []
     for x in xs:
@@ -65,6 +69,8 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         engine.execute(x, outputs=[y], stream=engine.stream)
         outer(s)
         outer(s)
+        copying(x)
+        copying(x)
     torch.cuda.synchronize()
     ctx = engine._res.context
     slot = next(iter(outer._outer_graphs.shortcuts.values()))
@@ -90,6 +96,11 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     fast = engine._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
     ns["f"] = fast
     keep = _raw_side(ns, torch, built, workload, xs, ys, ctx)
+    from trt_runtime_backends.python.graphs import torch_results
+
+    cslot = copying._outer_graphs.shortcuts[(xs[0].shape,)]
+    ns.update(c=copying, cslot=cslot, cours=copying._order.ours, torch_results=torch_results, torch=torch,
+              cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._graphs.d2d)
     stmts = {
         # pre-bound
         "pre: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
@@ -120,6 +131,12 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "outer: ctypes PyDLL cuGraphLaunch": "pylaunch(graph_p, ours_p)",
         "outer: ctypes CDLL cuGraphLaunch": "claunch(graph_p, ours_p)",
         "outer: ctypes PyDLL cuGraphLaunch(int)": "pylaunch_int(graph_i, ours)",
+        # the default outer mode, "copy"
+        "copy: c(x)": "c(x)",
+        "copy: plan": "cslot.plan((x,), None, None)",
+        "copy: torch_results": "torch_results(c, cslot, cours, False)",
+        "copy: torch.empty(shape, dtype, device)": "torch.empty(shape0, dtype=y.dtype, device=x.device)",
+        "copy: cudaMemcpyAsync d2d": "rt.cudaMemcpyAsync(cdst, x.data_ptr(), cnb, d2d, cours)",
     }
     if n > 1:  # cycling shapes
         stmts.update({
@@ -146,6 +163,8 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     finally:
         keep.clear()
         wrap.__exit__(None, None, None)
+        copy_wrap.__exit__(None, None, None)
+        copying.close()
         outer.close()
         engine.close()
 

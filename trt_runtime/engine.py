@@ -538,7 +538,10 @@ def _entry(bare: bool, name: str, doc: str | None) -> Any:
         pool = self._pool
         # ContextPool.acquire/give_back inlined for their uncontended case: this thread's
         # lane of its previous call, if it is free.
-        slot = getattr(pool._local, "slot", None)
+        try:
+            slot = pool._local.slot  # (an attribute read: cheaper than getattr with a default)
+        except AttributeError:
+            slot = None
         if slot is None:  # this thread's first call on this engine
             slot = pool.lease(self._lease_timeout)
             try:
