@@ -99,8 +99,17 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     from trt_runtime_backends.python.graphs import torch_results
 
     cslot = copying._outer_graphs.shortcuts[(xs[0].shape,)]
+    from cuda.bindings import driver
+
+    cmemcpy = ctypes.CDLL("libcuda.so.1").cuMemcpyDtoDAsync_v2
+    cmemcpy.restype = ctypes.c_int
+    cmemcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+    rt = copying._graphs.rt
+    (cstatic,) = copying.static_inputs(tuple(xs[0].shape), as_torch=True)
     ns.update(c=copying, cslot=cslot, cours=copying._order.ours, torch_results=torch_results, torch=torch,
-              cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._graphs.d2d)
+              cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._graphs.d2d, dr=driver,
+              dflt=rt.cudaMemcpyKind.cudaMemcpyDefault, cstream=driver.CUstream(copying._order.ours),
+              cmemcpy=cmemcpy, cstatic=cstatic)
     stmts = {
         # pre-bound
         "pre: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
@@ -137,6 +146,13 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "copy: torch_results": "torch_results(c, cslot, cours, False)",
         "copy: torch.empty(shape, dtype, device)": "torch.empty(shape0, dtype=y.dtype, device=x.device)",
         "copy: cudaMemcpyAsync d2d": "rt.cudaMemcpyAsync(cdst, x.data_ptr(), cnb, d2d, cours)",
+        "copy: cudaMemcpyAsync default": "rt.cudaMemcpyAsync(cdst, x.data_ptr(), cnb, dflt, cours)",
+        "copy: driver cuMemcpyDtoDAsync": "dr.cuMemcpyDtoDAsync(cdst, x.data_ptr(), cnb, cours)",
+        "copy: driver cuMemcpyAsync": "dr.cuMemcpyAsync(cdst, x.data_ptr(), cnb, cours)",
+        "copy: driver cuMemcpyDtoDAsync (stream object)": "dr.cuMemcpyDtoDAsync(cdst, x.data_ptr(), cnb, cstream)",
+        "copy: ctypes CDLL cuMemcpyDtoDAsync_v2": "cmemcpy(cdst, x.data_ptr(), cnb, cours)",
+        "copy: torch copy_": "cstatic.copy_(x)",
+        "copy: x.data_ptr()": "x.data_ptr()",
     }
     if n > 1:  # cycling shapes
         stmts.update({
