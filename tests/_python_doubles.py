@@ -278,6 +278,37 @@ class _FakeRuntime:
         return (0,)
 
 
+class _FakeRuntimeNodes(_FakeRuntime):
+    """A runtime that also builds graphs node by node (graphs.Copying): it records the
+    nodes added and the addresses set in memcpy nodes; ``refuse`` names a call that fails."""
+
+    refuse: str | None = None
+
+    def _answer(self, name: str, value: Any) -> tuple[Any, ...]:
+        return (1, None) if self.refuse == name else (0, value)
+
+    def cudaGraphCreate(self, flags: int) -> tuple[int, int]:
+        graph = next(self._graphs)
+        self.calls.append(("graph_create", graph))
+        return self._answer("cudaGraphCreate", graph)  # type: ignore[return-value]
+
+    def cudaGraphAddMemcpyNode1D(self, graph: int, deps: Any, n: int, dst: int, src: int, count: int,
+                                 kind: Any) -> tuple[int, int]:
+        node = next(self._graphs)
+        self.calls.append(("add_memcpy", graph, tuple(deps or ()), dst, src, count, int(kind), node))
+        return self._answer("cudaGraphAddMemcpyNode1D", node)  # type: ignore[return-value]
+
+    def cudaGraphAddChildGraphNode(self, graph: int, deps: Any, n: int, child: int) -> tuple[int, int]:
+        node = next(self._graphs)
+        self.calls.append(("add_child", graph, tuple(deps), child, node))
+        return self._answer("cudaGraphAddChildGraphNode", node)  # type: ignore[return-value]
+
+    def cudaGraphExecMemcpyNodeSetParams1D(self, graph_exec: int, node: int, dst: int, src: int, count: int,
+                                           kind: Any) -> tuple[int]:
+        self.calls.append(("set_copy", graph_exec, node, dst, src, count))
+        return (0,)
+
+
 class _FakeStream:
     def __init__(self, handle: int = 4242, blocking: bool = False) -> None:
         self.handle = handle
@@ -333,13 +364,14 @@ def _fake_backend() -> PythonBackend:
 
 
 def _fake_engine(batch: int = -1, backend: PythonBackend | None = None, settings: Any = None,
-                 ordering: str | None = None, dtype: str = "FLOAT") -> PythonEngine:
+                 ordering: str | None = None, dtype: str = "FLOAT", runtime: Any = None) -> PythonEngine:
     trt_engine = _FakeTrtEngine(batch)
     if dtype != "FLOAT":
         trt_engine.tensors = {name: (dtype, *rest) for name, (_, *rest) in trt_engine.tensors.items()}
     engine = PythonEngine.__new__(PythonEngine)
     engine._init(backend or _fake_backend(), trt_engine, _FakeState(),
-                 EngineSource(b"", name="fake"), settings, runtime=_FakeRuntime(), ordering=ordering)
+                 EngineSource(b"", name="fake"), settings, runtime=runtime or _FakeRuntime(),
+                 ordering=ordering)
     return engine
 
 

@@ -11,7 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _python_doubles import _CAI, FakeTorch, _fake_engine, _FakeBuffer, _trt_calls, count_lookups
+from _python_doubles import (
+    _CAI,
+    FakeTorch,
+    _fake_engine,
+    _FakeBuffer,
+    _FakeRuntimeNodes,
+    _trt_calls,
+    count_lookups,
+)
 from trt_runtime_backends.python.arrays import DeviceArray
 
 from trt_runtime import (
@@ -437,3 +445,104 @@ def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch
         assert engine._fast_entry is plans[(a.shape,)]
         engine(torch.cuda_tensor((5, 4)))  # a new shape: captured through the full path
         assert engine.graph_captures == 3 and looked_up == [(5, 4)]
+
+
+# -- copies as nodes of the graph (graphs.Copying) ----------------------------------------------
+def _nodes_engine(refuse: str | None = None) -> Any:
+    runtime = _FakeRuntimeNodes()
+    runtime.refuse = refuse
+    return _fake_engine(runtime=runtime), runtime
+
+
+def test_python_outer_graph_copy_mode_copies_through_graph_nodes(torch: FakeTorch) -> None:
+    """In "copy" mode the capture also builds a graph with a memcpy node into the static input
+    and one out of the static output around the captured graph; a replay then sets their
+    addresses and launches that graph once: no cudaMemcpyAsync, a new output each call."""
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="copy"):
+        engine(torch.cuda_tensor((2, 4)))  # the capture (the general path)
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        copying = engine._graphs.copying[int(slot.graph)]
+        added = [c for c in rt.calls if c[0] in ("add_memcpy", "add_child")]
+        (node_in,), (node_out,) = copying.ins, copying.outs
+        assert [c[0] for c in added] == ["add_memcpy", "add_child", "add_memcpy"]
+        assert added[1][2] == (node_in,) and added[2][2] == (added[1][4],)  # in -> child -> out
+        outs = []
+        for _ in range(3):
+            x = torch.cuda_tensor((2, 4))
+            rt.calls.clear()
+            (y,) = engine.execute(x)
+            outs.append(y)
+            assert [c[0] for c in rt.calls] == ["set_copy", "set_copy", "launch"]
+            assert rt.calls[0][1:] == (copying.exec, node_in, slot.in_ptrs[0], x.data_ptr(), 32)
+            assert rt.calls[1][1:] == (copying.exec, node_out, y.data_ptr(), slot.out_ptrs[0], 32)
+            assert rt.calls[2][1] == copying.exec
+        assert len({y.data_ptr() for y in outs}) == 3  # new tensors, not the static output
+
+
+def test_python_outer_graph_static_input_replays_the_plain_graph(torch: FakeTorch) -> None:
+    """An input that is its static buffer itself needs no copy in: the plain graph runs
+    (a memcpy node from a buffer into itself would overlap), the output copied out."""
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="copy"):
+        engine(torch.cuda_tensor((2, 4)))
+        engine(torch.cuda_tensor((2, 4)))  # the plan
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        (static,) = engine.static_inputs((2, 4), as_torch=True)
+        rt.calls.clear()
+        engine(static)
+        assert [c[0] for c in rt.calls] == ["launch", "memcpy"]
+        assert rt.calls[0][1] == slot.graph
+
+
+def test_python_outer_graph_view_mode_copies_inputs_through_a_node(torch: FakeTorch) -> None:
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="view"):
+        first = engine(torch.cuda_tensor((2, 4)))
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        copying = engine._graphs.copying[int(slot.graph)]
+        assert len(copying.ins) == 1 and copying.outs == []
+        for _ in range(2):
+            rt.calls.clear()
+            y = engine(torch.cuda_tensor((2, 4)))
+            assert [c[0] for c in rt.calls] == ["set_copy", "launch"]
+            assert y is not None and y.data_ptr() == first.data_ptr()  # the static output's view
+
+
+def test_python_outer_graph_copying_graphs_go_with_their_graphs(torch: FakeTorch) -> None:
+    """Released with the slot's graph (reset, close): the executable and the built graph are
+    destroyed once, and nothing is left for the finalizer."""
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="copy"):
+        engine(torch.cuda_tensor((2, 4)))
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        copying = engine._graphs.copying[int(slot.graph)]
+        assert copying.exec in engine._res.graph_execs and copying.graph in engine._res.graphs
+        engine.reset_graphs()
+        assert ("exec_destroy", copying.exec) in rt.calls
+        assert rt.calls.count(("graph_destroy", copying.graph)) == 1
+        assert engine._graphs.copying == {} and copying.graph not in engine._res.graphs
+        engine(torch.cuda_tensor((2, 4)))  # captured again: built again
+        (copying,) = engine._graphs.copying.values()
+    engine.close()
+    assert engine._res.graph_execs == [] and engine._res.graphs == []
+    assert rt.calls.count(("graph_destroy", copying.graph)) == 1
+
+
+@pytest.mark.parametrize(
+    "refuse", ["cudaGraphCreate", "cudaGraphAddMemcpyNode1D", "cudaGraphAddChildGraphNode"]
+)
+def test_python_outer_graph_without_copying_graphs_copies_as_before(torch: FakeTorch, refuse: str) -> None:
+    """A runtime that refuses to build the graph (or lacks the calls): replays copy with
+    cudaMemcpyAsync, and a half-built graph is destroyed."""
+    engine, rt = _nodes_engine(refuse)
+    with enable_cudagraphs(engine, outer="copy"):
+        engine(torch.cuda_tensor((2, 4)))
+        assert engine._graphs.copying == {}
+        (created,) = [c[1] for c in rt.calls if c[0] == "graph_create"]
+        if refuse != "cudaGraphCreate":  # a graph was made: it is destroyed
+            assert ("graph_destroy", created) in rt.calls
+        engine(torch.cuda_tensor((2, 4)))  # the plan
+        rt.calls.clear()
+        engine(torch.cuda_tensor((2, 4)))
+        assert [c[0] for c in rt.calls] == ["memcpy", "launch", "memcpy"]

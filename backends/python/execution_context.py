@@ -65,7 +65,7 @@ def trt_enum(enum_type: Any, member: Any) -> Any:
 class Resources:
     """What the finalizer of an engine releases (it must not reference the engine)."""
 
-    __slots__ = ("context", "events", "graph_execs", "order", "rt", "stream_handle")
+    __slots__ = ("context", "events", "graph_execs", "graphs", "order", "rt", "stream_handle")
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt
@@ -76,6 +76,8 @@ class Resources:
         self.context: ExecutionContext | None = None
         #: Instantiated outer CUDA graphs (destroyed before the context).
         self.graph_execs: list[Any] = []
+        #: Graphs kept for their nodes (``graphs.Copying``), destroyed after their executables.
+        self.graphs: list[Any] = []
 
 
 def drop_context(context: ExecutionContext) -> None:
@@ -102,6 +104,14 @@ def finalize(res: Resources) -> None:
         except Exception:
             pass
     res.graph_execs.clear()
+    destroy_graph = getattr(res.rt, "cudaGraphDestroy", None)
+    for graph in res.graphs:
+        try:
+            if destroy_graph is not None:
+                destroy_graph(graph)
+        except Exception:
+            pass
+    res.graphs.clear()
     if res.context is not None:
         drop_context(res.context)
         res.context = None

@@ -162,6 +162,34 @@ def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results
     return plan
 """
 
+# the replay of a slot whose copies are nodes of its graph (graphs.Copying): each input's
+# address set in its memcpy node, each output made and its address set, one launch; a call
+# with an input that is its static buffer itself goes to the slot's plain replay plan
+_COPYING = """\
+def make(lane, miss, order, own, slot, graph0, touch, launch, set1d, d2d, failed, plain, cexec, empty,
+         torch_device, tensor, device, raw_stream, table, {consts}):
+    def plan(inputs, stream, outputs):
+{torch_head}\
+{switch}\
+        if slot.graph is not graph0:
+            return miss(inputs, stream, outputs)
+        {sources}
+        if {foreign_device}:
+            return miss(inputs, stream, outputs)
+        if {static_given}:
+            return plain(inputs, stream, outputs)
+        touch(slot.key)
+        if lane._multi_device:
+            lane._set_device()
+{caller}{run}{set_in}{alloc_out}\
+        (err,) = launch(cexec, run)
+        if err:
+            failed(err, "cudaGraphLaunch")
+{after}\
+        return {results}
+    return plan
+"""
+
 _TORCH_CALLER = "None if (c := raw_stream(device)) in order.skip or c == order.ours else c"
 
 
@@ -278,8 +306,41 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             results="list(views)" if variant else "results(run)",
         )
         template = _REPLAY
+    elif kind == "copying":
+        consts = (_names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n) + _names("nin", n)
+                  + _names("shape", m) + _names("od", m) + _names("so", m) + _names("onb", m)
+                  + _names("nout", m))
+        set_in = []
+        for i in range(n):
+            set_in += [f"(err,) = set1d(cexec, nin{i}, dst{i}, src{i}, nb{i}, d2d)",
+                       "if err:", "    failed(err, 'cudaGraphExecMemcpyNodeSetParams1D')"]
+        alloc_out = []
+        for j, y in enumerate(ys):
+            alloc_out += [f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)",
+                          f"(err,) = set1d(cexec, nout{j}, {y}.data_ptr(), so{j}, onb{j}, d2d)",
+                          "if err:", "    failed(err, 'cudaGraphExecMemcpyNodeSetParams1D')"]
+        fields.update(
+            consts=", ".join(consts),
+            torch_head=_torch_head(xs, [
+                f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
+                for i, x in enumerate(xs)
+            ]),
+            switch=_switch(xs, " or other.graph is None"),
+            sources="; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
+            foreign_device=_any([f"{x}.get_device() != device" for x in xs]),
+            static_given=_any([f"src{i} == dst{i}" for i in range(n)]),
+            set_in=_indent(set_in), alloc_out=_indent(alloc_out),
+            caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
+            # variant: "view" mode, the static outputs' views handed over (no output nodes)
+            results="list(views)" if variant else f"[{', '.join(ys)}]",
+        )
+        if variant:
+            fields["consts"] += ", views"
+        template = _COPYING
     else:
-        raise ValueError(f"plan kind must be one of 'prebound', 'natural', 'replay'; got {kind!r}")
+        raise ValueError(
+            f"plan kind must be one of 'prebound', 'natural', 'replay', 'copying'; got {kind!r}"
+        )
     source = template.format(**fields)
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<trt_runtime plan: {kind} {n}->{m}>", "exec"), namespace)
@@ -319,7 +380,9 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
 
 def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> Plan:
     """The plan of a captured outer-graph ``slot`` for torch inputs of ``shapes``: its
-    static outputs handed back when it has views of them (``"view"``), else copies."""
+    static outputs handed back when it has views of them (``"view"``), else copies; the
+    copies made by the memcpy nodes of the slot's :class:`.graphs.Copying` graph when it
+    has one (inputs that are the static buffers themselves go the plain way)."""
     from trt_runtime_backends.python.graphs import replay_failed, torch_results
 
     bridge = lane._torch
@@ -329,9 +392,25 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
     results = functools.partial(torch_results, lane, slot, view=False)
     failed = functools.partial(replay_failed, lane)
-    return make(
+    plain = make(
         lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, launch, copy, ops.d2d,
         failed, results, views, bridge.tensor,
         lane._device, bridge.raw_stream, graphs.shortcuts, *bridge.in_dtypes, *shapes, *slot.in_ptrs,
         *slot.in_nbytes,
+    )
+    copying = ops.copying.get(int(slot.graph))
+    view = lane._outer_graph is not None and lane._outer_graph.outputs == "view"
+    if copying is None or view != (views is not None) or len(copying.outs) != (0 if view else len(lane._out)):
+        return plain
+    out_dtypes = [io.torch_dtype for io in lane._out] if copying.outs else []
+    make = _compile("copying", len(shapes), len(copying.outs), view)
+    consts = [*bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes, *copying.ins,
+              *(tuple(a.shape) for a in slot.outputs[:len(copying.outs)]), *out_dtypes,
+              *slot.out_ptrs[:len(copying.outs)], *slot.out_nbytes[:len(copying.outs)], *copying.outs]
+    if view:
+        consts.append(views)
+    return make(
+        lane, lane._call_fast, lane._order, lane._stream, slot, slot.graph, graphs.cache.touch, launch,
+        ops.rt.cudaGraphExecMemcpyNodeSetParams1D, ops.d2d, failed, plain, copying.exec, bridge.empty,
+        bridge.device, bridge.tensor, lane._device, bridge.raw_stream, graphs.shortcuts, *consts,
     )

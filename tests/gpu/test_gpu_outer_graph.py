@@ -105,7 +105,8 @@ class _Spy:
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._rt, name)
-        if name not in ("cudaMemcpyAsync", "cudaStreamBeginCapture", "cudaGraphLaunch"):
+        if name not in ("cudaMemcpyAsync", "cudaStreamBeginCapture", "cudaGraphLaunch",
+                        "cudaGraphExecMemcpyNodeSetParams1D"):
             return target
 
         def spy(*args: Any) -> Any:
@@ -305,9 +306,12 @@ def test_outer_graph_static_inputs_skip_the_copy(open_engine) -> None:
         for _ in range(3):
             _assert_same(torch, engine(static), want)
         assert spy.named("cudaMemcpyAsync") == []  # nothing copied in or out
+        assert spy.named("cudaGraphExecMemcpyNodeSetParams1D") == []
         assert len(spy.named("cudaGraphLaunch")) == 3
-        engine(x)  # another tensor: copied into the static buffer
-        assert len(spy.named("cudaMemcpyAsync")) == 1
+        _assert_same(torch, engine(x), want)  # another tensor: copied in by the graph's memcpy node
+        assert spy.named("cudaMemcpyAsync") == []
+        (set_in,) = spy.named("cudaGraphExecMemcpyNodeSetParams1D")
+        assert set_in[3:6] == (static.data_ptr(), x.data_ptr(), x.numel() * x.element_size())
         (device_static,) = engine.static_inputs(tuple(x.shape))
         assert device_static.ptr == static.data_ptr()
 
@@ -437,3 +441,33 @@ def test_natural_call_with_whole_graph_capture(open_engine, monkeypatch, orderin
             x = _inputs(torch, built, batch, batch)
             want = built.reference(x.cpu().numpy().astype(np.float64))[0]
             np.testing.assert_allclose(engine(x).cpu().numpy(), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("name", ["tiny", "mlp_fp16", "convnet_fp16"])
+def test_outer_graph_copy_mode_copies_through_graph_nodes(open_engine, name: str) -> None:
+    """The default outer mode ("copy"): each replay sets the addresses of the graph's memcpy
+    nodes (input in, output out) and launches it once, with no cudaMemcpyAsync; every output
+    equals the eager one for new inputs and is a new tensor."""
+    torch = _torch()
+    engine, built = open_engine(name)
+    xs = [_inputs(torch, built, None, seed) for seed in range(4)]
+    eager = [engine(x).clone() for x in xs]
+    with enable_cudagraphs(engine, outer=True):
+        engine(xs[0])  # the capture
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        assert int(slot.graph) in engine._graphs.copying, "the copying graph was built"
+        spy = engine._rt = engine._graphs.rt = _Spy(engine._rt)
+        slot.plan = None  # made again, through the spy
+        results = []
+        for _ in range(2):
+            for x, want in zip(xs, eager, strict=True):
+                y = engine(x)
+                results.append(y)
+                _assert_same(torch, y, want)
+        assert spy.named("cudaMemcpyAsync") == []
+        assert len(spy.named("cudaGraphExecMemcpyNodeSetParams1D")) == 2 * len(results)
+        assert len(spy.named("cudaGraphLaunch")) == len(results)
+        assert len({y.data_ptr() for y in results[-4:]}) == 4  # new tensors, alive together
+    torch.cuda.synchronize()
+    for y, want in zip(results, eager + eager, strict=True):  # not overwritten by later replays
+        _assert_same(torch, y, want)
