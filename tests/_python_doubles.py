@@ -306,7 +306,7 @@ class _FakeRuntimeNodes(_FakeRuntime):
     def cudaGraphExecMemcpyNodeSetParams1D(self, graph_exec: int, node: int, dst: int, src: int, count: int,
                                            kind: Any) -> tuple[int]:
         self.calls.append(("set_copy", graph_exec, node, dst, src, count))
-        return (0,)
+        return (1 if self.refuse == "cudaGraphExecMemcpyNodeSetParams1D" else 0,)
 
 
 class _FakeStream:

@@ -467,6 +467,10 @@ def test_python_outer_graph_copy_mode_copies_through_graph_nodes(torch: FakeTorc
         (node_in,), (node_out,) = copying.ins, copying.outs
         assert [c[0] for c in added] == ["add_memcpy", "add_child", "add_memcpy"]
         assert added[1][2] == (node_in,) and added[2][2] == (added[1][4],)  # in -> child -> out
+        # built on the static buffers and, for the side that changes, on torch memory (a node
+        # can later be set only to memory of the kind it was built with)
+        assert added[0][3] == slot.in_ptrs[0] and added[0][4] not in (slot.in_ptrs[0], slot.out_ptrs[0])
+        assert added[2][4] == slot.out_ptrs[0] and added[2][3] == added[0][4]
         outs = []
         for _ in range(3):
             x = torch.cuda_tensor((2, 4))
@@ -546,3 +550,27 @@ def test_python_outer_graph_without_copying_graphs_copies_as_before(torch: FakeT
         rt.calls.clear()
         engine(torch.cuda_tensor((2, 4)))
         assert [c[0] for c in rt.calls] == ["memcpy", "launch", "memcpy"]
+
+
+def test_python_outer_graph_refused_node_address_takes_the_plain_way(torch: FakeTorch) -> None:
+    """CUDA refuses a node address of another kind of memory (from a pool, say): that call
+    copies with cudaMemcpyAsync and launches the plain graph; its output is still right."""
+    engine, rt = _nodes_engine("cudaGraphExecMemcpyNodeSetParams1D")
+    with enable_cudagraphs(engine, outer="copy"):
+        engine(torch.cuda_tensor((2, 4)))
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        assert int(slot.graph) in engine._graphs.copying
+        engine(torch.cuda_tensor((2, 4)))  # the plan
+        rt.calls.clear()
+        y = engine(torch.cuda_tensor((2, 4)))
+        assert [c[0] for c in rt.calls] == ["set_copy", "memcpy", "launch", "memcpy"]
+        assert rt.calls[2][1] == slot.graph and y.shape == (2, 4)
+
+
+def test_python_outer_graph_no_copying_graph_before_torch(torch: FakeTorch) -> None:
+    """Captured from numpy inputs (no torch tensor seen yet): no copying graph is built."""
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="copy"):
+        engine(np.ones((2, 4), np.float32))
+        assert engine.graph_captures == 1 and engine._graphs.copying == {}
+        assert not [c for c in rt.calls if c[0] == "graph_create"]

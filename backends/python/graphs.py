@@ -138,16 +138,30 @@ _COPYING_CALLS = ("cudaGraphCreate", "cudaGraphAddMemcpyNode1D", "cudaGraphAddCh
 
 def build_copying(lane: Any, graph: Any, slot: GraphSlot, copy_out: bool) -> Copying | None:
     """The :class:`Copying` graph of ``slot``'s captured ``graph`` (a child graph node between
-    the memcpy nodes), instantiated; ``None`` when this CUDA runtime lacks a call it needs,
-    a buffer is empty or CUDA refuses (the replay then copies with ``cudaMemcpyAsync``).
-    The nodes' first addresses are the static buffers themselves: every launch sets them."""
+    the memcpy nodes), instantiated; ``None`` when the lane has seen no torch tensor (the
+    replays through nodes take torch tensors), this CUDA runtime lacks a call it needs, a
+    buffer is empty or CUDA refuses (replays then copy with ``cudaMemcpyAsync``).
+
+    A node's address can later be set only to memory of the kind it was built with (memory
+    from a pool, as cuda.core's static buffers are, or not: measured on an H100,
+    ``tools/gpu_copy_probe2.py``). So the side that changes per call (the caller's input,
+    the new output) is built on a torch tensor made for the purpose and freed after the
+    instantiation; the static side stays the static buffer."""
     rt = lane._rt
+    bridge = lane._torch
+    torch = torch_module()
+    if bridge.empty is None or torch is None:
+        return None
     if any(getattr(rt, name, None) is None for name in _COPYING_CALLS):
         return None
     outs = list(zip(slot.out_ptrs, slot.out_nbytes, strict=True)) if copy_out else []
     ins = list(zip(slot.in_ptrs, slot.in_nbytes, strict=True))
     if not ins or any(nbytes <= 0 for _, nbytes in ins + outs):
         return None
+    d2d = lane._graphs.d2d
+    largest = max(nbytes for _, nbytes in ins + outs)
+    placeholder = bridge.empty((largest,), dtype=torch.uint8, device=bridge.device)
+    other = placeholder.data_ptr()
     err, built = rt.cudaGraphCreate(0)
     if err:
         return None
@@ -155,7 +169,7 @@ def build_copying(lane: Any, graph: Any, slot: GraphSlot, copy_out: bool) -> Cop
     try:
         in_nodes = []
         for ptr, nbytes in ins:
-            err, node = rt.cudaGraphAddMemcpyNode1D(built, None, 0, ptr, ptr, nbytes, lane._graphs.d2d)
+            err, node = rt.cudaGraphAddMemcpyNode1D(built, None, 0, ptr, other, nbytes, d2d)
             if err:
                 return None
             in_nodes.append(node)
@@ -164,7 +178,7 @@ def build_copying(lane: Any, graph: Any, slot: GraphSlot, copy_out: bool) -> Cop
             return None
         out_nodes = []
         for ptr, nbytes in outs:
-            err, node = rt.cudaGraphAddMemcpyNode1D(built, [child], 1, ptr, ptr, nbytes, lane._graphs.d2d)
+            err, node = rt.cudaGraphAddMemcpyNode1D(built, [child], 1, other, ptr, nbytes, d2d)
             if err:
                 return None
             out_nodes.append(node)

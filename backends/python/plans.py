@@ -310,15 +310,17 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         consts = (_names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n) + _names("nin", n)
                   + _names("shape", m) + _names("od", m) + _names("so", m) + _names("onb", m)
                   + _names("nout", m))
+        # CUDA refuses an address of another kind of memory than the node was built with
+        # (graphs.build_copying): that call takes the plain way, copying with cudaMemcpyAsync
         set_in = []
         for i in range(n):
             set_in += [f"(err,) = set1d(cexec, nin{i}, dst{i}, src{i}, nb{i}, d2d)",
-                       "if err:", "    failed(err, 'cudaGraphExecMemcpyNodeSetParams1D')"]
+                       "if err:", "    return plain(inputs, stream, outputs)"]
         alloc_out = []
         for j, y in enumerate(ys):
             alloc_out += [f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)",
                           f"(err,) = set1d(cexec, nout{j}, {y}.data_ptr(), so{j}, onb{j}, d2d)",
-                          "if err:", "    failed(err, 'cudaGraphExecMemcpyNodeSetParams1D')"]
+                          "if err:", "    return plain(inputs, stream, outputs)"]
         fields.update(
             consts=", ".join(consts),
             torch_head=_torch_head(xs, [
