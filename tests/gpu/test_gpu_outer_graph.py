@@ -174,8 +174,10 @@ def test_outer_graph_lru_eviction_after_the_lanes_work(open_engine, report_measu
         assert stats["graphs"] == 2 and stats["evictions"] == len(batches) - 2
         assert engine.graph_captures == len(batches)
         assert stats["updates"] <= len(batches) - 2
-        # the two graphs kept, and the spare while the last capture did not consume it
-        assert len(engine._res.graph_execs) == 2 + (engine._graphs.spare is not None)
+        # the two graphs kept, and the spare while the last capture did not consume it; each
+        # kept graph has its copying graph (the copies as memcpy nodes), the spare none
+        assert len(_plain_execs(engine)) == 2 + (engine._graphs.spare is not None)
+        assert len(engine._graphs.copying) == 2
         for x, want in zip(xs[-2:], eager[-2:], strict=True):  # replays of the last captures
             _assert_same(torch, engine(x), want)
         assert engine.graph_stats()["captures"] == len(batches)
@@ -197,15 +199,22 @@ def test_outer_graph_recapture_updates_the_released_graph(open_engine, name) -> 
     try:
         _assert_same(torch, engine(xs[0]), eager[0])  # eager warm-up, then the capture
         _assert_same(torch, engine(xs[1]), eager[1])  # a replay
-        (first,) = engine._res.graph_execs
+        (first,) = _plain_execs(engine)
         engine.reset_graphs()
         _assert_same(torch, engine(xs[2]), eager[2])  # captured again: the update
         assert engine.graph_stats()["updates"] == 1 and engine.graph_captures == 2
-        assert engine._res.graph_execs == [first]
+        assert _plain_execs(engine) == [first]
+        assert len(engine._graphs.copying) == 1  # its copying graph built again
         _assert_same(torch, engine(xs[0]), eager[0])  # replays of the updated graph
         _assert_same(torch, engine(xs[1]), eager[1])
     finally:
         engine.outer_graph = None
+
+
+def _plain_execs(engine: Any) -> list[Any]:
+    """The lane's executable graphs other than the copying ones (graphs.Copying)."""
+    copying = {int(c.exec) for c in engine._graphs.copying.values()}
+    return [e for e in engine._res.graph_execs if int(e) not in copying]
 
 
 class _ContextSpy:
