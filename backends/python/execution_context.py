@@ -96,25 +96,23 @@ def finalize(res: Resources) -> None:
         res.rt.cudaStreamSynchronize(res.stream_handle)
     except Exception:  # a dying process; nothing to report to
         pass
-    destroy = getattr(res.rt, "cudaGraphExecDestroy", None)
-    for graph_exec in res.graph_execs:
-        try:
-            if destroy is not None:
-                destroy(graph_exec)
-        except Exception:
-            pass
-    res.graph_execs.clear()
-    destroy_graph = getattr(res.rt, "cudaGraphDestroy", None)
-    for graph in res.graphs:
-        try:
-            if destroy_graph is not None:
-                destroy_graph(graph)
-        except Exception:
-            pass
-    res.graphs.clear()
+    _destroy_all(res.rt, "cudaGraphExecDestroy", res.graph_execs)
+    _destroy_all(res.rt, "cudaGraphDestroy", res.graphs)  # after their executables
     if res.context is not None:
         drop_context(res.context)
         res.context = None
     for event in res.events:
         cuda.destroy_event(event, res.rt)
     res.events = ()
+
+
+def _destroy_all(rt: Any, call: str, handles: list[Any]) -> None:
+    """``rt.<call>(h)`` for each handle (errors ignored: a dying process), then forget them."""
+    destroy = getattr(rt, call, None)
+    for handle in handles:
+        try:
+            if destroy is not None:
+                destroy(handle)
+        except Exception:
+            pass
+    handles.clear()

@@ -227,6 +227,21 @@ def _switch(xs: list[str], unusable: str = "") -> str:
                           key="(" + "".join(f"{x}.shape, " for x in xs) + ")", unusable=unusable)
 
 
+def _replay_head(xs: list[str], consts: list[str]) -> dict[str, str]:
+    """The fields the two replay templates share: constants, the torch check of inputs
+    ``xs``, the switch to other captured shapes, the inputs' addresses, the caller."""
+    return {
+        "consts": ", ".join(consts),
+        "torch_head": _torch_head(xs, [
+            f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
+            for i, x in enumerate(xs)
+        ]),
+        "switch": _switch(xs, " or other.graph is None"),
+        "sources": "; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
+        "caller": _CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
+    }
+
+
 def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) -> str:
     """The tail of the pre-bound and natural plans: order with the caller, enqueue, return."""
     caller = _CALLER.format(default_caller=default_caller, torch_kind=torch_kind)
@@ -291,18 +306,11 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                        f"    (err,) = copy(dst{i}, src{i}, nb{i}, d2d, run)",
                        "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
         fields.update(
-            consts=", ".join(consts),
-            torch_head=_torch_head(xs, [
-                f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
-                for i, x in enumerate(xs)
-            ]),
-            switch=_switch(xs, " or other.graph is None"),
-            sources="; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
+            _replay_head(xs, consts),
             # an input that is not the static buffer itself must be on the engine's device
             foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
                                  for i, x in enumerate(xs)]),
             copies=_indent(copies),
-            caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
             results="list(views)" if variant else "results(run)",
         )
         template = _REPLAY
@@ -322,17 +330,10 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                           f"(err,) = set1d(cexec, nout{j}, {y}.data_ptr(), so{j}, onb{j}, d2d)",
                           "if err:", "    return plain(inputs, stream, outputs)"]
         fields.update(
-            consts=", ".join(consts),
-            torch_head=_torch_head(xs, [
-                f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
-                for i, x in enumerate(xs)
-            ]),
-            switch=_switch(xs, " or other.graph is None"),
-            sources="; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
+            _replay_head(xs, consts),
             foreign_device=_any([f"{x}.get_device() != device" for x in xs]),
             static_given=_any([f"src{i} == dst{i}" for i in range(n)]),
             set_in=_indent(set_in), alloc_out=_indent(alloc_out),
-            caller=_CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
             # variant: "view" mode, the static outputs' views handed over (no output nodes)
             results="list(views)" if variant else f"[{', '.join(ys)}]",
         )
