@@ -32,10 +32,6 @@ def tmem(n):
 keep = []
 kinds = {"pool": pool, "cudaMalloc": plain_malloc, "torch": tmem}
 try:
-    import cuda.core.experimental as cc  # noqa
-except Exception:
-    cc = None
-try:
     from cuda.core import Device
     dev = Device(0)
     dev.set_current()
@@ -48,7 +44,7 @@ try:
         return int(buf.handle)
 
     kinds["cuda.core"] = core
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     print("no cuda.core:", exc)
 
 for orig_name, orig in kinds.items():
@@ -65,7 +61,9 @@ for orig_name, orig in kinds.items():
         (err,) = rt.cudaGraphExecMemcpyNodeSetParams1D(ex, node, static, src, nb, d2d)
         (lerr,) = rt.cudaGraphLaunch(ex, h)
         rt.cudaStreamSynchronize(h)
-        print(f"node built on {orig_name:10s} set to {new_name:10s}: {str(err).split('.')[-1]:40s} launch {str(lerr).split('.')[-1]}", flush=True)
+        outcome = str(err).split(".")[-1]
+        print(f"node built on {orig_name:10s} set to {new_name:10s}: {outcome:40s} "
+              f"launch {str(lerr).split('.')[-1]}", flush=True)
 # the same with the static side on cuda.core and the placeholder freed after instantiate
 if "cuda.core" in kinds:
     static = kinds["cuda.core"](nb)
