@@ -390,8 +390,8 @@ def test_torchbind_bridge_private_streams_without_cuda_python_use_the_high_prior
 
 
 def test_torchbind_bridge_graph_launcher_launches_the_executable_graph() -> None:
-    """The driver's (or cuda-python's) graph launch of ``raw_cuda_graph_exec()`` and a device
-    copy; none for a torch without it; a failed launch is an EngineError naming the CUDA
+    """cuda-python's graph launch of ``raw_cuda_graph_exec()`` and its device copy; none for
+    a torch without it; a failed launch is an EngineError naming the CUDA
     error (no GPU here: no driver)."""
     pytest.importorskip("cuda.bindings.runtime")
 

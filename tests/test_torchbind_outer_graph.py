@@ -467,7 +467,7 @@ def test_torchbind_thread_start_binds_the_thread_before_a_plan_runs() -> None:
 
 
 def test_torchbind_outer_graph_copies_inputs_through_the_launchers_copy() -> None:
-    """With the launcher's device copy (the driver's, GIL held), a replay copies each input
+    """With the launcher's device copy (cuda-python's cudaMemcpyAsync), a replay copies each input
     into its static buffer through it, by address and size, on the current stream's handle,
     not with ``copy_``; an input that is the static buffer itself is not copied."""
     import ctypes

@@ -338,6 +338,9 @@ def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tu
     """Capture ``fn`` (``execute_async_v3``) on the capture stream once the warm-up on
     ``stream`` (the engine's) is done, and instantiate the graph."""
     rt = lane._rt
+    # the slot bind_static handed over (its copies become nodes of a second graph); taken
+    # here, whatever happens below, so no slot is left behind
+    slot, lane._graphs.binding = lane._graphs.binding, None
     cuda.check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
     capture_stream = lane._graphs.capture_handle()
     mark = lane._logger.mark()
@@ -360,7 +363,6 @@ def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tu
         raise EngineError(
             f"engine {lane.name!r}: capturing execute_async_v3 into a CUDA graph failed: {detail}"
         )
-    slot, lane._graphs.binding = lane._graphs.binding, None
     try:
         graph_exec = executable(lane, graph)
         outer = lane._outer_graph

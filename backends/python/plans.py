@@ -23,6 +23,8 @@ Three kinds, each checking exactly what the table lookup they replace checked:
 * ``replay`` (an outer-graph slot, ``trt_runtime.outer.GraphSlot``): the same call
   under the outer graph, replayed. Inputs of another shape captured before go straight
   to that slot's plan (a dynamic engine fed shapes in turn switches plans on every call).
+  Its ``copying`` form (same template) copies through memcpy nodes of a second graph
+  (``graphs.Copying``) and hands calls given a static buffer to the plain form.
 
 A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
 dropping a context (``execution_context.drop_context``) releases it then and there,
@@ -31,7 +33,7 @@ keep it, and anything it holds, until the garbage collector runs).
 
 The plans are generated source (as :mod:`dataclasses` generates ``__init__``): one
 template per kind, unrolled for the call's arity, compiled once per (kind, arity,
-pointer read) and then only bound to constants.
+variant) and then only bound to constants.
 """
 
 from __future__ import annotations
@@ -137,56 +139,34 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
         set_address = trt_context.set_tensor_address
 {bind_in}{alloc_out}{enqueue}"""
 
+# the replay of a captured slot; two kinds share it. "replay": copies each input that is not
+# its static buffer with cudaMemcpyAsync and launches the captured graph. "copying": the
+# slot's copies are nodes of a second graph (graphs.Copying): each input's address set in
+# its memcpy node, each output made and its address set, one launch of that graph; a call
+# with an input that is its static buffer itself goes to the slot's "replay" plan (plain).
 _REPLAY = """\
-def make(lane, miss, order, own, slot, touch, launch, copy, d2d, failed, results, views, tensor, device,
-         raw_stream, table, {consts}):
+def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, failed, results, views, plain,
+         cexec, empty, torch_device, tensor, device, raw_stream, table, {consts}):
     def plan(inputs, stream, outputs):
 {torch_head}\
 {switch}\
         graph = slot.graph
-        if graph is None:
+        if {graph_gone}:
             return miss(inputs, stream, outputs)
         {sources}
         if {foreign_device}:
             return miss(inputs, stream, outputs)
+{plain_way}\
         touch(slot.key)
         if lane._multi_device:
             lane._set_device()
 {caller}{run}{copies}\
-        (err,) = launch(graph, run)
+        (err,) = launch({launched}, run)
         if err:
             failed(err, "cudaGraphLaunch")
         out = {results}
 {after}\
         return out
-    return plan
-"""
-
-# the replay of a slot whose copies are nodes of its graph (graphs.Copying): each input's
-# address set in its memcpy node, each output made and its address set, one launch; a call
-# with an input that is its static buffer itself goes to the slot's plain replay plan
-_COPYING = """\
-def make(lane, miss, order, own, slot, graph0, touch, launch, set1d, d2d, failed, plain, cexec, empty,
-         torch_device, tensor, device, raw_stream, table, {consts}):
-    def plan(inputs, stream, outputs):
-{torch_head}\
-{switch}\
-        if slot.graph is not graph0:
-            return miss(inputs, stream, outputs)
-        {sources}
-        if {foreign_device}:
-            return miss(inputs, stream, outputs)
-        if {static_given}:
-            return plain(inputs, stream, outputs)
-        touch(slot.key)
-        if lane._multi_device:
-            lane._set_device()
-{caller}{run}{set_in}{alloc_out}\
-        (err,) = launch(cexec, run)
-        if err:
-            failed(err, "cudaGraphLaunch")
-{after}\
-        return {results}
     return plan
 """
 
@@ -307,6 +287,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                        "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
         fields.update(
             _replay_head(xs, consts),
+            graph_gone="graph is None", plain_way="", launched="graph",
             # an input that is not the static buffer itself must be on the engine's device
             foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
                                  for i, x in enumerate(xs)]),
@@ -331,15 +312,15 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                           "if err:", "    return plain(inputs, stream, outputs)"]
         fields.update(
             _replay_head(xs, consts),
+            graph_gone="graph is not graph0", launched="cexec",
             foreign_device=_any([f"{x}.get_device() != device" for x in xs]),
-            static_given=_any([f"src{i} == dst{i}" for i in range(n)]),
-            set_in=_indent(set_in), alloc_out=_indent(alloc_out),
+            plain_way=_indent([f"if {_any([f'src{i} == dst{i}' for i in range(n)])}:",
+                               "    return plain(inputs, stream, outputs)"]),
+            copies=_indent(set_in + alloc_out),
             # variant: "view" mode, the static outputs' views handed over (no output nodes)
             results="list(views)" if variant else f"[{', '.join(ys)}]",
         )
-        if variant:
-            fields["consts"] += ", views"
-        template = _COPYING
+        template = _REPLAY
     else:
         raise ValueError(
             f"plan kind must be one of 'prebound', 'natural', 'replay', 'copying'; got {kind!r}"
@@ -395,25 +376,21 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
     results = functools.partial(torch_results, lane, slot, view=False)
     failed = functools.partial(replay_failed, lane)
-    plain = make(
-        lane, lane._call_fast, lane._order, lane._stream, slot, graphs.cache.touch, launch, copy, ops.d2d,
-        failed, results, views, bridge.tensor,
-        lane._device, bridge.raw_stream, graphs.shortcuts, *bridge.in_dtypes, *shapes, *slot.in_ptrs,
-        *slot.in_nbytes,
-    )
+    set1d = getattr(ops.rt, "cudaGraphExecMemcpyNodeSetParams1D", None)
+    head = (lane, lane._call_fast, lane._order, lane._stream, slot, slot.graph, graphs.cache.touch, launch,
+            copy, set1d, ops.d2d, failed, results, views)
+    tail = (bridge.empty, bridge.device, bridge.tensor, lane._device, bridge.raw_stream, graphs.shortcuts,
+            *bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes)
+    plain = make(*head, None, None, *tail)
     copying = ops.copying.get(int(slot.graph))
-    view = lane._outer_graph is not None and lane._outer_graph.outputs == "view"
-    if copying is None or view != (views is not None) or len(copying.outs) != (0 if view else len(lane._out)):
+    # "view" mode hands the views over and has no output nodes; "copy" mode copies every
+    # output out through its node (the outer mode cannot change under a graph: changing it
+    # drops the graphs)
+    if copying is None or (views is None) == (not copying.outs):
         return plain
-    out_dtypes = [io.torch_dtype for io in lane._out] if copying.outs else []
-    make = _compile("copying", len(shapes), len(copying.outs), view)
-    consts = [*bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes, *copying.ins,
-              *(tuple(a.shape) for a in slot.outputs[:len(copying.outs)]), *out_dtypes,
-              *slot.out_ptrs[:len(copying.outs)], *slot.out_nbytes[:len(copying.outs)], *copying.outs]
-    if view:
-        consts.append(views)
-    return make(
-        lane, lane._call_fast, lane._order, lane._stream, slot, slot.graph, graphs.cache.touch, launch,
-        ops.rt.cudaGraphExecMemcpyNodeSetParams1D, ops.d2d, failed, plain, copying.exec, bridge.empty,
-        bridge.device, bridge.tensor, lane._device, bridge.raw_stream, graphs.shortcuts, *consts,
-    )
+    make = _compile("copying", len(shapes), len(copying.outs), views is not None)
+    m = len(copying.outs)
+    out_shapes = [tuple(a.shape) for a in slot.outputs[:m]]
+    out_dtypes = [io.torch_dtype for io in lane._out[:m]]
+    return make(*head, plain, copying.exec, *tail, *copying.ins, *out_shapes, *out_dtypes, *slot.out_ptrs[:m],
+                *slot.out_nbytes[:m], *copying.outs)
