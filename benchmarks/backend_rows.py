@@ -23,6 +23,8 @@ __all__ = [
     "python_outer_replay",
     "python_prebound",
     "torchbind",
+    "torchbind_outer_copy",
+    "torchbind_outer_replay",
 ]
 
 
@@ -116,7 +118,16 @@ def _outer_engine(wb: Workbench, mode: str, backend_name: str = "python") -> Any
 def python_outer_copy(wb: Workbench) -> Bench:
     """``engine(x)`` under ``enable_cudagraphs(engine, outer=True)``: inputs copied into the
     engine's static buffers, outputs returned as new tensors, one graph launch."""
-    engine = _outer_engine(wb, "copy")
+    return _outer_copy(wb, "python")
+
+
+def torchbind_outer_copy(wb: Workbench) -> Bench:
+    """The torchbind backend's ``engine(x)`` under the outer graph, called like ``python-outer-copy``."""
+    return _outer_copy(wb, "torchbind")
+
+
+def _outer_copy(wb: Workbench, backend_name: str) -> Bench:
+    engine = _outer_engine(wb, "copy", backend_name)
     calls: list[Callable[[], Any]] = [functools.partial(engine, x) for x in wb.tensors.inputs]
     handle, where = _current(wb)
     info = {"stream": where, "wrap": "enable_cudagraphs(engine, outer='copy')"}

@@ -279,7 +279,7 @@ class _FakeRuntime:
 
 
 class _FakeRuntimeNodes(_FakeRuntime):
-    """A runtime that also builds graphs node by node (graphs.Copying): it records the
+    """A runtime that also builds graphs node by node (trt_runtime.graphs.CopyNodes): it records the
     nodes added and the addresses set in memcpy nodes; ``refuse`` names a call that fails."""
 
     refuse: str | None = None

@@ -11,6 +11,7 @@ wait and replay is recorded with the stream it was queued on.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from trt_runtime_backends.torchbind import TorchbindBackend, runtime
 from trt_runtime_backends.torchbind.bridge import TensorInfo
 from trt_runtime_backends.torchbind.library import RuntimeLibrary
 
+from trt_runtime.graphs import build_copy_nodes
 from trt_runtime.protocols import EngineSource, TensorSpec
 
 FIELDS_2_11 = [
@@ -366,6 +368,85 @@ class FakeGraph:
                 np.copyto(out.array, fresh)
 
 
+class FakeNodeRuntime:
+    """cuda-python's runtime module for graphs built node by node (``trt_runtime.graphs.
+    CopyNodes``) over :class:`FakeGraph`\\ s: memcpy nodes really copy (``ctypes.memmove``
+    between the numpy buffers behind the addresses), a child node replays its FakeGraph.
+    ``calls`` records (name, ...) of each call; ``refuse`` names a call that fails."""
+
+    class cudaMemcpyKind:
+        cudaMemcpyDeviceToDevice = 3
+
+    def __init__(self, bridge: FakeBridge) -> None:
+        self.bridge = bridge
+        self.refuse: str | None = None
+        self.calls: list[tuple[Any, ...]] = []
+        self._ids = iter(range(9000, 10**6))
+        self.graphs: dict[int, list[list[Any]]] = {}  # graph -> its nodes: [kind, params, deps]
+        self.execs: dict[int, dict[int, list[Any]]] = {}  # exec -> node -> its params (copied)
+        self.destroyed: list[int] = []
+
+    def _answer(self, name: str, value: Any = None) -> tuple[Any, ...]:
+        self.calls.append((name,))
+        if self.refuse == name:
+            return (1,) if value is None else (1, None)
+        return (0,) if value is None else (0, value)
+
+    def cudaGraphCreate(self, flags: int) -> tuple[int, int]:
+        graph = next(self._ids)
+        self.graphs[graph] = []
+        return self._answer("cudaGraphCreate", graph)  # type: ignore[return-value]
+
+    def cudaGraphAddMemcpyNode1D(self, graph: int, deps: Any, n: int, dst: int, src: int, count: int,
+                                 kind: Any) -> tuple[int, int]:
+        node = next(self._ids)
+        self.graphs[graph].append([node, "memcpy", [dst, src, count], list(deps or ())])
+        return self._answer("cudaGraphAddMemcpyNode1D", node)  # type: ignore[return-value]
+
+    def cudaGraphAddChildGraphNode(self, graph: int, deps: Any, n: int, child: FakeGraph) -> tuple[int, int]:
+        node = next(self._ids)
+        self.graphs[graph].append([node, "child", child, list(deps)])
+        return self._answer("cudaGraphAddChildGraphNode", node)  # type: ignore[return-value]
+
+    def cudaGraphInstantiate(self, graph: int, flags: int) -> tuple[int, int]:
+        graph_exec = next(self._ids)
+        self.execs[graph_exec] = {node: [kind, list(p) if kind == "memcpy" else p]
+                                  for node, kind, p, _ in self.graphs[graph]}
+        return self._answer("cudaGraphInstantiate", graph_exec)  # type: ignore[return-value]
+
+    def cudaGraphExecMemcpyNodeSetParams1D(self, graph_exec: int, node: int, dst: int, src: int,
+                                           count: int, kind: Any) -> tuple[int]:
+        answer = self._answer("cudaGraphExecMemcpyNodeSetParams1D")
+        if not answer[0]:
+            self.execs[graph_exec][node][1] = [dst, src, count]
+        return answer  # type: ignore[return-value]
+
+    def cudaGraphLaunch(self, graph_exec: int, stream: int) -> tuple[int]:
+        """Run the nodes in the order they were added (memcpy in, child, memcpy out)."""
+        answer = self._answer("cudaGraphLaunch")
+        stream_name = next(s.name for s in (self.bridge.active_stream(0),) if id(s) == stream)
+        self.bridge.events.append(("launch nodes", stream_name))
+        for kind, params in self.execs[graph_exec].values():
+            if kind == "memcpy":
+                ctypes.memmove(params[0], params[1], params[2])
+            else:
+                params.replay()
+        return answer  # type: ignore[return-value]
+
+    def cudaGraphExecDestroy(self, graph_exec: int) -> tuple[int]:
+        self.destroyed.append(graph_exec)
+        del self.execs[graph_exec]
+        return self._answer("cudaGraphExecDestroy")  # type: ignore[return-value]
+
+    def cudaGraphDestroy(self, graph: int) -> tuple[int]:
+        self.destroyed.append(graph)
+        del self.graphs[graph]
+        return self._answer("cudaGraphDestroy")  # type: ignore[return-value]
+
+    def named(self, name: str) -> int:
+        return sum(1 for call in self.calls if call[0] == name)
+
+
 class FakeBridge:
     """A TorchBridge double: FakeTensor for tensors, numpy for host arrays, FakeStream for
     streams, FakeGraph for CUDA graphs. ``events`` records what was queued where."""
@@ -595,6 +676,26 @@ class FakeBridge:
             return None
         made = self.launcher_factory(graph)
         return made if isinstance(made, tuple) else (made, None)
+
+    #: ``copy_nodes``: None (replays copy with calls of their own) unless a test sets a
+    #: :class:`FakeNodeRuntime`, through which the nodes are then built and launched.
+    node_runtime: FakeNodeRuntime | None = None
+
+    def copy_nodes(self, graph: FakeGraph, ins: Any, outs: Any, index: int) -> Any:
+        rt = self.node_runtime
+        if rt is None:
+            return None
+
+        def placeholder(nbytes: int) -> tuple[Any, int]:
+            buffer = np.zeros(nbytes, np.uint8)
+            return buffer, buffer.ctypes.data
+
+        made = build_copy_nodes(rt, graph, ins, outs, placeholder, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice)
+        return None if made is None else (made, rt)
+
+    @staticmethod
+    def empty_like(tensor: FakeTensor) -> FakeTensor:
+        return FakeTensor(np.full_like(tensor.array, 7), tensor.device)  # not zeros: must be written
 
     @staticmethod
     def reset_graph(graph: FakeGraph) -> None:

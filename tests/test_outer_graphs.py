@@ -381,3 +381,81 @@ def test_outer_graphs_capture_runs_with_the_garbage_collector_off() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+# -- copies as graph nodes (trt_runtime.graphs.build_copy_nodes) -------------------------------
+class _NodeRecorder:
+    """cuda-python's runtime for build_copy_nodes: records calls; ``refuse`` fails one."""
+
+    cudaMemcpyKind = type("cudaMemcpyKind", (), {"cudaMemcpyDeviceToDevice": 3})
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple[Any, ...]] = []
+        self._ids = iter(range(100, 10**6))
+
+    def _made(self, name: str, *args: Any) -> tuple[int, Any]:
+        self.calls.append((name, *args))
+        return (1, None) if name == self.refuse else (0, next(self._ids))
+
+    def cudaGraphCreate(self, flags: int) -> Any:
+        return self._made("create")
+
+    def cudaGraphAddMemcpyNode1D(self, graph: int, deps: Any, n: int, dst: int, src: int, nbytes: int,
+                                 kind: int) -> Any:
+        return self._made("memcpy", tuple(deps or ()), dst, src, nbytes)
+
+    def cudaGraphAddChildGraphNode(self, graph: int, deps: Any, n: int, child: Any) -> Any:
+        return self._made("child", tuple(deps), child)
+
+    def cudaGraphInstantiate(self, graph: int, flags: int) -> Any:
+        return self._made("instantiate", graph)
+
+    def cudaGraphExecMemcpyNodeSetParams1D(self, *args: Any) -> tuple[int]:
+        return (0,)
+
+    def cudaGraphDestroy(self, graph: int) -> tuple[int]:
+        self.calls.append(("destroy", graph))
+        return (0,)
+
+    def cudaGraphExecDestroy(self, graph_exec: int) -> tuple[int]:
+        self.calls.append(("destroy exec", graph_exec))
+        return (0,)
+
+
+def test_build_copy_nodes_topology_and_refusals() -> None:
+    """memcpy in (static input <- placeholder) for each input, the captured graph as a child
+    after them, memcpy out (placeholder <- static output) after it; the placeholder as large
+    as the largest buffer and held until instantiated. None, with the built graph destroyed,
+    when CUDA refuses a step; None without asking for memory when a call is missing, there is
+    no input or a buffer is empty."""
+    from trt_runtime.graphs import build_copy_nodes
+
+    asked: list[int] = []
+
+    def placeholder(nbytes: int) -> tuple[Any, int]:
+        asked.append(nbytes)
+        return bytearray(nbytes), 7
+
+    rt = _NodeRecorder()
+    made = build_copy_nodes(rt, "captured", [(1000, 64), (2000, 32)], [(3000, 128)], placeholder, 3)
+    assert made is not None and asked == [128]
+    _create, in0, in1, child, out, inst = rt.calls
+    assert in0[1:] == ((), 1000, 7, 64) and in1[1:] == ((), 2000, 7, 32)
+    assert child[1:] == ((101, 102), "captured") and out[1:] == ((103,), 7, 3000, 128)
+    assert (made.ins, made.outs, made.exec, inst[1]) == ([101, 102], [104], 105, 100)
+    made.destroy(rt)
+    assert rt.calls[-2:] == [("destroy exec", 105), ("destroy", 100)]
+    for step in ("memcpy", "child", "instantiate"):
+        rt = _NodeRecorder(refuse=step)
+        assert build_copy_nodes(rt, "captured", [(1000, 64)], [(3000, 128)], placeholder, 3) is None
+        assert rt.calls[-1] == ("destroy", 100), step
+    asked.clear()
+    rt = _NodeRecorder()
+    rt.cudaGraphExecMemcpyNodeSetParams1D = None  # type: ignore[assignment,method-assign]  # an older runtime
+    assert build_copy_nodes(rt, "captured", [(1000, 64)], [], placeholder, 3) is None
+    rt = _NodeRecorder()
+    assert build_copy_nodes(rt, "captured", [], [(3000, 128)], placeholder, 3) is None
+    assert build_copy_nodes(rt, "captured", [(1000, 0)], [], placeholder, 3) is None
+    assert build_copy_nodes(rt, "captured", [(1000, 64)], [(3000, 0)], placeholder, 3) is None
+    assert asked == [] and rt.calls == []

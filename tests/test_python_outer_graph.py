@@ -447,7 +447,7 @@ def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch
         assert engine.graph_captures == 3 and looked_up == [(5, 4)]
 
 
-# -- copies as nodes of the graph (graphs.Copying) ----------------------------------------------
+# -- copies as nodes of the graph (trt_runtime.graphs.CopyNodes) -------------------------------------
 def _nodes_engine(refuse: str | None = None) -> Any:
     runtime = _FakeRuntimeNodes()
     runtime.refuse = refuse

@@ -3,6 +3,7 @@ stand-in: the calls it makes into torch, with the arguments torch expects."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import numpy as np
@@ -412,3 +413,79 @@ def test_torchbind_bridge_graph_launcher_launches_the_executable_graph() -> None
         _C = type("C", (), {"_cuda_getCurrentRawStream": staticmethod(lambda index: 77 + index)})
 
     assert TorchBridge(WithRaw()).raw_current_stream(1) == 78
+
+
+class _KeptGraph(_CUDAGraph):
+    """A ``torch.cuda.CUDAGraph`` of torch 2.9+: ``keep_graph``, ``instantiate()``, ``raw_cuda_graph()``."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        self.keep_graph = keep_graph
+        self.instantiated = 0
+
+    def instantiate(self) -> None:
+        self.instantiated += 1
+
+    def raw_cuda_graph(self) -> int:
+        if not self.keep_graph:
+            raise RuntimeError("the graph was not kept")
+        return 4321
+
+
+class _CudaKept(_Cuda):
+    CUDAGraph = _KeptGraph
+
+    def __init__(self) -> None:
+        self.devices: list[int] = []
+
+    def device(self, index: int) -> Any:
+        self.devices.append(index)
+        return contextlib.nullcontext()
+
+
+class _TorchKept(_TorchStandIn):
+    def __init__(self) -> None:
+        self.cuda = _CudaKept()
+        self.made: list[tuple[Any, ...]] = []
+
+    def empty(self, shape: tuple[int, ...], dtype: Any, device: str) -> Any:
+        self.made.append((shape, dtype, device))
+        tensor = _T(np.zeros(shape, np.uint8), _Dev("cuda", int(device.rpartition(":")[2])))
+        tensor.data_ptr = lambda: tensor.array.ctypes.data  # type: ignore[attr-defined]
+        return tensor
+
+
+def test_torchbind_bridge_capture_keeps_the_graph_where_torch_can() -> None:
+    """torch 2.9+: the graph is made with keep_graph=True and instantiated after the capture
+    (for copy_nodes and raw_cuda_graph_exec); an older CUDAGraph() is used as it is."""
+    graph, _ = TorchBridge(_TorchKept()).capture(lambda: [], _Stream(5))
+    assert graph.keep_graph and graph.instantiated == 1
+    graph, _ = TorchBridge(_TorchStandIn()).capture(lambda: [], _Stream(5))
+    assert type(graph) is _CUDAGraph
+
+
+def test_torchbind_bridge_copy_nodes_build_around_the_kept_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes are built (trt_runtime.graphs.build_copy_nodes) around ``raw_cuda_graph()``
+    on the engine's device, the side that changes per call on a torch tensor of the largest
+    size asked; none for a graph that torch did not keep or that has no raw_cuda_graph."""
+    rt = pytest.importorskip("cuda.bindings.runtime")
+    from trt_runtime_backends.torchbind import bridge as bridge_module
+
+    torch = _TorchKept()
+    bridge = TorchBridge(torch)
+    assert bridge.copy_nodes(object(), [(1, 4)], [], 0) is None
+    assert bridge.copy_nodes(_KeptGraph(keep_graph=False), [(1, 4)], [], 0) is None
+    seen: list[Any] = []
+
+    def build(rt_: Any, graph: Any, ins: Any, outs: Any, placeholder: Any, d2d: Any) -> str:
+        keeper, address = placeholder(96)
+        held = keeper.array
+        seen.extend([rt_, int(graph), ins, outs, held.nbytes, address == held.ctypes.data, d2d])
+        return "nodes"
+
+    monkeypatch.setattr(bridge_module, "build_copy_nodes", build)
+    made = bridge.copy_nodes(_KeptGraph(keep_graph=True), [(1, 64)], [(2, 96)], 1)
+    assert made == ("nodes", rt)
+    assert seen == [rt, 4321, [(1, 64)], [(2, 96)], 96, True, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice]
+    assert torch.made == [((96,), "uint8", "cuda:1")] and torch.cuda.devices == [1]
+    monkeypatch.setattr(bridge_module, "build_copy_nodes", lambda *args: None)
+    assert bridge.copy_nodes(_KeptGraph(keep_graph=True), [(1, 64)], [], 0) is None

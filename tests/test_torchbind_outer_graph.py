@@ -13,6 +13,7 @@ import pytest
 from _torchbind_doubles import (
     DYNAMIC_X,
     DYNAMIC_Y,
+    FakeNodeRuntime,
     FakeStream,
     FakeTensor,
     cuda,
@@ -504,3 +505,124 @@ def test_torchbind_outer_graph_copies_inputs_through_the_launchers_copy() -> Non
         engine.execute(dyn(2, 1.0))  # captured again: a new plan with the new copy
         with pytest.raises(EngineError, match=r"into its CUDA graph's static buffer failed: 700"):
             engine.execute(dyn(2, 5.0))
+
+
+# -- copies as nodes of a second graph (GraphOps.copy_nodes) ------------------------------------
+def nodes_engine(mode: str) -> tuple[Any, Any, FakeNodeRuntime]:
+    """A dynamic engine whose bridge builds copy nodes (and launches through cuda-python),
+    captured for two rows under ``outer=mode``; the caller leaves the wrap."""
+    engine, bridge = dynamic_engine()
+    rt = bridge.node_runtime = FakeNodeRuntime(bridge)
+    bridge.launcher_factory = lambda graph: (lambda stream: graph.replay())
+    engine.outer_graph = mode
+    engine.execute(dyn(2, 1.0))  # the capture (the general path: no nodes yet)
+    return engine, bridge, rt
+
+
+@pytest.mark.parametrize("mode", ["copy", "view"])
+def test_torchbind_outer_graph_replays_through_copy_nodes(mode: str) -> None:
+    """A replay sets the input node's address (and in "copy" mode the new output's) and
+    launches the built graph once, on the current stream: no copy_, no clone, no second
+    launch; the built graph is memcpy in -> the captured graph -> memcpy out, its static side
+    the static buffers; outputs are right, new tensors in "copy" mode, the static outputs in
+    "view" mode."""
+    engine, bridge, rt = nodes_engine(mode)
+    (slot,) = engine._outer_graphs.shortcuts.values()
+    (graph,) = bridge.captured
+    clones = bridge.clones  # the capturing call's
+    results = []
+    for value in (2.0, 3.0, 4.0):
+        bridge.events.clear()
+        (out,) = engine.execute(dyn(2, value))
+        assert bridge.events == [("launch nodes", "current:0")]
+        np.testing.assert_array_equal(out.array, np.full((2, 4), 2 * value, np.float32))
+        results.append(out)
+    assert rt.named("cudaGraphLaunch") == 3
+    assert rt.named("cudaGraphExecMemcpyNodeSetParams1D") == 3 * (2 if mode == "copy" else 1)
+    assert bridge.clones == clones and graph.replays == 1 + 3  # the capture's check, then the child node
+    ((_built, nodes),) = rt.graphs.items()
+    kinds = [kind for _, kind, _, _ in nodes]
+    assert kinds == (["memcpy", "child", "memcpy"] if mode == "copy" else ["memcpy", "child"])
+    (in_node, _, (dst, _, nbytes), deps), (child, _, captured, child_deps) = nodes[0], nodes[1]
+    assert dst == slot.inputs[0].data_ptr() and nbytes == slot.inputs[0].array.nbytes and deps == []
+    assert captured is graph and child_deps == [in_node]
+    if mode == "copy":
+        (_, _, (_, src, _), out_deps) = nodes[2]
+        assert src == slot.outputs[0].data_ptr() and out_deps == [child]
+        assert len({id(r) for r in results}) == 3 and all(r is not slot.outputs[0] for r in results)
+        np.testing.assert_array_equal(results[0].array, np.full((2, 4), 4.0, np.float32))  # not overwritten
+    else:
+        assert all(r is slot.outputs[0] for r in results)
+
+
+def test_torchbind_outer_graph_copy_nodes_step_aside_for_static_inputs_and_refusals() -> None:
+    """A call given the static input itself takes the plain replay (nothing to copy in); an
+    address CUDA refuses sends that call the plain way too (copy_, launch, clone); both right."""
+    engine, bridge, rt = nodes_engine("copy")
+    (slot,) = engine._outer_graphs.shortcuts.values()
+    static = slot.inputs[0]
+    static.array[...] = 5.0
+    clones = bridge.clones
+    (out,) = engine.execute(static)
+    np.testing.assert_array_equal(out.array, np.full((2, 4), 10.0, np.float32))
+    assert rt.named("cudaGraphLaunch") == 0 and bridge.clones == clones + 1
+    rt.refuse = "cudaGraphExecMemcpyNodeSetParams1D"
+    bridge.events.clear()
+    (out,) = engine.execute(dyn(2, 6.0))
+    np.testing.assert_array_equal(out.array, np.full((2, 4), 12.0, np.float32))
+    assert rt.named("cudaGraphLaunch") == 0 and ("copy", "current:0") in bridge.events
+    rt.refuse = None
+    (out,) = engine.execute(dyn(2, 7.0))  # the nodes again
+    np.testing.assert_array_equal(out.array, np.full((2, 4), 14.0, np.float32))
+    assert rt.named("cudaGraphLaunch") == 1
+
+
+def test_torchbind_outer_graph_copy_nodes_not_built_when_cuda_refuses() -> None:
+    """A build CUDA refuses leaves the replays copying with calls of their own; nothing kept."""
+    engine, bridge = dynamic_engine()
+    rt = bridge.node_runtime = FakeNodeRuntime(bridge)
+    rt.refuse = "cudaGraphAddChildGraphNode"
+    bridge.launcher_factory = lambda graph: (lambda stream: graph.replay())
+    with enable_cudagraphs(engine, outer=True):
+        engine.execute(dyn(2, 1.0))
+        (out,) = engine.execute(dyn(2, 3.0))
+    np.testing.assert_array_equal(out.array, np.full((2, 4), 6.0, np.float32))
+    assert rt.graphs == {} and rt.execs == {} and engine._graphs.copying == {}
+    assert rt.named("cudaGraphLaunch") == 0 and bridge.clones == 2  # the capturing call's, the replay's
+
+
+def test_torchbind_outer_graph_copy_nodes_released_before_their_graph() -> None:
+    """reset_graphs(), a mode change and close() destroy the built graph and its executable
+    before the captured graph is reset; an engine collected without close() destroys them too."""
+    import gc
+
+    engine, bridge, rt = nodes_engine("copy")
+    engine.execute(dyn(2, 2.0))
+    (graph,) = bridge.captured
+    assert len(rt.execs) == 1 and graph.resets == 0
+    resets_seen: list[int] = []
+    original = rt.cudaGraphExecDestroy
+
+    def destroy(graph_exec: int) -> tuple[int]:
+        resets_seen.append(graph.resets)
+        return original(graph_exec)
+
+    rt.cudaGraphExecDestroy = destroy  # type: ignore[method-assign]
+    engine.reset_graphs()
+    assert rt.execs == {} and rt.graphs == {} and resets_seen == [0] and graph.resets == 1
+    engine.execute(dyn(2, 1.0))  # captured again
+    engine.execute(dyn(2, 2.0))  # nodes again
+    assert len(rt.execs) == 1
+    engine.outer_graph = "view"  # a new mode: the graphs go
+    assert rt.execs == {}
+    engine.execute(dyn(2, 1.0))
+    engine.execute(dyn(2, 2.0))
+    assert len(rt.execs) == 1
+    engine.close()
+    assert rt.execs == {} and rt.graphs == {}
+    engine, bridge, rt = nodes_engine("copy")
+    engine.execute(dyn(2, 2.0))
+    assert len(rt.execs) == 1
+    del engine
+    gc.collect()
+    assert rt.execs == {} and rt.graphs == {}

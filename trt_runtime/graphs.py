@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 from trt_runtime.errors import SettingsError
 
-__all__ = ["DEFAULT_MAX_GRAPHS", "OUTPUT_MODES", "GraphCache", "OuterGraph"]
+__all__ = ["COPY_NODE_CALLS", "DEFAULT_MAX_GRAPHS", "OUTPUT_MODES", "CopyNodes", "GraphCache", "OuterGraph",
+           "build_copy_nodes"]
 
 #: Graphs kept per execution context by default (each holds static buffers).
 DEFAULT_MAX_GRAPHS = 32
@@ -171,3 +172,83 @@ class GraphCache(Generic[K, G]):
             "evictions": self.evictions,
             "updates": self.updates,
         }
+
+
+#: The CUDA runtime functions (cuda-python's ``cuda.bindings.runtime``) that
+#: :func:`build_copy_nodes` and a replay through its graph need.
+COPY_NODE_CALLS = ("cudaGraphCreate", "cudaGraphAddMemcpyNode1D", "cudaGraphAddChildGraphNode",
+                   "cudaGraphInstantiate", "cudaGraphExecMemcpyNodeSetParams1D", "cudaGraphDestroy")
+
+
+class CopyNodes:
+    """A captured graph with a replay's copies as nodes of a second graph: a memcpy node
+    into each static input, the captured graph as a child node after them and, for
+    ``"copy"`` mode, a memcpy node out of each static output after it. A replay sets the
+    nodes' per-call addresses (``cudaGraphExecMemcpyNodeSetParams1D``, about 1 µs each)
+    and makes one launch, where a ``cudaMemcpyAsync`` of its own costs about 5 µs of CPU
+    (measured on an H100: ``tools/gpu_copy_probe.py``, ``tools/gpu_keep_graph_probe.py``).
+    ``graph`` is the built graph (destroyed after ``exec``), ``ins``/``outs`` its memcpy
+    nodes in input and output order."""
+
+    __slots__ = ("exec", "graph", "ins", "outs")
+
+    def __init__(self, graph: Any, graph_exec: Any, ins: list[Any], outs: list[Any]) -> None:
+        self.graph = graph
+        self.exec = graph_exec
+        self.ins = ins
+        self.outs = outs
+
+    def destroy(self, rt: Any) -> None:
+        """Destroy the executable graph, then the graph (the lane's work is done)."""
+        rt.cudaGraphExecDestroy(self.exec)
+        rt.cudaGraphDestroy(self.graph)
+
+
+def build_copy_nodes(rt: Any, graph: Any, ins: Sequence[tuple[int, int]], outs: Sequence[tuple[int, int]],
+                     placeholder: Callable[[int], tuple[Any, int]], d2d: Any) -> CopyNodes | None:
+    """The :class:`CopyNodes` graph of a captured ``graph`` (a ``cudaGraph_t``; the child
+    node is a copy of it), instantiated. ``ins``: ``(address, bytes)`` of each static input,
+    ``outs`` of each static output to copy out (none: outputs handed over as they are);
+    ``rt``: cuda-python's runtime module (given: the core imports no CUDA). ``None`` when
+    ``rt`` lacks a call of :data:`COPY_NODE_CALLS`, there is no input, a buffer is empty or
+    CUDA refuses; replays then copy with calls of their own.
+
+    A node's address can later be set only to memory of the kind it was built with (pool
+    memory such as ``cudaMallocAsync``'s, or not: measured on an H100,
+    ``tools/gpu_copy_probe2.py``). So the side that changes per call (the caller's input,
+    the new output) is built on ``placeholder(nbytes)``: ``(keeper, address)`` of memory of
+    the kind the calls will bring (a torch tensor), held until the graph is instantiated."""
+    if any(getattr(rt, name, None) is None for name in COPY_NODE_CALLS):
+        return None
+    if not ins or any(nbytes <= 0 for _, nbytes in (*ins, *outs)):
+        return None
+    keeper, other = placeholder(max(nbytes for _, nbytes in (*ins, *outs)))
+    err, built = rt.cudaGraphCreate(0)
+    if err:
+        return None
+    made = None
+    try:
+        in_nodes = []
+        for ptr, nbytes in ins:
+            err, node = rt.cudaGraphAddMemcpyNode1D(built, None, 0, ptr, other, nbytes, d2d)
+            if err:
+                return None
+            in_nodes.append(node)
+        err, child = rt.cudaGraphAddChildGraphNode(built, in_nodes, len(in_nodes), graph)
+        if err:
+            return None
+        out_nodes = []
+        for ptr, nbytes in outs:
+            err, node = rt.cudaGraphAddMemcpyNode1D(built, [child], 1, other, ptr, nbytes, d2d)
+            if err:
+                return None
+            out_nodes.append(node)
+        err, graph_exec = rt.cudaGraphInstantiate(built, 0)
+        if err:
+            return None
+        made = CopyNodes(built, graph_exec, in_nodes, out_nodes)
+        return made
+    finally:
+        del keeper
+        if made is None:
+            rt.cudaGraphDestroy(built)

@@ -76,7 +76,7 @@ class Resources:
         self.context: ExecutionContext | None = None
         #: Instantiated outer CUDA graphs (destroyed before the context).
         self.graph_execs: list[Any] = []
-        #: Graphs kept for their nodes (``graphs.Copying``), destroyed after their executables.
+        #: Graphs kept for their nodes (``trt_runtime.graphs.CopyNodes``), destroyed after their executables.
         self.graphs: list[Any] = []
 
 

@@ -41,6 +41,7 @@ from trt_runtime_backends.python.output_binding import host_memory
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
 from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import CapabilityError, EngineError
+from trt_runtime.graphs import CopyNodes, build_copy_nodes
 from trt_runtime.outer import GraphSlot, OuterGraphs
 
 __all__ = ["GraphOps"]
@@ -74,8 +75,8 @@ class GraphOps:
         self.caller: int | None = None
         #: The slot being captured (set by ``bind_static`` for ``capture``).
         self.binding: GraphSlot | None = None
-        #: :class:`Copying` graphs by their executable graph's handle (``int``).
-        self.copying: dict[int, Copying] = {}
+        #: :class:`~trt_runtime.graphs.CopyNodes` graphs by their executable graph's handle (``int``).
+        self.copying: dict[int, CopyNodes] = {}
         #: ``(executable graph, the context it was captured with)``: the last graph released
         #: while its context lived on, kept for the next capture to update in place.
         self.spare: tuple[Any, Any] | None = None
@@ -114,88 +115,32 @@ class GraphOps:
         return lane._switch_fast(plan, inputs, stream, None)  # type: ignore[no-any-return]
 
 
-class Copying:
-    """A slot's captured graph with its copies as graph nodes: a memcpy node into each static
-    input before it and, in ``"copy"`` mode, one out of each static output after it. A
-    replay sets their addresses (``cudaGraphExecMemcpyNodeSetParams1D``, about 1 µs each)
-    and makes one launch, where separate ``cudaMemcpyAsync`` calls cost about 5 µs each
-    (measured on an H100: ``tools/gpu_copy_probe.py``). ``graph`` is the built graph (its
-    nodes must outlive ``exec``), ``ins``/``outs`` the memcpy nodes."""
-
-    __slots__ = ("exec", "graph", "ins", "outs")
-
-    def __init__(self, graph: Any, graph_exec: Any, ins: list[Any], outs: list[Any]) -> None:
-        self.graph = graph
-        self.exec = graph_exec
-        self.ins = ins
-        self.outs = outs
-
-
-#: The CUDA runtime functions a :class:`Copying` graph needs.
-_COPYING_CALLS = ("cudaGraphCreate", "cudaGraphAddMemcpyNode1D", "cudaGraphAddChildGraphNode",
-                  "cudaGraphExecMemcpyNodeSetParams1D")
-
-
-def build_copying(lane: Any, graph: Any, slot: GraphSlot, copy_out: bool) -> Copying | None:
-    """The :class:`Copying` graph of ``slot``'s captured ``graph`` (a child graph node between
-    the memcpy nodes), instantiated; ``None`` when the lane has seen no torch tensor (the
-    replays through nodes take torch tensors), this CUDA runtime lacks a call it needs, a
-    buffer is empty or CUDA refuses (replays then copy with ``cudaMemcpyAsync``).
-
-    A node's address can later be set only to memory of the kind it was built with (memory
-    from a pool, as cuda.core's static buffers are, or not: measured on an H100,
-    ``tools/gpu_copy_probe2.py``). So the side that changes per call (the caller's input,
-    the new output) is built on a torch tensor made for the purpose and freed after the
-    instantiation; the static side stays the static buffer."""
-    rt = lane._rt
+def build_copying(lane: Any, graph: Any, slot: GraphSlot, copy_out: bool) -> CopyNodes | None:
+    """The :class:`~trt_runtime.graphs.CopyNodes` graph of ``slot``'s captured ``graph``;
+    ``None`` when the lane has seen no torch tensor (the replays through nodes take torch
+    tensors) or :func:`~trt_runtime.graphs.build_copy_nodes` makes none (replays then copy
+    with ``cudaMemcpyAsync``). The static side of each node is the static buffer (cuda.core
+    pool memory); the side that changes per call is built on a torch tensor."""
     bridge = lane._torch
     torch = torch_module()
     if bridge.empty is None or torch is None:
         return None
-    if any(getattr(rt, name, None) is None for name in _COPYING_CALLS):
-        return None
+
+    def placeholder(nbytes: int) -> tuple[Any, int]:
+        tensor = bridge.empty((nbytes,), dtype=torch.uint8, device=bridge.device)
+        return tensor, tensor.data_ptr()
+
     outs = list(zip(slot.out_ptrs, slot.out_nbytes, strict=True)) if copy_out else []
-    ins = list(zip(slot.in_ptrs, slot.in_nbytes, strict=True))
-    if not ins or any(nbytes <= 0 for _, nbytes in ins + outs):
-        return None
-    d2d = lane._graphs.d2d
-    largest = max(nbytes for _, nbytes in ins + outs)
-    placeholder = bridge.empty((largest,), dtype=torch.uint8, device=bridge.device)
-    other = placeholder.data_ptr()
-    err, built = rt.cudaGraphCreate(0)
-    if err:
-        return None
-    ok = False
-    try:
-        in_nodes = []
-        for ptr, nbytes in ins:
-            err, node = rt.cudaGraphAddMemcpyNode1D(built, None, 0, ptr, other, nbytes, d2d)
-            if err:
-                return None
-            in_nodes.append(node)
-        err, child = rt.cudaGraphAddChildGraphNode(built, in_nodes, len(in_nodes), graph)
-        if err:
-            return None
-        out_nodes = []
-        for ptr, nbytes in outs:
-            err, node = rt.cudaGraphAddMemcpyNode1D(built, [child], 1, other, ptr, nbytes, d2d)
-            if err:
-                return None
-            out_nodes.append(node)
-        err, graph_exec = rt.cudaGraphInstantiate(built, 0)
-        if err:
-            return None
-        ok = True
-    finally:
-        if not ok:
-            rt.cudaGraphDestroy(built)
-    lane._res.graph_execs.append(graph_exec)
-    lane._res.graphs.append(built)
-    return Copying(built, graph_exec, in_nodes, out_nodes)
+    copying = build_copy_nodes(lane._rt, graph, list(zip(slot.in_ptrs, slot.in_nbytes, strict=True)), outs,
+                               placeholder, lane._graphs.d2d)
+    if copying is not None:
+        lane._res.graph_execs.append(copying.exec)
+        lane._res.graphs.append(copying.graph)
+    return copying
 
 
 def drop_copying(lane: Any, graph_exec: Any) -> None:
-    """Destroy the :class:`Copying` graph made for ``graph_exec``, if any."""
+    """Destroy the :class:`~trt_runtime.graphs.CopyNodes` graph made for ``graph_exec``, if any."""
     copying = lane._graphs.copying.pop(int(graph_exec), None)
     if copying is None:
         return
@@ -418,7 +363,7 @@ def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
 def destroy_graph(lane: Any, graph: Any) -> None:
     """Keep the released ``graph`` as the lane's spare while its context lives on (the
     spare it replaces is destroyed); destroy it when the context is gone. Its
-    :class:`Copying` graph goes either way (the next capture builds its own)."""
+    :class:`~trt_runtime.graphs.CopyNodes` graph goes either way (the next capture builds its own)."""
     drop_copying(lane, graph)
     context = lane._context
     if context is not None and getattr(lane._rt, "cudaGraphExecUpdate", None) is not None:

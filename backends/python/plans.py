@@ -24,7 +24,7 @@ Three kinds, each checking exactly what the table lookup they replace checked:
   under the outer graph, replayed. Inputs of another shape captured before go straight
   to that slot's plan (a dynamic engine fed shapes in turn switches plans on every call).
   Its ``copying`` form (same template) copies through memcpy nodes of a second graph
-  (``graphs.Copying``) and hands calls given a static buffer to the plain form.
+  (``trt_runtime.graphs.CopyNodes``) and hands calls given a static buffer to the plain form.
 
 A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
 dropping a context (``execution_context.drop_context``) releases it then and there,
@@ -141,7 +141,7 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 
 # the replay of a captured slot; two kinds share it. "replay": copies each input that is not
 # its static buffer with cudaMemcpyAsync and launches the captured graph. "copying": the
-# slot's copies are nodes of a second graph (graphs.Copying): each input's address set in
+# slot's copies are nodes of a second graph (trt_runtime.graphs.CopyNodes): each input's address set in
 # its memcpy node, each output made and its address set, one launch of that graph; a call
 # with an input that is its static buffer itself goes to the slot's "replay" plan (plain).
 _REPLAY = """\
@@ -365,7 +365,7 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
 def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> Plan:
     """The plan of a captured outer-graph ``slot`` for torch inputs of ``shapes``: its
     static outputs handed back when it has views of them (``"view"``), else copies; the
-    copies made by the memcpy nodes of the slot's :class:`.graphs.Copying` graph when it
+    copies made by the memcpy nodes of the slot's :class:`~trt_runtime.graphs.CopyNodes` graph when it
     has one (inputs that are the static buffers themselves go the plain way)."""
     from trt_runtime_backends.python.graphs import replay_failed, torch_results
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from trt_runtime.contract import stream_handle
 from trt_runtime.errors import EngineError
+from trt_runtime.graphs import CopyNodes, build_copy_nodes
 
 __all__ = ["LaneStream", "TensorInfo", "TorchBridge"]
 
@@ -73,6 +74,9 @@ class TorchBridge:
         self._execute_op: Any = None
         #: torch's C-level current-stream setter (what ``torch.cuda.set_stream`` calls).
         self._set_stream: Any = getattr(getattr(torch_module, "_C", None), "_cuda_setStream", None)
+        #: ``torch.empty_like``: a new tensor like the one given, on the current stream (no
+        #: wrapper: the replays through copy nodes make their outputs with it).
+        self.empty_like: Callable[[Any], Any] | None = getattr(torch_module, "empty_like", None)
 
     # -- the namespaces the runtime library registers ----------------------------------
     @property
@@ -354,9 +358,14 @@ class TorchBridge:
         threads; their CUDA calls must not invalidate this thread's capture.
         """
         cuda = self.torch.cuda
-        graph = cuda.CUDAGraph()
+        try:  # the graph itself kept (torch 2.9+), for copy_nodes
+            graph, kept = cuda.CUDAGraph(keep_graph=True), True
+        except TypeError:
+            graph, kept = cuda.CUDAGraph(), False
         with cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             result = fn()
+        if kept:  # a kept graph is instantiated on request (raw_cuda_graph_exec needs it)
+            graph.instantiate()
         return graph, result
 
     @staticmethod
@@ -397,6 +406,37 @@ class TorchBridge:
             return memcpy(dst, src, nbytes, d2d, stream)[0]
 
         return run, copy
+
+    def copy_nodes(self, graph: Any, ins: Sequence[tuple[int, int]], outs: Sequence[tuple[int, int]],
+                   index: int) -> tuple[CopyNodes, Any] | None:
+        """The replay copies of ``graph`` as memcpy nodes around it
+        (:func:`trt_runtime.graphs.build_copy_nodes`; ``ins``/``outs``: ``(address, bytes)``
+        of the static inputs and of the static outputs to copy out), with cuda-python's
+        runtime module that sets their addresses and launches them. ``None`` without
+        cuda-python, for a graph torch did not keep (``raw_cuda_graph``), or when CUDA
+        refuses. The side that changes per call is built on a torch tensor, the kind of
+        memory the calls bring."""
+        raw_of = getattr(graph, "raw_cuda_graph", None)
+        if raw_of is None:
+            return None
+        try:
+            from cuda.bindings import runtime as rt
+        except ImportError:
+            return None
+        try:
+            raw = int(raw_of())
+        except RuntimeError:  # captured without keep_graph
+            return None
+        torch = self.torch
+
+        def placeholder(nbytes: int) -> tuple[Any, int]:
+            tensor = torch.empty((nbytes,), dtype=torch.uint8, device=f"cuda:{index}")
+            return tensor, tensor.data_ptr()
+
+        with self.device_scope(index):
+            made = build_copy_nodes(rt, rt.cudaGraph_t(raw), ins, outs, placeholder,
+                                    rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice)
+        return None if made is None else (made, rt)
 
     @staticmethod
     def reset_graph(graph: Any) -> None:

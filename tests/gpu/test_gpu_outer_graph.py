@@ -212,7 +212,7 @@ def test_outer_graph_recapture_updates_the_released_graph(open_engine, name) -> 
 
 
 def _plain_execs(engine: Any) -> list[Any]:
-    """The lane's executable graphs other than the copying ones (graphs.Copying)."""
+    """The lane's executable graphs other than the copying ones (trt_runtime.graphs.CopyNodes)."""
     copying = {int(c.exec) for c in engine._graphs.copying.values()}
     return [e for e in engine._res.graph_execs if int(e) not in copying]
 

@@ -606,47 +606,84 @@ def test_gpu_torchbind_outer_graph_equals_eager(
     assert engine.native_context_creations in (None, 1)  # None: before 2.13
 
 
+class _RuntimeSpy:
+    """cuda-python's runtime module as the copy nodes see it, counting the calls of a replay."""
+
+    def __init__(self, rt: Any) -> None:
+        self._rt = rt
+        self.counts: dict[str, int] = {}
+        self.lock = __import__("threading").Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._rt, name)
+        if not name.startswith("cudaGraph"):
+            return target
+
+        def counted(*args: Any) -> Any:
+            with self.lock:
+                self.counts[name] = self.counts.get(name, 0) + 1
+            return target(*args)
+
+        return counted
+
+
+@pytest.mark.parametrize("mode", ["copy", "view"])
 @pytest.mark.parametrize("threads", [1, 4])
-def test_gpu_torchbind_outer_replays_launch_and_copy_once_per_call(
-    open_torchbind: Any, torch: Any, monkeypatch: pytest.MonkeyPatch, threads: int
+def test_gpu_torchbind_outer_replays_through_copy_nodes(
+    open_torchbind: Any, torch: Any, monkeypatch: pytest.MonkeyPatch, threads: int, mode: str
 ) -> None:
-    """A replay launches the graph and copies its input through cuda-python (the bridge's
-    ``graph_launcher``), once each per call, from any thread; outputs equal eager ones."""
+    """A replay copies through memcpy nodes around torch's kept graph (the bridge's
+    ``copy_nodes``): per call one address update per input (and per output in "copy" mode)
+    and one launch of the built graph, from any thread, and neither the graph launcher's
+    copy nor its launch. Outputs equal eager ones; "copy" outputs are new tensors that later
+    replays leave alone. A call given the static input itself launches torch's graph."""
     import threading
 
     from trt_runtime_backends.torchbind.bridge import TorchBridge
 
     from trt_runtime import enable_cudagraphs
 
-    counts = {"launch": 0, "copy": 0}
-    made = TorchBridge.graph_launcher
+    spies: list[_RuntimeSpy] = []
+    made_nodes = TorchBridge.copy_nodes
+
+    def spied_nodes(self: Any, graph: Any, ins: Any, outs: Any, index: int) -> Any:
+        made = made_nodes(self, graph, ins, outs, index)
+        assert made is not None, "this torch and cuda-python give copy nodes"
+        spies.append(_RuntimeSpy(made[1]))
+        return made[0], spies[-1]
+
+    plain = {"launch": 0, "copy": 0}
+    made_launcher = TorchBridge.graph_launcher
 
     def counting(graph: Any) -> Any:
-        pair = made(graph)
-        assert pair is not None, "this torch and cuda-python give a launcher"
-        launch, copy = pair
+        launch, copy = made_launcher(graph)
 
         def counted_launch(stream: int) -> None:
-            counts["launch"] += 1
+            plain["launch"] += 1
             launch(stream)
 
         def counted_copy(dst: int, src: int, nbytes: int, stream: int) -> Any:
-            counts["copy"] += 1
+            plain["copy"] += 1
             return copy(dst, src, nbytes, stream)
 
         return counted_launch, counted_copy
 
+    monkeypatch.setattr(TorchBridge, "copy_nodes", spied_nodes)
     monkeypatch.setattr(TorchBridge, "graph_launcher", staticmethod(counting))
     engine, built = open_torchbind("mlp_fp16")
     xs = [_input(torch, built, seed=seed) for seed in range(4)]
     eager = [engine(x).clone() for x in xs]
     results: dict[int, list[Any]] = {}
-    with enable_cudagraphs(engine, outer="copy"):
+    with enable_cudagraphs(engine, outer=mode):
         engine(xs[0])  # the capture
-        before = dict(counts)
 
         def body(index: int) -> None:
-            results[index] = [engine(x) for x in xs]
+            results[index] = []
+            for x, want in zip(xs, eager, strict=True):
+                y = engine(x)
+                if mode == "view" and threads == 1:  # the static output, until the next replay
+                    _same(torch, y, want)
+                results[index].append(y)
             torch.cuda.current_stream().synchronize()
 
         workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
@@ -654,13 +691,20 @@ def test_gpu_torchbind_outer_replays_launch_and_copy_once_per_call(
             worker.start()
         for worker in workers:
             worker.join()
-    torch.cuda.synchronize()
-    replays = threads * len(xs)
-    assert counts["launch"] - before["launch"] == replays
-    assert counts["copy"] - before["copy"] == replays
-    for index in range(threads):
-        for got, want in zip(results[index], eager, strict=True):
-            _same(torch, got, want)
+        torch.cuda.synchronize()
+        (spy,) = spies
+        replays = threads * len(xs)
+        assert spy.counts.get("cudaGraphLaunch") == replays
+        assert spy.counts.get("cudaGraphExecMemcpyNodeSetParams1D") == replays * (2 if mode == "copy" else 1)
+        assert plain == {"launch": 0, "copy": 0}
+        if mode == "copy":
+            for index in range(threads):
+                for got, want in zip(results[index], eager, strict=True):
+                    _same(torch, got, want)
+        (static,) = engine.static_inputs(tuple(xs[0].shape))
+        static.copy_(xs[1])
+        _same(torch, engine(static), eager[1])
+        assert plain == {"launch": 1, "copy": 0} and spy.counts["cudaGraphLaunch"] == replays
 
 
 def _needs_strategies(engine_or_backend: Any) -> None:
