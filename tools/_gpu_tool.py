@@ -28,3 +28,21 @@ def write_json(out: str, name: str, document: Any) -> Path:
     path = Path(out, name)
     path.write_text(json.dumps(document, indent=1))
     return path
+
+
+def timing_parser(doc: str | None) -> argparse.ArgumentParser:
+    """:func:`parser` with the timing options of the probes: ``--repeats`` samples of
+    ``--number`` calls each."""
+    made = parser(doc)
+    made.add_argument("--repeats", type=int, default=30)
+    made.add_argument("--number", type=int, default=200)
+    return made
+
+
+def ok(result: Any, what: str) -> Any:
+    """The value of a cuda-python call's ``(error, value...)`` tuple; RuntimeError naming
+    ``what`` for an error."""
+    err = result[0]
+    if int(err):
+        raise RuntimeError(f"{what}: {err!r}")
+    return result[1] if len(result) == 2 else result[1:]

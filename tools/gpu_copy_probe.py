@@ -13,24 +13,16 @@ from __future__ import annotations
 
 import statistics
 import timeit
-from typing import Any
 
 import _gpu_tool
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _gpu_tool.parser(__doc__)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--number", type=int, default=200)
-    args = parser.parse_args(argv)
+    args = _gpu_tool.timing_parser(__doc__).parse_args(argv)
     import torch
     from cuda.bindings import runtime as rt
 
-    def ok(result: Any, what: str) -> Any:
-        err = result[0]
-        if int(err):
-            raise RuntimeError(f"{what}: {err!r}")
-        return result[1] if len(result) == 2 else result[1:]
+    ok = _gpu_tool.ok
 
     d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     dev = torch.device("cuda")

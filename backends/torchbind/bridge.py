@@ -386,13 +386,10 @@ class TorchBridge:
         ``replay()`` does after its bookkeeping for random-number generators, which a
         TensorRT graph has no use for. ``None`` without cuda-python, or for a torch whose
         ``CUDAGraph`` has no ``raw_cuda_graph_exec``."""
-        exec_of = getattr(graph, "raw_cuda_graph_exec", None)
-        if exec_of is None:
+        found = _with_runtime(graph, "raw_cuda_graph_exec")
+        if found is None:
             return None
-        try:
-            from cuda.bindings import runtime as rt
-        except ImportError:
-            return None
+        exec_of, rt = found
         launch, memcpy = rt.cudaGraphLaunch, rt.cudaMemcpyAsync
         handle = rt.cudaGraphExec_t(int(exec_of()))  # made once, not per launch
         d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
@@ -416,13 +413,10 @@ class TorchBridge:
         cuda-python, for a graph torch did not keep (``raw_cuda_graph``), or when CUDA
         refuses. The side that changes per call is built on a torch tensor, the kind of
         memory the calls bring."""
-        raw_of = getattr(graph, "raw_cuda_graph", None)
-        if raw_of is None:
+        found = _with_runtime(graph, "raw_cuda_graph")
+        if found is None:
             return None
-        try:
-            from cuda.bindings import runtime as rt
-        except ImportError:
-            return None
+        raw_of, rt = found
         try:
             raw = int(raw_of())
         except RuntimeError:  # captured without keep_graph
@@ -499,3 +493,16 @@ def _destroy_stream(rt: Any, handle: Any) -> None:
         rt.cudaStreamDestroy(handle)  # pending work still completes
     except Exception:  # a dying process; nothing to report to
         pass
+
+
+def _with_runtime(graph: Any, method: str) -> tuple[Callable[[], Any], Any] | None:
+    """``graph``'s ``method`` (a ``torch.cuda.CUDAGraph`` accessor of its raw handles) and
+    cuda-python's runtime module; ``None`` when this torch lacks the one or cuda-python the other."""
+    accessor = getattr(graph, method, None)
+    if accessor is None:
+        return None
+    try:
+        from cuda.bindings import runtime as rt
+    except ImportError:
+        return None
+    return accessor, rt
