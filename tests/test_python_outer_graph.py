@@ -484,6 +484,36 @@ def test_python_outer_graph_copy_mode_copies_through_graph_nodes(torch: FakeTorc
         assert len({y.data_ptr() for y in outs}) == 3  # new tensors, not the static output
 
 
+def test_python_outer_graph_copy_nodes_set_only_addresses_that_changed(torch: FakeTorch) -> None:
+    """A node whose changing side is the address it already has is not set again (an input
+    buffer reused call after call); an address CUDA refused is not remembered."""
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="copy"):
+        x = torch.cuda_tensor((2, 4))
+        engine(x)  # the capture
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        copying = engine._graphs.copying[int(slot.graph)]
+        (node_in,), (node_out,) = copying.ins, copying.outs
+        kept = []
+        for expected in ([node_in, node_out], [node_out], [node_out]):
+            rt.calls.clear()
+            kept.append(engine(x))  # kept: each output at a new address
+            assert [c[2] for c in rt.calls if c[0] == "set_copy"] == expected
+            assert rt.calls[-1][0] == "launch"
+        assert copying.last == [x.data_ptr(), kept[-1].data_ptr()]
+        other = torch.cuda_tensor((2, 4))
+        rt.calls.clear()
+        engine(other)
+        assert [c[2] for c in rt.calls if c[0] == "set_copy"] == [node_in, node_out]
+        rt.refuse = "cudaGraphExecMemcpyNodeSetParams1D"
+        engine(x)  # refused: the plain way
+        assert copying.last[0] is None
+        rt.refuse = None
+        rt.calls.clear()
+        engine(x)
+        assert [c[2] for c in rt.calls if c[0] == "set_copy"] == [node_in, node_out]
+
+
 def test_python_outer_graph_static_input_replays_the_plain_graph(torch: FakeTorch) -> None:
     """An input that is its static buffer itself needs no copy in: the plain graph runs
     (a memcpy node from a buffer into itself would overlap), the output copied out."""

@@ -531,15 +531,24 @@ def test_torchbind_outer_graph_replays_through_copy_nodes(mode: str) -> None:
     (graph,) = bridge.captured
     clones = bridge.clones  # the capturing call's
     results = []
-    for value in (2.0, 3.0, 4.0):
+    xs = [dyn(2, value) for value in (2.0, 3.0, 4.0)]  # kept: each at an address of its own
+    for x, value in zip(xs, (2.0, 3.0, 4.0), strict=True):
         bridge.events.clear()
-        (out,) = engine.execute(dyn(2, value))
+        (out,) = engine.execute(x)
         assert bridge.events == [("launch nodes", "current:0")]
         np.testing.assert_array_equal(out.array, np.full((2, 4), 2 * value, np.float32))
         results.append(out)
     assert rt.named("cudaGraphLaunch") == 3
-    assert rt.named("cudaGraphExecMemcpyNodeSetParams1D") == 3 * (2 if mode == "copy" else 1)
-    assert bridge.clones == clones and graph.replays == 1 + 3  # the capture's check, then the child node
+    per_call = 2 if mode == "copy" else 1
+    assert rt.named("cudaGraphExecMemcpyNodeSetParams1D") == 3 * per_call
+    xs[-1].array[...] = 5.0  # the same buffer again: its node already reads it, not set again
+    (out,) = engine.execute(xs[-1])
+    np.testing.assert_array_equal(out.array, np.full((2, 4), 10.0, np.float32))
+    assert rt.named("cudaGraphExecMemcpyNodeSetParams1D") == 3 * per_call + per_call - 1
+    first = 4.0 if mode == "copy" else 10.0  # "copy": not overwritten; "view": the static output
+    np.testing.assert_array_equal(results[0].array, np.full((2, 4), first, np.float32))
+    results.append(out)
+    assert bridge.clones == clones and graph.replays == 1 + 4  # the capture's check, then the child node
     ((_built, nodes),) = rt.graphs.items()
     kinds = [kind for _, kind, _, _ in nodes]
     assert kinds == (["memcpy", "child", "memcpy"] if mode == "copy" else ["memcpy", "child"])
@@ -549,8 +558,7 @@ def test_torchbind_outer_graph_replays_through_copy_nodes(mode: str) -> None:
     if mode == "copy":
         (_, _, (_, src, _), out_deps) = nodes[2]
         assert src == slot.outputs[0].data_ptr() and out_deps == [child]
-        assert len({id(r) for r in results}) == 3 and all(r is not slot.outputs[0] for r in results)
-        np.testing.assert_array_equal(results[0].array, np.full((2, 4), 4.0, np.float32))  # not overwritten
+        assert len({id(r) for r in results}) == 4 and all(r is not slot.outputs[0] for r in results)
     else:
         assert all(r is slot.outputs[0] for r in results)
 

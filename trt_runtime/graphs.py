@@ -188,15 +188,18 @@ class CopyNodes:
     and makes one launch, where a ``cudaMemcpyAsync`` of its own costs about 5 µs of CPU
     (measured on an H100: ``tools/gpu_copy_probe.py``, ``tools/gpu_keep_graph_probe.py``).
     ``graph`` is the built graph (destroyed after ``exec``), ``ins``/``outs`` its memcpy
-    nodes in input and output order."""
+    nodes in input and output order. ``last``: the address on the changing side that each
+    node (inputs, then outputs) was last set to in ``exec`` (``None``: unknown), so that a
+    replay sets only what differs."""
 
-    __slots__ = ("exec", "graph", "ins", "outs")
+    __slots__ = ("exec", "graph", "ins", "last", "outs")
 
     def __init__(self, graph: Any, graph_exec: Any, ins: list[Any], outs: list[Any]) -> None:
         self.graph = graph
         self.exec = graph_exec
         self.ins = ins
         self.outs = outs
+        self.last: list[int | None] = [None] * (len(ins) + len(outs))
 
     def destroy(self, rt: Any) -> None:
         """Destroy the executable graph, then the graph (the lane's work is done)."""

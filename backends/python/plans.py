@@ -146,7 +146,7 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 # with an input that is its static buffer itself goes to the slot's "replay" plan (plain).
 _REPLAY = """\
 def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, failed, results, views, plain,
-         cexec, empty, torch_device, tensor, device, raw_stream, table, {consts}):
+         cexec, last, empty, torch_device, tensor, device, raw_stream, table, {consts}):
     def plan(inputs, stream, outputs):
 {torch_head}\
 {switch}\
@@ -220,6 +220,20 @@ def _replay_head(xs: list[str], consts: list[str]) -> dict[str, str]:
         "sources": "; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
         "caller": _CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
     }
+
+
+def _node_update(node: str, dst: str, src: str, nbytes: str, index: int) -> list[str]:
+    """Lines setting memcpy ``node`` to copy ``nbytes`` from ``src`` to ``dst`` unless the
+    side that changes per call (``src`` for an input node, ``dst`` for an output node) is
+    what ``last[index]`` says the node already has; a refused address sends the call the
+    plain way (and is not remembered)."""
+    changing = src if node.startswith("nin") else dst
+    return [f"if {changing} != last[{index}]:",
+            f"    (err,) = set1d(cexec, {node}, {dst}, {src}, {nbytes}, d2d)",
+            "    if err:",
+            f"        last[{index}] = None",
+            "        return plain(inputs, stream, outputs)",
+            f"    last[{index}] = {changing}"]
 
 
 def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) -> str:
@@ -301,15 +315,16 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                   + _names("nout", m))
         # CUDA refuses an address of another kind of memory than the node was built with
         # (graphs.build_copying): that call takes the plain way, copying with cudaMemcpyAsync
+        # a node's address is set only when it differs from the one set last (``last``, kept
+        # with the executable graph): a caller that reuses its input buffer, or gets its
+        # output at the address of the last one freed, makes no update call for it
         set_in = []
         for i in range(n):
-            set_in += [f"(err,) = set1d(cexec, nin{i}, dst{i}, src{i}, nb{i}, d2d)",
-                       "if err:", "    return plain(inputs, stream, outputs)"]
+            set_in += _node_update(f"nin{i}", f"dst{i}", f"src{i}", f"nb{i}", i)
         alloc_out = []
         for j, y in enumerate(ys):
-            alloc_out += [f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)",
-                          f"(err,) = set1d(cexec, nout{j}, {y}.data_ptr(), so{j}, onb{j}, d2d)",
-                          "if err:", "    return plain(inputs, stream, outputs)"]
+            alloc_out += [f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)", f"p = {y}.data_ptr()",
+                          *_node_update(f"nout{j}", "p", f"so{j}", f"onb{j}", n + j)]
         fields.update(
             _replay_head(xs, consts),
             graph_gone="graph is not graph0", launched="cexec",
@@ -381,7 +396,7 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
             copy, set1d, ops.d2d, failed, results, views)
     tail = (bridge.empty, bridge.device, bridge.tensor, lane._device, bridge.raw_stream, graphs.shortcuts,
             *bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes)
-    plain = make(*head, None, None, *tail)
+    plain = make(*head, None, None, None, *tail)
     copying = ops.copying.get(int(slot.graph))
     # "view" mode hands the views over and has no output nodes; "copy" mode copies every
     # output out through its node (the outer mode cannot change under a graph: changing it
@@ -392,5 +407,5 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     m = len(copying.outs)
     out_shapes = [tuple(a.shape) for a in slot.outputs[:m]]
     out_dtypes = [io.torch_dtype for io in lane._out[:m]]
-    return make(*head, plain, copying.exec, *tail, *copying.ins, *out_shapes, *out_dtypes, *slot.out_ptrs[:m],
-                *slot.out_nbytes[:m], *copying.outs)
+    return make(*head, plain, copying.exec, copying.last, *tail, *copying.ins, *out_shapes, *out_dtypes,
+                *slot.out_ptrs[:m], *slot.out_nbytes[:m], *copying.outs)

@@ -135,8 +135,8 @@ class GraphOps:
         inputs are then copied with the launcher's device copy too (one cuda-python call
         instead of a torch operation). Where the copies can be nodes of a second graph
         (:meth:`copy_nodes`), a call whose inputs are none of the static inputs sets the
-        nodes' addresses (the new outputs' too, made with ``empty_like``) and launches that
-        graph once: about 8 µs against 16 to 20 for copy, launch and clone (H100,
+        nodes' addresses where they changed (the new outputs' too, made with ``empty_like``)
+        and launches that graph once: about 8 µs against 16 to 20 for copy, launch and clone (H100,
         ``tools/gpu_keep_graph_probe.py``); an address CUDA refuses sends that call the
         other way. ``current`` is what the lane's ``_last_stream`` is set to (torch's
         current stream)."""
@@ -162,6 +162,7 @@ class GraphOps:
         targets = tuple((s, s.data_ptr(), s.numel() * s.element_size()) for s in statics)
         ops = self
         cexec: Any = None
+        last: list[int | None] = []
         set1d: Any = None
         launch_nodes: Any = None
         d2d: Any = None
@@ -171,7 +172,7 @@ class GraphOps:
         nodes = None if launch is None or bridge.empty_like is None else self.copy_nodes(slot, view)
         if nodes is not None:
             made, rt = nodes
-            cexec, in_nodes, empty_like = made.exec, made.ins, bridge.empty_like
+            cexec, in_nodes, empty_like, last = made.exec, made.ins, bridge.empty_like, made.last
             set1d, launch_nodes = rt.cudaGraphExecMemcpyNodeSetParams1D, rt.cudaGraphLaunch
             d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
             # each output node with its static output, address and size
@@ -209,19 +210,30 @@ class GraphOps:
                 if raw != ops.last_raw:
                     ops.follow(bridge.current_stream(device))
                     ops.last_raw = raw
-            if cexec is not None:  # through the copy nodes: addresses set, one launch
+            if cexec is not None:  # through the copy nodes: addresses set where they changed, one launch
                 ok = True
-                for node, (static, dst, nbytes), x in zip(in_nodes, targets, inputs):  # noqa: B905
-                    if x is static or set1d(cexec, node, dst, x.data_ptr(), nbytes, d2d)[0]:
-                        ok = False  # a static input given, or an address CUDA refuses
+                for i, node, (static, dst, nbytes), x in zip(range(n), in_nodes, targets, inputs):  # noqa: B905
+                    if x is static:  # the caller filled the static input: nothing to copy in
+                        ok = False
                         break
-                if ok:
-                    results = list(outputs) if view else []
-                    for node, o, src, nbytes in out_nodes:
-                        y = empty_like(o)
-                        if set1d(cexec, node, y.data_ptr(), src, nbytes, d2d)[0]:
+                    p = x.data_ptr()
+                    if p != last[i]:
+                        if set1d(cexec, node, dst, p, nbytes, d2d)[0]:  # an address CUDA refuses
+                            last[i] = None
                             ok = False
                             break
+                        last[i] = p
+                if ok:
+                    results = list(outputs) if view else []
+                    for i, (node, o, src, nbytes) in enumerate(out_nodes, n):
+                        y = empty_like(o)
+                        p = y.data_ptr()
+                        if p != last[i]:
+                            if set1d(cexec, node, p, src, nbytes, d2d)[0]:
+                                last[i] = None
+                                ok = False
+                                break
+                            last[i] = p
                         results.append(y)
                 if ok:
                     (err,) = launch_nodes(cexec, raw)

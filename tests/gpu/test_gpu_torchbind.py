@@ -634,9 +634,10 @@ def test_gpu_torchbind_outer_replays_through_copy_nodes(
 ) -> None:
     """A replay copies through memcpy nodes around torch's kept graph (the bridge's
     ``copy_nodes``): per call one address update per input (and per output in "copy" mode)
-    and one launch of the built graph, from any thread, and neither the graph launcher's
-    copy nor its launch. Outputs equal eager ones; "copy" outputs are new tensors that later
-    replays leave alone. A call given the static input itself launches torch's graph."""
+    whose address changed since the last call, and one launch of the built graph, from any
+    thread, and neither the graph launcher's copy nor its launch. Outputs equal eager ones;
+    "copy" outputs are new tensors that later replays leave alone. A call given the static
+    input itself launches torch's graph."""
     import threading
 
     from trt_runtime_backends.torchbind.bridge import TorchBridge
@@ -695,7 +696,12 @@ def test_gpu_torchbind_outer_replays_through_copy_nodes(
         (spy,) = spies
         replays = threads * len(xs)
         assert spy.counts.get("cudaGraphLaunch") == replays
-        assert spy.counts.get("cudaGraphExecMemcpyNodeSetParams1D") == replays * (2 if mode == "copy" else 1)
+        per_call = 2 if mode == "copy" else 1
+        updates = spy.counts.get("cudaGraphExecMemcpyNodeSetParams1D", 0)
+        if threads == 1:  # each call's input differs from the last one's (and outputs are kept)
+            assert updates == replays * per_call
+        else:  # two threads may call with the same input one after the other: not set again
+            assert replays * (per_call - 1) < updates <= replays * per_call
         assert plain == {"launch": 0, "copy": 0}
         if mode == "copy":
             for index in range(threads):
