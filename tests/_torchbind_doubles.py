@@ -690,8 +690,7 @@ class FakeBridge:
             buffer = np.zeros(nbytes, np.uint8)
             return buffer, buffer.ctypes.data
 
-        made = build_copy_nodes(rt, graph, ins, outs, placeholder, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice)
-        return None if made is None else (made, rt)
+        return build_copy_nodes(rt, graph, ins, outs, placeholder, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice)
 
     @staticmethod
     def empty_like(tensor: FakeTensor) -> FakeTensor:

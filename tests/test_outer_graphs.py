@@ -79,7 +79,7 @@ class _Engine(EngineBase):
         self.log.append(("enqueue", stream))
         np.multiply(slot.inputs[0], 2, out=slot.outputs[0])
 
-    def _capture(self, fn: Any, stream: Any) -> tuple[_Graph, None]:
+    def _capture(self, fn: Any, stream: Any, slot: Any) -> tuple[_Graph, None]:
         self.log.append(("capture", stream))
         if self.capture_hold is not None:
             self.capture_hold.wait(0.3)
@@ -248,14 +248,14 @@ def test_outer_graphs_capture_lock_serializes_captures_of_two_lanes() -> None:
     def capturing(lane: _Engine) -> None:
         original = lane._capture
 
-        def capture(fn: Any, stream: Any) -> Any:
+        def capture(fn: Any, stream: Any, slot: Any) -> Any:
             with guard:
                 active[0] += 1
                 inside.append(active[0])
             arrived.set()
             time.sleep(0.05)
             try:
-                return original(fn, stream)
+                return original(fn, stream, slot)
             finally:
                 with guard:
                     active[0] -= 1
@@ -360,9 +360,9 @@ def test_outer_graphs_capture_runs_with_the_garbage_collector_off() -> None:
     seen: list[bool] = []
     capture = engine._capture
 
-    def spying(fn: Any, stream: Any) -> Any:
+    def spying(fn: Any, stream: Any, slot: Any) -> Any:
         seen.append(gc.isenabled())
-        return capture(fn, stream)
+        return capture(fn, stream, slot)
 
     engine._capture = spying  # type: ignore[method-assign]
     engine.outer_graph = True
@@ -411,8 +411,10 @@ class _NodeRecorder:
     def cudaGraphInstantiate(self, graph: int, flags: int) -> Any:
         return self._made("instantiate", graph)
 
-    def cudaGraphExecMemcpyNodeSetParams1D(self, *args: Any) -> tuple[int]:
-        return (0,)
+    def cudaGraphExecMemcpyNodeSetParams1D(self, graph_exec: int, node: int, dst: int, src: int,
+                                           nbytes: int, kind: int) -> tuple[int]:
+        self.calls.append(("set", node, dst, src, nbytes))
+        return (1,) if self.refuse == "set" else (0,)
 
     def cudaGraphDestroy(self, graph: int) -> tuple[int]:
         self.calls.append(("destroy", graph))
@@ -444,7 +446,7 @@ def test_build_copy_nodes_topology_and_refusals() -> None:
     assert in0[1:] == ((), 1000, 7, 64) and in1[1:] == ((), 2000, 7, 32)
     assert child[1:] == ((101, 102), "captured") and out[1:] == ((103,), 7, 3000, 128)
     assert (made.ins, made.outs, made.exec, inst[1]) == ([101, 102], [104], 105, 100)
-    made.destroy(rt)
+    made.destroy()
     assert rt.calls[-2:] == [("destroy exec", 105), ("destroy", 100)]
     for step in ("memcpy", "child", "instantiate"):
         rt = _NodeRecorder(refuse=step)
@@ -459,3 +461,25 @@ def test_build_copy_nodes_topology_and_refusals() -> None:
     assert build_copy_nodes(rt, "captured", [(1000, 0)], [], placeholder, 3) is None
     assert build_copy_nodes(rt, "captured", [(1000, 64)], [(3000, 0)], placeholder, 3) is None
     assert asked == [] and rt.calls == []
+
+
+def test_copy_nodes_point_sets_only_what_changed() -> None:
+    """CopyNodes.point sets a node only when the side that changes per call (an input node's
+    source, an output node's destination) differs from what it has; a refused address is
+    reported and forgotten, so the next call sets it again."""
+    from trt_runtime.graphs import build_copy_nodes
+
+    rt = _NodeRecorder()
+    made = build_copy_nodes(rt, "captured", [(1000, 64)], [(3000, 64)], lambda n: (None, 7), 3)
+    assert made is not None
+    (node_in,), (node_out,) = made.ins, made.outs
+    rt.calls.clear()
+    assert made.point(0, 1000, 5000, 64) and made.point(1, 6000, 3000, 64)
+    assert made.point(0, 1000, 5000, 64) and made.point(1, 6000, 3000, 64)  # unchanged: no call
+    assert made.point(0, 1000, 5100, 64)  # a new input buffer
+    assert rt.calls == [("set", node_in, 1000, 5000, 64), ("set", node_out, 6000, 3000, 64),
+                        ("set", node_in, 1000, 5100, 64)]
+    rt.refuse = "set"
+    assert not made.point(1, 6100, 3000, 64) and made.last[1] is None
+    rt.refuse = None
+    assert made.point(1, 6000, 3000, 64) and rt.calls[-1] == ("set", node_out, 6000, 3000, 64)

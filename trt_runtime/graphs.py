@@ -175,36 +175,56 @@ class GraphCache(Generic[K, G]):
 
 
 #: The CUDA runtime functions (cuda-python's ``cuda.bindings.runtime``) that
-#: :func:`build_copy_nodes` and a replay through its graph need.
+#: :func:`build_copy_nodes` and :class:`CopyNodes` call.
 COPY_NODE_CALLS = ("cudaGraphCreate", "cudaGraphAddMemcpyNode1D", "cudaGraphAddChildGraphNode",
-                   "cudaGraphInstantiate", "cudaGraphExecMemcpyNodeSetParams1D", "cudaGraphDestroy")
+                   "cudaGraphInstantiate", "cudaGraphExecMemcpyNodeSetParams1D", "cudaGraphExecDestroy",
+                   "cudaGraphDestroy")
 
 
 class CopyNodes:
     """A captured graph with a replay's copies as nodes of a second graph: a memcpy node
     into each static input, the captured graph as a child node after them and, for
-    ``"copy"`` mode, a memcpy node out of each static output after it. A replay sets the
-    nodes' per-call addresses (``cudaGraphExecMemcpyNodeSetParams1D``, about 1 µs each)
-    and makes one launch, where a ``cudaMemcpyAsync`` of its own costs about 5 µs of CPU
-    (measured on an H100: ``tools/gpu_copy_probe.py``, ``tools/gpu_keep_graph_probe.py``).
-    ``graph`` is the built graph (destroyed after ``exec``), ``ins``/``outs`` its memcpy
-    nodes in input and output order. ``last``: the address on the changing side that each
-    node (inputs, then outputs) was last set to in ``exec`` (``None``: unknown), so that a
-    replay sets only what differs."""
+    ``"copy"`` mode, a memcpy node out of each static output after it. A replay points the
+    nodes at its own buffers (:meth:`point`: ``cudaGraphExecMemcpyNodeSetParams1D``, about
+    1 µs) and launches ``exec`` once, where a ``cudaMemcpyAsync`` of its own costs about 5
+    µs of CPU (measured on an H100: ``tools/gpu_copy_probe.py``,
+    ``tools/gpu_keep_graph_probe.py``). ``graph`` is the built graph (destroyed after
+    ``exec``), ``ins``/``outs`` its memcpy nodes in input and output order, ``rt``
+    cuda-python's runtime module. Not thread-safe: one lane's call at a time."""
 
-    __slots__ = ("exec", "graph", "ins", "last", "outs")
+    __slots__ = ("d2d", "exec", "graph", "ins", "last", "nodes", "outs", "rt")
 
-    def __init__(self, graph: Any, graph_exec: Any, ins: list[Any], outs: list[Any]) -> None:
+    def __init__(self, rt: Any, d2d: Any, graph: Any, graph_exec: Any, ins: list[Any], outs: list[Any]
+                 ) -> None:
+        self.rt = rt
+        self.d2d = d2d
         self.graph = graph
         self.exec = graph_exec
         self.ins = ins
         self.outs = outs
-        self.last: list[int | None] = [None] * (len(ins) + len(outs))
+        self.nodes = (*ins, *outs)
+        #: The address on the side that changes per call (the source of an input node, the
+        #: destination of an output node) each node has in ``exec``; ``None``: unknown.
+        self.last: list[int | None] = [None] * len(self.nodes)
 
-    def destroy(self, rt: Any) -> None:
+    def point(self, index: int, dst: int, src: int, nbytes: int) -> bool:
+        """Make node ``index`` (inputs first, then outputs) copy ``nbytes`` from ``src`` to
+        ``dst``, unless it already does: a caller that reuses its input buffer, or gets its
+        output where the last one was freed, makes no CUDA call (no GIL release). False when
+        CUDA refuses the address (memory of another kind than the node was built with): the
+        call must copy another way. The python backend's generated plans inline this rule."""
+        changing = src if index < len(self.ins) else dst
+        if changing == self.last[index]:
+            return True
+        (err,) = self.rt.cudaGraphExecMemcpyNodeSetParams1D(self.exec, self.nodes[index], dst, src, nbytes,
+                                                             self.d2d)
+        self.last[index] = None if err else changing
+        return not err
+
+    def destroy(self) -> None:
         """Destroy the executable graph, then the graph (the lane's work is done)."""
-        rt.cudaGraphExecDestroy(self.exec)
-        rt.cudaGraphDestroy(self.graph)
+        self.rt.cudaGraphExecDestroy(self.exec)
+        self.rt.cudaGraphDestroy(self.graph)
 
 
 def build_copy_nodes(rt: Any, graph: Any, ins: Sequence[tuple[int, int]], outs: Sequence[tuple[int, int]],
@@ -249,7 +269,7 @@ def build_copy_nodes(rt: Any, graph: Any, ins: Sequence[tuple[int, int]], outs: 
         err, graph_exec = rt.cudaGraphInstantiate(built, 0)
         if err:
             return None
-        made = CopyNodes(built, graph_exec, in_nodes, out_nodes)
+        made = CopyNodes(rt, d2d, built, graph_exec, in_nodes, out_nodes)
         return made
     finally:
         del keeper

@@ -211,7 +211,7 @@ class OuterGraphs:
                     self._keep(lane, slot)  # binding dropped the graphs (the context's memory grew)
                 lane._warm_up(context, slot, token)
                 enqueue = lambda stream: lane._enqueue(context, slot, stream)  # noqa: E731
-                graph, made = _without_collector(lane._capture, enqueue, token)
+                graph, made = _without_collector(lane._capture, enqueue, token, slot)
             except CapabilityError as exc:
                 self.refused = exc
                 raise
@@ -280,9 +280,11 @@ class GraphHooks:
         """The eager run before a capture (default: one ``_enqueue`` on ``stream``)."""
         self._enqueue(context, slot, stream)
 
-    def _capture(self, fn: Callable[[Any], list[Any] | None], stream: Any) -> tuple[Any, list[Any] | None]:
-        """Capture ``fn(capture_stream)`` on a stream of the backend's (never the legacy
-        default stream), ordered after ``stream``; return the graph and what ``fn`` returned."""
+    def _capture(self, fn: Callable[[Any], list[Any] | None], stream: Any, slot: GraphSlot
+                 ) -> tuple[Any, list[Any] | None]:
+        """Capture ``fn(capture_stream)`` (``slot``'s enqueue) on a stream of the backend's
+        (never the legacy default stream), ordered after ``stream``; return the graph and
+        what ``fn`` returned."""
         raise self._no_graphs()
 
     def _launch(self, graph: Any, stream: Any) -> None:

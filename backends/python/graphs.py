@@ -61,7 +61,7 @@ class GraphOps:
     """The CUDA side of one lane's outer graphs: the CUDA runtime, the capture stream, the
     caller stream of the call in flight and the torch replay fast path."""
 
-    __slots__ = ("binding", "caller", "capture_stream", "copying", "d2d", "res", "rt", "spare", "state")
+    __slots__ = ("caller", "capture_stream", "copying", "d2d", "res", "rt", "spare", "state")
 
     def __init__(self, rt: Any, state: Any, res: Any) -> None:
         self.rt = rt
@@ -73,8 +73,6 @@ class GraphOps:
         self.capture_stream: Any = None
         #: The caller's stream handle of the call in flight (``None``: no event needed).
         self.caller: int | None = None
-        #: The slot being captured (set by ``bind_static`` for ``capture``).
-        self.binding: GraphSlot | None = None
         #: :class:`~trt_runtime.graphs.CopyNodes` graphs by their executable graph's handle (``int``).
         self.copying: dict[int, CopyNodes] = {}
         #: ``(executable graph, the context it was captured with)``: the last graph released
@@ -144,12 +142,10 @@ def drop_copying(lane: Any, graph_exec: Any) -> None:
     copying = lane._graphs.copying.pop(int(graph_exec), None)
     if copying is None:
         return
-    _destroy_exec(lane, copying.exec)
-    rt = lane._rt
-    graphs = lane._res.graphs
-    if copying.graph in graphs:
-        graphs.remove(copying.graph)
-    rt.cudaGraphDestroy(copying.graph)
+    for handles, handle in ((lane._res.graph_execs, copying.exec), (lane._res.graphs, copying.graph)):
+        if handle in handles:  # no longer the finalizer's
+            handles.remove(handle)
+    copying.destroy()
 
 
 def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any]:
@@ -264,7 +260,6 @@ def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
         )
     if not slot.outputs:
         lane._outer_graphs.alloc_outputs(lane, slot, ctx.out_shapes)
-    lane._graphs.binding = slot  # for capture(): its copies become nodes of the graph
     bound = ctx.bound
     for name, ptr in zip(lane._io_names, (*slot.in_ptrs, *slot.out_ptrs), strict=True):
         if bound.get(name) != ptr:
@@ -279,13 +274,12 @@ def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any] 
     return None
 
 
-def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tuple[Any, list[Any] | None]:
+def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any, slot: GraphSlot
+            ) -> tuple[Any, list[Any] | None]:
     """Capture ``fn`` (``execute_async_v3``) on the capture stream once the warm-up on
-    ``stream`` (the engine's) is done, and instantiate the graph."""
+    ``stream`` (the engine's) is done, and instantiate the graph; ``slot``'s copies become
+    nodes of a second graph built around it (:func:`build_copying`)."""
     rt = lane._rt
-    # the slot bind_static handed over (its copies become nodes of a second graph); taken
-    # here, whatever happens below, so no slot is left behind
-    slot, lane._graphs.binding = lane._graphs.binding, None
     cuda.check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
     capture_stream = lane._graphs.capture_handle()
     mark = lane._logger.mark()
@@ -311,7 +305,7 @@ def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tu
     try:
         graph_exec = executable(lane, graph)
         outer = lane._outer_graph
-        if slot is not None and outer is not None:
+        if outer is not None:
             copying = build_copying(lane, graph, slot, copy_out=outer.outputs == "copy")
             if copying is not None:
                 lane._graphs.copying[int(graph_exec)] = copying

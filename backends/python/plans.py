@@ -222,12 +222,11 @@ def _replay_head(xs: list[str], consts: list[str]) -> dict[str, str]:
     }
 
 
-def _node_update(node: str, dst: str, src: str, nbytes: str, index: int) -> list[str]:
-    """Lines setting memcpy ``node`` to copy ``nbytes`` from ``src`` to ``dst`` unless the
-    side that changes per call (``src`` for an input node, ``dst`` for an output node) is
-    what ``last[index]`` says the node already has; a refused address sends the call the
-    plain way (and is not remembered)."""
-    changing = src if node.startswith("nin") else dst
+def _node_update(node: str, dst: str, src: str, nbytes: str, index: int, changing: str) -> list[str]:
+    """Lines pointing memcpy ``node`` (``index`` in ``last``) at ``dst`` and ``src``, unless
+    ``changing`` (the side that changes per call) is the address it has: the rule of
+    :meth:`trt_runtime.graphs.CopyNodes.point`, inlined (a call per node would cost the plan
+    about 0.2 µs). A refused address sends the call the plain way."""
     return [f"if {changing} != last[{index}]:",
             f"    (err,) = set1d(cexec, {node}, {dst}, {src}, {nbytes}, d2d)",
             "    if err:",
@@ -313,18 +312,16 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         consts = (_names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n) + _names("nin", n)
                   + _names("shape", m) + _names("od", m) + _names("so", m) + _names("onb", m)
                   + _names("nout", m))
-        # CUDA refuses an address of another kind of memory than the node was built with
-        # (graphs.build_copying): that call takes the plain way, copying with cudaMemcpyAsync
-        # a node's address is set only when it differs from the one set last (``last``, kept
-        # with the executable graph): a caller that reuses its input buffer, or gets its
-        # output at the address of the last one freed, makes no update call for it
+        # each node pointed at the call's buffers where it changed (CopyNodes.point); an
+        # address CUDA refuses (memory of another kind than the node was built with) sends
+        # the call the plain way, copying with cudaMemcpyAsync
         set_in = []
         for i in range(n):
-            set_in += _node_update(f"nin{i}", f"dst{i}", f"src{i}", f"nb{i}", i)
+            set_in += _node_update(f"nin{i}", f"dst{i}", f"src{i}", f"nb{i}", i, changing=f"src{i}")
         alloc_out = []
         for j, y in enumerate(ys):
             alloc_out += [f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)", f"p = {y}.data_ptr()",
-                          *_node_update(f"nout{j}", "p", f"so{j}", f"onb{j}", n + j)]
+                          *_node_update(f"nout{j}", "p", f"so{j}", f"onb{j}", n + j, changing="p")]
         fields.update(
             _replay_head(xs, consts),
             graph_gone="graph is not graph0", launched="cexec",

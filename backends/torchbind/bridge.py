@@ -405,11 +405,10 @@ class TorchBridge:
         return run, copy
 
     def copy_nodes(self, graph: Any, ins: Sequence[tuple[int, int]], outs: Sequence[tuple[int, int]],
-                   index: int) -> tuple[CopyNodes, Any] | None:
+                   index: int) -> CopyNodes | None:
         """The replay copies of ``graph`` as memcpy nodes around it
         (:func:`trt_runtime.graphs.build_copy_nodes`; ``ins``/``outs``: ``(address, bytes)``
-        of the static inputs and of the static outputs to copy out), with cuda-python's
-        runtime module that sets their addresses and launches them. ``None`` without
+        of the static inputs and of the static outputs to copy out). ``None`` without
         cuda-python, for a graph torch did not keep (``raw_cuda_graph``), or when CUDA
         refuses. The side that changes per call is built on a torch tensor, the kind of
         memory the calls bring."""
@@ -428,9 +427,8 @@ class TorchBridge:
             return tensor, tensor.data_ptr()
 
         with self.device_scope(index):
-            made = build_copy_nodes(rt, rt.cudaGraph_t(raw), ins, outs, placeholder,
+            return build_copy_nodes(rt, rt.cudaGraph_t(raw), ins, outs, placeholder,
                                     rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice)
-        return None if made is None else (made, rt)
 
     @staticmethod
     def reset_graph(graph: Any) -> None:

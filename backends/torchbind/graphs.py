@@ -68,9 +68,8 @@ class GraphOps:
     def __init__(self, device: int, bridge: TorchBridge) -> None:
         self.device = device
         self.bridge = bridge
-        #: The graphs' copies as nodes (:meth:`copy_nodes`), by ``(id(graph), view)``: the
-        #: nodes and the cuda-python runtime module that sets, launches and destroys them.
-        self.copying: dict[tuple[int, bool], tuple[CopyNodes, Any]] = {}
+        #: The graphs' copies as nodes (:meth:`copy_nodes`), by ``id(graph)``.
+        self.copying: dict[int, CopyNodes] = {}
         self.side: Any = None  # the capture stream, made at the first capture
         self.last: Any = None  # the stream the graphs last ran on
         self.last_raw: int | None = None  # its handle, when a replay put it there
@@ -93,11 +92,12 @@ class GraphOps:
         self.last = current
         self.last_raw = None
 
-    def copy_nodes(self, slot: GraphSlot, view: bool) -> tuple[CopyNodes, Any] | None:
+    def copy_nodes(self, slot: GraphSlot, view: bool) -> CopyNodes | None:
         """``slot``'s replay copies as memcpy nodes around its graph (the bridge's
         :meth:`~.bridge.TorchBridge.copy_nodes`: inputs in and, unless ``view``, outputs
-        out), made once per graph and mode; ``None`` where they cannot be made."""
-        key = (id(slot.graph), view)
+        out), made once per graph; ``None`` where they cannot be made. (A change of output
+        mode drops the graphs, so one graph's nodes serve one mode.)"""
+        key = id(slot.graph)
         made = self.copying.get(key)
         if made is None:
             ins = [(t.data_ptr(), t.numel() * t.element_size()) for t in slot.inputs]
@@ -112,10 +112,9 @@ class GraphOps:
 
     def drop_nodes(self, graph: Any) -> None:
         """Destroy the copy nodes made for ``graph`` (before the graph itself goes)."""
-        for view in (False, True):
-            made = self.copying.pop((id(graph), view), None)
-            if made is not None:
-                made[0].destroy(made[1])
+        made = self.copying.pop(id(graph), None)
+        if made is not None:
+            made.destroy()
 
     def replay_plan(self, lane: Any, slot: GraphSlot, shapes: tuple[Any, ...], view: bool,
                     current: object) -> Callable[[tuple[Any, ...], Any, Any], list[Any] | None]:
@@ -161,24 +160,15 @@ class GraphOps:
         # each static input with its address and size, for copies through ``copy``
         targets = tuple((s, s.data_ptr(), s.numel() * s.element_size()) for s in statics)
         ops = self
-        cexec: Any = None
-        last: list[int | None] = []
-        set1d: Any = None
-        launch_nodes: Any = None
-        d2d: Any = None
-        empty_like: Any = None
-        in_nodes: list[Any] = []
-        out_nodes: tuple[tuple[Any, Any, int, int], ...] = ()
         nodes = None if launch is None or bridge.empty_like is None else self.copy_nodes(slot, view)
-        if nodes is not None:
-            made, rt = nodes
-            cexec, in_nodes, empty_like, last = made.exec, made.ins, bridge.empty_like, made.last
-            set1d, launch_nodes = rt.cudaGraphExecMemcpyNodeSetParams1D, rt.cudaGraphLaunch
-            d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-            # each output node with its static output, address and size
-            if not view:
-                out_nodes = tuple((node, o, o.data_ptr(), o.numel() * o.element_size())
-                                  for node, o in zip(made.outs, outputs, strict=True))
+        cexec: Any = None
+        point: Any = None
+        launch_nodes: Any = None
+        empty_like: Any = bridge.empty_like
+        # each static output to copy out through its node: the output, its address and size
+        out_targets = () if view else tuple((o, o.data_ptr(), o.numel() * o.element_size()) for o in outputs)
+        if nodes is not None and len(nodes.outs) == len(out_targets):  # nodes made for this mode
+            cexec, point, launch_nodes = nodes.exec, nodes.point, nodes.rt.cudaGraphLaunch
 
         def plan(inputs: tuple[Any, ...], stream: Any, outs: Any) -> list[Any] | None:
             if stream is not None or outs is not None or len(inputs) != n:
@@ -210,31 +200,20 @@ class GraphOps:
                 if raw != ops.last_raw:
                     ops.follow(bridge.current_stream(device))
                     ops.last_raw = raw
-            if cexec is not None:  # through the copy nodes: addresses set where they changed, one launch
+            if cexec is not None:  # through the copy nodes: pointed where they changed, one launch
+                # (a static input given needs no copy in; an address CUDA refuses, another way)
                 ok = True
-                for i, node, (static, dst, nbytes), x in zip(range(n), in_nodes, targets, inputs):  # noqa: B905
-                    if x is static:  # the caller filled the static input: nothing to copy in
+                for i, ((static, dst, nbytes), x) in enumerate(zip(targets, inputs)):  # noqa: B905
+                    if x is static or not point(i, dst, x.data_ptr(), nbytes):
                         ok = False
                         break
-                    p = x.data_ptr()
-                    if p != last[i]:
-                        if set1d(cexec, node, dst, p, nbytes, d2d)[0]:  # an address CUDA refuses
-                            last[i] = None
-                            ok = False
-                            break
-                        last[i] = p
-                if ok:
-                    results = list(outputs) if view else []
-                    for i, (node, o, src, nbytes) in enumerate(out_nodes, n):
-                        y = empty_like(o)
-                        p = y.data_ptr()
-                        if p != last[i]:
-                            if set1d(cexec, node, p, src, nbytes, d2d)[0]:
-                                last[i] = None
-                                ok = False
-                                break
-                            last[i] = p
-                        results.append(y)
+                results = list(outputs) if view else []
+                for i, (o, src, nbytes) in enumerate(out_targets, n):
+                    if not ok:
+                        break
+                    y = empty_like(o)
+                    ok = point(i, y.data_ptr(), src, nbytes)
+                    results.append(y)
                 if ok:
                     (err,) = launch_nodes(cexec, raw)
                     if err:
@@ -259,11 +238,10 @@ class GraphOps:
         return plan
 
 
-def _destroy_nodes(copying: dict[tuple[int, bool], tuple[CopyNodes, Any]]) -> None:
+def _destroy_nodes(copying: dict[int, CopyNodes]) -> None:
     """Destroy the copy nodes a lane still holds (it was collected without a close)."""
     while copying:
-        _, (made, rt) = copying.popitem()
-        made.destroy(rt)
+        copying.popitem()[1].destroy()
 
 
 def _on_current(bridge: Any, graph: Any) -> Callable[[int], None]:
@@ -326,7 +304,8 @@ def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any] 
     return lane._raw_execute(slot.inputs)  # type: ignore[no-any-return]
 
 
-def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any) -> tuple[Any, list[Any] | None]:
+def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any, slot: GraphSlot
+            ) -> tuple[Any, list[Any] | None]:
     """Capture ``fn`` on the side stream (after the warm-up there), check that the graph
     writes its outputs, and order the caller's stream after it."""
     ops = lane._graphs

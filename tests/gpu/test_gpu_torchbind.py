@@ -650,8 +650,9 @@ def test_gpu_torchbind_outer_replays_through_copy_nodes(
     def spied_nodes(self: Any, graph: Any, ins: Any, outs: Any, index: int) -> Any:
         made = made_nodes(self, graph, ins, outs, index)
         assert made is not None, "this torch and cuda-python give copy nodes"
-        spies.append(_RuntimeSpy(made[1]))
-        return made[0], spies[-1]
+        spies.append(_RuntimeSpy(made.rt))
+        made.rt = spies[-1]  # what the nodes are pointed and launched through
+        return made
 
     plain = {"launch": 0, "copy": 0}
     made_launcher = TorchBridge.graph_launcher

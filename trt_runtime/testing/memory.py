@@ -311,7 +311,7 @@ class MemoryEngine(EngineBase):
         context.runs += 1
         self._record_kernels(context, slot.inputs)
 
-    def _capture(self, fn: Callable[[Any], Any], stream: Any) -> tuple[MemoryGraph, None]:
+    def _capture(self, fn: Callable[[Any], Any], stream: Any, slot: Any) -> tuple[MemoryGraph, None]:
         context = self._context
         context.captures += 1
         return MemoryGraph(fn, context), None
