@@ -250,7 +250,7 @@ def _run_row(row: Row, work: Any, args: argparse.Namespace) -> None:
 
             work.raw = open_engine(work.built.plan, work.logger)
         made = callers_mod.raw_callers(
-            work.raw, torch, work.built, work.shape, row.callers, outer=row.mode == "outer"
+            work.raw, torch, work.built, work.shape, row.callers, outer=row.mode == "outer", alloc=row.alloc
         )
         measure(row, made, args.duration, args.warmup, batch=work.batch, check_every=args.check_every)
         return
@@ -269,6 +269,11 @@ def _run_row(row: Row, work: Any, args: argparse.Namespace) -> None:
 
 
 # -- outputs ----------------------------------------------------------------------------------
+def _label(row: dict[str, Any]) -> str:
+    """A JSON row's backend as the table and the plot name it (``raw+alloc``: Row.label)."""
+    return f"{row['backend']}+alloc" if row.get("alloc") else str(row["backend"])
+
+
 def _fmt(value: Any, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -301,7 +306,7 @@ def render_markdown(document: dict[str, Any]) -> str:
         for r in (r for r in rows if r["workload"] == workload):
             note = r.get("skipped") or r.get("note") or ""
             lines.append(
-                f"| {r['backend']} | {r['mode']} | {r['callers']} | {r['contexts']} "
+                f"| {_label(r)} | {r['mode']} | {r['callers']} | {r['contexts']} "
                 f"| {_fmt(r['calls_per_s'])} | {_fmt(r['items_per_s'])} "
                 f"| {_fmt(r['p50_us'], '.1f')} | {_fmt(r['p99_us'], '.1f')} "
                 f"| {_fmt(r.get('switches_per_call'), '.2f')} | {_fmt(r.get('cpu_us_per_call'), '.1f')} "
@@ -330,13 +335,14 @@ def write_plot(document: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
     for ax, workload in zip(axes[0], workloads, strict=True):
         mine = [r for r in rows if r["workload"] == workload]
-        for backend, mode in dict.fromkeys((r["backend"], r["mode"]) for r in mine):
+        for backend, mode in dict.fromkeys((_label(r), r["mode"]) for r in mine):
             best: dict[int, float] = {}
             for r in mine:
-                if (r["backend"], r["mode"]) == (backend, mode):
+                if (_label(r), r["mode"]) == (backend, mode):
                     best[r["callers"]] = max(best.get(r["callers"], 0.0), r["calls_per_s"])
             xs = sorted(best)
-            ax.plot(xs, [best[x] for x in xs], marker="o", label=f"{backend} {mode}")
+            style = ":" if backend.endswith("+alloc") else "-"
+            ax.plot(xs, [best[x] for x in xs], style, marker="o", label=f"{backend} {mode}")
         ax.set_xscale("log", base=2)
         ax.set_title(workload)
         ax.set_xlabel("caller threads")
@@ -491,7 +497,7 @@ def main(argv: Sequence[str] | None = None, *, memory_factory: Callable[[], Any]
                 f"wrong {row.wrong}  errors {row.errors}"
             )
             _echo(
-                f"  {row.workload:<8} {row.backend:<9} {row.mode:<5} callers {row.callers:>2} "
+                f"  {row.workload:<8} {row.label:<9} {row.mode:<5} callers {row.callers:>2} "
                 f"contexts {row.contexts}: {done}"
             )
         if work is not None and hasattr(work, "close"):

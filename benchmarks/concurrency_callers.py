@@ -12,7 +12,8 @@ thread before the first call (a torch thread makes its stream current there).
 
 * :func:`raw_callers`: a bare TensorRT-RTX loop, one execution context per thread with
   pre-allocated buffers bound once (``eager``), or a bare ``torch.cuda.CUDAGraph`` of that
-  enqueue replayed (``outer``).
+  enqueue replayed (``outer``); with ``alloc``, the same loops making a new output per
+  call (the floor of a call that returns new tensors).
 * :func:`backend_callers`: ``engine(x)`` of a trt-runtime engine shared by all threads.
 * :func:`memory_callers`: the memory backend on numpy arrays, for the CPU smoke mode.
 """
@@ -133,9 +134,16 @@ def backend_callers(engine: Any, torch: Any, built: Any, shape: tuple[int, ...],
 
 
 class _RawCaller(_TorchCaller):
-    """One execution context, input and output bound once; eager or a replayed graph."""
+    """One execution context, input and output bound once; eager or a replayed graph.
 
-    def __init__(self, raw: Any, x: Any, *args: Any, outer: bool) -> None:
+    ``alloc``: the caller makes a new output on every call, as ``engine(x)`` must. Eager:
+    ``torch.empty`` of the output, both addresses set, the enqueue (bench_all's
+    ``raw-bind-alloc``). Under a graph, torch's own recipe for a graph fed fresh tensors:
+    the input copied into the static one (``copy_``), ``replay()``, a ``clone()`` of the
+    static output. Each torch call releases the GIL once, so these rows are the floor of a
+    call that returns new tensors when several threads call."""
+
+    def __init__(self, raw: Any, x: Any, *args: Any, outer: bool, alloc: bool = False) -> None:
         super().__init__(*args)
         torch = self.torch
         engine = raw.engine
@@ -143,15 +151,18 @@ class _RawCaller(_TorchCaller):
         out_shape = tuple(x.shape[:1]) + tuple(engine.get_tensor_shape(raw.output_name))[1:]
         out_dtype = getattr(torch, _torch_dtype_name(engine.get_tensor_dtype(raw.output_name)))
         self.x = x
+        # a graph fed fresh inputs reads them from a static input of its own
+        self.static_x = torch.empty_like(x) if outer and alloc else x
         self.y = torch.empty(out_shape, dtype=out_dtype, device="cuda")
         self.context.set_input_shape(raw.input_name, tuple(x.shape))
-        self.context.set_tensor_address(raw.input_name, x.data_ptr())
+        self.context.set_tensor_address(raw.input_name, self.static_x.data_ptr())
         self.context.set_tensor_address(raw.output_name, self.y.data_ptr())
         self.handle = int(self.stream.cuda_stream)
         self.execute = self.context.execute_async_v3
         self.sync = self.stream.synchronize
         self.graph: Any = None
         with torch.cuda.stream(self.stream):
+            self.static_x.copy_(x)
             if not self.execute(self.handle):  # the first enqueue initializes; never captured
                 raise RuntimeError("execute_async_v3 returned False")
             self.sync()
@@ -162,7 +173,11 @@ class _RawCaller(_TorchCaller):
                         raise RuntimeError("execute_async_v3 returned False during capture")
         self.sync()
         if outer:
-            self.call = self._replay  # type: ignore[method-assign]
+            self.call = self._replay_fresh if alloc else self._replay  # type: ignore[method-assign]
+        elif alloc:
+            self.names = (raw.input_name, raw.output_name)
+            self.out_args = (out_shape, out_dtype, self.y.device)
+            self.call = self._bind_alloc  # type: ignore[method-assign]
         self.settle()
 
     def call(self) -> Any:
@@ -176,6 +191,24 @@ class _RawCaller(_TorchCaller):
         self.sync()
         return self.y
 
+    def _bind_alloc(self) -> Any:
+        shape, dtype, device = self.out_args
+        y = self.torch.empty(shape, dtype=dtype, device=device)
+        set_address = self.context.set_tensor_address
+        set_address(self.names[0], self.x.data_ptr())
+        set_address(self.names[1], y.data_ptr())
+        if not self.execute(self.handle):
+            raise RuntimeError("execute_async_v3 returned False")
+        self.sync()
+        return y
+
+    def _replay_fresh(self) -> Any:
+        self.static_x.copy_(self.x)
+        self.graph.replay()
+        y = self.y.clone()
+        self.sync()
+        return y
+
 
 def _torch_dtype_name(dtype: Any) -> str:
     from trt_runtime.dtypes import normalize_dtype
@@ -184,15 +217,15 @@ def _torch_dtype_name(dtype: Any) -> str:
 
 
 def raw_callers(
-    raw: Any, torch: Any, built: Any, shape: tuple[int, ...], count: int, *, outer: bool
+    raw: Any, torch: Any, built: Any, shape: tuple[int, ...], count: int, *, outer: bool, alloc: bool = False
 ) -> list[Caller]:
     """``count`` bare loops, one execution context and stream each, on ``raw``
-    (:func:`benchmarks.raw_rows.open_engine`)."""
+    (:func:`benchmarks.raw_rows.open_engine`); ``alloc``: each call makes a new output."""
     callers: list[Caller] = []
     for index in range(count):
         host, expected = thread_inputs(built, shape, index)
         x = _device_input(torch, host, built.inputs[0].dtype)
-        callers.append(_RawCaller(raw, x, torch, expected, built.tolerance, outer=outer))
+        callers.append(_RawCaller(raw, x, torch, expected, built.tolerance, outer=outer, alloc=alloc))
     torch.cuda.synchronize()
     return callers
 

@@ -3,6 +3,7 @@ memory backend), skipped rows, wrong-output counting, targets and the written fi
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -52,9 +53,13 @@ def _run(tmp_path: Path, *extra: str, **kw: object) -> dict:
 
 def test_bench_concurrency_full_grid_fits_the_budget() -> None:
     rows = grid(("raw", "python", "torchbind"), ("tiny", "mlp", "convnet"), (1, 2, 4, 8, 16), (1, 2, 4, 8))
-    # per workload: raw 2 modes x 5 callers + 2 backends x 2 modes x 4 contexts x 5 callers
-    assert len(rows) == 3 * (10 + 80) == 270
+    # per workload: raw 2 modes x 5 callers, its floors (an output per call) 2 modes x 2 callers,
+    # + 2 backends x 2 modes x 4 contexts x 5 callers
+    assert len(rows) == 3 * (10 + 4 + 80) == 282
     assert all(r.contexts == r.callers for r in rows if r.backend == "raw")
+    floors = [(r.workload, r.mode, r.callers) for r in rows if r.alloc]
+    assert all(r.backend == "raw" for r in rows if r.alloc) and len(set(floors)) == len(floors) == 12
+    assert {c for _, _, c in floors} == {1, 8} and rows[0].label == "raw" and not rows[0].alloc
     assert estimate_seconds(len(rows), 1.0, 0.2) < 6.5 * 60  # the default run: about 6 minutes
 
 
@@ -197,7 +202,8 @@ def test_bench_concurrency_bad_arguments(argv: list[str], message: str, capsys, 
     assert message in capsys.readouterr().err
 
 
-def _row(backend: str, mode: str, callers: int, contexts: int, calls: float, workload: str = "tiny") -> Row:
+def _row(backend: str, mode: str, callers: int, contexts: int, calls: float, workload: str = "tiny",
+         alloc: bool = False) -> Row:
     return Row(
         backend,
         workload,
@@ -210,6 +216,7 @@ def _row(backend: str, mode: str, callers: int, contexts: int, calls: float, wor
         p99_us=2.0,
         wrong=0,
         checked=1,
+        alloc=alloc,
     )
 
 
@@ -235,6 +242,42 @@ def test_bench_concurrency_targets_met_missed_and_na() -> None:
     assert evaluate_targets(rows)[0]["status"] == "missed"
     alone = evaluate_targets([_row("python", "eager", 1, 1, 9_000)])
     assert {t["status"] for t in alone[1:]} == {"n/a"}
+    assert all("floor_ratio" not in t for t in evaluate_targets(rows))  # no floor rows measured
+
+
+def test_bench_concurrency_floors_stand_beside_targets_and_never_replace_raw() -> None:
+    """The raw loops that make an output per call (``alloc``) are shown beside the targets,
+    never taken as the raw reference the targets name."""
+    floor = functools.partial(_row, alloc=True)
+    rows = [
+        _row("raw", "eager", 1, 1, 10_000),
+        _row("raw", "eager", 8, 8, 10_000),
+        floor("raw", "eager", 1, 1, 50_000),  # faster than the bound loop: must not become the reference
+        floor("raw", "eager", 8, 8, 30_000),
+        _row("raw", "outer", 1, 1, 20_000),
+        floor("raw", "outer", 1, 1, 16_000),
+        floor("raw", "outer", 8, 8, 8_000),
+        _row("python", "eager", 1, 1, 9_000),
+        _row("python", "eager", 8, 2, 6_000),
+        _row("python", "outer", 1, 1, 12_000),
+        _row("python", "outer", 8, 8, 6_000),
+    ]
+    got = {t["target"]: t for t in evaluate_targets(rows)}
+    eager = got["no collapse: python tiny eager, best contexts at 8 callers >= 0.9x 1 caller"]
+    assert eager["status"] == "missed" and eager["ratio"] == pytest.approx(6 / 9, abs=1e-3)
+    assert eager["floor_ratio"] == pytest.approx(0.6) and "makes its output per call" in eager["detail"]
+    outer = got["no collapse: python tiny outer, best contexts at 8 callers >= 0.9x 1 caller"]
+    assert outer["floor_ratio"] == pytest.approx(0.5)
+    near = got["near raw: python tiny eager 8 callers >= 0.8x raw 8 threads"]
+    assert near["ratio"] == pytest.approx(0.6)  # over the bound raw loop (10,000), not the floor
+    assert near["floor_ratio"] == pytest.approx(0.2)  # python 6,000 over the floor's 30,000
+    one = got["near raw: python tiny eager 1 caller >= 0.8x raw 1 thread"]
+    assert one["ratio"] == pytest.approx(0.9) and "floor_ratio" not in one
+    replay = got["near raw: python tiny outer 1 caller >= 0.5x bare replay + sync"]
+    assert replay["ratio"] == pytest.approx(0.6)  # over the bare replay (20,000)
+    markdown = bench_concurrency.render_markdown({"rows": [r.to_dict() for r in rows], "targets": []})
+    assert "| raw+alloc | eager | 8 | 8 | 30,000 |" in markdown
+    assert "| raw | eager | 8 | 8 | 10,000 |" in markdown
 
 
 def test_bench_concurrency_module_runs_from_the_repo_root(tmp_path: Path) -> None:

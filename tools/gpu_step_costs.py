@@ -17,6 +17,7 @@ Writes ``step_costs.json`` to ``--out`` (default ``$OUT`` or ``.``).
 
 from __future__ import annotations
 
+import functools
 import operator
 import statistics
 import timeit
@@ -155,7 +156,18 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "copy: x.data_ptr()": "x.data_ptr()",
     }
     if n > 1:  # cycling shapes
+        # the pre-bound call's shape switch taken apart: each (x, y) pair's plan, and the
+        # state change its plan makes (prepare_state: restore_shapes, then addresses)
+        fps = [engine._fast_paths.prebound[(id(x), id(y))] for x, y in zip(xs, ys, strict=True)]
+        prepare = fast_path.prepare_state
+        ns.update(fps=fps, preps=[
+            functools.partial(prepare, engine, f.shape_key, f.dynamic_dims, f.out_shapes, f.ptrs) for f in fps
+        ])
         stmts.update({
+            "dyn: pre-bound plan, shapes in turn": "i = next(it) % n; fps[i].plan((xs[i],), s, [ys[i]])",
+            "dyn: prepare_state + execute_async_v3":
+                "i = next(it) % n; preps[i](); tc.execute_async_v3(ours)",
+            "dyn: prepare_state alone": "i = next(it) % n; preps[i]()",
             "dyn: e(xs[i % n])": "e(xs[next(it) % n])",
             "dyn: e.execute(xs[i], outputs=[ys[i]], stream=s)":
                 "i = next(it) % n; e.execute(xs[i], outputs=[ys[i]], stream=s)",
