@@ -14,7 +14,13 @@ benchmark workload, makes ``--contexts`` contexts as ``benchmarks/raw_rows.py`` 
 * ``graphs-streams``: every context's graph replayed on its own stream, one thread;
 * ``graphs-one-stream``: the same replays one after the other on one stream;
 * ``graphs-chained``: own streams, each replay waiting for the previous one (an event);
-* ``graphs-threads``: a thread per context replaying on its own stream, as the benchmark.
+* ``graphs-threads``: a thread per context replaying on its own stream, as the benchmark;
+* ``graphs-streams, own engines``: ``graphs-streams`` with each context made on an
+  ``ICudaEngine`` of its own (the plan deserialized once per context);
+* ``graphs-streams, temporary allocators``: ``graphs-streams`` with each context given a
+  ``temporary_allocator`` of its own (counting what TensorRT-RTX asks it for);
+* ``trt graph strategy, eager-streams``: ``eager-streams`` on contexts made with
+  TensorRT-RTX's own ``WHOLE_GRAPH_CAPTURE`` strategy.
 
 After each round every output is compared with its serial output: ``wrong`` counts outputs
 off by more than ``--tolerance`` of the serial output's peak, ``inexact`` those not equal bit
@@ -51,28 +57,51 @@ def main(argv: list[str] | None = None) -> int:
 
     dtype = getattr(torch, normalize_dtype(raw.engine.get_tensor_dtype(raw.output_name)))
     in_dtype = getattr(torch, normalize_dtype(raw.engine.get_tensor_dtype(raw.input_name)))
-    lanes: list[dict[str, Any]] = []
-    for k in range(args.contexts):
-        gen = torch.Generator(device="cuda").manual_seed(100 + k)
-        x = torch.randn(shape, device="cuda", generator=gen).to(in_dtype)
-        y = torch.empty(out_shape, device="cuda", dtype=dtype)
-        ctx, memory, _ = new_context(raw, torch, [shape])
-        ctx.set_input_shape(raw.input_name, shape)
-        ctx.set_tensor_address(raw.input_name, x.data_ptr())
-        ctx.set_tensor_address(raw.output_name, y.data_ptr())
-        stream = torch.cuda.Stream()
-        handle = int(stream.cuda_stream)
-        with torch.cuda.stream(stream):
-            assert ctx.execute_async_v3(handle)
-        stream.synchronize()
-        serial = y.clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            assert ctx.execute_async_v3(handle)
-        stream.synchronize()
-        lanes.append({"x": x, "y": y, "ctx": ctx, "memory": memory, "stream": stream, "handle": handle,
-                      "serial": serial, "peak": float(serial.float().abs().max()) or 1.0, "graph": graph})
-    torch.cuda.synchronize()
+    trt = raw.trt
+    print(f"engine: num_aux_streams {raw.engine.num_aux_streams}, device_memory_size_v2 "
+          f"{raw.engine.device_memory_size_v2}, weight streaming scratch "
+          f"{getattr(raw.engine, 'weight_streaming_scratch_memory_size', '?')}", flush=True)
+
+    def make_lanes(own_engines: bool = False, allocators: bool = False, strategy: bool = False,
+                   capture: bool = True) -> list[dict[str, Any]]:
+        made: list[dict[str, Any]] = []
+        for k in range(args.contexts):
+            gen = torch.Generator(device="cuda").manual_seed(100 + k)
+            x = torch.randn(shape, device="cuda", generator=gen).to(in_dtype)
+            y = torch.empty(out_shape, device="cuda", dtype=dtype)
+            owner = open_engine(built.plan) if own_engines else raw
+            if strategy:
+                config = owner.engine.create_runtime_config()
+                config.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+                ctx, memory = owner.engine.create_execution_context(config), None
+            else:
+                ctx, memory, _ = new_context(owner, torch, [shape])
+            allocator = _Allocator(trt, torch) if allocators else None
+            if allocator is not None:
+                ctx.temporary_allocator = allocator
+            ctx.set_input_shape(raw.input_name, shape)
+            ctx.set_tensor_address(raw.input_name, x.data_ptr())
+            ctx.set_tensor_address(raw.output_name, y.data_ptr())
+            stream = torch.cuda.Stream()
+            handle = int(stream.cuda_stream)
+            with torch.cuda.stream(stream):
+                assert ctx.execute_async_v3(handle)
+                assert ctx.execute_async_v3(handle)  # a graph strategy captures on a later run
+            stream.synchronize()
+            serial = y.clone()
+            graph = None
+            if capture:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream):
+                    assert ctx.execute_async_v3(handle)
+            stream.synchronize()
+            made.append({"x": x, "y": y, "ctx": ctx, "memory": memory, "stream": stream, "handle": handle,
+                         "serial": serial, "peak": float(serial.float().abs().max()) or 1.0, "graph": graph,
+                         "owner": owner, "allocator": allocator})
+        torch.cuda.synchronize()
+        return made
+
+    lanes = make_lanes()
     one = torch.cuda.Stream()
     chain = torch.cuda.Event()
 
@@ -83,15 +112,27 @@ def main(argv: list[str] | None = None) -> int:
         tally["wrong"] += diff > args.tolerance
         tally["max_rel"] = max(tally["max_rel"], diff)
 
-    def round_robin(launch: Any) -> dict[str, Any]:
+    def round_robin(launch: Any, group: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        group = lanes if group is None else group
         tally = {"checked": 0, "inexact": 0, "wrong": 0, "max_rel": 0.0}
         for _ in range(args.rounds):
-            for i, lane in enumerate(lanes):
+            for i, lane in enumerate(group):
                 launch(i, lane)
             torch.cuda.synchronize()
-            for lane in lanes:
+            for lane in group:
                 check(lane, tally)
         return tally
+
+    def other_lanes(**how: Any) -> Any:
+        def run() -> dict[str, Any]:
+            group = make_lanes(**how)
+            result = round_robin(eager if how.get("strategy") else replay, group)
+            allocators = [lane["allocator"] for lane in group if lane["allocator"] is not None]
+            if allocators:
+                result["temporary_allocations"] = sum(a.calls for a in allocators)
+                result["temporary_bytes_max"] = max(a.largest for a in allocators)
+            return result
+        return run
 
     def eager(i: int, lane: dict[str, Any]) -> None:
         assert lane["ctx"].execute_async_v3(lane["handle"])
@@ -141,14 +182,52 @@ def main(argv: list[str] | None = None) -> int:
         "graphs-one-stream": lambda: round_robin(replay_one),
         "graphs-chained": lambda: round_robin(replay_chained),
         "graphs-threads": threads,
+        "graphs-streams, own engines": other_lanes(own_engines=True),
+        "graphs-streams, temporary allocators": other_lanes(allocators=True),
+        "trt graph strategy, eager-streams": other_lanes(strategy=True, capture=False),
     }
     for name, run in modes.items():
         result = run()
         document["modes"][name] = result
-        print(f"{name:18s} checked {result['checked']:6d}  wrong {result['wrong']:5d}  "
-              f"inexact {result['inexact']:5d}  max_rel {result['max_rel']:.2e}", flush=True)
+        extra = "".join(f"  {k} {v}" for k, v in result.items()
+                        if k not in ("checked", "inexact", "wrong", "max_rel"))
+        print(f"{name:38s} checked {result['checked']:6d}  wrong {result['wrong']:5d}  "
+              f"inexact {result['inexact']:5d}  max_rel {result['max_rel']:.2e}{extra}", flush=True)
     _gpu_tool.write_json(args.out, "graph_race_probe.json", document)
     return 0
+
+
+class _Allocator:
+    """A context's own temporary allocator: blocks kept per size and handed out again, never
+    shared with another context; counts the requests."""
+
+    def __new__(cls, trt: Any, torch: Any) -> Any:
+        class Allocator(trt.IGpuAsyncAllocator):  # type: ignore[misc, name-defined]
+            def __init__(self) -> None:
+                trt.IGpuAsyncAllocator.__init__(self)
+                self.calls = 0
+                self.largest = 0
+                self.free: dict[int, list[Any]] = {}
+                self.used: dict[int, Any] = {}
+
+            def allocate_async(self, size: int, alignment: int, flags: int, stream: int) -> int:
+                self.calls += 1
+                self.largest = max(self.largest, int(size))
+                spare = self.free.get(int(size))
+                if spare:
+                    block = spare.pop()
+                else:
+                    block = torch.empty(max(int(size), 1), dtype=torch.uint8, device="cuda")
+                self.used[block.data_ptr()] = block
+                return int(block.data_ptr())
+
+            def deallocate_async(self, memory: int, stream: int) -> bool:
+                block = self.used.pop(int(memory), None)
+                if block is not None:
+                    self.free.setdefault(block.numel(), []).append(block)
+                return True
+
+        return Allocator()
 
 
 if __name__ == "__main__":
