@@ -15,6 +15,9 @@ benchmark workload, makes ``--contexts`` contexts as ``benchmarks/raw_rows.py`` 
 * ``graphs-one-stream``: the same replays one after the other on one stream;
 * ``graphs-chained``: own streams, each replay waiting for the previous one (an event);
 * ``graphs-threads``: a thread per context replaying on its own stream, as the benchmark;
+* ``eager, gated`` and ``graphs, gated``: every context's call queued on its own stream
+  behind one event that a long sleep kernel holds back, so that all of them start together
+  on the GPU (eager enqueues take long on the CPU: without the gate they barely overlap);
 * ``graphs-streams, own engines``: ``graphs-streams`` with each context made on an
   ``ICudaEngine`` of its own (the plan deserialized once per context);
 * ``graphs-streams, temporary allocators``: ``graphs-streams`` with each context given a
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tolerance", type=float, default=1e-3)
+    parser.add_argument("--gate-cycles", type=int, default=8_000_000,
+                        help="GPU clock cycles the gate's sleep kernel holds the calls back")
     args = parser.parse_args(argv)
     import torch
 
@@ -153,6 +158,24 @@ def main(argv: list[str] | None = None) -> int:
             lane["graph"].replay()
         chain.record(stream)
 
+    gate_stream, gate = torch.cuda.Stream(), torch.cuda.Event()
+
+    def gated(launch: Any) -> Any:
+        def run() -> dict[str, Any]:
+            tally = {"checked": 0, "inexact": 0, "wrong": 0, "max_rel": 0.0}
+            for _ in range(args.rounds):
+                with torch.cuda.stream(gate_stream):
+                    torch.cuda._sleep(args.gate_cycles)
+                gate.record(gate_stream)
+                for i, lane in enumerate(lanes):
+                    lane["stream"].wait_event(gate)
+                    launch(i, lane)
+                torch.cuda.synchronize()
+                for lane in lanes:
+                    check(lane, tally)
+            return tally
+        return run
+
     def threads() -> dict[str, Any]:
         tallies = [{"checked": 0, "inexact": 0, "wrong": 0, "max_rel": 0.0} for _ in lanes]
         start = threading.Barrier(len(lanes))
@@ -182,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         "graphs-one-stream": lambda: round_robin(replay_one),
         "graphs-chained": lambda: round_robin(replay_chained),
         "graphs-threads": threads,
+        "eager, gated": gated(eager),
+        "graphs, gated": gated(replay),
         "graphs-streams, own engines": other_lanes(own_engines=True),
         "graphs-streams, temporary allocators": other_lanes(allocators=True),
         "trt graph strategy, eager-streams": other_lanes(strategy=True, capture=False),
