@@ -15,15 +15,19 @@ benchmark workload, makes ``--contexts`` contexts as ``benchmarks/raw_rows.py`` 
 * ``graphs-one-stream``: the same replays one after the other on one stream;
 * ``graphs-chained``: own streams, each replay waiting for the previous one (an event);
 * ``graphs-threads``: a thread per context replaying on its own stream, as the benchmark;
-* ``eager, gated`` and ``graphs, gated``: every context's call queued on its own stream
+* ``eager-gated`` and ``graphs-gated``: every context's call queued on its own stream
   behind one event that a long sleep kernel holds back, so that all of them start together
   on the GPU (eager enqueues take long on the CPU: without the gate they barely overlap);
-* ``graphs-streams, own engines``: ``graphs-streams`` with each context made on an
+* ``graphs-streams-own-engines``: ``graphs-streams`` with each context made on an
   ``ICudaEngine`` of its own (the plan deserialized once per context);
-* ``graphs-streams, temporary allocators``: ``graphs-streams`` with each context given a
+* ``graphs-streams-temporary-allocators``: ``graphs-streams`` with each context given a
   ``temporary_allocator`` of its own (counting what TensorRT-RTX asks it for);
-* ``trt graph strategy, eager-streams``: ``eager-streams`` on contexts made with
+* ``trt-graph-strategy-eager-streams``: ``eager-streams`` on contexts made with
   TensorRT-RTX's own ``WHOLE_GRAPH_CAPTURE`` strategy.
+
+``--layer KIND`` runs the probe on a one-layer engine instead of a workload (fp16, batch 1,
+the shapes of the ResNet-18-like ``convnet``; see :data:`LAYERS`), to find which layer's
+kernels give the wrong outputs; ``--modes`` picks modes (comma-separated, default all).
 
 After each round every output is compared with its serial output: ``wrong`` counts outputs
 off by more than ``--tolerance`` of the serial output's peak, ``inexact`` those not equal bit
@@ -41,6 +45,8 @@ import _gpu_tool
 def main(argv: list[str] | None = None) -> int:
     parser = _gpu_tool.parser(__doc__)
     parser.add_argument("--workload", default="convnet")
+    parser.add_argument("--layer", default="", help=f"a one-layer engine instead: {', '.join(LAYERS)}")
+    parser.add_argument("--modes", default="", help="comma-separated modes to run (default: all)")
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tolerance", type=float, default=1e-3)
@@ -52,10 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import workloads
     from benchmarks.raw_rows import new_context, open_engine
 
-    workload = workloads.WORKLOADS_BY_KEY[args.workload]
-    built, _ = workloads.build(workload)
+    if args.layer:
+        built = _layer_engine(args.layer)
+        shape = built.shape
+    else:
+        workload = workloads.WORKLOADS_BY_KEY[args.workload]
+        built, _ = workloads.build(workload)
+        shape = tuple(workload.shapes[0])
     raw = open_engine(built.plan)
-    shape = tuple(workload.shapes[0])
     out_shape = tuple(raw.engine.get_tensor_shape(raw.output_name))
     out_shape = shape[:1] + out_shape[1:]
     from trt_runtime.dtypes import normalize_dtype
@@ -197,22 +207,23 @@ def main(argv: list[str] | None = None) -> int:
         return {"checked": sum(t["checked"] for t in tallies), "inexact": sum(t["inexact"] for t in tallies),
                 "wrong": sum(t["wrong"] for t in tallies), "max_rel": max(t["max_rel"] for t in tallies)}
 
-    document: dict[str, Any] = {"workload": args.workload, "contexts": args.contexts, "rounds": args.rounds,
-                                "tolerance": args.tolerance, "modes": {}}
+    document: dict[str, Any] = {"workload": args.layer or args.workload, "contexts": args.contexts,
+                                "rounds": args.rounds, "tolerance": args.tolerance, "modes": {}}
     modes = {
         "eager-streams": lambda: round_robin(eager),
         "graphs-streams": lambda: round_robin(replay),
         "graphs-one-stream": lambda: round_robin(replay_one),
         "graphs-chained": lambda: round_robin(replay_chained),
         "graphs-threads": threads,
-        "eager, gated": gated(eager),
-        "graphs, gated": gated(replay),
-        "graphs-streams, own engines": other_lanes(own_engines=True),
-        "graphs-streams, temporary allocators": other_lanes(allocators=True),
-        "trt graph strategy, eager-streams": other_lanes(strategy=True, capture=False),
+        "eager-gated": gated(eager),
+        "graphs-gated": gated(replay),
+        "graphs-streams-own-engines": other_lanes(own_engines=True),
+        "graphs-streams-temporary-allocators": other_lanes(allocators=True),
+        "trt-graph-strategy-eager-streams": other_lanes(strategy=True, capture=False),
     }
-    for name, run in modes.items():
-        result = run()
+    chosen = [m.strip() for m in args.modes.split(",") if m.strip()] or list(modes)
+    for name in chosen:
+        result = modes[name]()
         document["modes"][name] = result
         extra = "".join(f"  {k} {v}" for k, v in result.items()
                         if k not in ("checked", "inexact", "wrong", "max_rel"))
@@ -220,6 +231,71 @@ def main(argv: list[str] | None = None) -> int:
               f"inexact {result['inexact']:5d}  max_rel {result['max_rel']:.2e}{extra}", flush=True)
     _gpu_tool.write_json(args.out, "graph_race_probe.json", document)
     return 0
+
+
+#: One-layer engines (``--layer``): (input shape, what the layer is), fp16, batch 1.
+LAYERS = {
+    "stem": ((1, 3, 224, 224), "convolution 7x7 stride 2, 3 -> 64 channels, + ReLU"),
+    "conv3": ((1, 64, 56, 56), "convolution 3x3, 64 -> 64 channels"),
+    "conv3s2": ((1, 128, 28, 28), "convolution 3x3 stride 2, 128 -> 256 channels"),
+    "proj": ((1, 256, 14, 14), "convolution 1x1 stride 2, 256 -> 512 channels"),
+    "conv3late": ((1, 512, 7, 7), "convolution 3x3, 512 -> 512 channels"),
+    "maxpool": ((1, 64, 112, 112), "max pooling 3x3 stride 2"),
+    "gap": ((1, 512, 7, 7), "average over H and W (reduce)"),
+    "fc": ((1, 512), "matrix multiply 512 -> 10 + bias"),
+}
+
+
+def _layer_engine(kind: str) -> Any:
+    import types
+
+    import numpy as np
+
+    from trt_runtime import builders
+
+    if kind not in LAYERS:
+        raise SystemExit(f"--layer must be one of {', '.join(LAYERS)}; got {kind!r}")
+    shape, _ = LAYERS[kind]
+    trt = builders.import_tensorrt()
+    rng = np.random.default_rng(0)
+    builder = trt.Builder(trt.Logger(trt.Logger.ERROR))
+    net = builders._network(trt, builder)
+    x = net.add_input("x", trt.DataType.HALF, shape)
+
+    def conv(cout: int, k: int, stride: int) -> Any:
+        cin = shape[1]
+        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float16)
+        b = (rng.standard_normal(cout) * 0.05).astype(np.float16)
+        layer = net.add_convolution_nd(x, cout, (k, k), trt.Weights(w), trt.Weights(b))
+        layer.stride_nd = (stride, stride)
+        layer.padding_nd = (k // 2, k // 2)
+        return layer.get_output(0)
+
+    if kind == "stem":
+        out = net.add_activation(conv(64, 7, 2), trt.ActivationType.RELU).get_output(0)
+    elif kind in ("conv3", "conv3late"):
+        out = conv(shape[1], 3, 1)
+    elif kind == "conv3s2":
+        out = conv(256, 3, 2)
+    elif kind == "proj":
+        out = conv(512, 1, 2)
+    elif kind == "maxpool":
+        pool = net.add_pooling_nd(x, trt.PoolingType.MAX, (3, 3))
+        pool.stride_nd, pool.padding_nd = (2, 2), (1, 1)
+        out = pool.get_output(0)
+    elif kind == "gap":
+        out = net.add_reduce(x, trt.ReduceOperation.AVG, (1 << 2) | (1 << 3), False).get_output(0)
+    else:
+        w = (rng.standard_normal((512, 10)) / np.sqrt(512)).astype(np.float16)
+        b = (rng.standard_normal((1, 10)) * 0.05).astype(np.float16)
+        mm = net.add_matrix_multiply(x, trt.MatrixOperation.NONE, net.add_constant(w.shape, trt.Weights(w))
+                                     .get_output(0), trt.MatrixOperation.NONE).get_output(0)
+        out = net.add_elementwise(mm, net.add_constant(b.shape, trt.Weights(b)).get_output(0),
+                                  trt.ElementWiseOperation.SUM).get_output(0)
+    out.name = "y"
+    net.mark_output(out)
+    plan = builders._build(trt, builder, net, [], None, kind)
+    return types.SimpleNamespace(plan=plan, shape=shape)
 
 
 class _Allocator:
