@@ -1,5 +1,4 @@
-"""Do CUDA graphs of several execution contexts of one TensorRT-RTX engine, replayed at the
-same time, give their contexts' outputs?
+"""Do execution contexts of a TensorRT-RTX engine give their outputs when their work overlaps on the GPU?
 
 Run on the GPU host: ``python3 tools/gpu_graph_race_probe.py [--out DIR] [--workload convnet]``.
 ``bench_concurrency`` has seen a few outputs of its bare baseline (``raw convnet outer``: a
@@ -25,7 +24,10 @@ benchmark workload, makes ``--contexts`` contexts as ``benchmarks/raw_rows.py`` 
 * ``trt-graph-strategy-eager-streams``: ``eager-streams`` on contexts made with
   TensorRT-RTX's own ``WHOLE_GRAPH_CAPTURE`` strategy.
 
-``--layer KIND`` runs the probe on a one-layer engine instead of a workload (fp16, batch 1,
+``--plan PATH`` runs it on your own engine (a TensorRT-RTX plan with one input and one
+output; ``--shape`` gives the input shape where the plan's is dynamic): a check before
+giving an engine several contexts (``docs/concurrency.md``, "Contexts that overlap on the
+GPU"). ``--layer KIND`` runs the probe on a one-layer engine instead of a workload (fp16, batch 1,
 the shapes of the ResNet-18-like ``convnet``; see :data:`LAYERS`), to find which layer's
 kernels give the wrong outputs; ``--modes`` picks modes (comma-separated, default all).
 
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="convnet")
     parser.add_argument("--layer", default="", help=f"a one-layer engine instead: {', '.join(LAYERS)}")
     parser.add_argument("--modes", default="", help="comma-separated modes to run (default: all)")
+    parser.add_argument("--plan", default="", help="a plan file of your own (one input, one output)")
+    parser.add_argument("--shape", default="", help="its input shape where dynamic, e.g. 1,3,224,224")
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tolerance", type=float, default=1e-3)
@@ -58,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import workloads
     from benchmarks.raw_rows import new_context, open_engine
 
-    if args.layer:
+    if args.plan:
+        built = _plan_engine(args.plan, args.shape)
+        shape = built.shape
+    elif args.layer:
         built = _layer_engine(args.layer)
         shape = built.shape
     else:
@@ -66,8 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         built, _ = workloads.build(workload)
         shape = tuple(workload.shapes[0])
     raw = open_engine(built.plan)
-    out_shape = tuple(raw.engine.get_tensor_shape(raw.output_name))
-    out_shape = shape[:1] + out_shape[1:]
     from trt_runtime.dtypes import normalize_dtype
 
     dtype = getattr(torch, normalize_dtype(raw.engine.get_tensor_dtype(raw.output_name)))
@@ -83,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(args.contexts):
             gen = torch.Generator(device="cuda").manual_seed(100 + k)
             x = torch.randn(shape, device="cuda", generator=gen).to(in_dtype)
-            y = torch.empty(out_shape, device="cuda", dtype=dtype)
             owner = open_engine(built.plan) if own_engines else raw
             if strategy:
                 config = owner.engine.create_runtime_config()
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             if allocator is not None:
                 ctx.temporary_allocator = allocator
             ctx.set_input_shape(raw.input_name, shape)
+            y = torch.empty(tuple(ctx.get_tensor_shape(raw.output_name)), device="cuda", dtype=dtype)
             ctx.set_tensor_address(raw.input_name, x.data_ptr())
             ctx.set_tensor_address(raw.output_name, y.data_ptr())
             stream = torch.cuda.Stream()
@@ -207,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         return {"checked": sum(t["checked"] for t in tallies), "inexact": sum(t["inexact"] for t in tallies),
                 "wrong": sum(t["wrong"] for t in tallies), "max_rel": max(t["max_rel"] for t in tallies)}
 
-    document: dict[str, Any] = {"workload": args.layer or args.workload, "contexts": args.contexts,
-                                "rounds": args.rounds, "tolerance": args.tolerance, "modes": {}}
+    document: dict[str, Any] = {"workload": args.plan or args.layer or args.workload,
+                                "contexts": args.contexts, "rounds": args.rounds, "tolerance": args.tolerance,
+                                "modes": {}}
     modes = {
         "eager-streams": lambda: round_robin(eager),
         "graphs-streams": lambda: round_robin(replay),
@@ -244,6 +250,26 @@ LAYERS = {
     "gap": ((1, 512, 7, 7), "average over H and W (reduce)"),
     "fc": ((1, 512), "matrix multiply 512 -> 10 + bias"),
 }
+
+
+def _plan_engine(path: str, shape_text: str) -> Any:
+    """A plan file and the input shape to run it with (its own, or ``shape_text``)."""
+    import types
+    from pathlib import Path
+
+    from benchmarks.raw_rows import open_engine
+
+    plan = Path(path).read_bytes()
+    raw = open_engine(plan)
+    shape = tuple(int(d) for d in raw.engine.get_tensor_shape(raw.input_name))
+    if shape_text:
+        given = tuple(int(d) for d in shape_text.split(","))
+        if len(given) != len(shape) or any(d >= 0 and d != g for d, g in zip(shape, given, strict=True)):
+            raise SystemExit(f"--shape {shape_text} does not fit the plan's input shape {shape}")
+        shape = given
+    if any(d < 0 for d in shape):
+        raise SystemExit(f"the plan's input shape {shape} is dynamic: give --shape")
+    return types.SimpleNamespace(plan=plan, shape=shape)
 
 
 def _layer_engine(kind: str) -> Any:
