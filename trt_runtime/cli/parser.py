@@ -15,6 +15,7 @@ from trt_runtime.cli.backends import backends_command
 from trt_runtime.cli.bench import bench_command
 from trt_runtime.cli.build import add_build_parser, build_command
 from trt_runtime.cli.cache import CACHE_ACTIONS, cache_command
+from trt_runtime.cli.check_contexts import add_check_contexts_parser, check_contexts_command
 from trt_runtime.cli.demo import demo_command
 from trt_runtime.cli.engine_files import FORCE_HELP
 from trt_runtime.cli.inspect import TABLE_ROWS, inspect_command
@@ -43,7 +44,7 @@ def _seed(text: str) -> int:
 
 
 #: The commands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "build", "inspect", "run", "bench", "serve", "cache", "backends")
+COMMANDS = ("demo", "build", "inspect", "run", "bench", "serve", "check-contexts", "cache", "backends")
 _CUDA_GRAPH_CHOICES = ("disabled", "whole_graph_capture")
 _DYNAMIC_CHOICES = ("lazy", "eager", "none")
 
@@ -167,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=bench_command)
 
     _add_settings(add_serve_parser(command))
+
+    p = command("check-contexts", "check that an engine gives its serial outputs when several contexts "
+                                  "run its calls at once on the GPU (needs torch with CUDA)")
+    add_check_contexts_parser(p)
+    add_input_options(p)
+    add_log_level(p)
+    p.set_defaults(handler=check_contexts_command)
 
     p = command("cache", "show or clear the per-user runtime cache directory")
     p.add_argument("action", nargs="?", choices=CACHE_ACTIONS, default=CACHE_ACTIONS[0],
