@@ -54,7 +54,9 @@ def test_check_contexts_refuses_a_missing_file(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
-def test_check_contexts_says_it_needs_torch_with_cuda(capsys: pytest.CaptureFixture[str], mem_file: Path) -> None:
+def test_check_contexts_says_it_needs_torch_with_cuda(
+    capsys: pytest.CaptureFixture[str], mem_file: Path
+) -> None:
     code, out, err = _run(capsys, "--json", "check-contexts", mem_file, "--contexts", "2")
     assert code == 1
     error = json.loads(out)["error"] if out.strip() else err

@@ -87,4 +87,5 @@ def test_gpu_check_contexts_on_the_conv_net(
     assert (code == 1) == (doc["wrong"] > 0), doc
     worst = doc["max_relative_difference"]
     report_measurement(f"check-contexts convnet {backend}",
-                       f"{doc['wrong']} of {doc['checked']} wrong (up to {worst:.2e} of the peak), exit {code}")
+                       f"{doc['wrong']} of {doc['checked']} wrong (up to {worst:.2e} of the peak), "
+                       f"exit {code}")
