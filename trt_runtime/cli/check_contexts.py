@@ -196,6 +196,9 @@ def _run_rounds(torch: Any, callers: list[_Caller], rounds: int) -> None:
             done.wait()
     except threading.BrokenBarrierError:
         pass
+    finally:  # whatever stopped the rounds, no thread is left waiting at a barrier
+        queued.abort()
+        done.abort()
     for thread in threads:
         thread.join()
     if errors:
