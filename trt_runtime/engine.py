@@ -127,7 +127,9 @@ class EngineBase(GraphHooks, abc.ABC):
     @property
     def contexts(self) -> int:
         """How many execution contexts serve concurrent calls (settable; >1 needs
-        ``supports_multiple_contexts``). Lowering it waits for calls in flight."""
+        ``supports_multiple_contexts``). Lowering it waits for calls in flight. Above 1,
+        calls overlap on the GPU: check the engine with ``trt-runtime check-contexts``
+        first (some engines give wrong outputs then; docs/concurrency.md)."""
         return len(self._pool)
 
     @contexts.setter

@@ -37,7 +37,10 @@ def load(
     concurrent callers (a call leases a free one; needs the backend's
     ``supports_multiple_contexts`` when above 1); ``lease_timeout``: seconds a call waits
     for a free context before :class:`~trt_runtime.ContextLeaseTimeout` (``None``: no
-    limit). Both stay settable on the engine.
+    limit). Both stay settable on the engine. Several contexts let calls overlap on the
+    GPU, which some engines do not survive (TensorRT-RTX 1.6.1 on an H100 gave a conv net
+    wrong outputs then): check an engine with ``trt-runtime check-contexts FILE`` first
+    (docs/concurrency.md).
 
     Without ``backend`` (and ``$TRT_RUNTIME_BACKEND``), a file in a format a backend
     declares (the ``memory`` test backend's ``.mem`` engines) goes to that backend, and a
