@@ -38,6 +38,7 @@ from .concurrency_grid import (
     evaluate_targets,
     grid,
     measure,
+    row_label,
 )
 
 __all__ = ["main", "parse_args", "render_markdown", "write_outputs"]
@@ -270,8 +271,8 @@ def _run_row(row: Row, work: Any, args: argparse.Namespace) -> None:
 
 # -- outputs ----------------------------------------------------------------------------------
 def _label(row: dict[str, Any]) -> str:
-    """A JSON row's backend as the table and the plot name it (``raw+alloc``: Row.label)."""
-    return f"{row['backend']}+alloc" if row.get("alloc") else str(row["backend"])
+    """A JSON row's backend as the table and the plot name it."""
+    return row_label(str(row["backend"]), bool(row.get("alloc")))
 
 
 def _fmt(value: Any, spec: str = ",.0f") -> str:

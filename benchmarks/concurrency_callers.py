@@ -162,7 +162,8 @@ class _RawCaller(_TorchCaller):
         self.sync = self.stream.synchronize
         self.graph: Any = None
         with torch.cuda.stream(self.stream):
-            self.static_x.copy_(x)
+            if self.static_x is not x:
+                self.static_x.copy_(x)
             if not self.execute(self.handle):  # the first enqueue initializes; never captured
                 raise RuntimeError("execute_async_v3 returned False")
             self.sync()

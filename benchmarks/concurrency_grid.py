@@ -33,6 +33,7 @@ __all__ = [
     "evaluate_targets",
     "grid",
     "measure",
+    "row_label",
 ]
 
 CALLERS = (1, 2, 4, 8, 16)
@@ -44,6 +45,11 @@ BACKENDS = ("raw", "python", "torchbind")
 FLOOR_CALLERS = (1, 8)
 #: Seconds a row costs beyond its warmup and duration (threads, contexts, graph captures).
 ROW_OVERHEAD_S = 0.15
+
+
+def row_label(backend: str, alloc: bool) -> str:
+    """A row's backend as tables and plots name it: ``raw+alloc`` for the floors."""
+    return f"{backend}+alloc" if alloc else backend
 
 
 @dataclasses.dataclass
@@ -79,8 +85,8 @@ class Row:
 
     @property
     def label(self) -> str:
-        """The backend as tables and plots name it (``raw+alloc`` for :attr:`alloc` rows)."""
-        return f"{self.backend}+alloc" if self.alloc else self.backend
+        """The backend as tables and plots name it (:func:`row_label`)."""
+        return row_label(self.backend, self.alloc)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

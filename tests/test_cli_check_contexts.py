@@ -66,3 +66,12 @@ def test_check_contexts_says_it_needs_torch_with_cuda(
 def test_check_contexts_is_a_listed_command(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys)
     assert code == 2 and "check-contexts" in err
+
+
+def test_check_overlap_refuses_too_few_callers_or_rounds_before_touching_torch() -> None:
+    from trt_runtime.testing.overlap import check_overlap
+
+    with pytest.raises(ValueError, match="at least 2 input sets \\(callers\\); got 1"):
+        check_overlap(object(), [[]], 3)
+    with pytest.raises(ValueError, match="rounds must be >= 1; got 0"):
+        check_overlap(object(), [[], []], 0)

@@ -46,3 +46,13 @@ def ok(result: Any, what: str) -> Any:
     if int(err):
         raise RuntimeError(f"{what}: {err!r}")
     return result[1] if len(result) == 2 else result[1:]
+
+
+def torch_cuda_probe(doc: str | None, argv: list[str] | None) -> tuple[Any, Any, Any, Any, Any]:
+    """What the copy probes start with: their options (:func:`timing_parser`), torch,
+    cuda-python's runtime, its device-to-device copy kind and torch's CUDA device."""
+    args = timing_parser(doc).parse_args(argv)
+    import torch
+    from cuda.bindings import runtime as rt
+
+    return args, torch, rt, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, torch.device("cuda")

@@ -43,6 +43,8 @@ from typing import Any
 
 import _gpu_tool
 
+from trt_runtime.testing.overlap import GATE_CYCLES
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = _gpu_tool.parser(__doc__)
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--tolerance", type=float, default=1e-3)
-    parser.add_argument("--gate-cycles", type=int, default=8_000_000,
+    parser.add_argument("--gate-cycles", type=int, default=GATE_CYCLES,
                         help="GPU clock cycles the gate's sleep kernel holds the calls back")
     args = parser.parse_args(argv)
     import torch

@@ -21,14 +21,8 @@ import _gpu_tool
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _gpu_tool.timing_parser(__doc__).parse_args(argv)
-    import torch
-    from cuda.bindings import runtime as rt
-
+    args, torch, rt, d2d, dev = _gpu_tool.torch_cuda_probe(__doc__, argv)
     ok = _gpu_tool.ok
-
-    d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    dev = torch.device("cuda")
     xs = [torch.randn(8, 64, device=dev, dtype=torch.float16) for _ in range(4)]
     nb_in = xs[0].numel() * xs[0].element_size()
     static_in = torch.zeros_like(xs[0])

@@ -5,7 +5,6 @@ two executions overlap: docs/concurrency.md), on both backends."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -62,15 +61,21 @@ def test_gpu_check_contexts_passes_the_mlp(
 def test_gpu_check_contexts_counts_an_output_off_its_serial_one(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch", reason="check-contexts needs torch with CUDA")
     _backend("python")
-    from trt_runtime.cli import check_contexts
+    import numpy as np
 
-    args = argparse.Namespace(seed=0, shapes=[], load_inputs=None, tolerance=1e-3)
+    from trt_runtime.testing import overlap
+
     with trt_runtime.load(_plan(tmp_path, "mlp"), "python", contexts=2) as engine:
-        callers = [check_contexts._Caller(torch, engine, args, i) for i in range(2)]
+        (spec,) = engine.inputs
+        shape = tuple(8 if d < 0 else d for d in spec.shape)
+        inputs = [[np.random.default_rng(i).standard_normal(shape).astype(spec.dtype)] for i in range(2)]
+        callers = [overlap._Caller(torch, engine, arrays, 1e-3) for arrays in inputs]
         callers[1].serial[0] = callers[1].serial[0] + 1.0  # what a wrong output looks like
-        check_contexts._run_rounds(torch, callers, 3)
+        overlap._run_rounds(torch, callers, 3)
+        clean = overlap.check_overlap(engine, inputs, 3, torch=torch)  # the public entry, same engine
     assert [(c.checked, c.wrong) for c in callers] == [(3, 0), (3, 3)]
     assert callers[0].worst == 0.0 and callers[1].worst > 1e-3
+    assert clean == overlap.OverlapResult(checked=6, wrong=0, max_relative_difference=0.0)
 
 
 @pytest.mark.parametrize("backend", ["python", "torchbind"])

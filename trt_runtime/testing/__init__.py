@@ -4,6 +4,8 @@
 * :mod:`trt_runtime.testing.model`: the pure-Python reference model.
 * :mod:`trt_runtime.testing.array_kinds`: the array kinds of the device contract.
 * :mod:`trt_runtime.testing.cuda_arrays`: ``CudaArray``, a CUDA array made with cuda-python.
+* :mod:`trt_runtime.testing.overlap`: ``check_overlap``, whether an engine's contexts give
+  their serial outputs when their calls overlap on the GPU (needs torch with CUDA).
 * :mod:`trt_runtime.testing.onnx_models`: small ONNX models with numpy references (needs ``onnx``).
 * :mod:`trt_runtime.testing.strategies`: Hypothesis strategies (needs ``hypothesis``).
 * :mod:`trt_runtime.testing.stateful`: the ``RuleBasedStateMachine`` (needs ``hypothesis``).
