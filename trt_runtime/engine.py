@@ -23,6 +23,7 @@ from typing_extensions import Self
 
 from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
+from trt_runtime.hazards import warn_overlap
 from trt_runtime.lease import ContextPool
 from trt_runtime.outer import GraphHooks, OuterGraphs
 from trt_runtime.protocols import Backend, TensorSpec
@@ -129,7 +130,8 @@ class EngineBase(GraphHooks, abc.ABC):
         """How many execution contexts serve concurrent calls (settable; >1 needs
         ``supports_multiple_contexts``). Lowering it waits for calls in flight. Above 1,
         calls overlap on the GPU: check the engine with ``trt-runtime check-contexts``
-        first (some engines give wrong outputs then; docs/concurrency.md)."""
+        first (some engines give wrong outputs then; docs/concurrency.md): on builds where
+        that was seen the first value above 1 warns (:class:`~trt_runtime.ContextOverlapWarning`)."""
         return len(self._pool)
 
     @contexts.setter
@@ -146,6 +148,8 @@ class EngineBase(GraphHooks, abc.ABC):
             for lane in lanes[value:]:
                 lane._close_lane()
             self._pool.resize(lanes[:value])
+        if value > 1:
+            warn_overlap(self, value)  # once per engine, on builds with a known hazard
 
     @property
     def lease_timeout(self) -> float | None:

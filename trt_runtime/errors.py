@@ -21,8 +21,9 @@ __all__ = [
     "BackendUnavailableError",
     "BuildError",
     "CacheError",
-    "ContextLeaseTimeout",
     "CacheLockTimeout",
+    "ContextLeaseTimeout",
+    "ContextOverlapWarning",
     "CacheWarning",
     "CapabilityError",
     "DataDependentShapeError",
@@ -119,6 +120,12 @@ class CacheWarning(UserWarning):
 
 class StaleCacheWarning(CacheWarning):
     """A cache file was written for another TensorRT build, GPU or driver and was not loaded."""
+
+
+class ContextOverlapWarning(RuntimeWarning):
+    """An engine got ``contexts > 1`` on a TensorRT build where executions that overlap on
+    the GPU have given wrong outputs (:mod:`trt_runtime.hazards`); check it with
+    ``trt-runtime check-contexts``."""
 
 
 class LostUpdateWarning(CacheWarning):

@@ -94,3 +94,36 @@ def test_gpu_check_contexts_on_the_conv_net(
     report_measurement(f"check-contexts convnet {backend}",
                        f"{doc['wrong']} of {doc['checked']} wrong (up to {worst:.2e} of the peak), "
                        f"exit {code}")
+
+
+@pytest.mark.parametrize("backend", ["python", "torchbind"])
+def test_gpu_contexts_warn_on_this_build_and_the_check_does_not(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, backend: str, report_measurement: Any
+) -> None:
+    """On the TensorRT-RTX 1.6 build of this host, ``contexts > 1`` warns once, naming the
+    build its backend reports; ``check-contexts`` (what the warning asks for) does not."""
+    import warnings
+
+    from trt_runtime.hazards import overlap_hazard
+
+    pytest.importorskip("torch", reason="check-contexts needs torch with CUDA")
+    _backend(backend)
+    plan = _plan(tmp_path, "mlp")
+    engine = trt_runtime.load(plan, backend)
+    try:
+        build = overlap_hazard(engine.backend.cache_key(engine.device))
+        if build is None:
+            pytest.skip(f"no known overlap hazard for {engine.backend.cache_key(engine.device)}")
+        with pytest.warns(trt_runtime.ContextOverlapWarning) as caught:
+            engine.contexts = 2
+            engine.contexts = 4
+        assert len(caught) == 1 and build in str(caught[0].message) and caught[0].filename == __file__
+        assert engine.contexts == 4
+    finally:
+        engine.close()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        code, doc = _check(capsys, plan, "--backend", backend, "--contexts", "2", "--rounds", "5")
+    assert code == 0 and doc["wrong"] == 0, doc
+    assert not [w for w in seen if issubclass(w.category, trt_runtime.ContextOverlapWarning)]
+    report_measurement(f"contexts warning {backend}", str(caught[0].message)[:160])
