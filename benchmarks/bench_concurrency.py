@@ -38,6 +38,7 @@ from .concurrency_grid import (
     evaluate_targets,
     grid,
     measure,
+    merge_runs,
     row_label,
 )
 
@@ -101,6 +102,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         default=540.0,
         help="stop measuring (rows left are recorded as skipped) after this many seconds",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure every row this many times, in interleaved passes over a workload's rows; "
+        "a row shows the pass with the median calls/s and sums the passes' checks (default 1)",
     )
     parser.add_argument("--no-plot", action="store_true", help="do not draw bench_concurrency.png")
     parser.add_argument(
@@ -269,6 +277,32 @@ def _run_row(row: Row, work: Any, args: argparse.Namespace) -> None:
         measure(row, made, args.duration, args.warmup, batch=work.batch, check_every=args.check_every)
 
 
+def _measure_row(row: Row, work: Any, args: argparse.Namespace, reasons: dict[str, str | None],
+                 started: float) -> None:
+    """Measure ``row``, or record why not (its backend cannot run, the budget is spent)."""
+    if reasons.get(row.backend):
+        row.skipped = reasons[row.backend]
+    elif time.perf_counter() - started > args.budget_s:
+        row.skipped = f"budget of {args.budget_s:.0f} s spent"
+    else:
+        try:
+            _run_row(row, work, args)
+        except Exception as exc:
+            row.skipped = f"setup failed: {type(exc).__name__}: {exc}"
+
+
+def _echo_row(row: Row, suffix: str) -> None:
+    done = row.skipped or (
+        f"{row.calls_per_s:>10,.0f} calls/s  p50 {row.p50_us:8.1f} us  "
+        f"p99 {row.p99_us:8.1f} us  switches/call {_fmt(row.switches_per_call, '.2f')}  "
+        f"wrong {row.wrong}  errors {row.errors}"
+    )
+    _echo(
+        f"  {row.workload:<8} {row.label:<9} {row.mode:<5} callers {row.callers:>2} "
+        f"contexts {row.contexts}{suffix}: {done}"
+    )
+
+
 # -- outputs ----------------------------------------------------------------------------------
 def _label(row: dict[str, Any]) -> str:
     """A JSON row's backend as the table and the plot name it."""
@@ -288,7 +322,9 @@ def render_markdown(document: dict[str, Any]) -> str:
     lines += [
         "",
         f"{config.get('duration', '?')} s per row after {config.get('warmup', '?')} s warm-up; "
-        f"every {config.get('check_every', '?')}th output checked; status {document.get('status')}.",
+        f"every {config.get('check_every', '?')}th output checked; status {document.get('status')}."
+        + (f" Each row measured in {config['repeat']} interleaved passes: the pass with the median "
+           "calls/s is shown, checks of all passes summed." if config.get("repeat", 1) > 1 else ""),
         "",
     ]
     lines += ["## Targets", "", "| target | status | figures |", "|---|---|---|"]
@@ -399,6 +435,7 @@ def _document(
             "workloads": list(args.workload_list),
             "backends": list(args.backend_list),
             "budget_s": args.budget_s,
+            "repeat": args.repeat,
         },
         "wall_s": round(wall_s, 1),
         "plot": plot_note,
@@ -426,9 +463,10 @@ def _configure(args: argparse.Namespace) -> None:
     for name in ("duration", "budget_s"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0; got {getattr(args, name)}")
-    if args.warmup < 0 or args.check_every < 1:
+    if args.warmup < 0 or args.check_every < 1 or args.repeat < 1:
         raise ValueError(
-            f"--warmup must be >= 0 and --check-every >= 1; got {args.warmup}, {args.check_every}"
+            f"--warmup must be >= 0, --check-every >= 1 and --repeat >= 1; got {args.warmup}, "
+            f"{args.check_every}, {args.repeat}"
         )
 
 
@@ -453,9 +491,10 @@ def main(argv: Sequence[str] | None = None, *, memory_factory: Callable[[], Any]
         if plot_note:
             _echo(f"bench_concurrency: no plot will be drawn: {plot_note}")
     rows = grid(args.backend_list, args.workload_list, args.callers_list, args.contexts_list)
-    estimate = estimate_seconds(len(rows), args.duration, args.warmup)
+    estimate = estimate_seconds(len(rows) * args.repeat, args.duration, args.warmup)
     _echo(
-        f"bench_concurrency: {len(rows)} rows x ({args.duration} s + {args.warmup} s warm-up) ~ "
+        f"bench_concurrency: {len(rows)} rows x {args.repeat} pass(es) x ({args.duration} s + "
+        f"{args.warmup} s warm-up) ~ "
         f"{estimate:.0f} s of measuring, builds aside (budget {args.budget_s:.0f} s)"
     )
     env = _environment(args.backend_list)
@@ -482,25 +521,19 @@ def main(argv: Sequence[str] | None = None, *, memory_factory: Callable[[], Any]
             for row in rows:
                 if row.workload == workload:
                     row.skipped = f"workload setup failed: {type(exc).__name__}: {exc}"
-        for row in (r for r in rows if r.workload == workload and r.skipped is None):
-            if reasons.get(row.backend):
-                row.skipped = reasons[row.backend]
-            elif time.perf_counter() - started > args.budget_s:
-                row.skipped = f"budget of {args.budget_s:.0f} s spent"
-            else:
-                try:
-                    _run_row(row, work, args)
-                except Exception as exc:
-                    row.skipped = f"setup failed: {type(exc).__name__}: {exc}"
-            done = row.skipped or (
-                f"{row.calls_per_s:>10,.0f} calls/s  p50 {row.p50_us:8.1f} us  "
-                f"p99 {row.p99_us:8.1f} us  switches/call {_fmt(row.switches_per_call, '.2f')}  "
-                f"wrong {row.wrong}  errors {row.errors}"
-            )
-            _echo(
-                f"  {row.workload:<8} {row.label:<9} {row.mode:<5} callers {row.callers:>2} "
-                f"contexts {row.contexts}: {done}"
-            )
+        mine = [r for r in rows if r.workload == workload and r.skipped is None]
+        trials: dict[int, list[Row]] = {id(r): [] for r in mine}
+        for done_passes in range(args.repeat):
+            for row in mine:
+                trial = row if args.repeat == 1 else Row(
+                    row.backend, row.workload, row.mode, row.callers, row.contexts, alloc=row.alloc
+                )
+                _measure_row(trial, work, args, reasons, started)
+                trials[id(row)].append(trial)
+                _echo_row(trial, f" pass {done_passes + 1}/{args.repeat}" if args.repeat > 1 else "")
+        if args.repeat > 1:
+            for row in mine:
+                merge_runs(row, trials[id(row)])
         if work is not None and hasattr(work, "close"):
             work.close()
         write("running")

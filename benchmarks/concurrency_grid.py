@@ -33,6 +33,7 @@ __all__ = [
     "evaluate_targets",
     "grid",
     "measure",
+    "merge_runs",
     "row_label",
 ]
 
@@ -82,6 +83,8 @@ class Row:
     #: A raw row whose callers make a new output on every call (and, under a graph, copy the
     #: input in), as ``engine(x)`` must: the floor of the runtime's own call under threads.
     alloc: bool = False
+    #: With ``--repeat K``: each pass's calls/s, in pass order (the row shows their median).
+    runs: list[float] | None = None
 
     @property
     def label(self) -> str:
@@ -213,6 +216,35 @@ def measure(
             row.switches_per_call = round(sum(switches) / total, 2)
     elif row.skipped is None:
         row.skipped = f"no call finished: {row.note or 'unknown error'}"
+    return row
+
+
+def merge_runs(row: Row, trials: Sequence[Row]) -> Row:
+    """Fill ``row`` from the passes ``trials`` of it (``--repeat``): calls/s and the other
+    per-call figures of the pass with the median calls/s (the lower one of the middle two for
+    an even count), every pass's calls/s in :attr:`Row.runs`, and the outputs, wrong ones,
+    errors and calls of all passes summed (a wrong output in any pass counts). Passes that
+    were skipped are left out; with none measured the row keeps the first one's reason."""
+    done = [t for t in trials if t.ok]
+    if not done:
+        row.skipped = next((t.skipped for t in trials if t.skipped), None) or "not measured"
+        return row
+    ordered = sorted(done, key=lambda t: t.calls_per_s or 0.0)
+    middle = ordered[(len(ordered) - 1) // 2]
+    for name in ("calls_per_s", "items_per_s", "p50_us", "p99_us", "switches_per_call", "cpu_us_per_call"):
+        setattr(row, name, getattr(middle, name))
+    row.runs = [t.calls_per_s or 0.0 for t in done]
+    row.calls = sum(t.calls for t in done)
+    row.checked = sum(t.checked for t in done)
+    row.wrong = sum(t.wrong or 0 for t in done)
+    row.errors = sum(t.errors for t in trials)
+    errors = [t.max_error for t in done if t.max_error is not None]
+    row.max_error = max(errors) if errors else None
+    diffs = [t.wrong_diff for t in done if t.wrong_diff is not None]
+    row.wrong_diff = max(diffs) if diffs else None
+    notes = [t.note for t in trials if t.note]
+    row.note = notes[0] if notes else None
+    row.skipped = None
     return row
 
 

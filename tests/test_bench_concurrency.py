@@ -329,3 +329,46 @@ def test_bench_concurrency_thread_inputs_distinct_and_computed_once() -> None:
     assert first.dtype == np.float32 and want.dtype == np.float64
     np.testing.assert_allclose(want, 2.0 * first.astype(np.float64))
     assert len(calls) == 2
+
+
+def test_bench_concurrency_repeat_measures_each_row_in_interleaved_passes(tmp_path: Path, capsys) -> None:
+    doc = _run(tmp_path, "--repeat", "3")
+    assert doc["config"]["repeat"] == 3
+    rows = doc["rows"]
+    assert len(rows) == 8 and all(r["skipped"] is None for r in rows)
+    for r in rows:
+        runs = r["runs"]
+        assert len(runs) == 3 and all(v > 0 for v in runs)
+        assert r["calls_per_s"] == sorted(runs)[1]  # the median pass's figures
+        assert r["checked"] >= 3 * r["callers"]  # every pass checks each caller's first output
+    log = capsys.readouterr().err
+    # passes interleave: every row's first pass comes before any row's second
+    first_of_second = log.index("pass 2/3")
+    assert log.count("pass 1/3") == 8 and log.rindex("pass 1/3") < first_of_second
+    assert "3 interleaved passes" in (tmp_path / "bench_concurrency.md").read_text()
+
+
+def test_bench_concurrency_repeat_sums_wrong_outputs_of_every_pass(tmp_path: Path) -> None:
+    doc = _run(tmp_path, "--repeat", "2", "--check-every", "1", memory_factory=_BrokenMemory)
+    four = [r for r in doc["rows"] if r["callers"] == 4 and r["contexts"] == 1]
+    assert four and all(r["wrong"] > 0 and len(r["runs"]) == 2 for r in four)
+
+
+def test_bench_concurrency_merge_runs_takes_the_median_pass_and_sums_checks() -> None:
+    from benchmarks.concurrency_grid import merge_runs
+
+    passes = [_row("python", "eager", 8, 8, v) for v in (300.0, 100.0, 200.0, 400.0)]
+    passes[0].p50_us, passes[2].p50_us = 7.0, 9.0
+    passes[3].wrong, passes[3].wrong_diff, passes[1].errors = 2, 0.25, 1
+    skipped = Row("python", "tiny", "eager", 8, 8, skipped="budget of 5 s spent")
+    row = merge_runs(Row("python", "tiny", "eager", 8, 8), [*passes, skipped])
+    assert row.calls_per_s == 200.0 and row.p50_us == 9.0  # lower middle of 100, 200, 300, 400
+    assert row.runs == [300.0, 100.0, 200.0, 400.0] and row.skipped is None
+    assert (row.checked, row.wrong, row.wrong_diff, row.errors) == (4, 2, 0.25, 1)
+    none = merge_runs(Row("python", "tiny", "eager", 8, 8), [skipped])
+    assert none.skipped == "budget of 5 s spent" and not none.ok
+
+
+def test_bench_concurrency_refuses_repeat_below_one(capsys, tmp_path: Path) -> None:
+    assert bench_concurrency.main([*SMOKE, "--repeat", "0", "--out", str(tmp_path)]) == 2
+    assert "--repeat >= 1" in capsys.readouterr().err
