@@ -423,6 +423,7 @@ class FakeTorch(types.ModuleType):
         self.Size = _Size
         #: torch.empty calls as (shape, dtype, device).
         self.empty_calls: list[tuple[Any, ...]] = []
+        self.unbind_calls = 0
         self.current_stream = 0
         self._pointers = itertools.count(1 << 30, 1 << 16)
         torch = self
@@ -460,6 +461,13 @@ class FakeTorch(types.ModuleType):
 
             def element_size(self) -> int:
                 return int(self.dtype.itemsize)
+
+            def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+                assert dim == 0
+                step = self.numel() // max(self.shape[0], 1) * self.element_size()
+                torch.unbind_calls += 1
+                return tuple(Tensor(tuple(self.shape[1:]), self.dtype, self._device, ptr=self._ptr + k * step)
+                             for k in range(self.shape[0]))
 
             def new_empty(self, shape: Any) -> Any:
                 torch.empty_calls.append((tuple(shape), "new_empty", self._device))

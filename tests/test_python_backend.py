@@ -29,7 +29,7 @@ from _python_doubles import (
     _trt_calls,
     _user_managed_engine,
 )
-from trt_runtime_backends.python import CUDA_HINT, RTX_HINT, PythonBackend
+from trt_runtime_backends.python import CUDA_HINT, RTX_HINT, PythonBackend, plans
 from trt_runtime_backends.python import backend as backend_module
 from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array
 from trt_runtime_backends.python.cache import IRuntimeCacheHandle
@@ -607,8 +607,9 @@ def test_python_backend_natural_call_remembers_shapes_not_tensors(torch: FakeTor
     out = engine(x)
     # no shape inference, no output-shape query: bind the new addresses and run
     assert [c[0] for c in calls] == ["address", "address", "execute"]
-    assert torch.empty_calls == [((2, 4), "new_empty", 0)]  # like x: no dtype/device parsing
-    assert out.data_ptr() != first.data_ptr()
+    # the output comes from a slab: one torch.empty for the next SLAB_CALLS calls' outputs
+    assert torch.empty_calls == [((plans.SLAB_CALLS, 2, 4), torch.float32, ("cuda", 0))]
+    assert out.data_ptr() != first.data_ptr() and out.shape == (2, 4)
     assert [c[0] for c in engine._rt.calls if c[0] in ("record", "wait")] == []  # legacy stream
     calls.clear()
     engine(torch.cuda_tensor((3, 4)))  # a new shape: the full path once

@@ -187,14 +187,15 @@ def test_plans_a_threads_first_call_makes_the_device_current_even_on_a_plan(torc
 @pytest.mark.parametrize(("n", "m"), [(1, 1), (2, 3), (3, 0)])
 def test_plans_compile_for_any_arity(n: int, m: int) -> None:
     for kind, variant in (("prebound", True), ("prebound", False), ("natural", True), ("natural", False),
-                          ("replay", False), ("replay", True), ("copying", False), ("copying", True)):
+                          ("slab", False), ("replay", False), ("replay", True), ("copying", False),
+                          ("copying", True)):
         make = plans._compile(kind, n, m, variant)
         assert callable(make) and make.__code__.co_filename == f"<trt_runtime plan: {kind} {n}->{m}>"
     assert plans._compile("natural", n, m, True) is plans._compile("natural", n, m, True)  # once
 
 
 def test_plans_compile_rejects_what_has_no_plan() -> None:
-    kinds = "'prebound', 'natural', 'replay', 'copying'"
+    kinds = "'prebound', 'natural', 'slab', 'replay', 'copying'"
     with pytest.raises(ValueError, match=f"plan kind must be one of {kinds}; got 'x'"):
         plans._compile("x", 1, 1, False)
     with pytest.raises(ValueError, match="a plan needs at least one input; got 0"):
@@ -238,3 +239,68 @@ def test_plans_hold_no_context_and_die_with_their_tables(torch: FakeTorch) -> No
         assert [r() for r in refs] == [None, None, None]
     finally:
         gc.enable()
+
+
+# -- slabs: one torch.empty for the outputs of many natural calls ------------------------------------
+def test_plans_slab_calls_fit_the_outputs_in_the_slab_budget(torch: FakeTorch) -> None:
+    f32, f16 = torch.float32, torch.float16
+    assert plans.slab_calls([(8, 32)], [f16]) == plans.SLAB_CALLS  # 512 bytes a call
+    assert plans.slab_calls([(2, 4), (3,)], [f32, f16]) == plans.SLAB_CALLS
+    big = plans.SLAB_BYTES // 4  # a quarter of the budget a call: 4 calls a slab
+    assert plans.slab_calls([(big // 4,)], [f32]) == 4
+    assert plans.slab_calls([(plans.SLAB_BYTES,)], [f32]) == 1  # larger than a slab: torch.empty per call
+    assert plans.slab_calls([()], [f32]) == plans.SLAB_CALLS  # a scalar output
+    assert plans.slab_calls([(4,)], [object()]) == 1  # a dtype without itemsize: no slab
+
+
+def test_plans_natural_outputs_come_from_one_slab_per_slab_calls_calls(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    engine(torch.cuda_tensor((2, 4)))  # the full path validates; the plan takes the next calls
+    torch.empty_calls.clear()
+    _trt_calls(engine).clear()
+    calls = plans.SLAB_CALLS + 3
+    outs = [engine(torch.cuda_tensor((2, 4))) for _ in range(calls)]
+    # one slab for the first SLAB_CALLS calls, a second one for the 3 after them
+    assert torch.empty_calls == [((plans.SLAB_CALLS, 2, 4), torch.float32, ("cuda", 0))] * 2
+    assert torch.unbind_calls == 2
+    assert all(o.shape == (2, 4) and o.dtype is torch.float32 and o.get_device() == 0 for o in outs)
+    first = [o.data_ptr() for o in outs[: plans.SLAB_CALLS]]
+    assert first == [first[0] + k * 2 * 4 * 4 for k in range(plans.SLAB_CALLS)]  # disjoint, in order
+    assert len({o.data_ptr() for o in outs}) == calls
+    # every call binds its own output's address before its enqueue
+    bound = [c[2] for c in _trt_calls(engine) if c[0] == "address" and c[1] == "y"]
+    assert bound == [o.data_ptr() for o in outs]
+
+
+def test_plans_slab_is_refilled_on_the_callers_current_stream(torch: FakeTorch) -> None:
+    engine = _fake_engine()
+    x = torch.cuda_tensor((2, 4))
+    engine(x)
+    engine(x)
+    torch.empty_calls.clear()
+    engine(x)  # same stream: from the slab
+    assert torch.empty_calls == []
+    torch.current_stream = 0x5000  # the caller moved to another stream
+    y = engine(x)
+    assert torch.empty_calls == [((plans.SLAB_CALLS, 2, 4), torch.float32, ("cuda", 0))]
+    (entry,) = engine._fast_paths.natural.values()
+    pool, st, _ = _slab_fields(entry.plan)
+    assert st == [0x5000] and len(pool) == plans.SLAB_CALLS - 1 and y.shape == (2, 4)
+
+
+def test_plans_outputs_too_large_for_a_slab_are_made_per_call(torch: FakeTorch,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plans, "SLAB_BYTES", 32)  # one (2, 4) float32 output: 32 bytes
+    engine = _fake_engine()
+    x = torch.cuda_tensor((2, 4))
+    engine(x)
+    torch.empty_calls.clear()
+    for _ in range(3):
+        engine(x)
+    assert [c[0] for c in torch.empty_calls] == [(2, 4)] * 3 and torch.unbind_calls == 0
+
+
+def _slab_fields(plan: Any) -> tuple[Any, Any, Any]:
+    """The ``pool``, ``st`` and ``refill`` constants a slab plan closes over."""
+    cells = dict(zip(plan.__code__.co_freevars, (c.cell_contents for c in plan.__closure__), strict=True))
+    return cells["pool"], cells["st"], cells["refill"]

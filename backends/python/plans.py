@@ -268,17 +268,25 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             enqueue=_enqueue("ctx.trt_context", ys, "order.caller(None, torch_kind)", "torch_kind"),
         )
         template = _PREBOUND
-    elif kind == "natural":
+    elif kind in ("natural", "slab"):
         consts = _names("d", n) + _names("s", n) + _names("name", n) + _names("out", m) + _names("shape", m)
         bind_in = [line for i, x in enumerate(xs) for line in _bind(x, f"name{i}")]
         alloc_out = []
+        caller = _TORCH_CALLER
+        if kind == "slab":
+            # this call's outputs from the slabs made on the current stream (see _Slabs)
+            alloc_out += ["c = raw_stream(device)", "if c != st[0] or not pool:", "    refill(c)",
+                          _unpack(ys, "pool.pop()") if m else "pool.pop()"]
+            caller = "None if c in order.skip or c == order.ours else c"
         for i, y in enumerate(ys):
-            if variant:
+            if kind == "slab":
+                pass
+            elif variant:
                 alloc_out.append(f"{y} = x0.new_empty(shape{i})")
             else:
                 alloc_out.append(f"{y} = empty(shape{i}, dtype=od{i}, device=torch_device)")
             alloc_out += _bind(y, f"out{i}")
-        consts += _names("od", m)
+        consts += _names("od", m) + (["pool", "st", "refill"] if kind == "slab" else [])
         fields.update(
             consts=", ".join(consts),
             torch_head=_torch_head(xs, [
@@ -287,7 +295,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             ]),
             switch=_switch(xs),
             bind_in=_indent(bind_in), alloc_out=_indent(alloc_out),
-            enqueue=_enqueue("trt_context", ys, _TORCH_CALLER, "True"),
+            enqueue=_enqueue("trt_context", ys, caller, "True"),
         )
         template = _NATURAL
     elif kind == "replay":
@@ -335,7 +343,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         template = _REPLAY
     else:
         raise ValueError(
-            f"plan kind must be one of 'prebound', 'natural', 'replay', 'copying'; got {kind!r}"
+            f"plan kind must be one of 'prebound', 'natural', 'slab', 'replay', 'copying'; got {kind!r}"
         )
     source = template.format(**fields)
     namespace: dict[str, Any] = {}
@@ -363,15 +371,72 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
 
     bridge = lane._torch
     ctx = lane._context
-    make = _compile("natural", len(shapes), len(entry.outputs), entry.like_input)
+    names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
+    calls = slab_calls(out_shapes, dtypes) if names else 1
+    make = _compile("slab" if calls > 1 else "natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
-    names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
+    slabs = (_Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls).fields() if calls > 1 else ())
     return make(
         lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
         lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
-        *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes,
+        *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes, *slabs,
     )
+
+
+#: A natural call's outputs come from *slabs*: one ``torch.empty`` makes the outputs of up to
+#: SLAB_CALLS calls (``unbind(0)`` of a (calls, *shape) tensor), as long as that stays within
+#: SLAB_BYTES. Each torch operation releases the GIL, and under several caller threads each
+#: release is a thread switch: on an H100 the raw loop with a ``torch.empty`` per call gave
+#: half the calls/s of the same loop without at 8 threads (docs/concurrency.md). An output is
+#: a view of its slab (its own elements, ``storage_offset`` k x its size): the slab's memory
+#: is freed when the last of its outputs is.
+SLAB_CALLS = 32
+SLAB_BYTES = 1 << 20
+
+
+def slab_calls(shapes: Any, dtypes: Any) -> int:
+    """How many calls' outputs one slab holds for outputs of ``shapes`` and torch ``dtypes``
+    (1: too large for a slab, or a dtype without ``itemsize``)."""
+    nbytes = 0
+    for shape, dtype in zip(shapes, dtypes, strict=True):
+        size = getattr(dtype, "itemsize", None)
+        if not isinstance(size, int) or any(not isinstance(d, int) or d < 0 for d in shape):
+            return 1
+        for d in shape:
+            size *= d
+        nbytes += size
+    return max(1, min(SLAB_CALLS, SLAB_BYTES // max(nbytes, 1)))
+
+
+class _Slabs:
+    """The slabs of one plan: ``pool`` holds the outputs of the calls to come (a tuple per
+    call, popped from the end), ``st[0]`` the stream they were made on. A call on another
+    current stream, or with the pool empty, refills it on its stream first (the caching
+    allocator gives a block back to the stream it was made on, and only the work ordered on
+    that stream is known to be done with it)."""
+
+    __slots__ = ("calls", "device", "empty", "pool", "specs", "st")
+
+    def __init__(self, empty: Any, device: Any, shapes: Any, dtypes: Any, calls: int) -> None:
+        self.empty, self.device, self.calls = empty, device, calls
+        self.specs = tuple(zip(shapes, dtypes, strict=True))
+        self.pool: list[tuple[Any, ...]] = []
+        self.st: list[Any] = [None]
+
+    def refill(self, stream: Any) -> None:
+        empty, device, calls = self.empty, self.device, self.calls
+        columns = [empty((calls, *shape), dtype=dtype, device=device).unbind(0)
+                   for shape, dtype in self.specs]
+        pool = self.pool
+        pool.clear()  # outputs made on another stream that no call used: their slab goes back
+        pool.extend(zip(*columns, strict=True))
+        pool.reverse()
+        self.st[0] = stream
+
+    def fields(self) -> tuple[Any, Any, Any]:
+        """The plan's constants ``pool``, ``st``, ``refill``."""
+        return self.pool, self.st, self.refill
 
 
 def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> Plan:
