@@ -272,7 +272,7 @@ def test_plans_natural_outputs_come_from_one_slab_per_slab_calls_calls(torch: Fa
     assert bound == [o.data_ptr() for o in outs]
 
 
-def test_plans_slab_is_refilled_on_the_callers_current_stream(torch: FakeTorch) -> None:
+def test_plans_slabs_are_made_and_kept_per_current_stream(torch: FakeTorch) -> None:
     engine = _fake_engine()
     x = torch.cuda_tensor((2, 4))
     engine(x)
@@ -280,12 +280,20 @@ def test_plans_slab_is_refilled_on_the_callers_current_stream(torch: FakeTorch) 
     torch.empty_calls.clear()
     engine(x)  # same stream: from the slab
     assert torch.empty_calls == []
-    torch.current_stream = 0x5000  # the caller moved to another stream
+    torch.current_stream = 0x5000  # the caller moved to another stream: a slab made there
     y = engine(x)
     assert torch.empty_calls == [((plans.SLAB_CALLS, 2, 4), torch.float32, ("cuda", 0))]
+    torch.current_stream = 0  # back: the first stream's slab still serves it (threads taking turns)
+    z = engine(x)
+    assert len(torch.empty_calls) == 1 and y.shape == z.shape == (2, 4)
     (entry,) = engine._fast_paths.natural.values()
-    pool, st, _ = _slab_fields(entry.plan)
-    assert st == [0x5000] and len(pool) == plans.SLAB_CALLS - 1 and y.shape == (2, 4)
+    pools, _ = _slab_fields(entry.plan)
+    assert sorted(pools) == [0, 0x5000]
+    assert len(pools[0x5000]) == plans.SLAB_CALLS - 1 and len(pools[0]) == plans.SLAB_CALLS - 3
+    for stream in range(1, plans.SLAB_STREAMS + 1):  # many streams: the pools are dropped, then kept again
+        torch.current_stream = 0x6000 + stream
+        engine(x)
+    assert len(pools) <= plans.SLAB_STREAMS and 0x6000 + plans.SLAB_STREAMS in pools
 
 
 def test_plans_outputs_too_large_for_a_slab_are_made_per_call(torch: FakeTorch,
@@ -300,7 +308,7 @@ def test_plans_outputs_too_large_for_a_slab_are_made_per_call(torch: FakeTorch,
     assert [c[0] for c in torch.empty_calls] == [(2, 4)] * 3 and torch.unbind_calls == 0
 
 
-def _slab_fields(plan: Any) -> tuple[Any, Any, Any]:
-    """The ``pool``, ``st`` and ``refill`` constants a slab plan closes over."""
+def _slab_fields(plan: Any) -> tuple[Any, Any]:
+    """The ``pools`` and ``refill`` constants a slab plan closes over."""
     cells = dict(zip(plan.__code__.co_freevars, (c.cell_contents for c in plan.__closure__), strict=True))
-    return cells["pool"], cells["st"], cells["refill"]
+    return cells["pools"], cells["refill"]

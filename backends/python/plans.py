@@ -275,8 +275,8 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         caller = _TORCH_CALLER
         if kind == "slab":
             # this call's outputs from the slabs made on the current stream (see _Slabs)
-            alloc_out += ["c = raw_stream(device)", "if c != st[0] or not pool:", "    refill(c)",
-                          _unpack(ys, "pool.pop()") if m else "pool.pop()"]
+            alloc_out += ["c = raw_stream(device)", "pool = pools.get(c)", "if not pool:",
+                          "    pool = refill(c)", _unpack(ys, "pool.pop()") if m else "pool.pop()"]
             caller = "None if c in order.skip or c == order.ours else c"
         for i, y in enumerate(ys):
             if kind == "slab":
@@ -286,7 +286,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             else:
                 alloc_out.append(f"{y} = empty(shape{i}, dtype=od{i}, device=torch_device)")
             alloc_out += _bind(y, f"out{i}")
-        consts += _names("od", m) + (["pool", "st", "refill"] if kind == "slab" else [])
+        consts += _names("od", m) + (["pools", "refill"] if kind == "slab" else [])
         fields.update(
             consts=", ".join(consts),
             torch_head=_torch_head(xs, [
@@ -393,6 +393,8 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
 #: is freed when the last of its outputs is.
 SLAB_CALLS = 32
 SLAB_BYTES = 1 << 20
+#: The most current streams a plan keeps slabs for (a lane serving threads on their own streams).
+SLAB_STREAMS = 16
 
 
 def slab_calls(shapes: Any, dtypes: Any) -> int:
@@ -410,33 +412,39 @@ def slab_calls(shapes: Any, dtypes: Any) -> int:
 
 
 class _Slabs:
-    """The slabs of one plan: ``pool`` holds the outputs of the calls to come (a tuple per
-    call, popped from the end), ``st[0]`` the stream they were made on. A call on another
-    current stream, or with the pool empty, refills it on its stream first (the caching
-    allocator gives a block back to the stream it was made on, and only the work ordered on
-    that stream is known to be done with it)."""
+    """The slabs of one plan, by the stream they were made on: ``pools[stream]`` holds the
+    outputs of the calls to come on that current stream (a tuple per call, popped from the
+    end). A call on a stream with none left refills that stream's pool: the caching allocator
+    gives a block back to the stream it was made on, and only the work ordered on that stream
+    is known to be done with it. A lane that serves threads on several streams (fewer
+    contexts than callers) keeps a pool per stream, up to SLAB_STREAMS of them (then the
+    pools are dropped: outputs no call used go back with their slabs)."""
 
-    __slots__ = ("calls", "device", "empty", "pool", "specs", "st")
+    __slots__ = ("calls", "device", "empty", "pools", "specs")
 
     def __init__(self, empty: Any, device: Any, shapes: Any, dtypes: Any, calls: int) -> None:
         self.empty, self.device, self.calls = empty, device, calls
         self.specs = tuple(zip(shapes, dtypes, strict=True))
-        self.pool: list[tuple[Any, ...]] = []
-        self.st: list[Any] = [None]
+        self.pools: dict[Any, list[tuple[Any, ...]]] = {}
 
-    def refill(self, stream: Any) -> None:
+    def refill(self, stream: Any) -> list[tuple[Any, ...]]:
+        """The pool of ``stream``, refilled with the outputs of :attr:`calls` calls."""
+        pools = self.pools
+        pool = pools.get(stream)
+        if pool is None:
+            if len(pools) >= SLAB_STREAMS:
+                pools.clear()
+            pool = pools[stream] = []
         empty, device, calls = self.empty, self.device, self.calls
         columns = [empty((calls, *shape), dtype=dtype, device=device).unbind(0)
                    for shape, dtype in self.specs]
-        pool = self.pool
-        pool.clear()  # outputs made on another stream that no call used: their slab goes back
         pool.extend(zip(*columns, strict=True))
         pool.reverse()
-        self.st[0] = stream
+        return pool
 
-    def fields(self) -> tuple[Any, Any, Any]:
-        """The plan's constants ``pool``, ``st``, ``refill``."""
-        return self.pool, self.st, self.refill
+    def fields(self) -> tuple[Any, Any]:
+        """The plan's constants ``pools`` and ``refill``."""
+        return self.pools, self.refill
 
 
 def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> Plan:

@@ -114,5 +114,39 @@ def test_gpu_slab_is_made_on_the_callers_current_stream(engines: Any, load: Any)
         c = engine(x)
         side.synchronize()
     assert c._base is not a._base  # another current stream: a slab made there
+    d = engine(x)  # back on the first stream: its slab again
+    assert d._base is a._base
     torch.cuda.synchronize()
-    assert all(_right(torch, built, out, want) for out in (a, b, c))
+    assert all(_right(torch, built, out, want) for out in (a, b, c, d))
+
+
+def test_gpu_slab_outputs_with_fewer_contexts_than_threads(engines: Any, load: Any) -> None:
+    """Threads on their own streams taking turns on 2 contexts: each lane keeps a slab per
+    stream, and every output kept is its own call's."""
+    torch = _torch()
+    built = engines("mlp_fp16")
+    engine = load("mlp_fp16")
+    engine.contexts = 2
+    threads, calls = 6, 80
+    per_thread = [_cases(torch, built, 3, seed=40 + t) for t in range(threads)]
+    kept: list[list[Any]] = [[] for _ in range(threads)]
+    errors: list[str] = []
+
+    def work(t: int) -> None:
+        try:
+            torch.cuda.set_stream(torch.cuda.Stream())
+            for i in range(calls):
+                kept[t].append(engine(per_thread[t][i % 3][0]))
+            torch.cuda.current_stream().synchronize()
+        except Exception as exc:
+            errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert errors == []
+    wrong = [(t, i) for t in range(threads) for i, out in enumerate(kept[t])
+             if not _right(torch, built, out, per_thread[t][i % 3][1])]
+    assert wrong == []
