@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import importlib.util
 import json
 import os
@@ -143,7 +144,11 @@ class _Memory:
 
 
 def _environment(backends: Sequence[str]) -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     if "memory" in backends:
         return info
     try:

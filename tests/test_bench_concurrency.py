@@ -66,6 +66,7 @@ def test_bench_concurrency_full_grid_fits_the_budget() -> None:
 def test_bench_concurrency_memory_smoke_rows(tmp_path: Path) -> None:
     doc = _run(tmp_path)
     assert doc["status"] == "complete"
+    assert doc["environment"]["date"].endswith("+00:00")  # when it ran, in UTC
     rows = doc["rows"]
     assert len(rows) == 2 * 2 * 2  # modes x contexts x callers
     assert all(FIELDS <= set(r) for r in rows)
