@@ -376,7 +376,8 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
     make = _compile("slab" if calls > 1 else "natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
-    slabs = (_Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls).fields() if calls > 1 else ())
+    slabs = (_Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls, bridge.capturing).fields()
+             if calls > 1 else ())
     return make(
         lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
         lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
@@ -418,24 +419,33 @@ class _Slabs:
     gives a block back to the stream it was made on, and only the work ordered on that stream
     is known to be done with it. A lane that serves threads on several streams (fewer
     contexts than callers) keeps a pool per stream, up to SLAB_STREAMS of them (then the
-    pools are dropped: outputs no call used go back with their slabs)."""
+    pools are dropped: outputs no call used go back with their slabs).
 
-    __slots__ = ("calls", "device", "empty", "pools", "specs")
+    Under a CUDA graph capture on the current stream (``capturing()``) a call whose stream
+    has no pool gets outputs made for it alone, from the capture's own memory, as
+    ``torch.empty`` would give it, and no pool is kept: a slab made there would belong to
+    that graph's memory pool, which its replays write."""
 
-    def __init__(self, empty: Any, device: Any, shapes: Any, dtypes: Any, calls: int) -> None:
-        self.empty, self.device, self.calls = empty, device, calls
+    __slots__ = ("calls", "capturing", "device", "empty", "pools", "specs")
+
+    def __init__(self, empty: Any, device: Any, shapes: Any, dtypes: Any, calls: int,
+                 capturing: Any = None) -> None:
+        self.empty, self.device, self.calls, self.capturing = empty, device, calls, capturing
         self.specs = tuple(zip(shapes, dtypes, strict=True))
         self.pools: dict[Any, list[tuple[Any, ...]]] = {}
 
     def refill(self, stream: Any) -> list[tuple[Any, ...]]:
         """The pool of ``stream``, refilled with the outputs of :attr:`calls` calls."""
+        empty, device = self.empty, self.device
+        if self.capturing is not None and self.capturing():
+            return [tuple(empty(shape, dtype=dtype, device=device) for shape, dtype in self.specs)]
         pools = self.pools
         pool = pools.get(stream)
         if pool is None:
             if len(pools) >= SLAB_STREAMS:
                 pools.clear()
             pool = pools[stream] = []
-        empty, device, calls = self.empty, self.device, self.calls
+        calls = self.calls
         columns = [empty((calls, *shape), dtype=dtype, device=device).unbind(0)
                    for shape, dtype in self.specs]
         pool.extend(zip(*columns, strict=True))

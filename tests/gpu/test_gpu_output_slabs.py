@@ -66,15 +66,15 @@ def test_gpu_slab_outputs_are_views_of_one_allocation_and_each_keeps_its_result(
     report_measurement("output slabs", f"{calls} calls, {len(slabs)} slabs, 0 wrong")
 
 
-def test_gpu_slab_outputs_under_threads_on_their_own_streams(engines: Any, load: Any) -> None:
-    torch = _torch()
-    built = engines("mlp_fp16")
-    engine = load("mlp_fp16")
-    threads, calls = 8, 100
+def _threads_keep_outputs(torch: Any, built: Any, engine: Any, threads: int, calls: int, cases: int,
+                          seed: int) -> list[tuple[int, int]]:
+    """``threads`` threads, each on a stream of its own, call ``engine`` ``calls`` times on
+    ``cases`` inputs of their own in turn and keep every output; the (thread, call) of the
+    outputs that are not their own call's result once all ran."""
+    per_thread = [_cases(torch, built, cases, seed=seed + t) for t in range(threads)]
+    engine(per_thread[0][0][0])  # validated once: the threads' calls take the plans
     kept: list[list[Any]] = [[] for _ in range(threads)]
     errors: list[str] = []
-    per_thread = [_cases(torch, built, 4, seed=10 + t) for t in range(threads)]
-    engine(per_thread[0][0][0])
     barrier = threading.Barrier(threads)
 
     def work(t: int) -> None:
@@ -82,8 +82,7 @@ def test_gpu_slab_outputs_under_threads_on_their_own_streams(engines: Any, load:
             torch.cuda.set_stream(torch.cuda.Stream())
             barrier.wait(timeout=60)
             for i in range(calls):
-                x, _ = per_thread[t][i % 4]
-                kept[t].append(engine(x))
+                kept[t].append(engine(per_thread[t][i % cases][0]))
             torch.cuda.current_stream().synchronize()
         except Exception as exc:
             errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
@@ -93,10 +92,15 @@ def test_gpu_slab_outputs_under_threads_on_their_own_streams(engines: Any, load:
         w.start()
     for w in workers:
         w.join(timeout=120)
-    assert errors == []
-    wrong = [(t, i) for t in range(threads) for i, out in enumerate(kept[t])
-             if not _right(torch, built, out, per_thread[t][i % 4][1])]
-    assert wrong == [] and sum(map(len, kept)) == threads * calls
+    assert errors == [] and sum(map(len, kept)) == threads * calls
+    return [(t, i) for t in range(threads) for i, out in enumerate(kept[t])
+            if not _right(torch, built, out, per_thread[t][i % cases][1])]
+
+
+def test_gpu_slab_outputs_under_threads_on_their_own_streams(engines: Any, load: Any) -> None:
+    torch = _torch()
+    wrong = _threads_keep_outputs(torch, engines("mlp_fp16"), load("mlp_fp16"), 8, 100, cases=4, seed=10)
+    assert wrong == []
 
 
 def test_gpu_slab_is_made_on_the_callers_current_stream(engines: Any, load: Any) -> None:
@@ -124,29 +128,6 @@ def test_gpu_slab_outputs_with_fewer_contexts_than_threads(engines: Any, load: A
     """Threads on their own streams taking turns on 2 contexts: each lane keeps a slab per
     stream, and every output kept is its own call's."""
     torch = _torch()
-    built = engines("mlp_fp16")
     engine = load("mlp_fp16")
     engine.contexts = 2
-    threads, calls = 6, 80
-    per_thread = [_cases(torch, built, 3, seed=40 + t) for t in range(threads)]
-    kept: list[list[Any]] = [[] for _ in range(threads)]
-    errors: list[str] = []
-
-    def work(t: int) -> None:
-        try:
-            torch.cuda.set_stream(torch.cuda.Stream())
-            for i in range(calls):
-                kept[t].append(engine(per_thread[t][i % 3][0]))
-            torch.cuda.current_stream().synchronize()
-        except Exception as exc:
-            errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
-
-    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    assert errors == []
-    wrong = [(t, i) for t in range(threads) for i, out in enumerate(kept[t])
-             if not _right(torch, built, out, per_thread[t][i % 3][1])]
-    assert wrong == []
+    assert _threads_keep_outputs(torch, engines("mlp_fp16"), engine, 6, 80, cases=3, seed=40) == []
