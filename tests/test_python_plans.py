@@ -251,6 +251,18 @@ def test_plans_slab_calls_fit_the_outputs_in_the_slab_budget(torch: FakeTorch) -
     assert plans.slab_calls([(plans.SLAB_BYTES,)], [f32]) == 1  # larger than a slab: torch.empty per call
     assert plans.slab_calls([()], [f32]) == plans.SLAB_CALLS  # a scalar output
     assert plans.slab_calls([(4,)], [object()]) == 1  # a dtype without itemsize: no slab
+    assert plans.call_bytes([(2, 4), (3,)], [f32, f16]) == 38 and plans.call_bytes([(-1, 4)], [f32]) is None
+
+
+def test_plans_slab_pools_of_large_outputs_are_kept_for_fewer_streams(torch: FakeTorch) -> None:
+    f32 = torch.float32
+    small = plans._Slabs(torch.empty, ("cuda", 0), [(8, 32)], [f32], plans.SLAB_CALLS)
+    assert small.streams == plans.SLAB_STREAMS  # 32 KiB slabs: the 16 streams fit in 4 MiB
+    big = plans._Slabs(torch.empty, ("cuda", 0), [(plans.SLAB_BYTES // 16,)], [f32], 4)  # 1 MiB slabs
+    assert big.streams == plans.PLAN_SLAB_BYTES // plans.SLAB_BYTES == 4
+    for stream in range(6):
+        big.refill(stream)
+    assert len(big.pools) <= 4 and 5 in big.pools
 
 
 def test_plans_natural_outputs_come_from_one_slab_per_slab_calls_calls(torch: FakeTorch) -> None:
