@@ -20,8 +20,7 @@ class TorchBridge:
     """The torch of a lane's calls; every field is ``None`` (``in_dtypes`` empty) until
     :meth:`is_torch` first sees a torch tensor."""
 
-    __slots__ = ("capturing", "device", "device_index", "empty", "in_dtypes", "ins", "outs", "raw_stream",
-                 "tensor")
+    __slots__ = ("device", "device_index", "empty", "in_dtypes", "ins", "outs", "raw_stream", "tensor")
 
     def __init__(self, device_index: int, ins: Sequence[Any], outs: Sequence[Any]) -> None:
         self.device_index = device_index
@@ -32,7 +31,6 @@ class TorchBridge:
         self.tensor: Any = None
         self.device: Any = None
         self.empty: Any = None
-        self.capturing: Any = None
         #: The torch dtype of each input, in order.
         self.in_dtypes: tuple[Any, ...] = ()
         #: ``raw_stream(device) -> int``: torch's current stream on ``device``.
@@ -51,8 +49,6 @@ class TorchBridge:
             raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
             self.raw_stream = raw if raw is not None else _current_stream_fallback
             self.empty = torch.empty
-            #: ``capturing() -> bool``: whether torch's current stream is capturing a CUDA graph.
-            self.capturing = getattr(torch.cuda, "is_current_stream_capturing", None)
             self.tensor = torch.Tensor  # last: the hot paths test it first
         return True
 

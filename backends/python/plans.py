@@ -279,12 +279,9 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                           "    pool = refill(c)", _unpack(ys, "pool.pop()") if m else "pool.pop()"]
             caller = "None if c in order.skip or c == order.ours else c"
         for i, y in enumerate(ys):
-            if kind == "slab":
-                pass
-            elif variant:
-                alloc_out.append(f"{y} = x0.new_empty(shape{i})")
-            else:
-                alloc_out.append(f"{y} = empty(shape{i}, dtype=od{i}, device=torch_device)")
+            if kind == "natural":
+                alloc_out.append(f"{y} = x0.new_empty(shape{i})" if variant
+                                 else f"{y} = empty(shape{i}, dtype=od{i}, device=torch_device)")
             alloc_out += _bind(y, f"out{i}")
         consts += _names("od", m) + (["pools", "refill"] if kind == "slab" else [])
         fields.update(
@@ -376,8 +373,7 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
     make = _compile("slab" if calls > 1 else "natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
-    slabs = (_Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls, bridge.capturing).fields()
-             if calls > 1 else ())
+    slabs = _Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls).fields() if calls > 1 else ()
     return make(
         lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
         lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
@@ -394,32 +390,21 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
 #: is freed when the last of its outputs is.
 SLAB_CALLS = 32
 SLAB_BYTES = 1 << 20
-#: The most current streams a plan keeps slabs for (a lane serving threads on their own streams),
-#: fewer where their slabs would hold more than PLAN_SLAB_BYTES together.
+#: The most current streams a plan keeps slabs for (a lane serving threads on their own streams).
 SLAB_STREAMS = 16
-PLAN_SLAB_BYTES = 4 << 20
-
-
-def call_bytes(shapes: Any, dtypes: Any) -> int | None:
-    """The bytes of one call's outputs of ``shapes`` and torch ``dtypes`` (``None``: a dtype
-    without ``itemsize``, or a shape that is not all ints >= 0)."""
-    nbytes = 0
-    for shape, dtype in zip(shapes, dtypes, strict=True):
-        size = getattr(dtype, "itemsize", None)
-        if not isinstance(size, int) or any(not isinstance(d, int) or d < 0 for d in shape):
-            return None
-        for d in shape:
-            size *= d
-        nbytes += size
-    return nbytes
 
 
 def slab_calls(shapes: Any, dtypes: Any) -> int:
     """How many calls' outputs one slab holds for outputs of ``shapes`` and torch ``dtypes``
-    (1: too large for a slab, or sizes :func:`call_bytes` cannot tell)."""
-    nbytes = call_bytes(shapes, dtypes)
-    if nbytes is None:
-        return 1
+    (1: too large for a slab, or a dtype without ``itemsize``)."""
+    nbytes = 0
+    for shape, dtype in zip(shapes, dtypes, strict=True):
+        size = getattr(dtype, "itemsize", None)
+        if not isinstance(size, int) or any(not isinstance(d, int) or d < 0 for d in shape):
+            return 1
+        for d in shape:
+            size *= d
+        nbytes += size
     return max(1, min(SLAB_CALLS, SLAB_BYTES // max(nbytes, 1)))
 
 
@@ -429,38 +414,25 @@ class _Slabs:
     end). A call on a stream with none left refills that stream's pool: the caching allocator
     gives a block back to the stream it was made on, and only the work ordered on that stream
     is known to be done with it. A lane that serves threads on several streams (fewer
-    contexts than callers) keeps a pool per stream, up to SLAB_STREAMS of them and fewer where
-    their slabs would hold more than PLAN_SLAB_BYTES (then the pools are dropped: outputs no
-    call used go back with their slabs).
+    contexts than callers) keeps a pool per stream, up to SLAB_STREAMS of them (then the
+    pools are dropped: outputs no call used go back with their slabs)."""
 
-    Under a CUDA graph capture on the current stream (``capturing()``) a call whose stream
-    has no pool gets outputs made for it alone, from the capture's own memory, as
-    ``torch.empty`` would give it, and no pool is kept: a slab made there would belong to
-    that graph's memory pool, which its replays write."""
+    __slots__ = ("calls", "device", "empty", "pools", "specs")
 
-    __slots__ = ("calls", "capturing", "device", "empty", "pools", "specs", "streams")
-
-    def __init__(self, empty: Any, device: Any, shapes: Any, dtypes: Any, calls: int,
-                 capturing: Any = None) -> None:
-        self.empty, self.device, self.calls, self.capturing = empty, device, calls, capturing
+    def __init__(self, empty: Any, device: Any, shapes: Any, dtypes: Any, calls: int) -> None:
+        self.empty, self.device, self.calls = empty, device, calls
         self.specs = tuple(zip(shapes, dtypes, strict=True))
         self.pools: dict[Any, list[tuple[Any, ...]]] = {}
-        slab = calls * max(call_bytes(shapes, dtypes) or 0, 1)
-        #: How many streams' pools are kept (their slabs within PLAN_SLAB_BYTES together).
-        self.streams = max(1, min(SLAB_STREAMS, PLAN_SLAB_BYTES // slab))
 
     def refill(self, stream: Any) -> list[tuple[Any, ...]]:
         """The pool of ``stream``, refilled with the outputs of :attr:`calls` calls."""
-        empty, device = self.empty, self.device
-        if self.capturing is not None and self.capturing():
-            return [tuple(empty(shape, dtype=dtype, device=device) for shape, dtype in self.specs)]
         pools = self.pools
         pool = pools.get(stream)
         if pool is None:
-            if len(pools) >= self.streams:
+            if len(pools) >= SLAB_STREAMS:
                 pools.clear()
             pool = pools[stream] = []
-        calls = self.calls
+        empty, device, calls = self.empty, self.device, self.calls
         columns = [empty((calls, *shape), dtype=dtype, device=device).unbind(0)
                    for shape, dtype in self.specs]
         pool.extend(zip(*columns, strict=True))
