@@ -1,0 +1,217 @@
+"""How close a thread-safe pure-Python call can come to issue 17's floors, beside ours.
+
+Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
+
+    python3 tools/gpu_floor_probe.py [--out DIR] [--workloads tiny] [--repeats 60] [--number 40]
+
+Issue 17 asks the python backend's outer replay to cost at most 1.5 µs (or 1.10x) more
+than a bare ``torch.cuda.CUDAGraph.replay()``, and its pre-bound ``execute`` at most 1.5 µs
+(or 1.10x) more than a bare ``execute_async_v3``. This probe times, interleaved in one
+process (as ``tools/gpu_step_costs.py`` does), the floors, our calls, and *minimal* calls:
+the least a runtime written in Python must do per call to be safe when threads share an
+engine, written as tightly as Python allows (a closure, every constant a local):
+
+* a lease: one ``threading.Lock`` taken without blocking and given back;
+* the input checked to be what the graph or the bindings were made for (type, dtype,
+  contiguity, address, shape; for the pre-bound call, the very arrays at their addresses
+  and shapes);
+* the caller's stream (torch's current one; for the pre-bound call, the ``stream=`` given);
+* the launch or enqueue, and the outputs handed back.
+
+Statements (µs per call, median of ``--repeats`` samples of ``--number`` calls):
+
+* ``replay: torch CUDAGraph.replay()`` / ``replay: cuda-python launch``: the floors;
+* ``replay: minimal`` (one frame) and ``replay: minimal, entry + plan`` (the same work in
+  two frames, as a core entry calling a backend's plan is);
+* ``replay: minimal, no dtype/contiguity``: without the two checks a shared buffer needs;
+* ``replay: ours o(s)``: ``engine(s)`` under ``enable_cudagraphs(engine, outer="view")``;
+* ``pre: execute_async_v3``, ``pre: minimal`` (keyword arguments as the user passes them),
+  ``pre: ours e.execute(x, outputs=[y], stream=s)``.
+
+Writes ``floor_probe.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import _gpu_tool
+from gpu_step_costs import _raw_side, time_statements
+
+
+def minimal_replay(torch: Any, launch: Any, graph: Any, static: Any, views: list[Any], device: int,
+                   checks: bool = True) -> Any:
+    """The least a thread-safe replay in Python does (see the module docstring)."""
+    lock = threading.Lock()
+    acquire, release = lock.acquire, lock.release
+    tensor, dtype, ptr, shape = torch.Tensor, static.dtype, static.data_ptr(), static.shape
+    raw_stream = torch._C._cuda_getCurrentRawStream
+
+    if checks:
+        def call(x: Any) -> Any:
+            if not acquire(False):
+                raise RuntimeError("busy")
+            try:
+                if (type(x) is not tensor or x.dtype is not dtype or not x.is_contiguous()
+                        or x.data_ptr() != ptr or x.shape != shape):
+                    raise ValueError("not the static buffer")
+                (err,) = launch(graph, raw_stream(device))
+                if err:
+                    raise RuntimeError(err)
+                return views[0]
+            finally:
+                release()
+    else:
+        def call(x: Any) -> Any:
+            if not acquire(False):
+                raise RuntimeError("busy")
+            try:
+                if type(x) is not tensor or x.data_ptr() != ptr or x.shape != shape:
+                    raise ValueError("not the static buffer")
+                (err,) = launch(graph, raw_stream(device))
+                if err:
+                    raise RuntimeError(err)
+                return views[0]
+            finally:
+                release()
+    return call
+
+
+def split_replay(torch: Any, launch: Any, graph: Any, static: Any, views: list[Any], device: int) -> Any:
+    """:func:`minimal_replay`'s work in two frames: an entry (lease) calling a plan (the rest)."""
+    lock = threading.Lock()
+    acquire, release = lock.acquire, lock.release
+    tensor, dtype, ptr, shape = torch.Tensor, static.dtype, static.data_ptr(), static.shape
+    raw_stream = torch._C._cuda_getCurrentRawStream
+
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> Any:
+        if outputs is not None or len(inputs) != 1:
+            return None
+        x, = inputs
+        if (type(x) is not tensor or x.dtype is not dtype or not x.is_contiguous()
+                or x.data_ptr() != ptr or x.shape != shape):
+            return None
+        (err,) = launch(graph, raw_stream(device) if stream is None else stream)
+        if err:
+            raise RuntimeError(err)
+        return list(views)
+
+    def entry(*inputs: Any, stream: Any = None, outputs: Any = None) -> Any:
+        if not acquire(False):
+            raise RuntimeError("busy")
+        try:
+            result = plan(inputs, stream, outputs)
+        finally:
+            release()
+        return result[0] if len(result) == 1 else tuple(result)
+    return entry
+
+
+def minimal_prebound(execute: Any, x: Any, y: Any, own: Any, handle: int) -> Any:
+    """The least a thread-safe pre-bound ``execute(x, outputs=[y], stream=s)`` does."""
+    lock = threading.Lock()
+    acquire, release = lock.acquire, lock.release
+    px, py, sx, sy = x.data_ptr(), y.data_ptr(), x.shape, y.shape
+
+    def call(*inputs: Any, stream: Any = None, outputs: Any = None) -> Any:
+        if not acquire(False):
+            raise RuntimeError("busy")
+        try:
+            if outputs is None or len(inputs) != 1 or len(outputs) != 1:
+                raise ValueError("arity")
+            x0, = inputs
+            y0, = outputs
+            if x0 is not x or y0 is not y or x0.data_ptr() != px or y0.data_ptr() != py \
+                    or x0.shape != sx or y0.shape != sy:
+                raise ValueError("not the bound arrays")
+            if stream is not own:
+                raise ValueError("another stream")
+            if not execute(handle):
+                raise RuntimeError("execute_async_v3 returned False")
+            return [y0]
+        finally:
+            release()
+    return call
+
+
+def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str, float]:
+    from benchmarks import workloads
+    from trt_runtime import EngineSource, enable_cudagraphs, get_backend
+    from trt_runtime.contract import stream_handle
+
+    workload = workloads.WORKLOADS_BY_KEY[key]
+    built, _ = workloads.build(workload)
+    tensors = workloads.make_tensors(torch, built, workload)
+    if len(tensors.inputs) != 1:
+        raise SystemExit(f"the floor probe takes a workload of one shape; {key} has {len(tensors.inputs)}")
+    backend = get_backend("python")
+    engine = backend.load_engine(EngineSource(built.plan, name=f"{key}-floor"))
+    outer = backend.load_engine(EngineSource(built.plan, name=f"{key}-floor-outer"))
+    wrap = enable_cudagraphs(outer, outer="view")
+    wrap.__enter__()
+    x, y = tensors.inputs[0], tensors.outputs[0]
+    (s,) = outer.static_inputs(tuple(x.shape), as_torch=True)
+    s.copy_(x)
+    for _ in range(3):
+        engine.execute(x, outputs=[y], stream=engine.stream)
+        outer(s)
+    torch.cuda.synchronize()
+    from cuda.bindings import runtime as rt
+
+    ns: dict[str, Any] = {"e": engine, "o": outer, "x": x, "y": y, "s": s, "own": engine.stream,
+                          "ctx": engine._res.context, "rt": rt}
+    keep = _raw_side(ns, torch, built, workload, [x], [y], engine._res.context)
+    launch = rt.cudaGraphLaunch
+    graph = ns["tg_exec"]
+    views = [y]  # the raw graph writes the y the raw context was bound to (_raw_side)
+    device = torch.cuda.current_device()
+    handle = stream_handle(engine.stream)
+    ns.update(
+        hnd=handle,
+        mr=minimal_replay(torch, launch, graph, x, views, device),
+        mr0=minimal_replay(torch, launch, graph, x, views, device, checks=False),
+        sr=split_replay(torch, launch, graph, x, views, device),
+        mp=minimal_prebound(ns["ctx"].trt_context.execute_async_v3, x, y, engine.stream, handle),
+        tc=ns["ctx"].trt_context,
+    )
+    stmts = {
+        "replay: torch CUDAGraph.replay()": "tg.replay()",
+        "replay: cuda-python launch": "rt.cudaGraphLaunch(tg_exec, 0)",
+        "replay: minimal": "mr(x)",
+        "replay: minimal, entry + plan": "sr(x)",
+        "replay: minimal, no dtype/contiguity": "mr0(x)",
+        "replay: ours o(s)": "o(s)",
+        "pre: execute_async_v3": "tc.execute_async_v3(hnd)",
+        "pre: minimal": "mp(x, outputs=[y], stream=own)",
+        "pre: ours e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=own)",
+    }
+    try:
+        return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
+    finally:
+        keep.clear()
+        wrap.__exit__(None, None, None)
+        outer.close()
+        engine.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _gpu_tool.parser(__doc__)
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--number", type=int, default=40)
+    parser.add_argument("--workloads", default="tiny")
+    args = parser.parse_args(argv)
+    import torch
+
+    document: dict[str, Any] = {}
+    for key in args.workloads.split(","):
+        document[key] = workload_floors(key, torch, args.repeats, args.number)
+        print(f"== {key}")
+        for label, us in document[key].items():
+            print(f"  {label:52s} {us:8.2f} us", flush=True)
+    _gpu_tool.write_json(args.out, "floor_probe.json", document)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
