@@ -529,6 +529,34 @@ def test_python_outer_graph_static_input_replays_the_plain_graph(torch: FakeTorc
         assert rt.calls[0][1] == slot.graph
 
 
+@pytest.mark.parametrize("mode", ["copy", "view"])
+def test_python_outer_graph_static_and_fresh_inputs_each_go_straight_to_their_plan(
+        torch: FakeTorch, mode: str) -> None:
+    """A slot with copy nodes has two plans: static inputs make the plain one the lane's
+    current plan, other inputs the copying one (the slot's own) again. A run of calls of one
+    kind then goes to its plan directly, not through the other plan's checks every call."""
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer=mode):
+        engine(torch.cuda_tensor((2, 4)))
+        fresh = torch.cuda_tensor((2, 4))
+        engine(fresh)
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        copying = slot.plan
+        assert engine._fast_entry is copying
+        (static,) = engine.static_inputs((2, 4), as_torch=True)
+        engine(static)
+        plain = engine._fast_entry
+        assert plain is not copying and plain is not engine._call_fast
+        for call in range(3):
+            rt.calls.clear()
+            engine(static)
+            assert engine._fast_entry is plain and rt.calls[0][:2] == ("launch", slot.graph)
+            rt.calls.clear()
+            engine(torch.cuda_tensor((2, 4)) if call % 2 else fresh)
+            assert engine._fast_entry is copying
+            assert rt.calls[-1][:2] == ("launch", engine._graphs.copying[int(slot.graph)].exec)
+
+
 def test_python_outer_graph_view_mode_copies_inputs_through_a_node(torch: FakeTorch) -> None:
     engine, rt = _nodes_engine()
     with enable_cudagraphs(engine, outer="view"):

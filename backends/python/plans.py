@@ -142,8 +142,10 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 # the replay of a captured slot; two kinds share it. "replay": copies each input that is not
 # its static buffer with cudaMemcpyAsync and launches the captured graph. "copying": the
 # slot's copies are nodes of a second graph (trt_runtime.graphs.CopyNodes): each input's address set in
-# its memcpy node, each output made and its address set, one launch of that graph; a call
-# with an input that is its static buffer itself goes to the slot's "replay" plan (plain).
+# its memcpy node, each output made and its address set, one launch of that graph. A slot
+# with both has two plans, and the lane's current one is the one its last call needed: a
+# call with an input that is its static buffer itself goes from "copying" to the slot's
+# "replay" plan (plain), one with none from "replay" to the slot's own plan ("copying").
 _REPLAY = """\
 def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, failed, results, views, plain,
          cexec, last, empty, torch_device, tensor, device, raw_stream, table, {consts}):
@@ -154,6 +156,7 @@ def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, 
         if {graph_gone}:
             return miss(inputs, stream, outputs)
         {sources}
+{to_copying}\
         if {foreign_device}:
             return miss(inputs, stream, outputs)
 {plain_way}\
@@ -306,6 +309,12 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         fields.update(
             _replay_head(xs, consts),
             graph_gone="graph is None", plain_way="", launched="graph",
+            # no input in its static buffer: the slot's own plan when that is another (copying)
+            to_copying=_indent([
+                f"if {' and '.join(f'src{i} != dst{i}' for i in range(n))} and (other := slot.plan) "
+                "is not None and other is not lane._fast_entry:",
+                "    lane._fast_entry = other",
+                "    return other(inputs, stream, outputs)"]),
             # an input that is not the static buffer itself must be on the engine's device
             foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
                                  for i, x in enumerate(xs)]),
@@ -331,7 +340,9 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             _replay_head(xs, consts),
             graph_gone="graph is not graph0", launched="cexec",
             foreign_device=_any([f"{x}.get_device() != device" for x in xs]),
+            to_copying="",
             plain_way=_indent([f"if {_any([f'src{i} == dst{i}' for i in range(n)])}:",
+                               "    lane._fast_entry = plain",
                                "    return plain(inputs, stream, outputs)"]),
             copies=_indent(set_in + alloc_out),
             # variant: "view" mode, the static outputs' views handed over (no output nodes)
