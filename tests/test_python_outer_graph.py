@@ -557,6 +557,36 @@ def test_python_outer_graph_static_and_fresh_inputs_each_go_straight_to_their_pl
             assert rt.calls[-1][:2] == ("launch", engine._graphs.copying[int(slot.graph)].exec)
 
 
+def test_python_outer_graph_static_inputs_of_shapes_in_turn_switch_plain_plan_to_plain_plan(
+        torch: FakeTorch) -> None:
+    """Static buffers of two shapes in turn: a plain plan's shape switch lands on the other
+    slot's plain plan (not on its copying plan, which would hand the call on once more),
+    and fresh inputs of shapes in turn still go copying plan to copying plan."""
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="view"):
+        shapes = [(2, 4), (3, 4)]
+        for shape in shapes:
+            engine(torch.cuda_tensor(shape))
+            engine(torch.cuda_tensor(shape))
+        statics = [engine.static_inputs(shape, as_torch=True)[0] for shape in shapes]
+        slots = [engine._outer_graphs.shortcuts[(torch.Size(shape),)] for shape in shapes]
+        copyings = [slot.plan for slot in slots]
+        for static in statics:
+            engine(static)
+        plains = [copying.plain for copying in copyings]
+        assert len({*map(id, plains), *map(id, copyings)}) == 4
+        for turn in range(4):
+            i = turn % 2
+            rt.calls.clear()
+            engine(statics[i])
+            assert engine._fast_entry is plains[i]
+            assert [c[:2] for c in rt.calls] == [("launch", slots[i].graph)]
+        for turn in range(4):
+            i = turn % 2
+            engine(torch.cuda_tensor(shapes[i]))
+            assert engine._fast_entry is copyings[i]
+
+
 def test_python_outer_graph_view_mode_copies_inputs_through_a_node(torch: FakeTorch) -> None:
     engine, rt = _nodes_engine()
     with enable_cudagraphs(engine, outer="view"):

@@ -26,7 +26,9 @@ Statements (µs per call, median of ``--repeats`` samples of ``--number`` calls)
 * ``replay: minimal, no dtype/contiguity``: without the two checks a shared buffer needs;
 * ``replay: ours o(s)``: ``engine(s)`` under ``enable_cudagraphs(engine, outer="view")``;
 * ``pre: execute_async_v3``, ``pre: minimal`` (keyword arguments as the user passes them),
-  ``pre: ours e.execute(x, outputs=[y], stream=s)``.
+  ``pre: ours e.execute(x, outputs=[y], stream=s)``;
+* ``launch:`` the cuda-python launch alone of the raw graph and of ours, on our stream and on
+  the legacy one; ``nodes:`` the node count of a graph captured from each context.
 
 Then our replay plan taken apart (``ablate:`` statements): the plan the backend generated
 for ``o(s)``, compiled again with one piece left out at a time (the LRU touch, the
@@ -206,6 +208,106 @@ def ablated_plans(lane: Any, slot: Any, shapes: tuple[Any, ...]) -> dict[str, An
     return result
 
 
+def count_nodes(rt: Any, context: Any, stream: int) -> int:
+    """The nodes of a graph captured (with cuda-python) from one ``execute_async_v3`` of
+    ``context`` on ``stream``."""
+    _gpu_tool.ok(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+    mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+    _gpu_tool.ok((rt.cudaStreamBeginCapture(stream, mode)[0], None), "cudaStreamBeginCapture")
+    try:
+        context.execute_async_v3(stream)
+    finally:
+        graph = _gpu_tool.ok(rt.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
+    try:
+        return int(_gpu_tool.ok(rt.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")[1])
+    finally:
+        rt.cudaGraphDestroy(graph)
+
+
+def cycle_floors(key: str, torch: Any, built: Any, workload: Any, tensors: Any, repeats: int, number: int
+                 ) -> dict[str, float]:
+    """A workload of several shapes fed in turn: a bare ``CUDAGraph.replay()`` per shape (a
+    context and graph each, as bench_all's ``raw-graph-replay``) against ``o(s)`` with the
+    static input of each shape, and a minimal replay that finds the graph by the shape."""
+    from cuda.bindings import runtime as rt
+
+    from benchmarks import raw_rows
+    from trt_runtime import EngineSource, enable_cudagraphs, get_backend
+
+    raw = raw_rows.open_engine(built.plan)
+    side = torch.cuda.Stream()
+    handle = int(side.cuda_stream)
+    keep: list[Any] = [raw]
+    graphs = []
+    for x, y in zip(tensors.inputs, tensors.outputs, strict=True):
+        rc, memory, _ = raw_rows.new_context(raw, torch, workload.shapes)
+        rc.set_input_shape(raw.input_name, tuple(x.shape))
+        rc.set_tensor_address(raw.input_name, x.data_ptr())
+        rc.set_tensor_address(raw.output_name, y.data_ptr())
+        with torch.cuda.stream(side):
+            rc.execute_async_v3(handle)  # TensorRT-RTX compiles on a first run
+        side.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            rc.execute_async_v3(handle)
+        keep += [rc, memory, graph]
+        graphs.append(graph)
+    outer = get_backend("python").load_engine(EngineSource(built.plan, name=f"{key}-floor-outer"))
+    wrap = enable_cudagraphs(outer, outer="view")
+    wrap.__enter__()
+    statics = []
+    for x in tensors.inputs:
+        (s,) = outer.static_inputs(tuple(x.shape), as_torch=True)
+        s.copy_(x)
+        statics.append(s)
+    for _ in range(3):
+        for s in statics:
+            outer(s)
+    torch.cuda.synchronize()
+    device = torch.cuda.current_device()
+    by_shape = {x.shape: (rt.cudaGraphExec_t(int(g.raw_cuda_graph_exec())), x, y)
+                for g, x, y in zip(graphs, tensors.inputs, tensors.outputs, strict=True)}
+    minimal = minimal_cycle(torch, rt.cudaGraphLaunch, by_shape, device)
+    ns: dict[str, Any] = {"tgs": graphs, "o": outer, "ss": statics, "xs": tensors.inputs, "n": len(graphs),
+                          "it": iter(range(1 << 62)), "md": minimal}
+    stmts = {
+        "cycle: torch CUDAGraph.replay()": "tgs[next(it) % n].replay()",
+        "cycle: minimal (graph by shape)": "md(xs[next(it) % n])",
+        "cycle: ours o(s)": "o(ss[next(it) % n])",
+    }
+    try:
+        return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
+    finally:
+        keep.clear()
+        wrap.__exit__(None, None, None)
+        outer.close()
+
+
+def minimal_cycle(torch: Any, launch: Any, by_shape: dict[Any, Any], device: int) -> Any:
+    """:func:`minimal_replay` for several shapes: the graph, buffer and output found by the
+    input's shape (one dict lookup)."""
+    lock = threading.Lock()
+    acquire, release = lock.acquire, lock.release
+    tensor = torch.Tensor
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    table = {shape: (graph, x.dtype, x.data_ptr(), y) for shape, (graph, x, y) in by_shape.items()}
+
+    def call(x: Any) -> Any:
+        if not acquire(False):
+            raise RuntimeError("busy")
+        try:
+            entry = table.get(x.shape) if type(x) is tensor else None
+            if entry is None or x.dtype is not entry[1] or not x.is_contiguous() or x.data_ptr() != entry[2]:
+                raise ValueError("not a static buffer")
+            (err,) = launch(entry[0], raw_stream(device))
+            if err:
+                raise RuntimeError(err)
+            return entry[3]
+        finally:
+            release()
+    return call
+
+
 def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str, float]:
     from benchmarks import workloads
     from trt_runtime import EngineSource, enable_cudagraphs, get_backend
@@ -215,7 +317,7 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     built, _ = workloads.build(workload)
     tensors = workloads.make_tensors(torch, built, workload)
     if len(tensors.inputs) != 1:
-        raise SystemExit(f"the floor probe takes a workload of one shape; {key} has {len(tensors.inputs)}")
+        return cycle_floors(key, torch, built, workload, tensors, repeats, number)
     backend = get_backend("python")
     engine = backend.load_engine(EngineSource(built.plan, name=f"{key}-floor"))
     outer = backend.load_engine(EngineSource(built.plan, name=f"{key}-floor-outer"))
@@ -276,8 +378,18 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
         "piece: s.get_device()": "s.get_device()",
     })
     ns["T"] = torch.Tensor
+    # the launch alone: our graph and the raw one, on our stream and on the legacy stream
+    ours = lane._order.ours
+    ns.update(og=slot.graph, ours=ours)
+    stmts.update({
+        "launch: raw graph on ours": "rt.cudaGraphLaunch(tg_exec, ours)",
+        "launch: our graph on ours": "rt.cudaGraphLaunch(og, ours)",
+        "launch: our graph on 0": "rt.cudaGraphLaunch(og, 0)",
+    })
+    nodes = {"nodes: raw context": count_nodes(rt, ns["rc"], ours),
+             "nodes: our context": count_nodes(rt, lane._context.trt_context, ours)}
     try:
-        return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
+        return {**time_statements(stmts, ns, torch.cuda.synchronize, repeats, number), **nodes}
     finally:
         keep.clear()
         wrap.__exit__(None, None, None)
@@ -289,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _gpu_tool.parser(__doc__)
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--number", type=int, default=40)
-    parser.add_argument("--workloads", default="tiny")
+    parser.add_argument("--workloads", default="tiny,mlp,convnet,dynamic")
     args = parser.parse_args(argv)
     import torch
 
@@ -298,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         document[key] = workload_floors(key, torch, args.repeats, args.number)
         print(f"== {key}")
         for label, us in document[key].items():
-            print(f"  {label:52s} {us:8.2f} us", flush=True)
+            print(f"  {label:52s} {us:8.2f}{'' if label.startswith('nodes') else ' us'}", flush=True)
     _gpu_tool.write_json(args.out, "floor_probe.json", document)
     return 0
 

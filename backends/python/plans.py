@@ -90,6 +90,7 @@ _SWITCH = """\
         if {differs}:
             other = table.get({key})
             other = None if other is None{unusable} else other.plan
+{pick}\
             if other is None or other is lane._fast_entry:
                 return miss(inputs, stream, outputs)
             lane._fast_entry = other
@@ -203,23 +204,28 @@ def _torch_head(xs: list[str], checks: list[str]) -> str:
     return _TORCH_HEAD.format(n=len(xs), unpack_in=_unpack(xs, "inputs"), checks=_any(checks))
 
 
-def _switch(xs: list[str], unusable: str = "") -> str:
+def _switch(xs: list[str], unusable: str = "", pick: str = "") -> str:
     """Inputs ``xs`` of other shapes than ``s0``, ``s1``... go to that shape's plan in ``table``
-    (``unusable``: a further condition on the entry, such as a released graph)."""
+    (``unusable``: a further condition on the entry, such as a released graph; ``pick``: a
+    line choosing among the entry's plans)."""
     return _SWITCH.format(differs=_any([f"{x}.shape != s{i}" for i, x in enumerate(xs)]),
-                          key="(" + "".join(f"{x}.shape, " for x in xs) + ")", unusable=unusable)
+                          key="(" + "".join(f"{x}.shape, " for x in xs) + ")", unusable=unusable,
+                          pick=pick)
 
 
-def _replay_head(xs: list[str], consts: list[str]) -> dict[str, str]:
+def _replay_head(xs: list[str], consts: list[str], plain: bool) -> dict[str, str]:
     """The fields the two replay templates share: constants, the torch check of inputs
-    ``xs``, the switch to other captured shapes, the inputs' addresses, the caller."""
+    ``xs``, the switch to other captured shapes (``plain``: to the plain plan of a slot that
+    has two, since calls given static buffers tend to come in runs), the inputs'
+    addresses, the caller."""
     return {
         "consts": ", ".join(consts),
         "torch_head": _torch_head(xs, [
             f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
             for i, x in enumerate(xs)
         ]),
-        "switch": _switch(xs, " or other.graph is None"),
+        "switch": _switch(xs, " or other.graph is None",
+                          '            other = getattr(other, "plain", other)\n' if plain else ""),
         "sources": "; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
         "caller": _CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
     }
@@ -265,7 +271,8 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             # other arrays: the plan remembered for them (keyed by their ids, as
             # fast_path.FastPaths.call_prebound looks them up)
             switch=_SWITCH.format(differs=_any([f"{v} is not a{i}" for i, v in enumerate(arrays)]),
-                                  key="(" + "".join(f"id({v}), " for v in arrays) + ")", unusable=""),
+                                  key="(" + "".join(f"id({v}), " for v in arrays) + ")", unusable="",
+                                  pick=""),
             pointers=_any([f"{ptr.format(v)} != p{i}" for i, v in enumerate(arrays)]),
             shapes=_any([f"{v}.shape != s{i}" for i, v in enumerate(arrays)]),
             enqueue=_enqueue("ctx.trt_context", ys, "order.caller(None, torch_kind)", "torch_kind"),
@@ -307,7 +314,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                        f"    (err,) = copy(dst{i}, src{i}, nb{i}, d2d, run)",
                        "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
         fields.update(
-            _replay_head(xs, consts),
+            _replay_head(xs, consts, plain=True),
             graph_gone="graph is None", plain_way="", launched="graph",
             # no input in its static buffer: the slot's own plan when that is another (copying)
             to_copying=_indent([
@@ -337,7 +344,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             alloc_out += [f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)", f"p = {y}.data_ptr()",
                           *_node_update(f"nout{j}", "p", f"so{j}", f"onb{j}", n + j, changing="p")]
         fields.update(
-            _replay_head(xs, consts),
+            _replay_head(xs, consts, plain=False),
             graph_gone="graph is not graph0", launched="cexec",
             foreign_device=_any([f"{x}.get_device() != device" for x in xs]),
             to_copying="",
@@ -485,5 +492,7 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     m = len(copying.outs)
     out_shapes = [tuple(a.shape) for a in slot.outputs[:m]]
     out_dtypes = [io.torch_dtype for io in lane._out[:m]]
-    return make(*head, plain, copying.exec, copying.last, *tail, *copying.ins, *out_shapes, *out_dtypes,
+    made = make(*head, plain, copying.exec, copying.last, *tail, *copying.ins, *out_shapes, *out_dtypes,
                 *slot.out_ptrs[:m], *slot.out_nbytes[:m], *copying.outs)
+    made.plain = plain  # type: ignore[attr-defined]  # where a plain plan's shape switch goes
+    return made
