@@ -78,10 +78,17 @@ def python_prebound(wb: Workbench) -> Bench:
         raise RowSkip("the python engine exposes no .stream")
     execute = engine.execute
     tensors = wb.tensors
-    calls: list[Callable[[], Any]] = [
-        functools.partial(execute, x, outputs=[y], stream=own)
-        for x, y in zip(tensors.inputs, tensors.outputs, strict=True)
-    ]
+
+    def bound(x: Any, ys: list[Any]) -> Callable[[], Any]:
+        # a closure, as the raw rows' calls are (a functools.partial with keywords would
+        # add its own dict-based call to this row alone)
+        def call() -> Any:
+            return execute(x, outputs=ys, stream=own)
+
+        return call
+
+    pairs = zip(tensors.inputs, tensors.outputs, strict=True)
+    calls: list[Callable[[], Any]] = [bound(x, [y]) for x, y in pairs]
 
     def check() -> Any:
         calls[0]()
