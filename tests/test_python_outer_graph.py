@@ -484,6 +484,38 @@ def test_python_outer_graph_copy_mode_copies_through_graph_nodes(torch: FakeTorc
         assert len({y.data_ptr() for y in outs}) == 3  # new tensors, not the static output
 
 
+def test_python_outer_graph_copy_mode_outputs_come_from_slabs(torch: FakeTorch) -> None:
+    """In "copy" mode the outputs copied out through the node come from slabs: one
+    ``torch.empty`` per SLAB_CALLS replays, each call's output its own view at a new
+    address, the node pointed at it before the one launch; streams keep slabs of their own."""
+    from trt_runtime_backends.python import plans
+
+    engine, rt = _nodes_engine()
+    with enable_cudagraphs(engine, outer="copy"):
+        x = torch.cuda_tensor((2, 4))
+        engine(x)  # the capture
+        engine(x)  # the plan
+        (slot,) = engine._outer_graphs.shortcuts.values()
+        copying = engine._graphs.copying[int(slot.graph)]
+        (node_out,) = copying.outs
+        torch.empty_calls.clear()
+        calls = plans.SLAB_CALLS + 3
+        outs = []
+        for _ in range(calls):
+            rt.calls.clear()
+            outs.append(engine(x))
+            assert [c[0] for c in rt.calls] == ["set_copy", "launch"]
+            assert rt.calls[0][1:3] == (copying.exec, node_out) and rt.calls[0][3] == outs[-1].data_ptr()
+        # the plan's pool had SLAB_CALLS - 1 outputs left from the first plan call's slab
+        assert torch.empty_calls == [((plans.SLAB_CALLS, 2, 4), torch.float32, ("cuda", 0))]
+        assert len({o.data_ptr() for o in outs}) == calls
+        assert all(o.shape == (2, 4) and o.dtype is torch.float32 for o in outs)
+        torch.current_stream = 0x5000
+        engine(x)
+        assert len(torch.empty_calls) == 2  # another current stream: a slab made there
+        torch.current_stream = 0
+
+
 def test_python_outer_graph_copy_nodes_set_only_addresses_that_changed(torch: FakeTorch) -> None:
     """A node whose changing side is the address it already has is not set again (an input
     buffer reused call after call); an address CUDA refused is not remembered."""

@@ -24,7 +24,8 @@ Three kinds, each checking exactly what the table lookup they replace checked:
   under the outer graph, replayed. Inputs of another shape captured before go straight
   to that slot's plan (a dynamic engine fed shapes in turn switches plans on every call).
   Its ``copying`` form (same template) copies through memcpy nodes of a second graph
-  (``trt_runtime.graphs.CopyNodes``) and hands calls given a static buffer to the plain form.
+  (``trt_runtime.graphs.CopyNodes``) and hands calls given a static buffer to the plain form;
+  in ``"copy"`` mode its outputs come from slabs (``copying-slab``), as a natural call's do.
 
 A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
 dropping a context (``execution_context.drop_context``) releases it then and there,
@@ -254,8 +255,8 @@ def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) ->
 def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
     """The ``make`` function of plan ``kind`` for ``n`` inputs and ``m`` outputs.
     ``variant``: prebound, torch tensors (``data_ptr()``, else ``DeviceArray.ptr``);
-    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); replay, the static
-    outputs' views handed over (else ``results(run)``: copies)."""
+    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); replay and copying,
+    the static outputs' views handed over (else copies)."""
     if n < 1:
         raise ValueError(f"a plan needs at least one input; got {n}")
     xs, ys = _names("x", n), _names("y", m)
@@ -329,10 +330,10 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             results="list(views)" if variant else "results(run)",
         )
         template = _REPLAY
-    elif kind == "copying":
+    elif kind in ("copying", "copying-slab"):
         consts = (_names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n) + _names("nin", n)
                   + _names("shape", m) + _names("od", m) + _names("so", m) + _names("onb", m)
-                  + _names("nout", m))
+                  + _names("nout", m) + (["pools", "refill"] if kind == "copying-slab" else []))
         # each node pointed at the call's buffers where it changed (CopyNodes.point); an
         # address CUDA refuses (memory of another kind than the node was built with) sends
         # the call the plain way, copying with cudaMemcpyAsync
@@ -340,8 +341,15 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         for i in range(n):
             set_in += _node_update(f"nin{i}", f"dst{i}", f"src{i}", f"nb{i}", i, changing=f"src{i}")
         alloc_out = []
+        if kind == "copying-slab" and m:
+            # this call's outputs from the slabs made on torch's current stream (see _Slabs;
+            # ``c``: that stream, when the caller's is torch's, from the caller expression)
+            alloc_out += ["cs = c if stream is None else raw_stream(device)", "pool = pools.get(cs)",
+                          "if not pool:", "    pool = refill(cs)", _unpack(ys, "pool.pop()")]
         for j, y in enumerate(ys):
-            alloc_out += [f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)", f"p = {y}.data_ptr()",
+            if kind == "copying":
+                alloc_out.append(f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)")
+            alloc_out += [f"p = {y}.data_ptr()",
                           *_node_update(f"nout{j}", "p", f"so{j}", f"onb{j}", n + j, changing="p")]
         fields.update(
             _replay_head(xs, consts, plain=False),
@@ -358,7 +366,8 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         template = _REPLAY
     else:
         raise ValueError(
-            f"plan kind must be one of 'prebound', 'natural', 'slab', 'replay', 'copying'; got {kind!r}"
+            "plan kind must be one of 'prebound', 'natural', 'slab', 'replay', 'copying', 'copying-slab'; "
+            f"got {kind!r}"
         )
     source = template.format(**fields)
     namespace: dict[str, Any] = {}
@@ -488,11 +497,15 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     # drops the graphs)
     if copying is None or (views is None) == (not copying.outs):
         return plain
-    make = _compile("copying", len(shapes), len(copying.outs), views is not None)
     m = len(copying.outs)
     out_shapes = [tuple(a.shape) for a in slot.outputs[:m]]
     out_dtypes = [io.torch_dtype for io in lane._out[:m]]
+    # "copy" mode: the outputs copied out through the nodes come from slabs, as a natural
+    # call's do (each call's at a new address: one node update per output, no torch.empty)
+    calls = slab_calls(out_shapes, out_dtypes) if m else 1
+    make = _compile("copying-slab" if calls > 1 else "copying", len(shapes), m, views is not None)
+    slabs = _Slabs(bridge.empty, bridge.device, out_shapes, out_dtypes, calls).fields() if calls > 1 else ()
     made = make(*head, plain, copying.exec, copying.last, *tail, *copying.ins, *out_shapes, *out_dtypes,
-                *slot.out_ptrs[:m], *slot.out_nbytes[:m], *copying.outs)
+                *slot.out_ptrs[:m], *slot.out_nbytes[:m], *copying.outs, *slabs)
     made.plain = plain  # type: ignore[attr-defined]  # where a plain plan's shape switch goes
     return made

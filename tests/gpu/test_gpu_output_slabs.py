@@ -131,3 +131,30 @@ def test_gpu_slab_outputs_with_fewer_contexts_than_threads(engines: Any, load: A
     engine = load("mlp_fp16")
     engine.contexts = 2
     assert _threads_keep_outputs(torch, engines("mlp_fp16"), engine, 6, 80, cases=3, seed=40) == []
+
+
+def test_gpu_slab_outputs_of_outer_graph_replays_keep_their_results(engines: Any, load: Any) -> None:
+    """Under ``enable_cudagraphs(engine, outer=True)`` ("copy" mode) the outputs copied out of
+    the graph by its memcpy node come from slabs: every output kept is its own call's result,
+    from one thread and from 8 threads on streams of their own."""
+    from trt_runtime_backends.python import plans
+
+    import trt_runtime
+
+    torch = _torch()
+    built = engines("mlp_fp16")
+    engine = load("mlp_fp16")
+    with trt_runtime.enable_cudagraphs(engine, outer=True):
+        calls = plans.SLAB_CALLS * 2 + 5
+        cases = _cases(torch, built, calls, seed=50)
+        engine(cases[0][0])  # the capture; the next calls replay through the slot's plan
+        outs = [engine(x) for x, _ in cases]
+        torch.cuda.synchronize()
+        wrong = [i for i, (out, (_, want)) in enumerate(zip(outs, cases, strict=True))
+                 if not _right(torch, built, out, want)]
+        assert wrong == []
+        assert len({o.data_ptr() for o in outs}) == calls
+        bases = [o._base for o in outs[1:]]
+        assert all(b is not None and tuple(b.shape) == (plans.SLAB_CALLS, 8, 256) for b in bases)
+        assert engine.graph_stats()["captures"] == 1
+        assert _threads_keep_outputs(torch, built, engine, 8, 100, cases=4, seed=60) == []
