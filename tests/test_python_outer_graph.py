@@ -617,6 +617,21 @@ def test_python_outer_graph_static_inputs_of_shapes_in_turn_switch_plain_plan_to
             i = turn % 2
             engine(torch.cuda_tensor(shapes[i]))
             assert engine._fast_entry is copyings[i]
+        # a plan hands a call to another (a shape switch, static to fresh inputs and back)
+        # past its input checks (the other's ``go``): each call checks its input once
+        checked: list[Any] = []
+        contiguous = torch.Tensor.is_contiguous
+        torch.Tensor.is_contiguous = lambda self: checked.append(self) or contiguous(self)
+        try:
+            for turn in range(8):
+                i = turn % 2
+                fresh = turn % 3 == 0
+                x = torch.cuda_tensor(shapes[i]) if fresh else statics[i]
+                engine(x)
+                assert checked == [x] and engine._fast_entry is (copyings if fresh else plains)[i]
+                checked.clear()
+        finally:
+            torch.Tensor.is_contiguous = contiguous
 
 
 def test_python_outer_graph_view_mode_copies_inputs_through_a_node(torch: FakeTorch) -> None:

@@ -88,6 +88,7 @@ _TORCH_HEAD = """\
 # (``lane._fast_entry`` is this plan: no name for it here, a closure on itself is a
 # reference cycle.)
 _SWITCH = """\
+{before}\
         if {differs}:
             other = table.get({key})
             other = None if other is None{unusable} else other.plan
@@ -95,7 +96,7 @@ _SWITCH = """\
             if other is None or other is lane._fast_entry:
                 return miss(inputs, stream, outputs)
             lane._fast_entry = other
-            return other(inputs, stream, outputs)
+            return {enter}(inputs, stream, outputs)
 """
 
 # ... then TensorRT's enqueue on that stream (``trt``: the context's expression)
@@ -154,6 +155,18 @@ def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, 
     def plan(inputs, stream, outputs):
 {torch_head}\
 {switch}\
+{body}\
+    # entered by another plan of the lane on a shape switch: the inputs passed the checks
+    # above there (every plan of a lane takes one tensor type and the same dtypes), and the
+    # table found this plan by their shapes
+    def go(inputs, stream, outputs):
+        {unpack_in}
+{body}\
+    plan.go = go
+    return plan
+"""
+
+_REPLAY_BODY = """\
         graph = slot.graph
         if {graph_gone}:
             return miss(inputs, stream, outputs)
@@ -172,7 +185,6 @@ def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, 
         out = {results}
 {after}\
         return out
-    return plan
 """
 
 _TORCH_CALLER = "None if (c := raw_stream(device)) in order.skip or c == order.ours else c"
@@ -205,13 +217,15 @@ def _torch_head(xs: list[str], checks: list[str]) -> str:
     return _TORCH_HEAD.format(n=len(xs), unpack_in=_unpack(xs, "inputs"), checks=_any(checks))
 
 
-def _switch(xs: list[str], unusable: str = "", pick: str = "") -> str:
+def _switch(xs: list[str], unusable: str = "", pick: str = "", enter: str = "other") -> str:
     """Inputs ``xs`` of other shapes than ``s0``, ``s1``... go to that shape's plan in ``table``
     (``unusable``: a further condition on the entry, such as a released graph; ``pick``: a
-    line choosing among the entry's plans)."""
-    return _SWITCH.format(differs=_any([f"{x}.shape != s{i}" for i, x in enumerate(xs)]),
-                          key="(" + "".join(f"{x}.shape, " for x in xs) + ")", unusable=unusable,
-                          pick=pick)
+    line choosing among the entry's plans; ``enter``: the function of it called)."""
+    shapes = _names("sh", len(xs))
+    return _SWITCH.format(before=_indent([f"{h} = {x}.shape" for h, x in zip(shapes, xs, strict=True)]),
+                          differs=_any([f"{h} != s{i}" for i, h in enumerate(shapes)]),
+                          key="(" + "".join(f"{h}, " for h in shapes) + ")", unusable=unusable,
+                          pick=pick, enter=enter)
 
 
 def _replay_head(xs: list[str], consts: list[str], plain: bool) -> dict[str, str]:
@@ -225,8 +239,8 @@ def _replay_head(xs: list[str], consts: list[str], plain: bool) -> dict[str, str
             f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
             for i, x in enumerate(xs)
         ]),
-        "switch": _switch(xs, " or other.graph is None",
-                          '            other = getattr(other, "plain", other)\n' if plain else ""),
+        "switch": _switch(xs, " or other.graph is None", enter="other.go",
+                          pick=_indent(['    other = getattr(other, "plain", other)']) if plain else ""),
         "sources": "; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
         "caller": _CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
     }
@@ -273,7 +287,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             # fast_path.FastPaths.call_prebound looks them up)
             switch=_SWITCH.format(differs=_any([f"{v} is not a{i}" for i, v in enumerate(arrays)]),
                                   key="(" + "".join(f"id({v}), " for v in arrays) + ")", unusable="",
-                                  pick=""),
+                                  pick="", before="", enter="other"),
             pointers=_any([f"{ptr.format(v)} != p{i}" for i, v in enumerate(arrays)]),
             shapes=_any([f"{v}.shape != s{i}" for i, v in enumerate(arrays)]),
             enqueue=_enqueue("ctx.trt_context", ys, "order.caller(None, torch_kind)", "torch_kind"),
@@ -322,7 +336,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
                 f"if {' and '.join(f'src{i} != dst{i}' for i in range(n))} and (other := slot.plan) "
                 "is not None and other is not lane._fast_entry:",
                 "    lane._fast_entry = other",
-                "    return other(inputs, stream, outputs)"]),
+                "    return other.go(inputs, stream, outputs)"]),
             # an input that is not the static buffer itself must be on the engine's device
             foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
                                  for i, x in enumerate(xs)]),
@@ -358,7 +372,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             to_copying="",
             plain_way=_indent([f"if {_any([f'src{i} == dst{i}' for i in range(n)])}:",
                                "    lane._fast_entry = plain",
-                               "    return plain(inputs, stream, outputs)"]),
+                               "    return plain.go(inputs, stream, outputs)"]),
             copies=_indent(set_in + alloc_out),
             # variant: "view" mode, the static outputs' views handed over (no output nodes)
             results="list(views)" if variant else f"[{', '.join(ys)}]",
@@ -369,6 +383,8 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             "plan kind must be one of 'prebound', 'natural', 'slab', 'replay', 'copying', 'copying-slab'; "
             f"got {kind!r}"
         )
+    if template is _REPLAY:
+        fields["body"] = _REPLAY_BODY.format(**fields)
     source = template.format(**fields)
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<trt_runtime plan: {kind} {n}->{m}>", "exec"), namespace)
