@@ -434,6 +434,19 @@ def test_torchbind_outer_graph_replay_plans_switch_shapes_plan_to_plan() -> None
             np.testing.assert_array_equal(out.array, np.full((rows, 4), 2.0 * value, np.float32))
             assert engine._fast_entry is plans[rows]
         assert missed == []
+        # the switch enters the other plan past its checks (its ``go``): each call checks
+        # its input once, in the plan it came to
+        checked: list[Any] = []
+        contiguous = FakeTensor.is_contiguous
+        FakeTensor.is_contiguous = lambda self: checked.append(self) or contiguous(self)  # type: ignore[method-assign]
+        try:
+            for rows in (2, 5, 2):
+                x = dyn(rows)
+                engine.execute(x)
+                assert checked == [x] and engine._fast_entry is plans[rows]
+                checked.clear()
+        finally:
+            FakeTensor.is_contiguous = contiguous  # type: ignore[method-assign]
         engine.execute(dyn(7))  # never captured: through _call_fast
         assert missed == [(7, 4)]
         assert engine.graph_captures == 3

@@ -150,7 +150,7 @@ ABLATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "caller stream": (("(c := raw_stream(device)) in order.skip or c == order.ours", "True"),),
     "type/dtype/contiguity": (
         ("type(x0) is not tensor or x0.dtype is not d0 or not x0.is_contiguous()", "False"),),
-    "shape switch": (("if x0.shape != s0:", "if False:"),),
+    "shape switch": (("        sh0 = x0.shape\n", ""), ("if sh0 != s0:", "if False:")),
     "device check": (("(src0 != dst0 and x0.get_device() != device)", "False"),),
     "order join check": (("if order.tail != run:", "if False:"),),
     "list(views)": (("out = list(views)", "out = views"),),

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from operator import is_not
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.contract import KIND_HOST
@@ -170,23 +171,37 @@ class GraphOps:
         if nodes is not None and len(nodes.outs) == len(out_targets):  # nodes made for this mode
             cexec, point, launch_nodes = nodes.exec, nodes.point, nodes.rt.cudaGraphLaunch
 
+        (dtype0, shape0), static0 = checks[0], statics[0]
+
         def plan(inputs: tuple[Any, ...], stream: Any, outs: Any) -> list[Any] | None:
             if stream is not None or outs is not None or len(inputs) != n:
                 return miss(inputs, stream, outs)
-            shaped = True
-            for x, (dtype, shape) in zip(inputs, checks):  # noqa: B905 - lengths checked above
-                if (type(x) is not tensor_type or x.dtype is not dtype or not x.is_cuda
+            if n == 1:  # (most engines: the loop below unrolled)
+                x = inputs[0]
+                if (type(x) is not tensor_type or x.dtype is not dtype0 or not x.is_cuda
                         or not x.is_contiguous()):
                     return miss(inputs, stream, outs)
-                if x.shape != shape:
-                    shaped = False
+                shaped = x.shape == shape0
+            else:
+                shaped = True
+                for x, (dtype, shape) in zip(inputs, checks):  # noqa: B905 - lengths checked above
+                    if (type(x) is not tensor_type or x.dtype is not dtype or not x.is_cuda
+                            or not x.is_contiguous()):
+                        return miss(inputs, stream, outs)
+                    if x.shape != shape:
+                        shaped = False
             if not shaped:  # another shape: that shape's plan, if it has one (not round miss)
                 other = shortcuts.get((inputs[0].shape,) if n == 1 else tuple([x.shape for x in inputs]))
                 other = None if other is None or other.graph is None else other.plan
                 if other is None or other is lane._fast_entry:
                     return miss(inputs, stream, outs)
                 lane._fast_entry = other
-                return other(inputs, stream, outs)  # type: ignore[no-any-return]
+                return other.go(inputs, stream, outs)  # type: ignore[no-any-return]  # checked here
+            return go(inputs, stream, outs)
+
+        def go(inputs: tuple[Any, ...], stream: Any, outs: Any) -> list[Any] | None:
+            """The replay of inputs that passed ``plan``'s checks (this plan's, or another
+            plan's of the lane on a shape switch: one tensor type and dtypes per lane)."""
             if slot.graph is None or (not single and (
                 lane._get_device() != device or any(x.get_device() != device for x in inputs)
             )):
@@ -200,11 +215,13 @@ class GraphOps:
                 if raw != ops.last_raw:
                     ops.follow(bridge.current_stream(device))
                     ops.last_raw = raw
-            if cexec is not None:  # through the copy nodes: pointed where they changed, one launch
-                # (a static input given needs no copy in; an address CUDA refuses, another way)
+            if cexec is not None and (inputs[0] is not static0 if n == 1 else
+                                      all(map(is_not, inputs, statics))):
+                # through the copy nodes: pointed where they changed, one launch (a static
+                # input given needs no copy in: the other way; so does an address CUDA refuses)
                 ok = True
-                for i, ((static, dst, nbytes), x) in enumerate(zip(targets, inputs)):  # noqa: B905
-                    if x is static or not point(i, dst, x.data_ptr(), nbytes):
+                for i, ((_, dst, nbytes), x) in enumerate(zip(targets, inputs)):  # noqa: B905
+                    if not point(i, dst, x.data_ptr(), nbytes):
                         ok = False
                         break
                 results = list(outputs) if view else []
@@ -235,6 +252,7 @@ class GraphOps:
             lane._last_stream = current
             return list(outputs) if view else [clone(o) for o in outputs]
 
+        plan.go = go  # type: ignore[attr-defined]  # where another plan's shape switch enters
         return plan
 
 
