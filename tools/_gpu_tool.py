@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,26 @@ def torch_cuda_probe(doc: str | None, argv: list[str] | None) -> tuple[Any, Any,
     from cuda.bindings import runtime as rt
 
     return args, torch, rt, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, torch.device("cuda")
+
+
+def statement_tool(doc: str | None, argv: list[str] | None, workloads: str, name: str,
+                   measure: Callable[[str, Any, int, int], dict[str, float]]) -> int:
+    """The ``main`` of a tool timing statements per workload (``tools/gpu_step_costs.py``,
+    ``tools/gpu_floor_probe.py``): ``--repeats``, ``--number`` and ``--workloads`` (default
+    ``workloads``); ``measure(key, torch, repeats, number)`` for each, printed and written
+    to ``--out``/``name``. A label starting with ``nodes`` is a count, not µs."""
+    made = parser(doc)
+    made.add_argument("--repeats", type=int, default=60)
+    made.add_argument("--number", type=int, default=40)
+    made.add_argument("--workloads", default=workloads)
+    args = made.parse_args(argv)
+    import torch
+
+    document: dict[str, Any] = {}
+    for key in args.workloads.split(","):
+        document[key] = measure(key, torch, args.repeats, args.number)
+        print(f"== {key}")
+        for label, value in document[key].items():
+            print(f"  {label:52s} {value:8.2f}{'' if label.startswith('nodes') else ' us'}", flush=True)
+    write_json(args.out, name, document)
+    return 0

@@ -23,7 +23,6 @@ Statements (µs per call, median of ``--repeats`` samples of ``--number`` calls)
 * ``replay: torch CUDAGraph.replay()`` / ``replay: cuda-python launch``: the floors;
 * ``replay: minimal`` (one frame) and ``replay: minimal, entry + plan`` (the same work in
   two frames, as a core entry calling a backend's plan is);
-* ``replay: minimal, no dtype/contiguity``: without the two checks a shared buffer needs;
 * ``replay: ours o(s)``: ``engine(s)`` under ``enable_cudagraphs(engine, outer="view")``;
 * ``pre: execute_async_v3``, ``pre: minimal`` (keyword arguments as the user passes them),
   ``pre: ours e.execute(x, outputs=[y], stream=s)``;
@@ -46,44 +45,29 @@ import threading
 from typing import Any
 
 import _gpu_tool
-from gpu_step_costs import _raw_side, time_statements
+from gpu_step_costs import _raw_side, raw_graph, timed_then
 
 
-def minimal_replay(torch: Any, launch: Any, graph: Any, static: Any, views: list[Any], device: int,
-                   checks: bool = True) -> Any:
+def minimal_replay(torch: Any, launch: Any, graph: Any, static: Any, views: list[Any], device: int) -> Any:
     """The least a thread-safe replay in Python does (see the module docstring)."""
     lock = threading.Lock()
     acquire, release = lock.acquire, lock.release
     tensor, dtype, ptr, shape = torch.Tensor, static.dtype, static.data_ptr(), static.shape
     raw_stream = torch._C._cuda_getCurrentRawStream
 
-    if checks:
-        def call(x: Any) -> Any:
-            if not acquire(False):
-                raise RuntimeError("busy")
-            try:
-                if (type(x) is not tensor or x.dtype is not dtype or not x.is_contiguous()
-                        or x.data_ptr() != ptr or x.shape != shape):
-                    raise ValueError("not the static buffer")
-                (err,) = launch(graph, raw_stream(device))
-                if err:
-                    raise RuntimeError(err)
-                return views[0]
-            finally:
-                release()
-    else:
-        def call(x: Any) -> Any:
-            if not acquire(False):
-                raise RuntimeError("busy")
-            try:
-                if type(x) is not tensor or x.data_ptr() != ptr or x.shape != shape:
-                    raise ValueError("not the static buffer")
-                (err,) = launch(graph, raw_stream(device))
-                if err:
-                    raise RuntimeError(err)
-                return views[0]
-            finally:
-                release()
+    def call(x: Any) -> Any:
+        if not acquire(False):
+            raise RuntimeError("busy")
+        try:
+            if (type(x) is not tensor or x.dtype is not dtype or not x.is_contiguous()
+                    or x.data_ptr() != ptr or x.shape != shape):
+                raise ValueError("not the static buffer")
+            (err,) = launch(graph, raw_stream(device))
+            if err:
+                raise RuntimeError(err)
+            return views[0]
+        finally:
+            release()
     return call
 
 
@@ -237,7 +221,6 @@ def cycle_floors(key: str, torch: Any, built: Any, workload: Any, tensors: Any, 
 
     raw = raw_rows.open_engine(built.plan)
     side = torch.cuda.Stream()
-    handle = int(side.cuda_stream)
     keep: list[Any] = [raw]
     graphs = []
     for x, y in zip(tensors.inputs, tensors.outputs, strict=True):
@@ -245,12 +228,7 @@ def cycle_floors(key: str, torch: Any, built: Any, workload: Any, tensors: Any, 
         rc.set_input_shape(raw.input_name, tuple(x.shape))
         rc.set_tensor_address(raw.input_name, x.data_ptr())
         rc.set_tensor_address(raw.output_name, y.data_ptr())
-        with torch.cuda.stream(side):
-            rc.execute_async_v3(handle)  # TensorRT-RTX compiles on a first run
-        side.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            rc.execute_async_v3(handle)
+        graph = raw_graph(torch, rc, side)
         keep += [rc, memory, graph]
         graphs.append(graph)
     outer = get_backend("python").load_engine(EngineSource(built.plan, name=f"{key}-floor-outer"))
@@ -276,12 +254,8 @@ def cycle_floors(key: str, torch: Any, built: Any, workload: Any, tensors: Any, 
         "cycle: minimal (graph by shape)": "md(xs[next(it) % n])",
         "cycle: ours o(s)": "o(ss[next(it) % n])",
     }
-    try:
-        return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
-    finally:
-        keep.clear()
-        wrap.__exit__(None, None, None)
-        outer.close()
+    return timed_then(stmts, ns, torch, repeats, number, keep.clear, lambda: wrap.__exit__(None, None, None),
+                      outer.close)
 
 
 def minimal_cycle(torch: Any, launch: Any, by_shape: dict[Any, Any], device: int) -> Any:
@@ -344,7 +318,6 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     ns.update(
         hnd=handle,
         mr=minimal_replay(torch, launch, graph, x, views, device),
-        mr0=minimal_replay(torch, launch, graph, x, views, device, checks=False),
         sr=split_replay(torch, launch, graph, x, views, device),
         mp=minimal_prebound(ns["ctx"].trt_context.execute_async_v3, x, y, engine.stream, handle),
         tc=ns["ctx"].trt_context,
@@ -354,7 +327,6 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
         "replay: cuda-python launch": "rt.cudaGraphLaunch(tg_exec, 0)",
         "replay: minimal": "mr(x)",
         "replay: minimal, entry + plan": "sr(x)",
-        "replay: minimal, no dtype/contiguity": "mr0(x)",
         "replay: ours o(s)": "o(s)",
         "pre: execute_async_v3": "tc.execute_async_v3(hnd)",
         "pre: minimal": "mp(x, outputs=[y], stream=own)",
@@ -389,31 +361,13 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     })
     nodes = {"nodes: raw context": count_nodes(rt, ns["rc"], ours),
              "nodes: our context": count_nodes(rt, lane._context.trt_context, ours)}
-    try:
-        return {**time_statements(stmts, ns, torch.cuda.synchronize, repeats, number), **nodes}
-    finally:
-        keep.clear()
-        wrap.__exit__(None, None, None)
-        outer.close()
-        engine.close()
+    closers = (keep.clear, lambda: wrap.__exit__(None, None, None), outer.close, engine.close)
+    return {**timed_then(stmts, ns, torch, repeats, number, *closers), **nodes}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _gpu_tool.parser(__doc__)
-    parser.add_argument("--repeats", type=int, default=60)
-    parser.add_argument("--number", type=int, default=40)
-    parser.add_argument("--workloads", default="tiny,mlp,convnet,dynamic")
-    args = parser.parse_args(argv)
-    import torch
-
-    document: dict[str, Any] = {}
-    for key in args.workloads.split(","):
-        document[key] = workload_floors(key, torch, args.repeats, args.number)
-        print(f"== {key}")
-        for label, us in document[key].items():
-            print(f"  {label:52s} {us:8.2f}{'' if label.startswith('nodes') else ' us'}", flush=True)
-    _gpu_tool.write_json(args.out, "floor_probe.json", document)
-    return 0
+    return _gpu_tool.statement_tool(__doc__, argv, "tiny,mlp,convnet,dynamic", "floor_probe.json",
+                                    workload_floors)
 
 
 if __name__ == "__main__":

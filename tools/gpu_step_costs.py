@@ -41,6 +41,17 @@ def time_statements(statements: dict[str, str], ns: dict[str, Any], sync: Any, r
     return {label: round(statistics.median(values), 3) for label, values in samples.items()}
 
 
+def timed_then(stmts: dict[str, str], ns: dict[str, Any], torch: Any, repeats: int, number: int,
+               *closers: Any) -> dict[str, float]:
+    """:func:`time_statements` on the device's synchronize, then each of ``closers`` called
+    in turn (whatever happened)."""
+    try:
+        return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
+    finally:
+        for close in closers:
+            close()
+
+
 def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str, float]:
     from trt_runtime_backends.python import fast_path
 
@@ -186,15 +197,21 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
             "outer: torch replay of a raw graph": "tg.replay()",
             "outer: cudaGraphLaunch of a raw graph": "rt.cudaGraphLaunch(tg_exec, ours)",
         })
-    try:
-        return time_statements(stmts, ns, torch.cuda.synchronize, repeats, number)
-    finally:
-        keep.clear()
-        wrap.__exit__(None, None, None)
-        copy_wrap.__exit__(None, None, None)
-        copying.close()
-        outer.close()
-        engine.close()
+    return timed_then(stmts, ns, torch, repeats, number, keep.clear, lambda: wrap.__exit__(None, None, None),
+                      lambda: copy_wrap.__exit__(None, None, None), copying.close, outer.close, engine.close)
+
+
+def raw_graph(torch: Any, context: Any, side: Any) -> Any:
+    """A ``torch.cuda.CUDAGraph`` of one ``execute_async_v3`` of ``context`` on stream
+    ``side``, after one eager run there (TensorRT-RTX compiles its kernels on a first run)."""
+    handle = int(side.cuda_stream)
+    with torch.cuda.stream(side):
+        context.execute_async_v3(handle)
+    side.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        context.execute_async_v3(handle)
+    return graph
 
 
 def _raw_side(ns: dict[str, Any], torch: Any, built: Any, workload: Any, xs: list[Any], ys: list[Any],
@@ -213,14 +230,7 @@ def _raw_side(ns: dict[str, Any], torch: Any, built: Any, workload: Any, xs: lis
     ns.update(rc=rc, dims=[tuple(x.shape) for x in xs])
     keep: list[Any] = [raw, rc, memory]
     if len(xs) == 1:
-        side = torch.cuda.Stream()
-        handle = int(side.cuda_stream)
-        with torch.cuda.stream(side):
-            rc.execute_async_v3(handle)  # TensorRT-RTX compiles on a first run
-        side.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            rc.execute_async_v3(handle)
+        graph = raw_graph(torch, rc, torch.cuda.Stream())
         keep.append(graph)
         rt = ns["rt"]
         ns.update(tg=graph, tg_exec=rt.cudaGraphExec_t(int(graph.raw_cuda_graph_exec())))
@@ -228,21 +238,7 @@ def _raw_side(ns: dict[str, Any], torch: Any, built: Any, workload: Any, xs: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _gpu_tool.parser(__doc__)
-    parser.add_argument("--repeats", type=int, default=60)
-    parser.add_argument("--number", type=int, default=40)
-    parser.add_argument("--workloads", default="tiny,dynamic")
-    args = parser.parse_args(argv)
-    import torch
-
-    document: dict[str, Any] = {}
-    for key in args.workloads.split(","):
-        document[key] = workload_steps(key, torch, args.repeats, args.number)
-        print(f"== {key}")
-        for label, us in document[key].items():
-            print(f"  {label:52s} {us:8.2f} us", flush=True)
-    _gpu_tool.write_json(args.out, "step_costs.json", document)
-    return 0
+    return _gpu_tool.statement_tool(__doc__, argv, "tiny,dynamic", "step_costs.json", workload_steps)
 
 
 if __name__ == "__main__":
