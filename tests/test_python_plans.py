@@ -18,6 +18,7 @@ from _python_doubles import (
 from trt_runtime_backends.python import plans
 from trt_runtime_backends.python.arrays import DeviceArray
 
+import trt_runtime.slabs
 from trt_runtime import InputError
 
 
@@ -299,7 +300,7 @@ def test_plans_slabs_are_made_and_kept_per_current_stream(torch: FakeTorch) -> N
 
 def test_plans_outputs_too_large_for_a_slab_are_made_per_call(torch: FakeTorch,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plans, "SLAB_BYTES", 32)  # one (2, 4) float32 output: 32 bytes
+    monkeypatch.setattr(trt_runtime.slabs, "SLAB_BYTES", 32)  # one (2, 4) float32 output: 32 bytes
     engine = _fake_engine()
     x = torch.cuda_tensor((2, 4))
     engine(x)
@@ -307,12 +308,6 @@ def test_plans_outputs_too_large_for_a_slab_are_made_per_call(torch: FakeTorch,
     for _ in range(3):
         engine(x)
     assert [c[0] for c in torch.empty_calls] == [(2, 4)] * 3 and torch.unbind_calls == 0
-
-
-def _slab_fields(plan: Any) -> tuple[Any, Any]:
-    """The ``pools`` and ``refill`` constants a slab plan closes over."""
-    cells = dict(zip(plan.__code__.co_freevars, (c.cell_contents for c in plan.__closure__), strict=True))
-    return cells["pools"], cells["refill"]
 
 
 def _slab_fields(plan: Any) -> tuple[Any, Any]:

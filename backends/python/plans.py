@@ -43,7 +43,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["natural_plan", "prebound_plan", "replay_plan"]
+from trt_runtime.slabs import SLAB_BYTES, SLAB_CALLS, SLAB_STREAMS, Slabs, slab_calls
+
+__all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "natural_plan", "prebound_plan", "replay_plan",
+           "slab_calls"]
 
 Plan = Callable[[tuple[Any, ...], Any, Any], "list[Any] | None"]
 
@@ -299,7 +302,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         alloc_out = []
         caller = _TORCH_CALLER
         if kind == "slab":
-            # this call's outputs from the slabs made on the current stream (see _Slabs)
+            # this call's outputs from the slabs made on the current stream (see trt_runtime.slabs)
             alloc_out += ["c = raw_stream(device)", "pool = pools.get(c)", "if not pool:",
                           "    pool = refill(c)", _unpack(ys, "pool.pop()") if m else "pool.pop()"]
             caller = "None if c in order.skip or c == order.ours else c"
@@ -356,7 +359,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             set_in += _node_update(f"nin{i}", f"dst{i}", f"src{i}", f"nb{i}", i, changing=f"src{i}")
         alloc_out = []
         if kind == "copying-slab" and m:
-            # this call's outputs from the slabs made on torch's current stream (see _Slabs;
+            # this call's outputs from the slabs made on torch's current stream (see trt_runtime.slabs;
             # ``c``: that stream, when the caller's is torch's, from the caller expression)
             alloc_out += ["cs = c if stream is None else raw_stream(device)", "pool = pools.get(cs)",
                           "if not pool:", "    pool = refill(cs)", _unpack(ys, "pool.pop()")]
@@ -416,75 +419,12 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
     make = _compile("slab" if calls > 1 else "natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
-    slabs = _Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls).fields() if calls > 1 else ()
+    slabs = Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls).fields() if calls > 1 else ()
     return make(
         lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
         lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
         *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes, *slabs,
     )
-
-
-#: A natural call's outputs come from *slabs*: one ``torch.empty`` makes the outputs of up to
-#: SLAB_CALLS calls (``unbind(0)`` of a (calls, *shape) tensor), as long as that stays within
-#: SLAB_BYTES. Each torch operation releases the GIL, and under several caller threads each
-#: release is a thread switch: on an H100 the raw loop with a ``torch.empty`` per call gave
-#: half the calls/s of the same loop without at 8 threads (docs/concurrency.md). An output is
-#: a view of its slab (its own elements, ``storage_offset`` k x its size): the slab's memory
-#: is freed when the last of its outputs is.
-SLAB_CALLS = 32
-SLAB_BYTES = 1 << 20
-#: The most current streams a plan keeps slabs for (a lane serving threads on their own streams).
-SLAB_STREAMS = 16
-
-
-def slab_calls(shapes: Any, dtypes: Any) -> int:
-    """How many calls' outputs one slab holds for outputs of ``shapes`` and torch ``dtypes``
-    (1: too large for a slab, or a dtype without ``itemsize``)."""
-    nbytes = 0
-    for shape, dtype in zip(shapes, dtypes, strict=True):
-        size = getattr(dtype, "itemsize", None)
-        if not isinstance(size, int) or any(not isinstance(d, int) or d < 0 for d in shape):
-            return 1
-        for d in shape:
-            size *= d
-        nbytes += size
-    return max(1, min(SLAB_CALLS, SLAB_BYTES // max(nbytes, 1)))
-
-
-class _Slabs:
-    """The slabs of one plan, by the stream they were made on: ``pools[stream]`` holds the
-    outputs of the calls to come on that current stream (a tuple per call, popped from the
-    end). A call on a stream with none left refills that stream's pool: the caching allocator
-    gives a block back to the stream it was made on, and only the work ordered on that stream
-    is known to be done with it. A lane that serves threads on several streams (fewer
-    contexts than callers) keeps a pool per stream, up to SLAB_STREAMS of them (then the
-    pools are dropped: outputs no call used go back with their slabs)."""
-
-    __slots__ = ("calls", "device", "empty", "pools", "specs")
-
-    def __init__(self, empty: Any, device: Any, shapes: Any, dtypes: Any, calls: int) -> None:
-        self.empty, self.device, self.calls = empty, device, calls
-        self.specs = tuple(zip(shapes, dtypes, strict=True))
-        self.pools: dict[Any, list[tuple[Any, ...]]] = {}
-
-    def refill(self, stream: Any) -> list[tuple[Any, ...]]:
-        """The pool of ``stream``, refilled with the outputs of :attr:`calls` calls."""
-        pools = self.pools
-        pool = pools.get(stream)
-        if pool is None:
-            if len(pools) >= SLAB_STREAMS:
-                pools.clear()
-            pool = pools[stream] = []
-        empty, device, calls = self.empty, self.device, self.calls
-        columns = [empty((calls, *shape), dtype=dtype, device=device).unbind(0)
-                   for shape, dtype in self.specs]
-        pool.extend(zip(*columns, strict=True))
-        pool.reverse()
-        return pool
-
-    def fields(self) -> tuple[Any, Any]:
-        """The plan's constants ``pools`` and ``refill``."""
-        return self.pools, self.refill
 
 
 def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> Plan:
@@ -520,7 +460,7 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     # call's do (each call's at a new address: one node update per output, no torch.empty)
     calls = slab_calls(out_shapes, out_dtypes) if m else 1
     make = _compile("copying-slab" if calls > 1 else "copying", len(shapes), m, views is not None)
-    slabs = _Slabs(bridge.empty, bridge.device, out_shapes, out_dtypes, calls).fields() if calls > 1 else ()
+    slabs = Slabs(bridge.empty, bridge.device, out_shapes, out_dtypes, calls).fields() if calls > 1 else ()
     made = make(*head, plain, copying.exec, copying.last, *tail, *copying.ins, *out_shapes, *out_dtypes,
                 *slot.out_ptrs[:m], *slot.out_nbytes[:m], *copying.outs, *slabs)
     made.plain = plain  # type: ignore[attr-defined]  # where a plain plan's shape switch goes
