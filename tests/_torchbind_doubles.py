@@ -62,6 +62,10 @@ class FakeDType:
             known.name = name
         return known
 
+    @property
+    def itemsize(self) -> int:
+        return int(np.dtype(self.name).itemsize)
+
     def __repr__(self) -> str:
         return f"torch.{self.name}"
 
@@ -102,6 +106,10 @@ class FakeTensor:
 
     def element_size(self) -> int:
         return int(self.array.itemsize)
+
+    def unbind(self, dim: int = 0) -> tuple[FakeTensor, ...]:
+        assert dim == 0
+        return tuple(FakeTensor(row, self.device) for row in self.array)  # views: one buffer
 
     def __repr__(self) -> str:
         return f"FakeTensor({self.shape}, {self.array.dtype}, {self.device})"
@@ -695,6 +703,14 @@ class FakeBridge:
     @staticmethod
     def empty_like(tensor: FakeTensor) -> FakeTensor:
         return FakeTensor(np.full_like(tensor.array, 7), tensor.device)  # not zeros: must be written
+
+    #: The shapes ``empty`` was asked for (the output slabs).
+    emptied: ClassVar[list[tuple[int, ...]]] = []
+
+    @staticmethod
+    def empty(shape: tuple[int, ...], dtype: FakeDType, device: str) -> FakeTensor:
+        FakeBridge.emptied.append(tuple(shape))
+        return FakeTensor(np.full(shape, 7, np.dtype(dtype.name)), device)
 
     @staticmethod
     def reset_graph(graph: FakeGraph) -> None:

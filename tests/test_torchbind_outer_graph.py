@@ -13,6 +13,7 @@ import pytest
 from _torchbind_doubles import (
     DYNAMIC_X,
     DYNAMIC_Y,
+    FakeBridge,
     FakeNodeRuntime,
     FakeStream,
     FakeTensor,
@@ -574,6 +575,26 @@ def test_torchbind_outer_graph_replays_through_copy_nodes(mode: str) -> None:
         assert len({id(r) for r in results}) == 4 and all(r is not slot.outputs[0] for r in results)
     else:
         assert all(r is slot.outputs[0] for r in results)
+
+
+def test_torchbind_outer_graph_copy_mode_outputs_come_from_slabs() -> None:
+    """Through the copy nodes in "copy" mode the outputs come from slabs
+    (``trt_runtime.slabs``): one ``torch.empty`` of ``(SLAB_CALLS, *shape)`` per SLAB_CALLS
+    replays, each output a row of it at an address of its own that the output node is
+    pointed at; every output kept is its own call's."""
+    from trt_runtime.slabs import SLAB_CALLS
+
+    engine, _, rt = nodes_engine("copy")
+    FakeBridge.emptied.clear()
+    sets = rt.named("cudaGraphExecMemcpyNodeSetParams1D")
+    xs = [dyn(2, float(k)) for k in range(SLAB_CALLS + 2)]  # kept: each at an address of its own
+    outs = [engine.execute(x)[0] for x in xs]
+    assert FakeBridge.emptied == [(SLAB_CALLS, 2, 4)] * 2
+    assert len({o.data_ptr() for o in outs}) == SLAB_CALLS + 2
+    # every call points the input node at its input and the output node at its own row
+    assert rt.named("cudaGraphExecMemcpyNodeSetParams1D") - sets == 2 * (SLAB_CALLS + 2)
+    for k, out in enumerate(outs):
+        np.testing.assert_array_equal(out.array, np.full((2, 4), 2.0 * k, np.float32))
 
 
 def test_torchbind_outer_graph_copy_nodes_step_aside_for_static_inputs_and_refusals() -> None:

@@ -77,6 +77,8 @@ class TorchBridge:
         #: ``torch.empty_like``: a new tensor like the one given, on the current stream (no
         #: wrapper: the replays through copy nodes make their outputs with it).
         self.empty_like: Callable[[Any], Any] | None = getattr(torch_module, "empty_like", None)
+        #: ``torch.empty``: the output slabs of those replays (``trt_runtime.slabs``).
+        self.empty: Callable[..., Any] | None = getattr(torch_module, "empty", None)
 
     # -- the namespaces the runtime library registers ----------------------------------
     @property

@@ -41,6 +41,7 @@ from trt_runtime.contract import KIND_HOST
 from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
 from trt_runtime.graphs import CopyNodes
 from trt_runtime.outer import GraphSlot
+from trt_runtime.slabs import Slabs, slab_calls
 
 if TYPE_CHECKING:
     from .bridge import TorchBridge
@@ -170,6 +171,15 @@ class GraphOps:
         out_targets = () if view else tuple((o, o.data_ptr(), o.numel() * o.element_size()) for o in outputs)
         if nodes is not None and len(nodes.outs) == len(out_targets):  # nodes made for this mode
             cexec, point, launch_nodes = nodes.exec, nodes.point, nodes.rt.cudaGraphLaunch
+        # "copy" mode through the nodes: the outputs from slabs (trt_runtime.slabs), one
+        # torch.empty per SLAB_CALLS calls, each call's at a new address its node is pointed at
+        pools: Any = None
+        refill: Any = None
+        if cexec is not None and out_targets and bridge.empty is not None:
+            specs = [tuple(o.shape) for o in outputs], [o.dtype for o in outputs]
+            calls = slab_calls(*specs)
+            if calls > 1:
+                pools, refill = Slabs(bridge.empty, outputs[0].device, *specs, calls).fields()
 
         (dtype0, shape0), static0 = checks[0], statics[0]
 
@@ -225,10 +235,11 @@ class GraphOps:
                         ok = False
                         break
                 results = list(outputs) if view else []
+                made = None if pools is None or not ok else (pools.get(raw) or refill(raw)).pop()
                 for i, (o, src, nbytes) in enumerate(out_targets, n):
                     if not ok:
                         break
-                    y = empty_like(o)
+                    y = empty_like(o) if made is None else made[i - n]
                     ok = point(i, y.data_ptr(), src, nbytes)
                     results.append(y)
                 if ok:

@@ -133,18 +133,22 @@ def test_gpu_slab_outputs_with_fewer_contexts_than_threads(engines: Any, load: A
     assert _threads_keep_outputs(torch, engines("mlp_fp16"), engine, 6, 80, cases=3, seed=40) == []
 
 
-def test_gpu_slab_outputs_of_outer_graph_replays_keep_their_results(engines: Any, load: Any) -> None:
+@pytest.mark.parametrize("backend", ["python", "torchbind"])
+def test_gpu_slab_outputs_of_outer_graph_replays_keep_their_results(engines: Any, backend: str) -> None:
     """Under ``enable_cudagraphs(engine, outer=True)`` ("copy" mode) the outputs copied out of
-    the graph by its memcpy node come from slabs: every output kept is its own call's result,
-    from one thread and from 8 threads on streams of their own."""
+    the graph by its memcpy node come from slabs, on both backends: every output kept is its
+    own call's result, from one thread and from 8 threads on streams of their own."""
     from trt_runtime_backends.python import plans
 
     import trt_runtime
 
     torch = _torch()
     built = engines("mlp_fp16")
-    engine = load("mlp_fp16")
-    with trt_runtime.enable_cudagraphs(engine, outer=True):
+    status = trt_runtime.backend_status().get(backend)
+    if status is None or not status:
+        pytest.skip(f"the {backend} backend cannot run here: {getattr(status, 'reason', 'not installed')}")
+    engine = trt_runtime.load(built.plan, backend, name="mlp_fp16")
+    with engine, trt_runtime.enable_cudagraphs(engine, outer=True):
         calls = plans.SLAB_CALLS * 2 + 5
         cases = _cases(torch, built, calls, seed=50)
         engine(cases[0][0])  # the capture; the next calls replay through the slot's plan
