@@ -253,6 +253,12 @@ def test_plans_slab_calls_fit_the_outputs_in_the_slab_budget(torch: FakeTorch) -
     assert plans.slab_calls([()], [f32]) == plans.SLAB_CALLS  # a scalar output
     assert plans.slab_calls([(4,)], [object()]) == 1  # a dtype without itemsize: no slab
     assert plans.slab_calls([(-1, 4)], [f32]) == 1  # a shape not known yet
+    # the plans' constants: none without a slab (no outputs, too large, no allocator)
+    assert trt_runtime.slabs.slab_pools(torch.empty, "cuda", [], []) is None
+    assert trt_runtime.slabs.slab_pools(torch.empty, "cuda", [(plans.SLAB_BYTES,)], [f32]) is None
+    assert trt_runtime.slabs.slab_pools(None, "cuda", [(8, 32)], [f16]) is None
+    pools, refill = trt_runtime.slabs.slab_pools(torch.empty, "cuda", [(8, 32)], [f16])
+    assert pools == {} and callable(refill)
 
 
 def test_plans_natural_outputs_come_from_one_slab_per_slab_calls_calls(torch: FakeTorch) -> None:

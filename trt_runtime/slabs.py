@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "Slabs", "slab_calls"]
+__all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "Slabs", "slab_calls", "slab_pools"]
 
 #: The most calls one slab holds the outputs of.
 SLAB_CALLS = 32
@@ -80,3 +80,13 @@ class Slabs:
     def fields(self) -> tuple[Any, Any]:
         """A plan's constants ``pools`` and ``refill``."""
         return self.pools, self.refill
+
+
+def slab_pools(empty: Any, device: Any, shapes: Any, dtypes: Any) -> tuple[Any, Any] | None:
+    """A plan's constants ``pools`` and ``refill`` for outputs of ``shapes`` and ``dtypes``
+    (:meth:`Slabs.fields`); ``None`` when they get no slab (too large, no ``itemsize``, no
+    outputs, or no ``empty``): the plan then makes each output per call."""
+    if empty is None or not shapes:
+        return None
+    calls = slab_calls(shapes, dtypes)
+    return Slabs(empty, device, shapes, dtypes, calls).fields() if calls > 1 else None

@@ -43,7 +43,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from trt_runtime.slabs import SLAB_BYTES, SLAB_CALLS, SLAB_STREAMS, Slabs, slab_calls
+from trt_runtime.slabs import SLAB_BYTES, SLAB_CALLS, SLAB_STREAMS, slab_calls, slab_pools
 
 __all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "natural_plan", "prebound_plan", "replay_plan",
            "slab_calls"]
@@ -262,6 +262,13 @@ def _node_update(node: str, dst: str, src: str, nbytes: str, index: int, changin
             f"    last[{index}] = {changing}"]
 
 
+def _slab_take(ys: list[str], stream: str) -> list[str]:
+    """Lines taking this call's outputs ``ys`` from the slabs made on torch's current stream
+    (``stream``, kept as ``cs``; see :mod:`trt_runtime.slabs`)."""
+    return [f"cs = {stream}", "pool = pools.get(cs)", "if not pool:", "    pool = refill(cs)",
+            _unpack(ys, "pool.pop()") if ys else "pool.pop()"]
+
+
 def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) -> str:
     """The tail of the pre-bound and natural plans: order with the caller, enqueue, return."""
     caller = _CALLER.format(default_caller=default_caller, torch_kind=torch_kind)
@@ -302,10 +309,8 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         alloc_out = []
         caller = _TORCH_CALLER
         if kind == "slab":
-            # this call's outputs from the slabs made on the current stream (see trt_runtime.slabs)
-            alloc_out += ["c = raw_stream(device)", "pool = pools.get(c)", "if not pool:",
-                          "    pool = refill(c)", _unpack(ys, "pool.pop()") if m else "pool.pop()"]
-            caller = "None if c in order.skip or c == order.ours else c"
+            alloc_out += _slab_take(ys, "raw_stream(device)")
+            caller = "None if cs in order.skip or cs == order.ours else cs"
         for i, y in enumerate(ys):
             if kind == "natural":
                 alloc_out.append(f"{y} = x0.new_empty(shape{i})" if variant
@@ -358,11 +363,9 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         for i in range(n):
             set_in += _node_update(f"nin{i}", f"dst{i}", f"src{i}", f"nb{i}", i, changing=f"src{i}")
         alloc_out = []
-        if kind == "copying-slab" and m:
-            # this call's outputs from the slabs made on torch's current stream (see trt_runtime.slabs;
-            # ``c``: that stream, when the caller's is torch's, from the caller expression)
-            alloc_out += ["cs = c if stream is None else raw_stream(device)", "pool = pools.get(cs)",
-                          "if not pool:", "    pool = refill(cs)", _unpack(ys, "pool.pop()")]
+        if kind == "copying-slab":
+            # (``c``: torch's current stream when the caller's is torch's, from the caller expression)
+            alloc_out += _slab_take(ys, "c if stream is None else raw_stream(device)")
         for j, y in enumerate(ys):
             if kind == "copying":
                 alloc_out.append(f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)")
@@ -415,11 +418,10 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
     bridge = lane._torch
     ctx = lane._context
     names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
-    calls = slab_calls(out_shapes, dtypes) if names else 1
-    make = _compile("slab" if calls > 1 else "natural", len(shapes), len(entry.outputs), entry.like_input)
+    slabs = slab_pools(bridge.empty, bridge.device, out_shapes, dtypes) or ()
+    make = _compile("slab" if slabs else "natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
-    slabs = Slabs(bridge.empty, bridge.device, out_shapes, dtypes, calls).fields() if calls > 1 else ()
     return make(
         lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
         lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
@@ -458,9 +460,8 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     out_dtypes = [io.torch_dtype for io in lane._out[:m]]
     # "copy" mode: the outputs copied out through the nodes come from slabs, as a natural
     # call's do (each call's at a new address: one node update per output, no torch.empty)
-    calls = slab_calls(out_shapes, out_dtypes) if m else 1
-    make = _compile("copying-slab" if calls > 1 else "copying", len(shapes), m, views is not None)
-    slabs = Slabs(bridge.empty, bridge.device, out_shapes, out_dtypes, calls).fields() if calls > 1 else ()
+    slabs = slab_pools(bridge.empty, bridge.device, out_shapes, out_dtypes) or ()
+    make = _compile("copying-slab" if slabs else "copying", len(shapes), m, views is not None)
     made = make(*head, plain, copying.exec, copying.last, *tail, *copying.ins, *out_shapes, *out_dtypes,
                 *slot.out_ptrs[:m], *slot.out_nbytes[:m], *copying.outs, *slabs)
     made.plain = plain  # type: ignore[attr-defined]  # where a plain plan's shape switch goes

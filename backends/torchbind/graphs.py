@@ -41,7 +41,7 @@ from trt_runtime.contract import KIND_HOST
 from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
 from trt_runtime.graphs import CopyNodes
 from trt_runtime.outer import GraphSlot
-from trt_runtime.slabs import Slabs, slab_calls
+from trt_runtime.slabs import slab_pools
 
 if TYPE_CHECKING:
     from .bridge import TorchBridge
@@ -175,11 +175,9 @@ class GraphOps:
         # torch.empty per SLAB_CALLS calls, each call's at a new address its node is pointed at
         pools: Any = None
         refill: Any = None
-        if cexec is not None and out_targets and bridge.empty is not None:
-            specs = [tuple(o.shape) for o in outputs], [o.dtype for o in outputs]
-            calls = slab_calls(*specs)
-            if calls > 1:
-                pools, refill = Slabs(bridge.empty, outputs[0].device, *specs, calls).fields()
+        if cexec is not None and out_targets:
+            pools, refill = slab_pools(bridge.empty, outputs[0].device, [tuple(o.shape) for o in outputs],
+                                       [o.dtype for o in outputs]) or (None, None)
 
         (dtype0, shape0), static0 = checks[0], statics[0]
 
