@@ -262,10 +262,10 @@ def _node_update(node: str, dst: str, src: str, nbytes: str, index: int, changin
             f"    last[{index}] = {changing}"]
 
 
-def _slab_take(ys: list[str], stream: str) -> list[str]:
+def _slab_take(ys: list[str], var: str, stream: str) -> list[str]:
     """Lines taking this call's outputs ``ys`` from the slabs made on torch's current stream
-    (``stream``, kept as ``cs``; see :mod:`trt_runtime.slabs`)."""
-    return [f"cs = {stream}", "pool = pools.get(cs)", "if not pool:", "    pool = refill(cs)",
+    (``stream``, kept in ``var``; see :mod:`trt_runtime.slabs`)."""
+    return [f"{var} = {stream}", f"pool = pools.get({var})", "if not pool:", f"    pool = refill({var})",
             _unpack(ys, "pool.pop()") if ys else "pool.pop()"]
 
 
@@ -309,8 +309,8 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         alloc_out = []
         caller = _TORCH_CALLER
         if kind == "slab":
-            alloc_out += _slab_take(ys, "raw_stream(device)")
-            caller = "None if cs in order.skip or cs == order.ours else cs"
+            alloc_out += _slab_take(ys, "c", "raw_stream(device)")
+            caller = "None if c in order.skip or c == order.ours else c"
         for i, y in enumerate(ys):
             if kind == "natural":
                 alloc_out.append(f"{y} = x0.new_empty(shape{i})" if variant
@@ -365,7 +365,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
         alloc_out = []
         if kind == "copying-slab":
             # (``c``: torch's current stream when the caller's is torch's, from the caller expression)
-            alloc_out += _slab_take(ys, "c if stream is None else raw_stream(device)")
+            alloc_out += _slab_take(ys, "cs", "c if stream is None else raw_stream(device)")
         for j, y in enumerate(ys):
             if kind == "copying":
                 alloc_out.append(f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)")
