@@ -13,7 +13,12 @@ synchronize), the TensorRT calls a runtime can make when the shape changes:
   TensorRT-RTX's sample does for USER_MANAGED memory);
 * ``+ set_device_memory`` with the same buffer (what the python backend does too);
 * ``execute_async_v3`` after each variant, with the outputs compared with the reference,
-  so that a variant that skips a call is only taken if its results stay right.
+  so that a variant that skips a call is only taken if its results stay right;
+* *a context per shape*: one context per batch, all given the same scratch buffer, each
+  with its shape set once, fed in turn on one stream (no ``set_input_shape`` at all):
+  what each extra context costs to create and in device memory, the call (µs) against
+  ``set_input_shape`` + ``execute_async_v3`` on one context and a call that keeps its
+  shape, and the results of rounds with fresh inputs compared with the reference.
 
 It answers issue 17's question (why the dynamic workload loses ~26 µs per call) with
 figures, and whether ``set_device_memory`` (or the size update) may be skipped when the
@@ -114,7 +119,76 @@ def main(argv: list[str] | None = None) -> int:
     result["execute_async_v3 us"] = _timed(lambda i: context.execute_async_v3(handle), 500)
     stream.synchronize()
     _write(result, args.out)
+    _per_shape_contexts(result, torch, np, engine, config, built, memory, stream, (x_name, y_name), args.out)
     return 0
+
+
+def _per_shape_contexts(result: dict[str, Any], torch: Any, np: Any, engine: Any, config: Any, built: Any,
+                        memory: Any, stream: Any, names: tuple[str, str], out: Path | None) -> None:
+    """A context per batch sharing one scratch buffer (see the module docstring)."""
+    handle = int(stream.cuda_stream)
+    x_name, y_name = names
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    contexts, made_us = [], []
+    for b in BATCHES:
+        t0 = time.perf_counter_ns()
+        c = engine.create_execution_context(config)
+        c.set_optimization_profile_async(0, handle)
+        stream.synchronize()
+        c.set_device_memory(memory.data_ptr(), memory.numel())
+        c.set_input_shape(x_name, (b, 256))
+        made_us.append((time.perf_counter_ns() - t0) / 1e3)
+        contexts.append(c)
+    torch.cuda.synchronize()
+    result["per-shape: create + profile + memory + shape, us each"] = [round(u, 1) for u in made_us]
+    result["per-shape: device bytes for 3 contexts"] = int(free0 - torch.cuda.mem_get_info()[0])
+    xs = [torch.empty((b, 256), dtype=torch.float16, device="cuda") for b in BATCHES]
+    ys = [torch.empty((b, 256), dtype=torch.float16, device="cuda") for b in BATCHES]
+    for c, x, y in zip(contexts, xs, ys, strict=True):
+        c.set_tensor_address(x_name, x.data_ptr())
+        c.set_tensor_address(y_name, y.data_ptr())
+    for c in contexts:  # first calls (kernels specialized for the shape) outside the timing
+        c.execute_async_v3(handle)
+    stream.synchronize()
+    n = len(BATCHES)
+    result["per-shape: execute_async_v3, contexts in turn, us"] = _timed(
+        lambda i: contexts[i % n].execute_async_v3(handle))
+    one = contexts[0]
+    result["per-shape: execute_async_v3, one context, shape kept, us"] = _timed(
+        lambda i: one.execute_async_v3(handle))
+    stream.synchronize()
+    # the same engine, one context switching shapes (as the raw loop): set_input_shape + execute
+    single = engine.create_execution_context(config)
+    single.set_optimization_profile_async(0, handle)
+    stream.synchronize()
+    single.set_device_memory(memory.data_ptr(), memory.numel())
+
+    def switched(i: int) -> None:
+        k = i % n
+        single.set_input_shape(x_name, (BATCHES[k], 256))
+        single.set_tensor_address(x_name, xs[k].data_ptr())
+        single.set_tensor_address(y_name, ys[k].data_ptr())
+        single.execute_async_v3(handle)
+    result["per-shape: one context, set_input_shape + execute_async_v3 in turn, us"] = _timed(switched)
+    stream.synchronize()
+    # rounds of fresh inputs: every context in turn on the one stream, no synchronize between
+    wrong = checked = 0
+    for r in range(100):
+        hosts = [built.random_inputs(batch=b, seed=1000 + r * n + k)[0] for k, b in enumerate(BATCHES)]
+        for x, h in zip(xs, hosts, strict=True):
+            x.copy_(torch.from_numpy(h))
+        for c in contexts:
+            if not c.execute_async_v3(handle):
+                raise RuntimeError("execute_async_v3 returned False")
+        stream.synchronize()
+        rtol, atol = built.tolerance
+        for y, h in zip(ys, hosts, strict=True):
+            want = built.reference(h)[0]
+            checked += 1
+            wrong += not np.allclose(y.float().cpu().numpy(), want, rtol=rtol, atol=atol)
+    result["per-shape: rounds wrong / checked"] = [wrong, checked]
+    _write(result, out)
 
 
 def _write(result: dict[str, Any], out: Path | None) -> None:
