@@ -130,27 +130,42 @@ def _per_shape_contexts(result: dict[str, Any], torch: Any, np: Any, engine: Any
     x_name, y_name = names
     torch.cuda.synchronize()
     free0 = torch.cuda.mem_get_info()[0]
-    contexts, made_us = [], []
+    contexts = []
+    steps: dict[str, list[float]] = {"create_execution_context": [], "profile + synchronize": [],
+                                     "set_device_memory + set_input_shape": []}
+
+    def lap(step: str, t0: int) -> int:
+        t1 = time.perf_counter_ns()
+        steps[step].append(round((t1 - t0) / 1e3, 1))
+        return t1
+
     for b in BATCHES:
-        t0 = time.perf_counter_ns()
+        t = time.perf_counter_ns()
         c = engine.create_execution_context(config)
+        t = lap("create_execution_context", t)
         c.set_optimization_profile_async(0, handle)
         stream.synchronize()
+        t = lap("profile + synchronize", t)
         c.set_device_memory(memory.data_ptr(), memory.numel())
         c.set_input_shape(x_name, (b, 256))
-        made_us.append((time.perf_counter_ns() - t0) / 1e3)
+        lap("set_device_memory + set_input_shape", t)
         contexts.append(c)
     torch.cuda.synchronize()
-    result["per-shape: create + profile + memory + shape, us each"] = [round(u, 1) for u in made_us]
+    for step, laps in steps.items():
+        result[f"per-shape: {step}, us each"] = laps
     result["per-shape: device bytes for 3 contexts"] = int(free0 - torch.cuda.mem_get_info()[0])
     xs = [torch.empty((b, 256), dtype=torch.float16, device="cuda") for b in BATCHES]
     ys = [torch.empty((b, 256), dtype=torch.float16, device="cuda") for b in BATCHES]
     for c, x, y in zip(contexts, xs, ys, strict=True):
         c.set_tensor_address(x_name, x.data_ptr())
         c.set_tensor_address(y_name, y.data_ptr())
+    firsts = []
     for c in contexts:  # first calls (kernels specialized for the shape) outside the timing
+        t0 = time.perf_counter_ns()
         c.execute_async_v3(handle)
-    stream.synchronize()
+        stream.synchronize()
+        firsts.append(round((time.perf_counter_ns() - t0) / 1e3, 1))
+    result["per-shape: first execute_async_v3 + synchronize, us each"] = firsts
     n = len(BATCHES)
     result["per-shape: execute_async_v3, contexts in turn, us"] = _timed(
         lambda i: contexts[i % n].execute_async_v3(handle))
@@ -188,6 +203,19 @@ def _per_shape_contexts(result: dict[str, Any], torch: Any, np: Any, engine: Any
             checked += 1
             wrong += not np.allclose(y.float().cpu().numpy(), want, rtol=rtol, atol=atol)
     result["per-shape: rounds wrong / checked"] = [wrong, checked]
+    _write(result, out)
+    # creation again, with a runtime cache on the config (as trt-runtime's runtime_cache
+    # gives it): the first context fills the cache, later ones should find their kernels
+    cached = engine.create_runtime_config()
+    cached.set_execution_context_allocation_strategy(config.get_execution_context_allocation_strategy())
+    cached.set_runtime_cache(cached.create_runtime_cache())
+    made = []
+    for _ in range(4):
+        t0 = time.perf_counter_ns()
+        c = engine.create_execution_context(cached)
+        made.append(round((time.perf_counter_ns() - t0) / 1e3, 1))
+        del c
+    result["per-shape: create_execution_context with a runtime cache, us each"] = made
     _write(result, out)
 
 
