@@ -7,7 +7,8 @@ checks), a :class:`.bridge.TorchBridge` (torch), an :class:`.output_binding.Outp
 (outputs and host staging), :class:`.graphs.GraphOps` (capture and launch of the outer
 CUDA graphs the core's :class:`~trt_runtime.outer.OuterGraphs` keeps),
 :class:`.fast_path.FastPaths` (repeat calls that skip the checks) and a
-:class:`.stream_order.StreamOrder` (ordering with the caller's stream). One
+:class:`.stream_order.StreamOrder` (ordering with the caller's stream) and
+:class:`.shapes.ShapeContexts` (a context per recent input-shape signature). One
 ``PythonEngine`` object is one *lane*: one execution context with its stream, events,
 bindings and caches; ``contexts=N`` makes
 N-1 clones over the same ``ICudaEngine``.
@@ -35,10 +36,11 @@ from trt_runtime_backends.python.execution_context import (
 from trt_runtime_backends.python.fast_path import FastPaths
 from trt_runtime_backends.python.graphs import GraphOps
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
+from trt_runtime_backends.python.shapes import ShapeContexts, apply_shapes
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, fmt_shape
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker
 from trt_runtime.engine import EngineBase
-from trt_runtime.errors import EngineError, InputError
+from trt_runtime.errors import EngineError
 from trt_runtime.outer import graph_hooks_from
 from trt_runtime.protocols import EngineSource, TensorSpec
 from trt_runtime.settings import CudaGraphStrategy, RuntimeSettings
@@ -135,6 +137,7 @@ class PythonEngine(EngineBase):
         self._res.events = self._order.events()
         self._res.order = self._order
         self._fast_paths = FastPaths()
+        self._shape_contexts = ShapeContexts()
         self._graphs = GraphOps(self._rt, state, self._res)
         self._output_allocator = "auto"
         self._cache_key: Any = None
@@ -199,6 +202,35 @@ class PythonEngine(EngineBase):
                 if value != lane._output_allocator:
                     lane._output_allocator = value
                     lane._drop_context()
+
+    @property
+    def shape_contexts(self) -> int:
+        """How many execution contexts each lane may hold, one per recent input-shape signature
+        (default :data:`.shapes.SHAPE_CONTEXTS`): a change to shapes one of them holds costs no
+        TensorRT call. ``1``: one context that changes its shapes. Changing it drops the
+        execution contexts. See :mod:`.shapes`."""
+        return self._shape_contexts.limit
+
+    @shape_contexts.setter
+    def shape_contexts(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"shape_contexts must be an int >= 1; got {value!r}")
+        with self._exclusive():
+            for lane in self._lanes:
+                assert isinstance(lane, PythonEngine)
+                part = lane._shape_contexts
+                part.making = True  # (try again after a failure)
+                if value != part.limit:
+                    part.limit = value
+                    lane._drop_context()
+
+    @property
+    def shape_context_stats(self) -> dict[str, int]:
+        """Over all lanes: ``contexts`` held now, ``made`` for shapes that came back, and
+        ``swaps``, changes of shapes served by a context already in them."""
+        parts = [(lane._shape_contexts, lane._res.context) for lane in self._lanes]  # type: ignore[attr-defined]
+        return {"contexts": sum(part.count(ctx) for part, ctx in parts),
+                "made": sum(part.made for part, _ in parts), "swaps": sum(part.swaps for part, _ in parts)}
 
     @property
     def output_allocators(self) -> dict[str, Any]:
@@ -389,6 +421,7 @@ class PythonEngine(EngineBase):
             lane._init(backend, trt_engine, state, source, self._settings, runtime, ordering)
         lane._profile = self._profile
         lane._output_allocator = self._output_allocator
+        lane._shape_contexts.limit = self._shape_contexts.limit
         lane._outputs = self._outputs
         for mine, theirs in zip(lane._out, self._out, strict=True):
             mine.spec = theirs.spec  # outputs found data-dependent stay so
@@ -470,12 +503,9 @@ class PythonEngine(EngineBase):
         host = inspection.host
         if self._multi_device:
             self._set_device()
-        trt_context = ctx.trt_context
-        key = (inspection.shapes, inspection.profile)
-        if key != ctx.shape_key:
-            ctx.shape_key = None  # if applying fails halfway, the next call applies again
-            self._apply_shapes(ctx, inspection.shapes, inspection.profile)
-            ctx.shape_key = key
+        if (inspection.shapes, inspection.profile) != ctx.shape_key:
+            apply_shapes(self, ctx, inspection.shapes, inspection.profile)
+        trt_context = ctx.trt_context  # (after: another context may be in these shapes)
         ours = self._stream_handle
         caller = self._order.caller(stream, kind == KIND_TORCH)
         if caller is not None:
@@ -516,53 +546,6 @@ class PythonEngine(EngineBase):
             elif kind == KIND_TORCH and self._torch.tensor is not None:
                 self._fast_paths.remember_natural(self, ctx, inspection.shapes)
         return results
-
-    def _apply_shapes(self, ctx: ExecutionContext, shapes: tuple[Any, ...], profile: int) -> None:
-        """Select ``profile`` and set the input shapes on the context; read the output shapes."""
-        trt_context = ctx.trt_context
-        if profile != ctx.profile:
-            self._select_profile(ctx, profile)
-        for io, shape in zip(self._in, shapes, strict=False):
-            if io.spec.is_dynamic:
-                dims = tuple(int(d) for d in shape)
-                if not trt_context.set_input_shape(io.name, dims):
-                    raise InputError(
-                        f"engine {self.name!r}: TensorRT rejected shape {fmt_shape(dims)} for input "
-                        f"{io.name!r}" + _detail(self._logger.errors_since(None)[-1:])
-                    )
-        self._fit_device_memory(ctx)
-        key = (shapes, profile)
-        known = ctx.out_shape_cache.get(key)
-        if known is not None:  # TensorRT's shape inference already ran for these shapes
-            ctx.out_shapes = known
-            return
-        out_shapes = []
-        for io in self._out:
-            shape = tuple(int(d) for d in trt_context.get_tensor_shape(io.name))
-            if any(d < 0 for d in shape) and io.name not in ctx.allocators:
-                # Only known after the engine ran: switch this output to an allocator.
-                self._mark_data_dependent(io)
-                self._attach_allocator(ctx, io.name)
-            out_shapes.append(shape)
-        ctx.out_shapes = out_shapes
-        if not ctx.allocators:
-            if len(ctx.out_shape_cache) >= 64:
-                ctx.out_shape_cache.clear()
-            ctx.out_shape_cache[key] = out_shapes
-
-    def _select_profile(self, ctx: ExecutionContext, profile: int) -> None:
-        """Switch the context to optimization ``profile`` (its addresses must be set again)."""
-        self._order.to_ours()
-        if not ctx.trt_context.set_optimization_profile_async(profile, self._stream_handle):
-            raise EngineError(f"engine {self.name!r}: could not select optimization profile {profile}")
-        if ctx.user_managed:  # the memory is handed over (or sized) next: let the switch finish
-            self._sync()
-            memory = ctx.device_memory
-            if not ctx.per_shape and memory is not None:  # as after creation, for this profile
-                ctx.trt_context.set_device_memory(int(memory.handle), int(memory.size))
-        ctx.profile = profile
-        ctx.bound.clear()
-        ctx.bound_ptrs = ()
 
     def _mark_data_dependent(self, io: TensorInfo) -> None:
         spec = io.spec

@@ -28,6 +28,7 @@ class ExecutionContext:
         "native_cache",
         "out_shape_cache",
         "out_shapes",
+        "parked",
         "per_shape",
         "profile",
         "shape_key",
@@ -54,6 +55,8 @@ class ExecutionContext:
         #: Whether that memory is sized again after each change of input shapes (see
         #: ``engine.MEMORY_PER_SHAPE``); otherwise it fits every shape of every profile.
         self.per_shape = False
+        #: The lane's other contexts, by the input-shape key they are in (``.shape_contexts``).
+        self.parked: dict[Any, Any] = {}
 
 
 def trt_enum(enum_type: Any, member: Any) -> Any:
@@ -82,6 +85,7 @@ class Resources:
 
 def drop_context(context: ExecutionContext) -> None:
     context.allocators.clear()
+    context.parked.clear()
     context.trt_context = None
     context.device_memory = None  # after the context: it used the memory until now
     context.config = None

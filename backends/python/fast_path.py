@@ -33,6 +33,7 @@ from typing import Any
 from trt_runtime_backends.python import plans
 from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.contract import TensorInfo
+from trt_runtime_backends.python.shapes import restore_shapes
 
 from trt_runtime.contract import KIND_TORCH
 
@@ -222,23 +223,3 @@ def shape_key(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
         return tuple([x.shape for x in inputs])
     except AttributeError:
         return None
-
-
-def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
-                   dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any) -> bool:
-    """Put the context back in a state a fast path or a graph was recorded in: its
-    profile (switched when it differs), its input shapes, memory that fits them; the
-    output shapes are known from then. False when TensorRT refuses a shape."""
-    ctx.shape_key = None  # if setting fails halfway, the next call sets the shapes again
-    profile = shape_key[1]
-    if ctx.profile != profile:
-        lane._select_profile(ctx, profile)
-    trt_context = ctx.trt_context
-    for name, dims in dynamic_dims:
-        if not trt_context.set_input_shape(name, dims):
-            return False
-    if dynamic_dims:
-        lane._fit_device_memory(ctx)
-    ctx.shape_key = shape_key
-    ctx.out_shapes = out_shapes
-    return True

@@ -37,6 +37,7 @@ from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
 from trt_runtime_backends.python.fast_path import shape_key
 from trt_runtime_backends.python.output_binding import host_memory
+from trt_runtime_backends.python.shapes import apply_shapes
 
 from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
 from trt_runtime.dtypes import itemsize
@@ -238,9 +239,7 @@ def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
     ctx = context
     key = slot.key
     if ctx.shape_key != key:
-        ctx.shape_key = None  # if applying fails halfway, the next call applies again
-        lane._apply_shapes(ctx, key[0], key[1])
-        ctx.shape_key = key
+        apply_shapes(lane, ctx, key[0], key[1])
     if ctx.allocators:
         names = sorted(ctx.allocators)
         raise CapabilityError(

@@ -1,0 +1,215 @@
+"""Input shapes on a lane's execution context, and a context per shape.
+
+:func:`apply_shapes` (the full path's, and the outer graph's before a capture) and
+:func:`restore_shapes` (a fast path's, with what an earlier call learnt) put the lane's
+``ExecutionContext`` in a call's input shapes and optimization profile
+(:func:`select_profile`).
+
+Changing shapes without TensorRT-RTX's cost of changing them: on TensorRT-RTX 1.6.1 (an
+H100, the benchmark's dynamic MLP fed batches 1, 8 and 64 in turn;
+``tools/gpu_shape_switch_probe.py``) ``set_input_shape`` + ``execute_async_v3``
+costs 77 to 100 µs a call when the shape changes and 24 µs when it does not: the first
+enqueue after a change specializes again on the host. A context keeps what it specialized
+for its shapes, so a lane keeps up to :attr:`ShapeContexts.limit` execution contexts of its
+engine (:data:`SHAPE_CONTEXTS` by default), each in the shapes of a recent call, all given
+the lane's one USER_MANAGED scratch buffer. That is safe because a lane's calls run one
+after another on the GPU (its stream order; see :mod:`.stream_order`), so no two of its
+contexts use the buffer at once. A call whose shapes one of them holds swaps it in, with
+no TensorRT call at all; the probe measured 24 µs for contexts fed in turn, 0 wrong of 300
+results, and no device memory beyond the shared buffer.
+
+A context is made only when shapes *come back* (the lane ran them before, then others), so
+shapes seen once cost nothing. Making one took 72 to 80 ms on that host, and about 10 ms
+when a runtime cache (the ``runtime_cache`` setting) that earlier contexts filled is
+attached; it happens once per shape and lane. Past the limit, the current context changes
+its shapes as before. Not used for contexts that size their scratch memory per shape
+(``engine.MEMORY_PER_SHAPE``), contexts with output allocators (data-dependent outputs),
+nor TensorRT without USER_MANAGED contexts. ``engine.shape_contexts = 1`` turns it off.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from trt_runtime.contract import fmt_shape
+from trt_runtime.errors import EngineError, InputError
+
+__all__ = ["SHAPE_CONTEXTS", "ShapeContexts", "apply_shapes", "restore_shapes", "select_profile"]
+
+#: Execution contexts a lane may hold, one per input-shape signature, by default.
+SHAPE_CONTEXTS = 4
+
+
+class Parked:
+    """A context of the lane not in use, and the state the lane's context object had with it."""
+
+    __slots__ = ("bound", "bound_ptrs", "out_shapes", "profile", "trt_context")
+
+    def __init__(self, trt_context: Any, bound: dict[str, int], bound_ptrs: tuple[int, ...],
+                 out_shapes: list[tuple[int, ...]], profile: int) -> None:
+        self.trt_context = trt_context
+        self.bound = bound
+        self.bound_ptrs = bound_ptrs
+        self.out_shapes = out_shapes
+        self.profile = profile
+
+
+class ShapeContexts:
+    """The lane's part that swaps contexts by input shapes (see the module docstring).
+
+    ``made``: contexts made for shapes that came back; ``swaps``: changes of shapes served by
+    a context already in them; ``making``: False once making one failed (the lane goes on
+    with those it has)."""
+
+    __slots__ = ("limit", "made", "making", "swaps")
+
+    def __init__(self, limit: int = SHAPE_CONTEXTS) -> None:
+        self.limit = limit
+        self.made = 0
+        self.swaps = 0
+        self.making = True
+
+    def take(self, lane: Any, ctx: Any, key: tuple[Any, int], back: bool) -> bool:
+        """Give ``ctx`` (the lane's ``ExecutionContext``) a TensorRT context already in the
+        shapes and profile of ``key``: a parked one, or one made now if ``back`` (the lane
+        ran these shapes before) and the limit allows. The one in use is parked under its
+        shapes. False: nothing changed, and the caller sets the shapes on the context in use.
+        The caller sets ``ctx.out_shapes`` after."""
+        current = ctx.shape_key
+        if (self.limit <= 1 or current is None or not ctx.user_managed or ctx.per_shape or ctx.allocators
+                or ctx.device_memory is None):
+            return False
+        parked = ctx.parked
+        entry = parked.pop(key, None)
+        if entry is None:
+            if not back or not self.making or len(parked) + 1 >= self.limit:
+                return False
+            try:
+                made = _make(lane, ctx, key)
+            except Exception as exc:  # the call goes on the old way; no more tries on this lane
+                self.making = False
+                warnings.warn(f"engine {lane.name!r}: no context per shape from now on ({exc})",
+                              RuntimeWarning, stacklevel=2)
+                return False
+            entry = Parked(made, {}, (), [], key[1])
+            self.made += 1
+        else:
+            self.swaps += 1
+        parked[current] = Parked(ctx.trt_context, dict(ctx.bound), ctx.bound_ptrs, ctx.out_shapes,
+                                 ctx.profile)
+        ctx.trt_context = entry.trt_context
+        bound = ctx.bound  # the same dict: the natural plans hold its get
+        bound.clear()
+        bound.update(entry.bound)
+        ctx.bound_ptrs = entry.bound_ptrs
+        ctx.out_shapes = entry.out_shapes
+        ctx.profile = entry.profile
+        ctx.shape_key = key
+        return True
+
+    def count(self, ctx: Any) -> int:
+        """Contexts ``ctx`` holds: the one in use and the parked ones (0 before the first)."""
+        if ctx is None or ctx.trt_context is None:
+            return 0
+        return 1 + len(ctx.parked)
+
+
+def _make(lane: Any, ctx: Any, key: tuple[Any, int]) -> Any:
+    """A new context of the lane's engine in ``key``'s profile and input shapes, on the
+    lane's scratch buffer (made with the lane's runtime config, so with its runtime cache)."""
+    shapes, profile = key
+    shown = ", ".join(fmt_shape(shape) for shape in shapes)
+    with lane._state.scope():
+        trt_context = lane._trt_engine.create_execution_context(ctx.config)
+        if trt_context is None:
+            raise EngineError(f"TensorRT could not create an execution context for input shapes {shown}")
+        lane._order.to_ours()  # the profile switch is queued on our stream, after the lane's work
+        if not trt_context.set_optimization_profile_async(profile, lane._stream_handle):
+            raise EngineError(f"could not select optimization profile {profile} in a new context")
+        lane._sync()
+        memory = ctx.device_memory
+        trt_context.set_device_memory(int(memory.handle), int(memory.size))
+        for io, shape in zip(lane._in, shapes, strict=False):
+            if io.spec.is_dynamic and not trt_context.set_input_shape(io.name, tuple(int(d) for d in shape)):
+                raise EngineError(f"TensorRT rejected input shapes {shown} in a new context")
+    return trt_context
+
+
+def apply_shapes(lane: Any, ctx: Any, shapes: tuple[Any, ...], profile: int) -> None:
+    """Put ``ctx`` in ``shapes`` and ``profile`` (its ``shape_key`` then says so): a context
+    already in them swapped in, else the profile selected and the shapes set on the context
+    in use; the output shapes read (from TensorRT the first time)."""
+    key = (shapes, profile)
+    known = ctx.out_shape_cache.get(key)
+    if known is not None and lane._shape_contexts.take(lane, ctx, key, True):
+        ctx.out_shapes = known
+        return
+    ctx.shape_key = None  # if applying fails halfway, the next call applies again
+    trt_context = ctx.trt_context
+    if profile != ctx.profile:
+        select_profile(lane, ctx, profile)
+    for io, shape in zip(lane._in, shapes, strict=False):
+        if io.spec.is_dynamic:
+            dims = tuple(int(d) for d in shape)
+            if not trt_context.set_input_shape(io.name, dims):
+                said = lane._logger.errors_since(None)[-1:]
+                raise InputError(
+                    f"engine {lane.name!r}: TensorRT rejected shape {fmt_shape(dims)} for input "
+                    f"{io.name!r}" + (f": {said[0]}" if said else "")
+                )
+    lane._fit_device_memory(ctx)
+    if known is None:  # TensorRT's shape inference runs for these shapes
+        known = []
+        for io in lane._out:
+            shape = tuple(int(d) for d in trt_context.get_tensor_shape(io.name))
+            if any(d < 0 for d in shape) and io.name not in ctx.allocators:
+                # Only known after the engine ran: switch this output to an allocator.
+                lane._mark_data_dependent(io)
+                lane._attach_allocator(ctx, io.name)
+            known.append(shape)
+        if not ctx.allocators:
+            if len(ctx.out_shape_cache) >= 64:
+                ctx.out_shape_cache.clear()
+            ctx.out_shape_cache[key] = known
+    ctx.out_shapes = known
+    ctx.shape_key = key
+
+
+def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
+                   dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any) -> bool:
+    """Put the context back in a state a fast path or a graph was recorded in: a context
+    already in those shapes swapped in, else its profile (switched when it differs), its
+    input shapes, memory that fits them; the output shapes are known from then. False when
+    TensorRT refuses a shape."""
+    if lane._shape_contexts.take(lane, ctx, shape_key, True):
+        ctx.out_shapes = out_shapes
+        return True
+    ctx.shape_key = None  # if setting fails halfway, the next call sets the shapes again
+    profile = shape_key[1]
+    if ctx.profile != profile:
+        select_profile(lane, ctx, profile)
+    trt_context = ctx.trt_context
+    for name, dims in dynamic_dims:
+        if not trt_context.set_input_shape(name, dims):
+            return False
+    if dynamic_dims:
+        lane._fit_device_memory(ctx)
+    ctx.shape_key = shape_key
+    ctx.out_shapes = out_shapes
+    return True
+
+
+def select_profile(lane: Any, ctx: Any, profile: int) -> None:
+    """Switch the context in use to optimization ``profile`` (its addresses must be set again)."""
+    lane._order.to_ours()
+    if not ctx.trt_context.set_optimization_profile_async(profile, lane._stream_handle):
+        raise EngineError(f"engine {lane.name!r}: could not select optimization profile {profile}")
+    if ctx.user_managed:  # the memory is handed over (or sized) next: let the switch finish
+        lane._sync()
+        memory = ctx.device_memory
+        if not ctx.per_shape and memory is not None:  # as after creation, for this profile
+            ctx.trt_context.set_device_memory(int(memory.handle), int(memory.size))
+    ctx.profile = profile
+    ctx.bound.clear()
+    ctx.bound_ptrs = ()
