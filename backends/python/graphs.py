@@ -238,8 +238,8 @@ def input_views(lane: Any, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
 def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
     ctx = context
     key = slot.key
-    if ctx.shape_key != key:
-        apply_shapes(lane, ctx, key[0], key[1])
+    if ctx.shape_key != key:  # (a context already in the shapes, else the one in use: the
+        apply_shapes(lane, ctx, key[0], key[1], make=False)  # replays need none in them)
     if ctx.allocators:
         names = sorted(ctx.allocators)
         raise CapabilityError(

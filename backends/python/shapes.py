@@ -73,9 +73,9 @@ class ShapeContexts:
     def take(self, lane: Any, ctx: Any, key: tuple[Any, int], back: bool) -> bool:
         """Give ``ctx`` (the lane's ``ExecutionContext``) a TensorRT context already in the
         shapes and profile of ``key``: a parked one, or one made now if ``back`` (the lane
-        ran these shapes before) and the limit allows. The one in use is parked under its
-        shapes. False: nothing changed, and the caller sets the shapes on the context in use.
-        The caller sets ``ctx.out_shapes`` after."""
+        ran these shapes before, and a new context is wanted) and the limit allows. The one
+        in use is parked under its shapes. False: nothing changed, and the caller sets the
+        shapes on the context in use. The caller sets ``ctx.out_shapes`` after."""
         current = ctx.shape_key
         if (self.limit <= 1 or current is None or not ctx.user_managed or ctx.per_shape or ctx.allocators
                 or ctx.device_memory is None):
@@ -136,13 +136,14 @@ def _make(lane: Any, ctx: Any, key: tuple[Any, int]) -> Any:
     return trt_context
 
 
-def apply_shapes(lane: Any, ctx: Any, shapes: tuple[Any, ...], profile: int) -> None:
+def apply_shapes(lane: Any, ctx: Any, shapes: tuple[Any, ...], profile: int, make: bool = True) -> None:
     """Put ``ctx`` in ``shapes`` and ``profile`` (its ``shape_key`` then says so): a context
     already in them swapped in, else the profile selected and the shapes set on the context
-    in use; the output shapes read (from TensorRT the first time)."""
+    in use; the output shapes read (from TensorRT the first time). ``make=False`` (before an
+    outer-graph capture, whose replays need no context in the shapes) makes no new context."""
     key = (shapes, profile)
     known = ctx.out_shape_cache.get(key)
-    if known is not None and lane._shape_contexts.take(lane, ctx, key, True):
+    if known is not None and lane._shape_contexts.take(lane, ctx, key, make):
         ctx.out_shapes = known
         return
     ctx.shape_key = None  # if applying fails halfway, the next call applies again

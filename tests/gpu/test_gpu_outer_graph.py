@@ -144,14 +144,16 @@ def test_outer_graph_dynamic_engine_one_capture_per_shape(open_engine) -> None:
     xs = [_inputs(torch, built, b, seed) for seed, b in enumerate(batches)]
     eager = [engine(x).clone() for x in xs]
     with enable_cudagraphs(engine, outer=True):
+        first = []
         for x, want in zip(xs, eager, strict=True):
-            _assert_same(torch, engine(x), want)
+            first.append(engine(x).clone())
+            _assert_close(torch, first[-1], want, built.tolerance)
         assert engine.graph_captures == 4  # batches 3, 8, 20 (profile 1) and 1
-        for x, want in reversed(list(zip(xs, eager, strict=True))):  # replays, other order
-            _assert_same(torch, engine(x), want)
+        for x, want in reversed(list(zip(xs, first, strict=True))):  # replays, other order
+            _assert_same(torch, engine(x), want)  # the same graph: bit for bit
         assert engine.graph_captures == 4
         engine.reset_graphs()
-        _assert_same(torch, engine(xs[0]), eager[0])
+        _assert_close(torch, engine(xs[0]), eager[0], built.tolerance)
         assert engine.graph_captures == 5
 
 

@@ -76,7 +76,7 @@ def test_gpu_shape_contexts_under_the_outer_graph(load, engines) -> None:
         torch.cuda.synchronize()
         for (_, x), y in zip(calls, outs, strict=True):
             _close(y.cpu().numpy(), built.reference(x)[0], built.tolerance)
-        assert engine.graph_stats["graphs"] == len(BATCHES)
+        assert engine.graph_stats()["graphs"] == len(BATCHES)
     after = [engine(torch.from_numpy(x).cuda()) for _, x in calls]  # eager again, contexts kept
     torch.cuda.synchronize()
     for (_, x), y in zip(calls, after, strict=True):
