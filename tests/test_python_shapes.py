@@ -104,6 +104,11 @@ def test_shape_contexts_past_the_limit_change_shapes_as_before(torch: FakeTorch,
     assert engine.shape_context_stats["contexts"] == 2
     for (_, shape, x_ptr, _), b in zip(ran, (1, 2, 4, 8) * 3, strict=True):
         assert shape == (b, 4) and x_ptr == xs[b].data_ptr()
+    # the lane's first context takes the shapes without a context of their own; the one
+    # made keeps its shapes (a context fed shapes new to it specializes again on the GPU)
+    first, made = engine.trt_engine.contexts
+    assert [c for c in made.calls if c[0] == "shape"] == [("shape", "x", (1, 4))]
+    assert {r[1] for r in ran[4:] if r[0] is first} == {(2, 4), (4, 4), (8, 4)}  # after round 1
 
 
 def test_shape_contexts_one_turns_them_off_and_bad_limits_are_refused(torch: FakeTorch) -> None:

@@ -31,6 +31,7 @@ class ExecutionContext:
         "parked",
         "per_shape",
         "profile",
+        "roaming",
         "shape_key",
         "trt_context",
         "user_managed",
@@ -57,6 +58,8 @@ class ExecutionContext:
         self.per_shape = False
         #: The lane's other contexts, by the input-shape key they are in (``.shape_contexts``).
         self.parked: dict[Any, Any] = {}
+        #: The lane's first context, when another is in use (``.shapes.ShapeContexts``).
+        self.roaming: Any = None
 
 
 def trt_enum(enum_type: Any, member: Any) -> Any:
@@ -86,6 +89,7 @@ class Resources:
 def drop_context(context: ExecutionContext) -> None:
     context.allocators.clear()
     context.parked.clear()
+    context.roaming = None
     context.trt_context = None
     context.device_memory = None  # after the context: it used the memory until now
     context.config = None

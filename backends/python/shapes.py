@@ -19,10 +19,11 @@ no TensorRT call at all; the probe measured 24 µs for contexts fed in turn, 0 w
 results, and no device memory beyond the shared buffer.
 
 A context is made only when shapes *come back* (the lane ran them before, then others), so
-shapes seen once cost nothing. Making one took 72 to 80 ms on that host, and about 10 ms
+shapes seen once cost nothing. Making one took 40 to 80 ms on that host, and about 10 ms
 when a runtime cache (the ``runtime_cache`` setting) that earlier contexts filled is
-attached; it happens once per shape and lane. Past the limit, the current context changes
-its shapes as before. Not used for contexts that size their scratch memory per shape
+attached; it happens once per shape and lane. Past the limit, the lane's first context
+takes the other shapes, changing its shapes as before (see :class:`ShapeContexts`). Not
+used for contexts that size their scratch memory per shape
 (``engine.MEMORY_PER_SHAPE``), contexts with output allocators (data-dependent outputs),
 nor TensorRT without USER_MANAGED contexts. ``engine.shape_contexts = 1`` turns it off.
 """
@@ -44,19 +45,28 @@ SHAPE_CONTEXTS = 4
 class Parked:
     """A context of the lane not in use, and the state the lane's context object had with it."""
 
-    __slots__ = ("bound", "bound_ptrs", "out_shapes", "profile", "trt_context")
+    __slots__ = ("bound", "bound_ptrs", "key", "out_shapes", "profile", "trt_context")
 
     def __init__(self, trt_context: Any, bound: dict[str, int], bound_ptrs: tuple[int, ...],
-                 out_shapes: list[tuple[int, ...]], profile: int) -> None:
+                 out_shapes: list[tuple[int, ...]], profile: int, key: tuple[Any, int]) -> None:
         self.trt_context = trt_context
         self.bound = bound
         self.bound_ptrs = bound_ptrs
         self.out_shapes = out_shapes
         self.profile = profile
+        self.key = key
 
 
 class ShapeContexts:
     """The lane's part that swaps contexts by input shapes (see the module docstring).
+
+    The lane's first context *roams*: it takes every shape that has no context of its own,
+    changing its shapes as one context always did. Each context made later keeps the shapes
+    it was made for, so it specializes once. (Contexts that took whatever shapes came, past
+    the limit, would each specialize again for shapes new to them: on the GPU that was
+    slower than one context changing its shapes.) ``ExecutionContext.parked`` holds the
+    contexts of their own shapes not in use, ``ExecutionContext.roaming`` the roaming one
+    when it is not in use.
 
     ``made``: contexts made for shapes that came back; ``swaps``: changes of shapes served by
     a context already in them; ``making``: False once making one failed (the lane goes on
@@ -72,32 +82,34 @@ class ShapeContexts:
 
     def take(self, lane: Any, ctx: Any, key: tuple[Any, int], back: bool) -> bool:
         """Give ``ctx`` (the lane's ``ExecutionContext``) a TensorRT context already in the
-        shapes and profile of ``key``: a parked one, or one made now if ``back`` (the lane
-        ran these shapes before, and a new context is wanted) and the limit allows. The one
-        in use is parked under its shapes. False: nothing changed, and the caller sets the
-        shapes on the context in use. The caller sets ``ctx.out_shapes`` after."""
+        shapes and profile of ``key``: one parked, or one made now if ``back`` (the lane ran
+        these shapes before, and a new context is wanted) and the limit allows. False: the
+        caller sets the shapes, on the roaming context, which is then the one in use. The
+        caller sets ``ctx.out_shapes`` after."""
         current = ctx.shape_key
         if (self.limit <= 1 or current is None or not ctx.user_managed or ctx.per_shape or ctx.allocators
                 or ctx.device_memory is None):
             return False
-        parked = ctx.parked
-        entry = parked.pop(key, None)
-        if entry is None:
-            if not back or not self.making or len(parked) + 1 >= self.limit:
-                return False
-            try:
-                made = _make(lane, ctx, key)
-            except Exception as exc:  # the call goes on the old way; no more tries on this lane
-                self.making = False
-                warnings.warn(f"engine {lane.name!r}: no context per shape from now on ({exc})",
-                              RuntimeWarning, stacklevel=2)
-                return False
-            entry = Parked(made, {}, (), [], key[1])
-            self.made += 1
-        else:
+        roaming = ctx.roaming  # None: the roaming context is the one in use
+        entry = ctx.parked.pop(key, None)
+        if entry is None and roaming is not None and roaming.key == key:
+            entry = roaming
+        if entry is None and back and self.making and self.count(ctx) < self.limit:
+            entry = self._make(lane, ctx, key)
+        elif entry is not None:
             self.swaps += 1
-        parked[current] = Parked(ctx.trt_context, dict(ctx.bound), ctx.bound_ptrs, ctx.out_shapes,
-                                 ctx.profile)
+        if entry is None:
+            if roaming is None:
+                return False
+            entry = roaming  # in, for the caller to set its shapes
+        record = Parked(ctx.trt_context, dict(ctx.bound), ctx.bound_ptrs, ctx.out_shapes, ctx.profile,
+                        current)
+        if roaming is None:
+            ctx.roaming = record
+        else:
+            ctx.parked[current] = record
+            if entry is roaming:
+                ctx.roaming = None
         ctx.trt_context = entry.trt_context
         bound = ctx.bound  # the same dict: the natural plans hold its get
         bound.clear()
@@ -105,14 +117,27 @@ class ShapeContexts:
         ctx.bound_ptrs = entry.bound_ptrs
         ctx.out_shapes = entry.out_shapes
         ctx.profile = entry.profile
-        ctx.shape_key = key
-        return True
+        ctx.shape_key = entry.key
+        return entry.key == key
+
+    def _make(self, lane: Any, ctx: Any, key: tuple[Any, int]) -> Parked | None:
+        """A new context in ``key``'s shapes; ``None`` (warned, and no more tries on this lane)
+        when TensorRT cannot make one: the call goes on the roaming context."""
+        try:
+            made = _make(lane, ctx, key)
+        except Exception as exc:
+            self.making = False
+            warnings.warn(f"engine {lane.name!r}: no context per shape from now on ({exc})",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        self.made += 1
+        return Parked(made, {}, (), [], key[1], key)
 
     def count(self, ctx: Any) -> int:
         """Contexts ``ctx`` holds: the one in use and the parked ones (0 before the first)."""
         if ctx is None or ctx.trt_context is None:
             return 0
-        return 1 + len(ctx.parked)
+        return 1 + len(ctx.parked) + (ctx.roaming is not None)
 
 
 def _make(lane: Any, ctx: Any, key: tuple[Any, int]) -> Any:
