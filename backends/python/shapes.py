@@ -19,7 +19,7 @@ no TensorRT call at all; the probe measured 24 µs for contexts fed in turn, 0 w
 results, and no device memory beyond the shared buffer.
 
 A context is made only when shapes *come back* (the lane ran them before, then others), so
-shapes seen once cost nothing. Making one took 40 to 80 ms on that host, and about 10 ms
+shapes seen once cost nothing. Making one took 40 to 80 ms on that host, and about 11 ms
 when a runtime cache (the ``runtime_cache`` setting) that earlier contexts filled is
 attached; it happens once per shape and lane. Past the limit, the lane's first context
 takes the other shapes, changing its shapes as before (see :class:`ShapeContexts`). Not
@@ -64,9 +64,9 @@ class ShapeContexts:
     changing its shapes as one context always did. Each context made later keeps the shapes
     it was made for, so it specializes once. (Contexts that took whatever shapes came, past
     the limit, would each specialize again for shapes new to them: on the GPU that was
-    slower than one context changing its shapes.) ``ExecutionContext.parked`` holds the
-    contexts of their own shapes not in use, ``ExecutionContext.roaming`` the roaming one
-    when it is not in use.
+    slower than one context changing its shapes, 988 against 158 µs a call for 6 shapes
+    over 4 contexts.) ``ExecutionContext.parked`` holds the contexts of their own shapes
+    not in use, ``ExecutionContext.roaming`` the roaming one when it is not in use.
 
     ``made``: contexts made for shapes that came back; ``swaps``: changes of shapes served by
     a context already in them; ``making``: False once making one failed (the lane goes on
