@@ -31,6 +31,7 @@ nor TensorRT without USER_MANAGED contexts. ``engine.shape_contexts = 1`` turns 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from trt_runtime.contract import fmt_shape
@@ -42,19 +43,16 @@ __all__ = ["SHAPE_CONTEXTS", "ShapeContexts", "apply_shapes", "restore_shapes", 
 SHAPE_CONTEXTS = 4
 
 
+@dataclass(slots=True)
 class Parked:
     """A context of the lane not in use, and the state the lane's context object had with it."""
 
-    __slots__ = ("bound", "bound_ptrs", "key", "out_shapes", "profile", "trt_context")
-
-    def __init__(self, trt_context: Any, bound: dict[str, int], bound_ptrs: tuple[int, ...],
-                 out_shapes: list[tuple[int, ...]], profile: int, key: tuple[Any, int]) -> None:
-        self.trt_context = trt_context
-        self.bound = bound
-        self.bound_ptrs = bound_ptrs
-        self.out_shapes = out_shapes
-        self.profile = profile
-        self.key = key
+    trt_context: Any
+    bound: dict[str, int]
+    bound_ptrs: tuple[int, ...]
+    out_shapes: list[tuple[int, ...]]
+    profile: int
+    key: tuple[Any, int]
 
 
 class ShapeContexts:
