@@ -2,7 +2,7 @@
 #   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
 # logging to $OUT/STEP.log. Steps: env, suite, suite-python (python backend only), bench,
-# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (tools/gpu_step_costs.py, STEPS_ARGS), floor (tools/gpu_floor_probe.py, FLOOR_ARGS), graphrace (tools/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (tools/gpu_gil_probe.py, GIL_ARGS), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (tools/gpu_step_costs.py, STEPS_ARGS), floor (tools/gpu_floor_probe.py, FLOOR_ARGS), graphrace (tools/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (tools/gpu_gil_probe.py, GIL_ARGS), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -34,9 +34,10 @@ for step in "$@"; do
     layerrace) for _l in ${LAYERRACE_LAYERS:-stem conv3 conv3s2 proj conv3late maxpool gap fc}; do echo "== $_l";
                  python3 tools/gpu_graph_race_probe.py --layer "$_l" --modes eager-gated,graphs-gated,graphs-streams \
                    --out "$OUT/layerrace-$_l" ${LAYERRACE_ARGS:-}; done 2>&1 | tee "$OUT/layerrace.log" | grep -v "^  build" | tail -40 ;;
+    hang) bash tools/gpu_hang_probe.sh 2>&1 | tee "$OUT/hang.log" | tail -40 ;;
     shapes) python3 tools/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
-    *) echo "gpu_round: unknown step $step (env suite suite-python bench concurrency serve onnx race shapes churn steps floor graphrace layerrace gil pack)" ;;
+    *) echo "gpu_round: unknown step $step (env suite suite-python bench concurrency serve onnx race shapes churn steps floor graphrace layerrace gil hang pack)" ;;
   esac
   echo "gpu_round: step $step took $(( $(date +%s) - t0 )) s"
 done
