@@ -230,6 +230,22 @@ def test_python_outer_graph_preallocated_outputs_are_written() -> None:
         engine.execute(x, outputs=[_device(3)])
 
 
+def test_python_outer_graph_preallocated_outputs_of_a_replay_after_another_shape() -> None:
+    """``outputs=`` of a replayed graph are checked against that graph's shapes, whatever
+    shapes the context took since (another shape's capture; found by the conformance
+    kit's state machine on the GPU)."""
+    engine = _fake_engine()
+    engine.outer_graph = True
+    x2, x3 = _device(2), _device(3)
+    engine.execute(x2)
+    engine.execute(x3)  # captured last: the context is in (3, 4) now
+    y2 = _device(2)
+    assert engine.execute(x2, outputs=[y2])[0] is y2
+    assert engine.graph_captures == 2  # a replay
+    with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(3, 4\)"):
+        engine.execute(x2, outputs=[_device(3)])
+
+
 def test_python_outer_graph_orders_the_callers_stream() -> None:
     engine = _fake_engine()
     engine.outer_graph = True

@@ -123,8 +123,10 @@ class OutputBinding:
                 ptrs.append(int(buf.handle))
         return results, ptrs
 
-    def check_outputs(self, ctx: Any, outputs: Sequence[Any]) -> tuple[list[Any], list[int]]:
-        """Check preallocated ``outputs=`` against the output shapes of ``ctx``; their addresses."""
+    def check_outputs(self, ctx: Any, outputs: Sequence[Any], shapes: Sequence[tuple[int, ...]] | None = None
+                      ) -> tuple[list[Any], list[int]]:
+        """Check preallocated ``outputs=`` against ``shapes`` (default: the output shapes of
+        ``ctx``, the shapes of the call it is in); their addresses."""
         if len(outputs) != self.n_out:
             raise InputError(
                 f"engine {self.contract.name!r} has {self.n_out} output(s); outputs= has {len(outputs)}"
@@ -132,7 +134,9 @@ class OutputBinding:
         ptrs = []
         torch_tensor = self.contract.bridge.tensor
         device = self.contract.device
-        for io, shape, out in zip(self.outs, ctx.out_shapes, outputs, strict=False):
+        if shapes is None:
+            shapes = ctx.out_shapes
+        for io, shape, out in zip(self.outs, shapes, outputs, strict=False):
             if io.name in ctx.allocators:
                 raise InputError(
                     f"engine {self.contract.name!r}: output {io.name!r} is produced through an output "
