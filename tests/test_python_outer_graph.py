@@ -242,8 +242,10 @@ def test_python_outer_graph_preallocated_outputs_of_a_replay_after_another_shape
     y2 = _device(2)
     assert engine.execute(x2, outputs=[y2])[0] is y2
     assert engine.graph_captures == 2  # a replay
+    engine._rt.calls.clear()
     with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(3, 4\)"):
         engine.execute(x2, outputs=[_device(3)])
+    assert engine._rt.calls == []  # refused before anything was queued: no copy, no launch
 
 
 def test_python_outer_graph_orders_the_callers_stream() -> None:

@@ -464,6 +464,15 @@ class PythonEngine(EngineBase):
             inputs, self._profile if profile is None else profile, remember=profile is None
         )
 
+    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:
+        """``outputs=`` against the output shapes of ``call``'s input shapes when the lane ran
+        them before: a wrong array is refused before any work is queued (an outer-graph
+        replay included); else :meth:`_run` checks them once the context knows the shapes."""
+        ctx = self._context
+        shapes = None if ctx is None else ctx.out_shape_cache.get((call.shapes, call.profile))
+        if shapes is not None:
+            self._binding.check_outputs(ctx, outputs, shapes)
+
     def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         self._order.to_ours()  # the general path works on our stream (see stream_order)
         return self._run_inspected(context, call.inputs, call, stream, outputs, remember=call.remember)
