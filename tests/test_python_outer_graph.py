@@ -230,7 +230,8 @@ def test_python_outer_graph_preallocated_outputs_are_written() -> None:
         engine.execute(x, outputs=[_device(3)])
 
 
-def test_python_outer_graph_preallocated_outputs_of_a_replay_after_another_shape() -> None:
+def test_python_outer_graph_preallocated_outputs_of_a_replay_after_another_shape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``outputs=`` of a replayed graph are checked against that graph's shapes, whatever
     shapes the context took since (another shape's capture; found by the conformance
     kit's state machine on the GPU)."""
@@ -246,6 +247,11 @@ def test_python_outer_graph_preallocated_outputs_of_a_replay_after_another_shape
     with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(3, 4\)"):
         engine.execute(x2, outputs=[_device(3)])
     assert engine._rt.calls == []  # refused before anything was queued: no copy, no launch
+    from trt_runtime_backends.python.output_binding import OutputBinding
+
+    checks = count_lookups(monkeypatch, OutputBinding, "check_outputs")
+    assert engine.execute(x2, outputs=[y2])[0] is y2
+    assert len(checks) == 1  # checked once, before the replay, not again after it
 
 
 def test_python_outer_graph_orders_the_callers_stream() -> None:

@@ -111,6 +111,48 @@ def test_shape_contexts_past_the_limit_change_shapes_as_before(torch: FakeTorch,
     assert {r[1] for r in ran[4:] if r[0] is first} == {(2, 4), (4, 4), (8, 4)}  # after round 1
 
 
+def test_shape_contexts_keep_their_shapes_when_new_shapes_come(torch: FakeTorch, ran: list[Any]) -> None:
+    """A shape never run, while a context made for other shapes is in use, goes to the
+    lane's first context: the one in use keeps its shapes."""
+    engine = _engine(limit=3)
+    xs = {b: torch.cuda_tensor((b, 4)) for b in (1, 8, 2, 4)}
+    for b in (1, 8, 1):
+        engine(xs[b])
+    first, made = engine.trt_engine.contexts
+    assert engine._context.trt_context is made  # the one made for (1, 4) is in use
+    for b in (2, 4, 1, 2):
+        engine(xs[b])
+    assert [c for c in made.calls if c[0] == "shape"] == [("shape", "x", (1, 4))]
+    assert [r[1] for r in ran[-4:] if r[0] is first] == [(2, 4), (4, 4)]
+    assert ran[-1][0] is engine.trt_engine.contexts[2]  # (2, 4) came back: a context of its own
+    for (_, shape, x_ptr, _), b in zip(ran[-4:], (2, 4, 1, 2), strict=True):
+        assert shape == (b, 4) and x_ptr == xs[b].data_ptr()
+
+
+def test_shape_contexts_after_a_refused_switch(torch: FakeTorch, ran: list[Any]) -> None:
+    """Shapes no context holds go to the lane's first context, so a switch TensorRT refuses
+    leaves only that one in unknown shapes: the next calls set its shapes again (even shapes
+    a context of their own holds), no context is dropped, and every call runs in its shapes."""
+    from trt_runtime import InputError
+
+    engine = _engine(limit=3)
+    xs = {b: torch.cuda_tensor((b, 4)) for b in (1, 8, 2)}
+    for b in (1, 8, 2, 1, 8):  # contexts for (1, 4) and (8, 4); the first one roams
+        engine(xs[b])
+    held = list(engine.trt_engine.contexts)
+    first = held[0]
+    refuse = first.set_input_shape
+    first.set_input_shape = lambda name, shape: False  # type: ignore[method-assign]
+    with pytest.raises(InputError, match=r"TensorRT rejected shape \(5, 4\) for input 'x'"):
+        engine(torch.cuda_tensor((5, 4)))
+    first.set_input_shape = refuse  # type: ignore[method-assign]
+    for b in (1, 2, 8, 1, 2, 8):
+        engine(xs[b])
+    assert engine.shape_context_stats["contexts"] == 3 and engine.trt_engine.contexts == held
+    for (_, shape, x_ptr, _), b in zip(ran[-6:], (1, 2, 8, 1, 2, 8), strict=True):
+        assert shape == (b, 4) and x_ptr == xs[b].data_ptr()
+
+
 def test_shape_contexts_one_turns_them_off_and_bad_limits_are_refused(torch: FakeTorch) -> None:
     engine = _engine()
     assert engine.shape_contexts == shapes.SHAPE_CONTEXTS == 4

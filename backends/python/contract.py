@@ -51,7 +51,7 @@ class Inspection:
     ``profile``: the optimization profile the shapes run in.
     """
 
-    __slots__ = ("host", "inputs", "kind", "profile", "ptrs", "remember", "shapes", "torch_host")
+    __slots__ = ("checked", "host", "inputs", "kind", "profile", "ptrs", "remember", "shapes", "torch_host")
 
     def __init__(self, kind: int, ptrs: list[int], shapes: tuple[Any, ...],
                  host: list[tuple[int, Any]] | None, torch_host: bool, profile: int,
@@ -65,6 +65,9 @@ class Inspection:
         self.host = host
         self.torch_host = torch_host
         self.profile = profile
+        #: ``outputs=`` and their addresses, once checked before any work was queued
+        #: (``PythonEngine._validate_outputs``), for the run not to check them again.
+        self.checked: tuple[list[Any], list[int]] | None = None
 
 
 class Contract:

@@ -471,7 +471,7 @@ class PythonEngine(EngineBase):
         ctx = self._context
         shapes = None if ctx is None else ctx.out_shape_cache.get((call.shapes, call.profile))
         if shapes is not None:
-            self._binding.check_outputs(ctx, outputs, shapes)
+            call.checked = self._binding.check_outputs(ctx, outputs, shapes)
 
     def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         self._order.to_ours()  # the general path works on our stream (see stream_order)
@@ -526,7 +526,7 @@ class PythonEngine(EngineBase):
             if bound.get(io.name) != ptr:
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
-        results, out_ptrs = self._binding.bind_outputs(ctx, kind, outputs)
+        results, out_ptrs = self._binding.bind_outputs(ctx, kind, outputs, inspection.checked)
         for io, ptr in zip(self._out, out_ptrs, strict=False):
             if ptr and bound.get(io.name) != ptr:
                 trt_context.set_tensor_address(io.name, ptr)

@@ -392,8 +392,10 @@ def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any,
     kind = inspection.kind
     caller = lane._graphs.caller
     if outputs is not None:
-        # the graph's shapes: a replay leaves the context in whatever shapes it had
-        given, ptrs = lane._binding.check_outputs(ctx, outputs, [tuple(a.shape) for a in slot.outputs])
+        # checked before the launch when the lane knew the shapes, else against the graph's (a
+        # replay leaves the context in whatever shapes it had)
+        given, ptrs = inspection.checked or lane._binding.check_outputs(
+            ctx, outputs, [tuple(a.shape) for a in slot.outputs])
         for dst, src, nbytes in zip(ptrs, slot.out_ptrs, slot.out_nbytes, strict=True):
             if dst != src:
                 _d2d(lane, dst, src, nbytes, ours)

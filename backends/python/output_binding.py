@@ -90,13 +90,15 @@ class OutputBinding:
 
     # -- outputs ------------------------------------------------------------------------------
     def bind_outputs(
-        self, ctx: Any, kind: int, outputs: Sequence[Any] | None
+        self, ctx: Any, kind: int, outputs: Sequence[Any] | None,
+        checked: tuple[list[Any], list[int]] | None = None,
     ) -> tuple[list[Any], list[int]]:
         """The arrays this call returns and their addresses (0 for allocator outputs); host
-        outputs are ``(staging buffer, shape)`` pairs until :meth:`to_host`."""
+        outputs are ``(staging buffer, shape)`` pairs until :meth:`to_host`. ``checked``:
+        :meth:`check_outputs`' answer for ``outputs``, when the call's validation gave one."""
         shapes = ctx.out_shapes
         if outputs is not None:
-            return self.check_outputs(ctx, outputs)
+            return checked if checked is not None else self.check_outputs(ctx, outputs)
         results: list[Any] = []
         ptrs: list[int] = []
         for io, shape in zip(self.outs, shapes, strict=False):

@@ -78,12 +78,12 @@ class ShapeContexts:
         self.swaps = 0
         self.making = True
 
-    def take(self, lane: Any, ctx: Any, key: tuple[Any, int], back: bool) -> bool:
+    def take(self, lane: Any, ctx: Any, key: tuple[Any, int], make: bool) -> bool:
         """Give ``ctx`` (the lane's ``ExecutionContext``) a TensorRT context already in the
-        shapes and profile of ``key``: one parked, or one made now if ``back`` (the lane ran
-        these shapes before, and a new context is wanted) and the limit allows. False: the
-        caller sets the shapes, on the roaming context, which is then the one in use. The
-        caller sets ``ctx.out_shapes`` after."""
+        shapes and profile of ``key``: one parked, or one made now if ``make`` (callers pass
+        it for shapes the lane ran before) and the limit allows. False: the caller sets the
+        shapes, on the roaming context, which is then the one in use. The caller sets
+        ``ctx.out_shapes`` after."""
         current = ctx.shape_key
         if (self.limit <= 1 or current is None or not ctx.user_managed or ctx.per_shape or ctx.allocators
                 or ctx.device_memory is None):
@@ -92,7 +92,7 @@ class ShapeContexts:
         entry = ctx.parked.pop(key, None)
         if entry is None and roaming is not None and roaming.key == key:
             entry = roaming
-        if entry is None and back and self.making and self.count(ctx) < self.limit:
+        if entry is None and make and self.making and self.count(ctx) < self.limit:
             entry = self._make(lane, ctx, key)
         elif entry is not None:
             self.swaps += 1
@@ -147,16 +147,41 @@ def _make(lane: Any, ctx: Any, key: tuple[Any, int]) -> Any:
         trt_context = lane._trt_engine.create_execution_context(ctx.config)
         if trt_context is None:
             raise EngineError(f"TensorRT could not create an execution context for input shapes {shown}")
-        lane._order.to_ours()  # the profile switch is queued on our stream, after the lane's work
-        if not trt_context.set_optimization_profile_async(profile, lane._stream_handle):
+        if not _switch_profile(lane, ctx, trt_context, profile):
             raise EngineError(f"could not select optimization profile {profile} in a new context")
+        if _set_shapes(trt_context, _dynamic_dims(lane, shapes)) is not None:
+            raise EngineError(f"TensorRT rejected input shapes {shown} in a new context")
+    return trt_context
+
+
+def _dynamic_dims(lane: Any, shapes: tuple[Any, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, dims) of each dynamic input of ``shapes``: what ``set_input_shape`` gets."""
+    return [(io.name, tuple(int(d) for d in shape))
+            for io, shape in zip(lane._in, shapes, strict=False) if io.spec.is_dynamic]
+
+
+def _set_shapes(trt_context: Any, dims: Any) -> str | None:
+    """``set_input_shape`` for each ``(name, dims)``; the name of the first one TensorRT
+    refuses (``None``: all set)."""
+    for name, shape in dims:
+        if not trt_context.set_input_shape(name, shape):
+            return name  # type: ignore[no-any-return]
+    return None
+
+
+def _switch_profile(lane: Any, ctx: Any, trt_context: Any, profile: int) -> bool:
+    """Select ``profile`` on ``trt_context`` (on our stream, after the lane's work) and, for a
+    USER_MANAGED context, hand it ``ctx``'s scratch buffer again once the switch is done (the
+    whole buffer unless it is sized per shape; then the caller sizes it). False: refused."""
+    lane._order.to_ours()
+    if not trt_context.set_optimization_profile_async(profile, lane._stream_handle):
+        return False
+    if ctx.user_managed:
         lane._sync()
         memory = ctx.device_memory
-        trt_context.set_device_memory(int(memory.handle), int(memory.size))
-        for io, shape in zip(lane._in, shapes, strict=False):
-            if io.spec.is_dynamic and not trt_context.set_input_shape(io.name, tuple(int(d) for d in shape)):
-                raise EngineError(f"TensorRT rejected input shapes {shown} in a new context")
-    return trt_context
+        if not ctx.per_shape and memory is not None:
+            trt_context.set_device_memory(int(memory.handle), int(memory.size))
+    return True
 
 
 def apply_shapes(lane: Any, ctx: Any, shapes: tuple[Any, ...], profile: int, make: bool = True) -> None:
@@ -166,22 +191,23 @@ def apply_shapes(lane: Any, ctx: Any, shapes: tuple[Any, ...], profile: int, mak
     outer-graph capture, whose replays need no context in the shapes) makes no new context."""
     key = (shapes, profile)
     known = ctx.out_shape_cache.get(key)
-    if known is not None and lane._shape_contexts.take(lane, ctx, key, make):
-        ctx.out_shapes = known
+    # (shapes never run: no new context, but the roaming one takes them, not one of a shape)
+    if lane._shape_contexts.take(lane, ctx, key, make and known is not None):
+        if known is not None:
+            ctx.out_shapes = known
         return
     ctx.shape_key = None  # if applying fails halfway, the next call applies again
     trt_context = ctx.trt_context
     if profile != ctx.profile:
         select_profile(lane, ctx, profile)
-    for io, shape in zip(lane._in, shapes, strict=False):
-        if io.spec.is_dynamic:
-            dims = tuple(int(d) for d in shape)
-            if not trt_context.set_input_shape(io.name, dims):
-                said = lane._logger.errors_since(None)[-1:]
-                raise InputError(
-                    f"engine {lane.name!r}: TensorRT rejected shape {fmt_shape(dims)} for input "
-                    f"{io.name!r}" + (f": {said[0]}" if said else "")
-                )
+    dims = _dynamic_dims(lane, shapes)
+    refused = _set_shapes(trt_context, dims)
+    if refused is not None:
+        said = lane._logger.errors_since(None)[-1:]
+        raise InputError(
+            f"engine {lane.name!r}: TensorRT rejected shape {fmt_shape(dict(dims)[refused])} for input "
+            f"{refused!r}" + (f": {said[0]}" if said else "")
+        )
     lane._fit_device_memory(ctx)
     if known is None:  # TensorRT's shape inference runs for these shapes
         known = []
@@ -213,10 +239,8 @@ def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
     profile = shape_key[1]
     if ctx.profile != profile:
         select_profile(lane, ctx, profile)
-    trt_context = ctx.trt_context
-    for name, dims in dynamic_dims:
-        if not trt_context.set_input_shape(name, dims):
-            return False
+    if _set_shapes(ctx.trt_context, dynamic_dims) is not None:
+        return False
     if dynamic_dims:
         lane._fit_device_memory(ctx)
     ctx.shape_key = shape_key
@@ -226,14 +250,8 @@ def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
 
 def select_profile(lane: Any, ctx: Any, profile: int) -> None:
     """Switch the context in use to optimization ``profile`` (its addresses must be set again)."""
-    lane._order.to_ours()
-    if not ctx.trt_context.set_optimization_profile_async(profile, lane._stream_handle):
+    if not _switch_profile(lane, ctx, ctx.trt_context, profile):
         raise EngineError(f"engine {lane.name!r}: could not select optimization profile {profile}")
-    if ctx.user_managed:  # the memory is handed over (or sized) next: let the switch finish
-        lane._sync()
-        memory = ctx.device_memory
-        if not ctx.per_shape and memory is not None:  # as after creation, for this profile
-            ctx.trt_context.set_device_memory(int(memory.handle), int(memory.size))
     ctx.profile = profile
     ctx.bound.clear()
     ctx.bound_ptrs = ()
