@@ -199,8 +199,7 @@ def test_gpu_held_replays_from_8_threads_keep_every_output(load: Any, engines: A
     from trt_runtime_backends._held import HeldRuntime
 
     built = engines("mlp_fp16")
-    engine = load("mlp_fp16")
-    engine.contexts = 8
+    engine = load("mlp_fp16", contexts=8)
     threads, calls = 8, 60
     per_thread = [_inputs(torch, built, 6, seed=100 + t) for t in range(threads)]
     kept: list[list[tuple[Any, Any]]] = [[] for _ in range(threads)]
