@@ -107,9 +107,8 @@ class HeldRuntime:
             return failed(err, lambda: rt_launch(graph, stream)) if err else _OK
 
         def params() -> tuple[Memcpy3D, ctypes.c_void_p]:
-            # a 1D copy as the CUDA runtime describes one: rows of the width, one row deep
             copy = Memcpy3D(srcMemoryType=_MEMORYTYPE_DEVICE, dstMemoryType=_MEMORYTYPE_DEVICE,
-                            srcHeight=1, dstHeight=1, Height=1, Depth=1)
+                            Height=1, Depth=1)
             made = local.made = (copy, ctypes.c_void_p())
             return made
 
@@ -125,7 +124,7 @@ class HeldRuntime:
                 return rt_set(graph, node, dst, src, nbytes, kind)  # type: ignore[no-any-return]
             copy.srcDevice = src
             copy.dstDevice = dst
-            copy.WidthInBytes = copy.srcPitch = copy.dstPitch = nbytes
+            copy.WidthInBytes = nbytes
             err = set_params(int(graph), int(node), byref(copy), context)
             return failed(err, lambda: rt_set(graph, node, dst, src, nbytes, kind)) if err else _OK
 

@@ -166,9 +166,6 @@ def test_gpu_python_replays_right_held_and_released(python_backend: Any, engines
     def check(engine: Any, hold: bool) -> None:
         assert isinstance(engine._graphs.rt, HeldRuntime) is hold
         assert engine.graph_captures == 1
-        # the replays went through the memcpy nodes: CUDA took every address they were pointed at
-        (copying,) = engine._graphs.copying.values()
-        assert None not in copying.last
 
     _held_and_released(torch, python_backend, engines("mlp_fp16"), monkeypatch, mode, check)
 
