@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trt_runtime_backends._held import replay_runtime
 from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
@@ -66,9 +65,7 @@ class GraphOps:
     __slots__ = ("caller", "capture_stream", "copying", "d2d", "res", "rt", "spare", "state")
 
     def __init__(self, rt: Any, state: Any, res: Any) -> None:
-        #: cuda-python's runtime, its graph launch and memcpy-node update made with the GIL
-        #: held where they can be (:func:`trt_runtime_backends._held.replay_runtime`)
-        self.rt = replay_runtime(rt)
+        self.rt = rt
         self.d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
         #: The engine's ``cuda.DeviceState`` (the capture stream is made on it) and the
         #: finalizer's resources (which destroy the graphs of an engine never closed).
@@ -133,8 +130,8 @@ def build_copying(lane: Any, graph: Any, slot: GraphSlot, copy_out: bool) -> Cop
         return tensor, tensor.data_ptr()
 
     outs = list(zip(slot.out_ptrs, slot.out_nbytes, strict=True)) if copy_out else []
-    ins = list(zip(slot.in_ptrs, slot.in_nbytes, strict=True))
-    copying = build_copy_nodes(lane._graphs.rt, graph, ins, outs, placeholder, lane._graphs.d2d)
+    copying = build_copy_nodes(lane._rt, graph, list(zip(slot.in_ptrs, slot.in_nbytes, strict=True)), outs,
+                               placeholder, lane._graphs.d2d)
     if copying is not None:
         lane._res.graph_execs.append(copying.exec)
         lane._res.graphs.append(copying.graph)

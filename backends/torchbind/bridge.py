@@ -13,8 +13,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trt_runtime_backends._held import replay_runtime
-
 from trt_runtime.contract import stream_handle
 from trt_runtime.errors import EngineError
 from trt_runtime.graphs import CopyNodes, build_copy_nodes
@@ -499,9 +497,7 @@ def _destroy_stream(rt: Any, handle: Any) -> None:
 
 def _with_runtime(graph: Any, method: str) -> tuple[Callable[[], Any], Any] | None:
     """``graph``'s ``method`` (a ``torch.cuda.CUDAGraph`` accessor of its raw handles) and
-    cuda-python's runtime module, its graph launch and memcpy-node update made with the GIL
-    held where they can be (:func:`trt_runtime_backends._held.replay_runtime`); ``None`` when
-    this torch lacks the one or cuda-python the other."""
+    cuda-python's runtime module; ``None`` when this torch lacks the one or cuda-python the other."""
     accessor = getattr(graph, method, None)
     if accessor is None:
         return None
@@ -509,4 +505,4 @@ def _with_runtime(graph: Any, method: str) -> tuple[Callable[[], Any], Any] | No
         from cuda.bindings import runtime as rt
     except ImportError:
         return None
-    return accessor, replay_runtime(rt)
+    return accessor, rt
