@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trt_runtime.errors import SettingsError
+from trt_runtime.extras import install_hint
 
 __all__ = [
     "BenchResult",
@@ -290,7 +291,7 @@ class CudaEventTimer:
         try:
             from cuda.core import Device, EventOptions
         except Exception as exc:
-            return None, f"cuda.core is not importable ({exc}): pip install -c constraints.txt -e '.[cuda]'"
+            return None, f"cuda.core is not importable ({exc}): {install_hint('cuda')}"
         try:
             dev = Device() if device is None else Device(device)
             dev.set_current()
@@ -455,7 +456,7 @@ def check_plotting() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
-        raise ImportError("plotting needs matplotlib: pip install -c constraints.txt -e '.[plot]'") from exc
+        raise ImportError("plotting needs matplotlib: " + install_hint("plot")) from exc
 
 
 def plot_results(results: Sequence[BenchResult], path: str | os.PathLike[str], title: str = "") -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 
 from trt_runtime.bench import CudaEventTimer, percentile
 from trt_runtime.errors import BackendError
+from trt_runtime.extras import install_hint
 
 __all__ = ["TransferSplit", "transfer_split"]
 
@@ -72,7 +73,7 @@ def transfer_split(
 
         from trt_runtime.testing.cuda_arrays import CudaArray
     except ImportError as exc:
-        return None, f"cuda-python is not importable ({exc}): pip install 'trt-runtime[cuda]'"
+        return None, f"cuda-python is not importable ({exc}): {install_hint('cuda')}"
     device = getattr(engine, "device", None) or 0
     hosts = [np.ascontiguousarray(a) for a in inputs]
     devices = [CudaArray.empty(a.shape, a.dtype, device) for a in hosts]

@@ -20,6 +20,7 @@ from typing import Any
 
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.errors import BackendError, SettingsError
+from trt_runtime.extras import install_hint
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
@@ -95,7 +96,7 @@ def import_tensorrt() -> Any:
                 import tensorrt as trt
             except ImportError as exc:
                 raise ImportError(
-                    "building engines needs tensorrt-rtx: pip install -c constraints.txt -e '.[rtx]'"
+                    "building engines needs tensorrt-rtx: " + install_hint("rtx")
                 ) from exc
         _TRT = trt
     return _TRT

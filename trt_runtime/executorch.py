@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.errors import DataDependentShapeError, SettingsError
+from trt_runtime.extras import install_hint
 from trt_runtime.formats.pte import (
     BACKEND_ID,
     SCALAR_TYPES,
@@ -176,7 +177,7 @@ def load_program(path: str | os.PathLike[str]) -> Any:
     except ImportError as exc:
         raise ImportError(
             "load_program needs ExecuTorch's deserializer, which imports torch "
-            f"({exc}): pip install -c constraints.txt -e '.[executorch]'"
+            f"({exc}): {install_hint('executorch')}"
         ) from exc
     with os.fdopen(open_engine_file(path), "rb") as f:
         data = f.read()

@@ -17,7 +17,7 @@ so every layer runs in the type the ONNX graph gives it. ``precision`` therefore
   bit-identical to the default build), so expect TF32's rounding either way;
 * ``"fp16"``: the model's float32 tensors and weights are converted to float16 before
   parsing, with float32 inputs and outputs kept (casts at the edges), using
-  onnxconverter-common's converter (``pip install 'trt-runtime[onnx]'``).
+  onnxconverter-common's converter (``pip install -c constraints.txt -e '.[onnx]'``).
 
 ``tensorrt_rtx``, ``onnx`` and onnxconverter-common are imported when called, never at
 import time.
@@ -34,6 +34,7 @@ from typing import Any
 
 from trt_runtime.builders import ProgressCallback, import_tensorrt
 from trt_runtime.errors import BuildError, SettingsError
+from trt_runtime.extras import install_hint
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.shapes import ShapeRange, check_in_profiles, format_shape
 
@@ -132,7 +133,7 @@ def _load_fp16(model: Path | bytes) -> bytes:
     except ImportError as exc:
         raise ImportError(
             "precision='fp16' converts the ONNX model with onnx and onnxconverter-common: "
-            "pip install 'trt-runtime[onnx]'"
+            + install_hint("onnx")
         ) from exc
     proto = onnx.load(os.fspath(model)) if isinstance(model, Path) else onnx.load_from_string(model)
     converted = float16.convert_float_to_float16(proto, keep_io_types=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from trt_runtime.cache import CacheKey
 from trt_runtime.errors import BackendUnavailableError, EngineError
+from trt_runtime.extras import install_hint
 from trt_runtime.protocols import (
     Availability,
     BackendCapabilities,
@@ -19,8 +20,8 @@ from trt_runtime.settings import RuntimeSettings
 
 __all__ = ["PythonBackend", "RTX_HINT", "CUDA_HINT"]
 
-RTX_HINT = "the 'python' backend needs tensorrt-rtx: pip install -c constraints.txt -e '.[rtx]'"
-CUDA_HINT = "the 'python' backend needs cuda-python: pip install -c constraints.txt -e '.[cuda]'"
+RTX_HINT = "the 'python' backend needs tensorrt-rtx: " + install_hint("rtx")
+CUDA_HINT = "the 'python' backend needs cuda-python: " + install_hint("cuda")
 
 _log = logging.getLogger("trt_runtime.python")
 _trt_log = logging.getLogger("trt_runtime.python.tensorrt")

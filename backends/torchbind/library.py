@@ -18,6 +18,8 @@ import re
 import sys
 from pathlib import Path
 
+from trt_runtime.extras import install_hint
+
 __all__ = [
     "DISTRIBUTIONS",
     "INSTALL_HINT",
@@ -29,7 +31,7 @@ __all__ = [
 #: Distributions that ship torch-tensorrt's runtime, in order of preference.
 DISTRIBUTIONS = ("torch-tensorrt-rtx", "torch-tensorrt")
 INSTALL_HINT = (
-    "the 'torchbind' backend needs torch-tensorrt-rtx: pip install -c constraints.txt -e '.[torchbind]'"
+    "the 'torchbind' backend needs torch-tensorrt-rtx: " + install_hint("torchbind")
 )
 
 _PACKAGE = "torch_tensorrt"

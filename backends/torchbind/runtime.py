@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from trt_runtime.errors import BackendUnavailableError
+from trt_runtime.extras import install_hint
 from trt_runtime.protocols import BackendCapabilities
 
 from .abi import SerializedLayout
@@ -166,7 +167,7 @@ def load_runtime(bridge: TorchBridge | None = None) -> TorchbindRuntime:
             except ImportError as exc:
                 raise BackendUnavailableError(
                     "the 'torchbind' backend needs torch: "
-                    f"pip install -c constraints.txt -e '.[torchbind]' ({exc})"
+                    f"{install_hint('torchbind')} ({exc})"
                 ) from exc
         loaded_here = False
         if not bridge.is_registered():

@@ -16,7 +16,7 @@ import contextlib
 import os
 from typing import Any
 
-from trt_runtime.cli.engine_files import backend_reason, check_backend_name, check_engine_file, engine_backend
+from trt_runtime.cli.engine_files import backend_reason, check_backend_name, engine_file_backend
 from trt_runtime.cli.io_options import input_arrays, set_log_level
 from trt_runtime.cli.output import CliError, Output, UsageError
 from trt_runtime.cli.run import settings_dict, settings_overrides
@@ -40,10 +40,10 @@ def bench_command(args: argparse.Namespace, out: Output) -> int:
         check_backend_name(name, also=("all",))
     if args.plot is not None:
         bench.check_plotting()  # before the work, not after it
-    check_engine_file(args.file, force=args.force, out=out)
+    first = engine_file_backend(args.file, force=args.force, out=out, require=False)
     from trt_runtime.errors import TrtRuntimeError
 
-    names: list[str | None] = list(args.backend) or [engine_backend(args.file, None)]
+    names: list[str | None] = list(args.backend) or [first]
     every = "all" in names
     if every:
         names = list(trt_runtime.available_backends())
@@ -52,7 +52,8 @@ def bench_command(args: argparse.Namespace, out: Output) -> int:
     for name in names:
         reason = backend_reason(name)
         if reason:
-            raise CliError(f"cannot benchmark on {name or 'the default backend'}: {reason}")
+            on = f" on the {name!r} backend" if args.backend else ""
+            raise CliError(f"cannot benchmark {args.file}{on}: {reason}")
     from trt_runtime.bench_transfers import transfer_split
 
     overrides = settings_overrides(args)

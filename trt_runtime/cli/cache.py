@@ -5,7 +5,7 @@ files trt-runtime writes there are listed: caches (``*.bin``, with the key each 
 for read from its header), their lock files (``*.bin.lock``) and the temp files of an
 interrupted save (``.NAME.bin.PID.HEX.tmp``). ``clear`` deletes only what ``info``
 recognises as trt-runtime's: a ``.bin`` without a readable trt-runtime header is listed
-("not a trt-runtime cache file") and kept. ``info`` and ``path`` create nothing.
+("not a trt-runtime cache file") and kept. No action creates the directory.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _cache_dir(args: argparse.Namespace) -> Path:
         return Path(args.dir)
     from trt_runtime.cache import default_cache_dir
 
-    return Path(default_cache_dir(create=args.action == "clear"))
+    return Path(default_cache_dir(create=False))  # clear with nothing to clear creates nothing
 
 
 def _read_cache_key(path: Path) -> tuple[Any, str]:
@@ -49,7 +49,8 @@ def _read_cache_key(path: Path) -> tuple[Any, str]:
     try:
         key, _payload = decode(read_file(path) or b"")
     except Exception as exc:
-        return None, f"not a trt-runtime cache file ({exc}); kept by clear"
+        why = str(exc).removeprefix("not a trt-runtime cache file").lstrip(":; ")
+        return None, f"not a trt-runtime cache file ({why or type(exc).__name__}); kept by clear"
     if key is None:
         return None, "not a trt-runtime cache file (no key recorded); kept by clear"
     return key, ""

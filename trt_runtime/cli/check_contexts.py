@@ -17,13 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import (
-    FORCE_HELP,
-    backend_reason,
-    check_backend_name,
-    check_engine_file,
-    engine_backend,
-)
+from trt_runtime.cli.engine_files import FORCE_HELP, engine_file_backend
 from trt_runtime.cli.io_options import input_arrays, set_log_level
 from trt_runtime.cli.output import CliError, Output, UsageError
 
@@ -70,12 +64,7 @@ def check_contexts_command(args: argparse.Namespace, out: Output) -> int:
     """``trt-runtime check-contexts``."""
     _check_args(args)
     set_log_level(args.log_level)
-    check_backend_name(args.backend)
-    check_engine_file(args.file, force=args.force, out=out)
-    name = engine_backend(args.file, args.backend)
-    reason = backend_reason(name)
-    if reason:
-        raise CliError(f"cannot run on {name or 'the default backend'}: {reason}")
+    name = engine_file_backend(args.file, args.backend, force=args.force, out=out, action="check")
     torch = _torch_cuda()
     import trt_runtime
     from trt_runtime.testing.overlap import check_overlap

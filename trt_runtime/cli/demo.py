@@ -208,7 +208,8 @@ def _demo(args: argparse.Namespace, out: Output, outdir: Path) -> int:
     written = [p for p in (plan_path, tr01_path, pte_path) if p.exists()]
     for path in written:
         # force: these are the files just written (see the run below).
-        report = inspect_file(path, backend=args.backend, load=not gpu_reason, force=True)
+        report = inspect_file(path, backend=args.backend, load=not gpu_reason, force=True,
+                              not_loaded=gpu_reason)
         document["inspect"][path.name] = report
         if not out.json_mode and not out.quiet:
             out.info("")

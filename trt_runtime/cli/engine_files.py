@@ -1,9 +1,11 @@
 """Which files the commands take for engines, and which backend can open them here.
 
-``inspect``, ``run`` and ``bench`` refuse a file whose first bytes match none of the
-known magics (TensorRT / TensorRT-RTX plans as listed in
-:data:`trt_runtime.formats.PLAN_MAGICS`, TR01/TR02 blobs, ``.pte`` programs) with one
-line naming them; ``--force`` takes such a file for a plan of unknown flavour, for
+:func:`engine_file_backend` is what every command that takes an engine file runs first
+(``inspect``, ``run``, ``bench``, ``check-contexts``, ``serve``): the same checks in the
+same order, so a file gets the same message whichever command opens it. A file whose
+first bytes match none of the known magics (TensorRT / TensorRT-RTX plans as listed in
+:data:`trt_runtime.formats.PLAN_MAGICS`, TR01/TR02 blobs, ``.pte`` programs) is refused
+with one line naming them; ``--force`` takes such a file for a plan of unknown flavour, for
 engines of a TensorRT version newer than this trt-runtime.
 """
 
@@ -19,10 +21,12 @@ __all__ = [
     "FORCE_HELP",
     "backend_reason",
     "check_backend_name",
+    "check_container",
     "check_engine_file",
     "check_file",
     "declared_magics",
     "engine_backend",
+    "engine_file_backend",
     "known_magics",
     "spec_dict",
     "unknown_magic",
@@ -100,6 +104,49 @@ def check_engine_file(path: Path, *, force: bool = False, out: Any = None) -> No
         raise CliError(f"{reason} (pass --force to read it as a plan of unknown flavour)")
     if out is not None:
         out.warn(f"{reason}; reading it as a plan of unknown flavour (--force)")
+
+
+def check_container(path: Path) -> None:
+    """Refuse (:class:`CliError`) a file the container reader refuses: empty, too small, torn.
+
+    The reader is :func:`trt_runtime.formats.read_engine_source`, the one ``load`` uses, so
+    every command says what ``load`` would ("is empty (0 bytes)", "is too small ...").
+    """
+    from trt_runtime.errors import FormatError
+    from trt_runtime.formats import read_engine_source
+
+    try:
+        read_engine_source(path)
+    except FormatError as exc:
+        raise CliError(str(exc)) from None
+
+
+def engine_file_backend(
+    path: Path,
+    backend: str | None = None,
+    *,
+    force: bool = False,
+    out: Any = None,
+    action: str = "run",
+    require: bool = True,
+) -> str | None:
+    """Every command's checks of ``FILE`` and ``--backend``, in one order; the backend to use.
+
+    A ``--backend`` that is not installed is a usage error (exit 2); a missing, empty,
+    too small or unknown file is refused with the container reader's message (exit 1);
+    the backend is the one :func:`trt_runtime.load` would pick for the file's format (the
+    'memory' backend for a ``.mem``). With ``require``, a backend that cannot run here is
+    refused as ``cannot {action} FILE: why``.
+    """
+    check_backend_name(backend)
+    check_engine_file(path, force=force, out=out)
+    check_container(path)
+    name = engine_backend(path, backend)
+    if require:
+        reason = backend_reason(name)
+        if reason:
+            raise CliError(f"cannot {action} {path}: {reason}")
+    return name
 
 
 def check_backend_name(name: str | None, *, also: tuple[str, ...] = ()) -> None:

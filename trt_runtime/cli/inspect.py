@@ -16,14 +16,12 @@ from typing import Any
 
 from trt_runtime.cli.engine_files import (
     backend_reason,
-    check_backend_name,
-    check_file,
     declared_magics,
-    engine_backend,
+    engine_file_backend,
     spec_dict,
     unknown_magic,
 )
-from trt_runtime.cli.output import CliError, Output, compact, describe_exception, human_size
+from trt_runtime.cli.output import Output, compact, describe_exception, human_size
 
 __all__ = ["TABLE_ROWS", "inspect_command", "inspect_file", "render_inspect"]
 
@@ -51,6 +49,7 @@ def inspect_file(
     backend: str | None = None,
     load: bool = True,
     force: bool = False,
+    not_loaded: str = "not loaded (--no-load)",
 ) -> dict[str, Any]:
     """What ``trt-runtime inspect`` reports about ``path``, as a JSON-ready dict.
 
@@ -61,17 +60,15 @@ def inspect_file(
     flavour and says so under ``warnings``. ``compile_specs`` (``.pte``: what the
     program records for its TensorRT delegate, or ``None`` when the reader gives none)
     and ``warnings`` (what the reader found questionable) come from the container.
+    ``not_loaded`` is why the bindings are not listed when ``load`` is false.
     """
     from trt_runtime.formats import describe, read_engine_source
 
     file = Path(path)
-    check_backend_name(backend)
-    check_file(file)
+    chosen_name = engine_file_backend(file, backend, force=force, require=False)
     warnings: list[str] = []
     magic_reason = unknown_magic(file)
-    if magic_reason:
-        if not force:
-            raise CliError(f"{magic_reason} (pass --force to read it as a plan of unknown flavour)")
+    if magic_reason:  # taken with force, or engine_file_backend had refused it
         warnings.append(f"{magic_reason}; read as a plan of unknown flavour (--force)")
     source = read_engine_source(file)
     container = dict(describe(file))
@@ -99,13 +96,12 @@ def inspect_file(
         "metadata": metadata,
     }
     if not source.bindings:
-        backend = engine_backend(file, backend)
-        reason = backend_reason(backend) if load else "not loaded (--no-load)"
+        reason = backend_reason(chosen_name) if load else not_loaded
         specs: tuple[Any, ...] = ()
         if load and not reason:
             from trt_runtime import get_backend
 
-            chosen = get_backend(backend)
+            chosen = get_backend(chosen_name)
             try:
                 engine = chosen.load_engine(source)
             except Exception as exc:  # the container is fine; say why the engine is not

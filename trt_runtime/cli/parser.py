@@ -23,6 +23,7 @@ from trt_runtime.cli.io_options import add_compare_options, add_input_options, a
 from trt_runtime.cli.output import PROG, UsageError
 from trt_runtime.cli.run import run_command
 from trt_runtime.cli.serve import add_serve_parser
+from trt_runtime.extras import install_hint
 
 __all__ = ["COMMANDS", "build_parser"]
 
@@ -162,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the results, with raw samples, as JSON to PATH")
     p.add_argument("--plot", metavar="PATH", type=Path, default=None,
                    help="write a latency box plot PNG to PATH "
-                        "(needs matplotlib: pip install -c constraints.txt -e '.[plot]')")
+                        f"(needs matplotlib: {install_hint('plot')})")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(handler=bench_command)

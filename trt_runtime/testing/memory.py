@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from trt_runtime.cache.key import CacheKey
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CacheError, EngineError, InputError
+from trt_runtime.extras import install_hint
 from trt_runtime.protocols import Availability, BackendCapabilities, EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings, SettingsLike
 from trt_runtime.testing.memory_format import ENGINE_MAGIC, AffineOutput, build_engine, parse_engine
@@ -469,7 +470,7 @@ class MemoryBackend:
             import numpy  # noqa: F401
         except ImportError:
             return Availability(
-                False, "the 'memory' backend needs numpy: pip install -c constraints.txt -e '.[test]'"
+                False, "the 'memory' backend needs numpy: " + install_hint("test")
             )
         return Availability(True)
 

@@ -3,7 +3,7 @@
 Each maker returns an :class:`OnnxModel`: the serialized model, the shapes to build it
 with (``(min, opt, max)`` per dynamic input, as :func:`trt_runtime.onnx_build.build_onnx`
 takes them) and a float64 numpy ``reference`` of what it computes, so a check needs
-neither onnxruntime nor a GPU. Needs ``onnx`` and numpy (``pip install 'trt-runtime[onnx]'``).
+neither onnxruntime nor a GPU. Needs ``onnx`` and numpy (``pip install -c constraints.txt -e '.[onnx]'``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trt_runtime.extras import install_hint
 from trt_runtime.shapes import ShapeRange
 
 __all__ = ["OnnxModel", "conv_model", "mlp_model", "unsupported_model"]
@@ -48,7 +49,7 @@ def _onnx() -> tuple[Any, Any, Any, Any]:
         import onnx
         from onnx import TensorProto, helper, numpy_helper
     except ImportError as exc:
-        raise ImportError("making ONNX models needs onnx: pip install 'trt-runtime[onnx]'") from exc
+        raise ImportError("making ONNX models needs onnx: " + install_hint("onnx")) from exc
     return onnx, helper, TensorProto, numpy_helper
 
 
