@@ -161,10 +161,12 @@ def _check_ranges(network: Any, ranges: Mapping[str, ShapeRange], model: str) ->
                 )
             continue
         spec = TensorSpec(name, "", shape, True)
+        fixed = len(set(ranges[name])) == 1  # one shape (--shapes), not a min/opt/max range
         for label, value in zip(("min", "opt", "max"), ranges[name], strict=True):
             reason = check_in_profiles(spec, value, engine=model)
             if reason:
-                raise SettingsError(f"{label} {reason}")
+                where = "" if fixed else f"the {label} of the range given for {name!r}: "
+                raise SettingsError(where + reason)
 
 
 def build_onnx(

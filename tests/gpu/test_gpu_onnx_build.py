@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_onnx_build_run_compare_matches_onnxruntime(
     tmp_path: Path, report_measurement: Callable[[str, str], None]
 ) -> None:
-    pytest.importorskip("onnx", reason="needs onnx: pip install 'trt-runtime[onnx]'")
+    pytest.importorskip("onnx", reason="needs onnx: pip install -c constraints.txt -e '.[onnx]'")
     pytest.importorskip("onnxruntime", reason="needs onnxruntime for the reference outputs")
     done = subprocess.run([sys.executable, ROOT / "tools" / "gpu_onnx_compare.py", "--out", tmp_path],
                           capture_output=True, text=True, check=False)
@@ -43,7 +43,7 @@ def test_gpu_onnx_build_run_compare_matches_onnxruntime(
 
 
 def test_gpu_run_shapes_outside_the_profile_is_refused_before_tensorrt(tmp_path: Path) -> None:
-    pytest.importorskip("onnx", reason="needs onnx: pip install 'trt-runtime[onnx]'")
+    pytest.importorskip("onnx", reason="needs onnx: pip install -c constraints.txt -e '.[onnx]'")
     from trt_runtime.testing.onnx_models import mlp_model
 
     model = mlp_model()

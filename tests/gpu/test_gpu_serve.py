@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only (before Ray is imported)
-pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'trt-runtime[serve]'")
+pytest.importorskip("ray.serve",
+                    reason="Ray Serve is not installed: pip install -c constraints.txt -e '.[serve]'")
 
 PORT = 18625
 

@@ -81,8 +81,9 @@ def make_inputs(
             else:
                 array = loaded[spec.name]
             reason = check_in_profiles(spec, array.shape)
-            if reason:
-                raise CliError(f"the array given for input {spec.name!r}: {reason}")
+            if reason:  # a usage error, as the same shape from --shapes is
+                flag = "--input" if spec.name in given else "--load-inputs"
+                raise UsageError(f"{flag}: the array given for input {spec.name!r}: {reason}")
             arrays.append(np.ascontiguousarray(array))
             continue
         if spec.name in shapes:
@@ -107,6 +108,13 @@ def load_npz(path: Path, option: str) -> dict[str, Any]:
     import numpy as np
 
     check_file(path)
+    with open(path, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if not head.startswith((_NPY_MAGIC, *_ZIP_MAGICS)):  # numpy would guess "pickled data"
+        raise CliError(
+            f"{option} {path} is not an .npz or .npy file: it starts with {head!r}; expected "
+            f"{_ZIP_MAGICS[0]!r} (an .npz, what numpy.savez writes)"
+        )
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -130,6 +138,8 @@ def save_npz(path: Path, arrays: Mapping[str, Any]) -> None:
 
 
 _NPY_MAGIC = b"\x93NUMPY"
+#: The first bytes of a zip archive (an .npz), and of an empty one.
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 def _load_npy(name: str, file: Path) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 from trt_runtime.cli.engine_files import spec_dict
 from trt_runtime.cli.io_options import add_log_level
 from trt_runtime.cli.output import PROG, CliError, Output, UsageError, human_size, print_error
+from trt_runtime.extras import install_hint
 
 __all__ = ["add_build_parser", "build_command", "shape_options"]
 
@@ -32,7 +33,8 @@ def add_build_parser(parser: argparse.ArgumentParser) -> None:
     precision = parser.add_mutually_exclusive_group()
     precision.add_argument("--fp16", dest="precision", action="store_const", const="fp16",
                            help="convert the model's float32 tensors to float16 before building "
-                                "(inputs and outputs stay float32; needs trt-runtime[onnx])")
+                                "(inputs and outputs stay float32; needs the onnx extra: "
+                                f"{install_hint('onnx')})")
     precision.add_argument("--fp32", dest="precision", action="store_const", const="fp32",
                            help="the model's types with BuilderFlag.TF32 cleared (TensorRT-RTX 1.6.1 still "
                                 "uses TF32; default: the model's types, TF32 allowed)")

@@ -118,6 +118,9 @@ def render_outputs(document: Mapping[str, Any], out: Any, reports: list[dict[str
     """Print the summaries and the comparison; :class:`CliError` (exit 1) when an output is off."""
     from trt_runtime.cli.output import CliError
 
+    for flag in ("save_inputs", "save_outputs"):
+        if document.get(flag):
+            out.info(f"wrote the {flag.split('_')[1]} to {document[flag]} (--{flag.replace('_', '-')})")
     out.table("output values", ["name", "dtype", "shape", "min", "max", "mean", "std"],
               summary_rows(document["summaries"]))
     if reports is None:

@@ -1,7 +1,9 @@
 """``main()``: the console script ``trt-runtime``: parse, dispatch, map failures to exit codes.
 
-Exit codes: 0 success, 1 runtime error, 2 usage error, 130 interrupted. An error is one
-line on stderr (``trt-runtime: error: ...``); ``--debug`` adds the traceback. With
+Exit codes (the rule at the top of docs/cli.md): 0 success; 2 a usage error (a bad flag or
+flag value, a shape that contradicts the engine whichever flag gave it), whose line ends
+with ``(see 'trt-runtime CMD --help')``; 1 a bad file or failed work; 130 interrupted
+(Ctrl-C). An error is one line on stderr (``trt-runtime: error: ...``); ``--debug`` adds the traceback. With
 ``--json`` the error is also printed on stdout as ``{"error": {...}}``, so a script
 reading stdout always gets one JSON document. A closed stdout (``trt-runtime ... | head
 -1``) ends the command quietly with exit code 0: the reader had what it wanted. A Python
@@ -86,10 +88,16 @@ def _main(argv: Sequence[str] | None) -> int:
         print_error("interrupted", debug)
         return 130
     except CliError as exc:
-        hint = f" (see '{PROG} --help')" if isinstance(exc, UsageError) else ""
+        hint = f" (see '{_help_command(args_list)} --help')" if isinstance(exc, UsageError) else ""
         return _fail(f"{exc}{hint}", exc.exit_code, debug, json_mode and not (out and out.emitted))
     except Exception as exc:
         return _fail(describe_exception(exc), 1, debug, json_mode and not (out and out.emitted))
+
+
+def _help_command(args_list: Sequence[str]) -> str:
+    """``trt-runtime CMD`` for the first command named on the line, else ``trt-runtime``."""
+    command = next((a for a in args_list if a in COMMANDS), None)
+    return f"{PROG} {command}" if command else PROG
 
 
 def _fail(message: str, code: int, debug: bool, json_mode: bool) -> int:

@@ -109,7 +109,9 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
     out.info(f"ran {args.file} on the {document['backend']!r} backend")
     out.fields([("first call", f"{first_ms:.2f} ms (includes context creation and JIT)"),
                 ("second call", f"{second_ms:.3f} ms")])
+    npz = document.get("save_outputs")
+    unwritten = "not written (no --output-dir or --save-outputs)"
     out.table("outputs", ["name", "dtype", "shape", "file"],
-              [[w["name"], w["dtype"], tuple(w["shape"]), w["path"] or "not written (no --output-dir)"]
-               for w in written])
+              [[w["name"], w["dtype"], tuple(w["shape"]),
+                w["path"] or (f"{npz} (as {w['name']!r})" if npz else unwritten)] for w in written])
     return render_outputs(document, out, checked)
