@@ -104,6 +104,7 @@ def test_cli_demo_without_gpu_builds_writes_inspects_and_explains(
     assert "logits" in out  # the TR01 blob lists its bindings on the CPU
     assert "GPU part skipped" in out
     assert " ".join(reason.split()) in " ".join(out.split())  # the backend's own reason
+    assert "--no-load" not in out  # the plan was not loaded for want of a GPU, not for a flag
 
 
 def test_cli_demo_json_reports_files_and_gpu_status(
