@@ -51,14 +51,14 @@ def typecheck(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors (broken links and anchors too), and
     run every code block of the README and docs/ (tests/test_docs.py)."""
-    _install(session, "test", "ruff>=0.5")  # mkdocstrings formats signatures with ruff
+    _install(session, "docs,test")  # docs: mkdocs, mkdocstrings and ruff (it formats signatures)
     session.run("mkdocs", "build", "--strict", *session.posargs)
     session.run("python", "-m", "pytest", "-q", "tests/test_docs.py")
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks on a GPU (docs/benchmarks.md): every row on every workload, issue 10's
-    targets, cold vs warm cache; results in $OUT or ./bench-out (``-- --quick`` for a smoke run)."""
+    """Benchmarks on a GPU (docs/benchmarks.md): every row on every workload, the per-call
+    overhead targets, cold vs warm cache; results in $OUT or ./bench-out (``-- --quick`` for a smoke run)."""
     _install(session, "rtx,cuda,cli,torch,plot")
     session.run("python", "-m", "benchmarks", *session.posargs)

@@ -2,7 +2,7 @@
 
 Modules: :mod:`.workloads` (the engines), :mod:`.rows` (what each row calls; set up in
 :mod:`.raw_rows`, :mod:`.backend_rows`, :mod:`.torch_tensorrt_rows`), :mod:`.runner`
-(interleaved measurement), :mod:`.targets` (ratios and issue 10's targets),
+(interleaved measurement), :mod:`.targets` (ratios and the per-call overhead targets),
 :mod:`.cold_warm` (runtime cache in fresh processes), :mod:`.report` (JSON, Markdown,
 plot), :mod:`.environment` and :mod:`.device`, and :mod:`.cli`, the entry point of
 ``python -m benchmarks`` and ``python benchmarks/bench_all.py``. See docs/benchmarks.md.

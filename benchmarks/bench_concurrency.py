@@ -6,7 +6,7 @@ convnet workloads, for the ``raw`` loops and the ``python`` and ``torchbind`` ba
 is measured and :mod:`.concurrency_callers` for what a caller does). It writes
 ``bench_concurrency.json`` (the rows of ``docs/bench_concurrency.json``),
 ``bench_concurrency.md`` and ``bench_concurrency.png`` (with matplotlib) to ``--out``
-after every workload, prints issue 18's targets as met / missed, and exits 0 unless the
+after every workload, prints the concurrency targets as met / missed, and exits 0 unless the
 arguments are wrong (2). A backend that cannot run, or lacks
 ``supports_multiple_contexts`` for ``contexts > 1``, gets skipped rows with the reason.
 
@@ -71,7 +71,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_concurrency",
         description="Concurrent callers on one engine: callers x contexts x workloads, raw / python / "
-        "torchbind, eager / outer graph; issue 18's targets (docs/concurrency.md).",
+        "torchbind, eager / outer graph; the concurrency targets (docs/concurrency.md).",
     )
     parser.add_argument(
         "--out",

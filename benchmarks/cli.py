@@ -60,7 +60,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench_all.py",
         description="trt-runtime benchmarks: every row on every workload in one run, with ratios and "
-                    "issue 10's targets (see docs/benchmarks.md).",
+                    "the per-call overhead targets (see docs/benchmarks.md).",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "bench-out",
                         help="folder for bench_all.json, bench_all.md and bench.png, rewritten after every "

@@ -1,5 +1,5 @@
 """The grid of :mod:`benchmarks.bench_concurrency`: which rows a run has, how one is measured,
-and issue 18's targets evaluated from the rows.
+and the concurrency targets evaluated from the rows.
 
 A row is ``(backend, workload, mode, callers, contexts)``. Every caller runs on its own
 thread: all threads start together, warm up for ``warmup_s``, then call for
@@ -289,7 +289,7 @@ def _add_floor(result: dict[str, Any], got: Row | None, base: Row | None, what: 
 
 
 def evaluate_targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
-    """Issue 18's targets from a run's rows: ``met`` / ``missed`` / ``n/a`` with the figures."""
+    """The concurrency targets from a run's rows: ``met`` / ``missed`` / ``n/a`` with the figures."""
     results: list[dict[str, Any]] = []
     measured = [r for r in rows if r.ok]
     wrong = sum(r.wrong or 0 for r in measured)

@@ -145,7 +145,8 @@ def render_markdown(document: Mapping[str, Any]) -> str:
                 r.get("note", ""),
             ]
             lines.append("| " + " | ".join(_cell(str(c)) for c in cells) + " |")
-    lines += ["", "### Targets (issue 10)", "", "| target | workload | measured | limit | result |",
+    lines += ["", "### Targets: per-call overhead against the raw TensorRT loops", "",
+              "| target | workload | measured | limit | result |",
               "| --- | --- | --- | ---: | --- |"]
     for t in document.get("targets", []):
         limit = f"{t['comparison']} {t['limit']:.2f}x"

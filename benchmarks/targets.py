@@ -1,4 +1,4 @@
-"""Ratios between rows of one workload, and issue 10's targets as PASS / FAIL / n/a.
+"""Ratios between rows of one workload, and the per-call overhead targets as PASS / FAIL / n/a.
 
 Every ratio is a median over a median, both from the same run and workload. Targets
 compare per-call CPU cost with no synchronize (``enqueue``), the figure the issue's
