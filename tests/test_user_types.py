@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent / "typecheck"
-SCRIPTS = ("user_script.py", "bad_script.py")
+SCRIPTS = ("user_script.py", "bad_script.py", "torch_script.py")
 
 
 def _copy_scripts(tmp_path: Path) -> Path:
@@ -30,8 +30,8 @@ def _copy_scripts(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _expected_error_lines() -> set[int]:
-    lines = (HERE / "bad_script.py").read_text().splitlines()
+def _expected_error_lines(script: str = "bad_script.py") -> set[int]:
+    lines = (HERE / script).read_text().splitlines()
     return {i for i, line in enumerate(lines, start=1) if line.rstrip().endswith("# error")}
 
 
@@ -113,3 +113,17 @@ def test_user_types_packages_resolve_from_outside_the_checkout(tmp_path: Path) -
     core, backends = done.stdout.splitlines()
     assert Path(core).name == "__init__.py" and Path(backends).name == "__init__.py"
     assert (Path(core).parent / "py.typed").exists() and (Path(backends).parent / "py.typed").exists()
+
+
+def test_user_types_a_torch_call_returns_a_tensor(pyright: str, tmp_path: Path) -> None:
+    """torch in, ``torch.Tensor`` out, for mypy --strict and pyright (torch only at check time)."""
+    pytest.importorskip("torch", reason="torch is not installed: "
+                                 "pip install -c constraints.txt -e '.[torch]'")
+    _copy_scripts(tmp_path)
+    expected = _expected_error_lines("torch_script.py")
+    code, text = _mypy(tmp_path, "torch_script.py")
+    found = {int(m.group(1)) for m in re.finditer(r"^torch_script\.py:(\d+): error:", text, re.M)}
+    assert code == 1 and found == expected, text
+    errors = _pyright_errors(_pyright(pyright, tmp_path, "torch_script.py"))
+    assert {int(e["range"]["start"]["line"]) + 1 for e in errors} == expected, (  # type: ignore[index]
+        json.dumps(errors, indent=1))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload, runtime_checkable
 
 from typing_extensions import Self
 
 from trt_runtime.errors import SettingsError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for the types of an engine call only: never imported at run time
+    import numpy
+    import torch
+
     from trt_runtime.cache.key import CacheKey
     from trt_runtime.graphs import OuterGraph
     from trt_runtime.settings import RuntimeSettings
@@ -299,10 +302,34 @@ class Engine(Protocol):
         profile: int | None = None,
     ) -> list[ArrayT]: ...
 
+    @overload
+    def __call__(
+        self, x: numpy.ndarray[Any, Any], /, *, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> numpy.ndarray[Any, Any]: ...
+
+    @overload
+    def __call__(
+        self, x: torch.Tensor, /, *, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> torch.Tensor: ...
+
+    @overload
     def __call__(
         self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
         profile: int | None = None,
     ) -> Any: ...
+
+    def __call__(
+        self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
+        profile: int | None = None,
+    ) -> Any:
+        """Like :meth:`execute`, but a single output is returned bare, several as a tuple.
+
+        Typed for the common call, one array in and one out: a numpy array gives a
+        ``numpy.ndarray``, a torch tensor a ``torch.Tensor``; other calls are ``Any``.
+        """
+        ...
 
     def synchronize(self) -> None: ...
 

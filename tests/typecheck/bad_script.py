@@ -3,6 +3,8 @@ marked ``# error``)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 import trt_runtime as trt
 from trt_runtime import RuntimeSettings
 
@@ -15,4 +17,5 @@ def misuse(path: str) -> None:
         with trt.runtime_config(engine, cuda_graph_strategy="sometimes"):  # error
             pass
         name: str = engine.device  # error
-        assert name
+        text: str = engine(np.ones((2, 4), np.float32))  # error
+        assert name and text
