@@ -21,7 +21,8 @@ def tests(session: nox.Session) -> None:
     """CPU test suite (GPU tests skip with their reason)."""
     _install(session, "rtx,cuda,cli,test,serve")
     session.install(*CONSTRAINTS, "--no-deps", "executorch")
-    session.run("python", "-m", "pytest", *session.posargs,
+    # One worker per core; the tests that start a Ray stay on one worker (tests/conftest.py).
+    session.run("python", "-m", "pytest", "-n", "auto", "--dist", "loadgroup", *session.posargs,
                 env={"TRT_RUNTIME_REQUIRE_EXECUTORCH": "1", "TRT_RUNTIME_REQUIRE_SERVE": "1"})
 
 

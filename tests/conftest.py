@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# pytest-xdist starts its workers with COLUMNS=80 (and LINES=24); a plain run has neither, and
+# the CLI draws its tables 120 wide when stdout is no terminal and COLUMNS is unset. Tests see
+# the same output however they are run.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+#: Test folders whose modules start a Ray of their own (fixed ports, one Ray at a time): under
+#: ``pytest -n auto --dist loadgroup`` they run on one worker, one after the other.
+_ONE_RAY_AT_A_TIME = (ROOT / "tests" / "serve",)
 _SOURCES = {"trt_runtime": ROOT / "trt_runtime", "trt_runtime_backends": ROOT / "backends"}
 
 
@@ -42,3 +54,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "pip install -c constraints.txt -e '.[rtx,cuda,cli,test]' again (a strict editable "
             "install links each file; new modules need the install run again)"
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.path.is_relative_to(folder) for folder in _ONE_RAY_AT_A_TIME):
+            item.add_marker(pytest.mark.xdist_group("ray"))
