@@ -44,6 +44,15 @@ def _row(code: int, *argv: str, says: str, marks: Any = ()) -> Any:
     return pytest.param(code, argv, says, id=" ".join(argv), marks=marks)
 
 
+def _bad_engine_files(command: str) -> list[Any]:
+    """A missing, an empty and a 4-byte engine file: the same message whichever command opens it."""
+    return [
+        _row(1, command, "{missing.plan}", says="no such file"),
+        _row(1, command, "{empty.plan}", says="is empty (0 bytes)"),
+        _row(1, command, "{four.plan}", says="is too small to be a serialized engine: 4 bytes"),
+    ]
+
+
 NOT_INSTALLED = "--backend 'nope' is not an installed backend"
 OUTSIDE = "shape 9x4 of input 'x' is outside every"
 
@@ -56,9 +65,7 @@ TABLE = [
     _row(2, "build", "{model.onnx}", says="the following arguments are required: -o/--output"),
     _row(1, "build", "{missing.plan}", "-o", "{out.plan}", says="no such ONNX model"),
     _row(2, "inspect", "{affine.mem}", "--backend", "nope", says=NOT_INSTALLED),
-    _row(1, "inspect", "{missing.plan}", says="no such file"),
-    _row(1, "inspect", "{empty.plan}", says="is empty (0 bytes)"),
-    _row(1, "inspect", "{four.plan}", says="is too small to be a serialized engine: 4 bytes"),
+    *_bad_engine_files("inspect"),
     _row(1, "inspect", "{notes.txt}", says="is not an engine file (unknown magic"),
     _row(2, "run", "{affine.mem}", "--backend", "nope", says=NOT_INSTALLED),
     _row(2, "run", "{affine.mem}", "--seed", "-1", says="argument --seed: expected an integer in [0, 2**32)"),
@@ -66,26 +73,21 @@ TABLE = [
     _row(2, "run", "{affine.mem}", "--load-inputs", "{big.npz}", says=OUTSIDE),
     _row(2, "run", "{affine.mem}", "--atol", "-1", says="--atol must be a number >= 0"),
     _row(1, "run", "{affine.mem}", "--load-inputs", "{notes.txt}", says="is not an .npz or .npy file"),
-    _row(1, "run", "{missing.plan}", says="no such file"),
-    _row(1, "run", "{empty.plan}", says="is empty (0 bytes)"),
-    _row(1, "run", "{four.plan}", says="is too small to be a serialized engine: 4 bytes"),
+    *_bad_engine_files("run"),
     _row(1, "run", "{dir}", says="is a directory, not an engine file"),
     _row(2, "bench", "{affine.mem}", "--iterations", "0", says="--iterations must be >= 1"),
     _row(2, "bench", "{affine.mem}", "--warmup", "-1", says="--warmup must be >= 0"),
     _row(2, "bench", "{affine.mem}", "--shapes", "x:9x4", says=OUTSIDE),
     _row(2, "bench", "{affine.mem}", "--load-inputs", "{big.npz}", says=OUTSIDE),
-    _row(1, "bench", "{missing.plan}", says="no such file"),
-    _row(1, "bench", "{empty.plan}", says="is empty (0 bytes)"),
-    _row(1, "bench", "{four.plan}", says="is too small to be a serialized engine: 4 bytes"),
+    *_bad_engine_files("bench"),
     _row(2, "serve", "{affine.mem}", "--max-batch", "0", says="--max-batch", marks=SERVE_REPLACED),
     _row(2, "serve", "{affine.mem}", "--port", "70000", says="--port", marks=SERVE_REPLACED),
     _row(1, "serve", "{missing.plan}", says="no such file"),
     _row(1, "serve", "{empty.plan}", says="is empty (0 bytes)", marks=SERVE_REPLACED),
     _row(2, "check-contexts", "{affine.mem}", "--contexts", "1", says="--contexts must be >= 2"),
     _row(2, "check-contexts", "{affine.mem}", "--rounds", "0", says="--rounds must be >= 1"),
-    _row(1, "check-contexts", "{missing.plan}", says="no such file"),
-    _row(1, "check-contexts", "{empty.plan}", says="is empty (0 bytes)"),
-    _row(1, "check-contexts", "{four.plan}", says="is too small to be a serialized engine: 4 bytes"),
+    _row(2, "check-contexts", "{affine.mem}", "--seed", "-1", says="argument --seed: expected an integer"),
+    *_bad_engine_files("check-contexts"),
     _row(2, "cache", "bogus", says="argument action: invalid choice: 'bogus'"),
     _row(2, "cache", "info", "--dir", says="argument --dir: expected one argument"),
     _row(2, "backends", "--bogus", says="unrecognized arguments: --bogus"),

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from trt_runtime.errors import SettingsError
+
 __all__ = ["EXTRAS", "install_hint"]
 
 #: Extra -> the packages it installs (requirement strings, as in ``pyproject.toml``).
@@ -39,9 +41,10 @@ EXTRAS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 def install_hint(extra: str) -> str:
     """The command that installs ``extra`` from a checkout: ``pip install -c constraints.txt -e '.[EXTRA]'``.
 
-    Raises :class:`ValueError` for a name that is not one of :data:`EXTRAS`.
+    Raises :class:`~trt_runtime.errors.SettingsError` (a ``ValueError``) for a name that is
+    not one of :data:`EXTRAS`.
     """
     if extra not in EXTRAS:
-        raise ValueError(f"extra must be one of {', '.join(map(repr, EXTRAS))}; got {extra!r}")
+        raise SettingsError(f"extra must be one of {', '.join(map(repr, EXTRAS))}; got {extra!r}")
     return f"pip install -c constraints.txt -e '.[{extra}]'"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.cli.engine_files import FORCE_HELP, engine_file_backend
-from trt_runtime.cli.io_options import input_arrays, set_log_level
+from trt_runtime.cli.io_options import input_arrays, seed_value, set_log_level
 from trt_runtime.cli.output import CliError, Output, UsageError
 
 __all__ = ["add_check_contexts_parser", "check_contexts_command"]
@@ -35,7 +35,7 @@ def add_check_contexts_parser(parser: argparse.ArgumentParser) -> None:
                         help="call under the outer CUDA graph (enable_cudagraphs(engine, outer='copy'))")
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="largest difference from a serial output, relative to its peak (default: 1e-3)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=seed_value, default=0,
                         help="seed of the first thread's random inputs; thread i takes seed + i (default: 0)")
     parser.add_argument("--device", type=int, default=None, help="CUDA device (default: the container's)")
     parser.add_argument("--force", action="store_true", help=FORCE_HELP)

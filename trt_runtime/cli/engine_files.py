@@ -1,8 +1,8 @@
 """Which files the commands take for engines, and which backend can open them here.
 
-:func:`engine_file_backend` is what every command that takes an engine file runs first
-(``inspect``, ``run``, ``bench``, ``check-contexts``, ``serve``): the same checks in the
-same order, so a file gets the same message whichever command opens it. A file whose
+:func:`engine_file_backend` is what the commands that take an engine file run first
+(``inspect``, ``run``, ``bench``, ``check-contexts``): the same checks in the same order, so
+a file gets the same message whichever command opens it. A file whose
 first bytes match none of the known magics (TensorRT / TensorRT-RTX plans as listed in
 :data:`trt_runtime.formats.PLAN_MAGICS`, TR01/TR02 blobs, ``.pte`` programs) is refused
 with one line naming them; ``--force`` takes such a file for a plan of unknown flavour, for

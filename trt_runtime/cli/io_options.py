@@ -24,11 +24,23 @@ __all__ = [
     "add_input_options",
     "add_log_level",
     "input_arrays",
+    "seed_value",
     "set_log_level",
 ]
 
 _PY_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.DEBUG,
               "verbose": logging.DEBUG}
+
+
+def seed_value(text: str) -> int:
+    """A ``--seed`` value: an integer in ``[0, 2**32)``, the seeds numpy accepts."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]}")
+    return value
 
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from trt_runtime.cli.check_contexts import add_check_contexts_parser, check_cont
 from trt_runtime.cli.demo import demo_command
 from trt_runtime.cli.engine_files import FORCE_HELP
 from trt_runtime.cli.inspect import TABLE_ROWS, inspect_command
-from trt_runtime.cli.io_options import add_compare_options, add_input_options, add_log_level
+from trt_runtime.cli.io_options import add_compare_options, add_input_options, add_log_level, seed_value
 from trt_runtime.cli.output import PROG, UsageError
 from trt_runtime.cli.run import run_command
 from trt_runtime.cli.serve import add_serve_parser
@@ -31,17 +31,6 @@ __all__ = ["COMMANDS", "build_parser"]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
-
-
-def _seed(text: str) -> int:
-    """A ``--seed`` value: an integer in ``[0, 2**32)``, the seeds numpy accepts."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]!r}") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32); got {text[:40]}")
-    return value
 
 
 #: The commands, in the order ``--help`` lists them.
@@ -133,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", metavar="NAME", default=None, help="backend (default: first available)")
     p.add_argument("--input", metavar="NAME=FILE.npy", action="append", default=[],
                    help="take input NAME from a .npy file (repeatable); others are random")
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed of the random inputs (default: 0)")
     add_input_options(p)
     add_compare_options(p)
     add_log_level(p)
@@ -155,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", metavar="S", type=float, default=None,
                    help="time for at least S seconds (and at least --iterations calls)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default: 20)")
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed of the random inputs (default: 0)")
     add_input_options(p)
     add_log_level(p)
     _add_settings(p)
