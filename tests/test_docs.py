@@ -242,13 +242,14 @@ def test_docs_broken_anchor_fails_the_strict_build(tmp_path: Path) -> None:
     python["options"]["extensions"] = [f"{ROOT / 'tools' / 'griffe_roles.py'}:SphinxRoles"]
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
-    good = _mkdocs(tmp_path / "mkdocs.yml", tmp_path / "site")
-    assert good.returncode == 0, good.stdout + good.stderr
     page = tmp_path / "docs" / "concepts.md"
     page.write_text(page.read_text() + "\nSee [nowhere](cli.md#no-such-section).\n")
     broken = _mkdocs(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert broken.returncode != 0
-    assert "no-such-section" in broken.stdout + broken.stderr
+    # The one thing wrong is the anchor (the unchanged docs build clean: the site fixture), so
+    # the build is not also rebuilt here without it.
+    warnings = [ln for ln in (broken.stdout + broken.stderr).splitlines() if ln.startswith("WARNING")]
+    assert warnings and all("no-such-section" in ln for ln in warnings), broken.stdout + broken.stderr
 
 
 def test_docs_concepts_shows_load_as_it_is() -> None:
