@@ -60,3 +60,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if any(item.path.is_relative_to(folder) for folder in _ONE_RAY_AT_A_TIME):
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif item.path.name == "test_docs.py" and "site" in getattr(item, "fixturenames", ()):
+            # The built site (about 20 s of mkdocs) is a module fixture: built once, on one worker.
+            item.add_marker(pytest.mark.xdist_group("docs-site"))
