@@ -132,7 +132,9 @@ def _json_array(value: Any, spec: TensorSpec) -> Any:
         raw = np.asarray(value)
     except (ValueError, OverflowError) as exc:  # ragged nesting
         raise RequestError(f"{where}: JSON value is not a rectangular array ({exc})", 400) from None
-    if raw.dtype.kind not in "iuf" or raw.dtype.hasobject:
+    if raw.dtype.hasobject:  # only integers past 64 bits get here: the scan refused non-numbers
+        raise RequestError(f"{where}: JSON numbers must fit in 64 bits; got {str(_first(raw))[:40]}", 400)
+    if raw.dtype.kind not in "iuf":
         raise RequestError(f"{where}: JSON array must hold numbers; got {_first(raw)!r}", 400)
     target = to_numpy(spec.dtype)
     if raw.dtype.kind == "f" and target.kind in "biu" and raw.size and not np.all(np.mod(raw, 1) == 0):
@@ -146,7 +148,10 @@ def _json_array(value: Any, spec: TensorSpec) -> Any:
 
 
 def _first(raw: Any) -> Any:
-    return raw.flat[0].item() if raw.size else raw.tolist()
+    if not raw.size:
+        return raw.tolist()
+    first = raw.flat[0]
+    return first.item() if hasattr(first, "item") else first
 
 
 def read_npy(data: bytes, what: str) -> Any:
