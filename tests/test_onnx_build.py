@@ -134,7 +134,7 @@ def test_build_onnx_refuses_bytes_that_are_not_onnx() -> None:
     with pytest.raises(FormatError, match=r"the ONNX model: not an ONNX model \(Error parsing message"):
         build_onnx(b"\x08\x07garbage" * 10)
     # Bytes protobuf reads as an empty model.
-    with pytest.raises(FormatError, match=r"the ONNX model: the model has no graph outputs; is it an ONNX model"):
+    with pytest.raises(FormatError, match=r"the ONNX model: the model has no graph outputs; is it an ONNX"):
         build_onnx(b"")
 
 

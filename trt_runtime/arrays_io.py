@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import zipfile
 from collections.abc import Callable, Collection
@@ -62,10 +63,7 @@ class NpyHeader:
 
     @property
     def count(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -92,8 +90,7 @@ def _read_header(stream: IO[bytes], what: str) -> NpyHeader:
 def _empty(header: NpyHeader) -> Any:
     import numpy as np
 
-    order = "F" if header.fortran else "C"
-    return np.empty(header.shape, dtype=header.dtype, order=order)
+    return np.empty(header.shape, dtype=header.dtype, order="F" if header.fortran else "C")
 
 
 def _native(array: Any) -> Any:
@@ -195,7 +192,8 @@ def read_npz(
         arrays = {}
         for name, info in wanted.items():
             member = f"{what}: member {info.filename!r}"
-            if info.file_size > _PIECE and info.file_size > MAX_COMPRESSION_RATIO * max(info.compress_size, 1):
+            ratio_limit = MAX_COMPRESSION_RATIO * max(info.compress_size, 1)
+            if info.file_size > _PIECE and info.file_size > ratio_limit:
                 raise ArraySizeError(f"{member} claims {info.file_size} bytes from {info.compress_size} "
                                      f"compressed, a ratio over {MAX_COMPRESSION_RATIO}:1")
             try:

@@ -108,7 +108,9 @@ def _import_onnx() -> Any:
     try:
         import onnx
     except ImportError as exc:
-        raise ImportError("building from ONNX checks the model with onnx: pip install 'trt-runtime[onnx]'") from exc
+        raise ImportError(
+            "building from ONNX checks the model with onnx: pip install 'trt-runtime[onnx]'"
+        ) from exc
     return onnx
 
 
@@ -161,13 +163,15 @@ def _check_tensor(tensor: Any, where: str, label: str) -> int | None:
     if tensor.HasField("raw_data"):
         held = len(tensor.raw_data)
     else:
-        fields = (tensor.float_data, tensor.int32_data, tensor.int64_data, tensor.double_data, tensor.uint64_data)
-        entries = sum(len(f) for f in fields)
+        fields = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+        entries = sum(len(getattr(tensor, f)) for f in fields)
         held = need if entries * (2 if bits == 4 else 1) >= count else 0
         if held == 0 and entries == 0 and count == 0:
             held = need
     if held != need:
-        raise FormatError(f"{label}: {where} has dims {list(tensor.dims)} ({need} bytes) but holds {held} bytes")
+        raise FormatError(
+            f"{label}: {where} has dims {list(tensor.dims)} ({need} bytes) but holds {held} bytes"
+        )
     return need
 
 

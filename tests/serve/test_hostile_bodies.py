@@ -39,7 +39,8 @@ PAIR = trt_runtime.load(pair_engine(), "memory").inputs
 HOSTILE_JSON = {
     "arrays 2,000 deep": (b"[" * 2000 + b"]" * 2000, f"deeper than {MAX_JSON_DEPTH} levels"),
     "arrays 100,000 deep": (b"[" * 100_000 + b"]" * 100_000, "deeper than"),
-    "objects 100,000 deep": (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "objects are allowed only at the top"),
+    "objects 100,000 deep": (b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+                             "objects are allowed only at the top"),
     "5,000-digit integer": (b"[[" + b"9" * 5000 + b"]]", "has 5000 characters"),
     "5,000-digit float": (b"[[0." + b"1" * 5000 + b"]]", "has 5002 characters"),
     "object inside an array": (b'[[{"a":1},1,2,3]]', "objects are allowed only at the top"),
@@ -86,7 +87,8 @@ def test_hostile_bodies_keys_and_escapes_are_still_accepted() -> None:
 @given(st.one_of(
     st.binary(max_size=200),
     st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                 lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                 lambda inner: st.lists(inner, max_size=4)
+                 | st.dictionaries(st.text(max_size=3), inner, max_size=3),
                  max_leaves=30).map(lambda doc: json.dumps(doc).encode()),
 ))
 def test_hostile_bodies_any_body_is_a_request_error_or_arrays(body: bytes) -> None:
@@ -168,7 +170,8 @@ def test_hostile_bodies_110mb_stream_grows_the_process_by_at_most_the_limit() ->
             status = exc.status
         print(json.dumps({{"status": status, "grown": rss("VmHWM:") - before}}))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True)
     result = json.loads(proc.stdout)
     assert result["status"] == 413
     assert result["grown"] <= LIMIT + 8 * MB, result

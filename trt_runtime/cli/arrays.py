@@ -17,7 +17,8 @@ from trt_runtime.cli.engine_files import check_file
 from trt_runtime.cli.output import CliError, UsageError
 
 __all__ = [
-    "concrete_shape", "load_npz", "make_inputs", "npz_names", "output_to_numpy", "parse_given_inputs", "save_npz",
+    "concrete_shape", "load_npz", "make_inputs", "npz_names", "output_to_numpy", "parse_given_inputs",
+    "save_npz",
 ]
 
 

@@ -167,7 +167,8 @@ def _clear(directory: Path, out: Output, *, yes: bool, timeout: float) -> int:
     groups: dict[Path, list[dict[str, Any]]] = {}
     for entry in entries:
         groups.setdefault(_cache_of(entry), []).append(entry)
-    removed, skipped = [], []
+    removed: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     for cache, group in groups.items():
         reason = _remove_under_lock(cache, group, timeout)
         if reason:

@@ -175,7 +175,9 @@ def _read_npz(data: bytes, inputs: Sequence[TensorSpec], max_bytes: int) -> dict
     def check(name: str, header: NpyHeader) -> None:
         expected = to_numpy(by_name[name].dtype)
         if header.dtype != expected:
-            raise RequestError(f"input {name!r} must have dtype {by_name[name].dtype}; got {header.dtype}", 422)
+            raise RequestError(
+                f"input {name!r} must have dtype {by_name[name].dtype}; got {header.dtype}", 422
+            )
 
     try:
         with open_npz(data, what) as archive:
