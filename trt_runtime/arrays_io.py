@@ -160,7 +160,7 @@ def open_npz(source: str | os.PathLike[str] | bytes, what: str) -> zipfile.ZipFi
         return zipfile.ZipFile(stream)
     except Exception as exc:  # BadZipFile, ValueError, OSError, EOFError of a broken directory
         stream.close()
-        raise FormatError(f"{what} is not an .npz file of named arrays (numpy.savez): {exc}") from None
+        raise FormatError(f"{what} is not a valid .npz archive (numpy.savez): {exc}") from None
 
 
 def npz_members(archive: zipfile.ZipFile, what: str) -> dict[str, zipfile.ZipInfo]:

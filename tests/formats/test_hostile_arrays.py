@@ -160,7 +160,7 @@ def _zip(**members: bytes) -> bytes:
         (_zip(**{"x.npy": _npy_header("<f4", (2**62, 2**62)) + b"\0" * 16}), FormatError, r"header says"),
         (_zip(**{"dir/x": b""}), FormatError, r"member 'dir/x' is not an .npy array"),
         (_zip(**{"x.npy": b"\x93NUMPY"})[:-8], FormatError,
-         r"the archive is not an .npz file of named arrays"),
+         r"the archive is not a valid .npz archive"),
     ],
 )
 def test_hostile_arrays_reader_refuses_malformed_members(data: bytes, error: type, match: str) -> None:

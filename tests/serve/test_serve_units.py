@@ -129,7 +129,7 @@ def test_codec_json_npy_npz_round_trips() -> None:
      ("application/json", b"[[1e40]]", None, None),
      ("application/x-npy", b"\x93NUMPY\x01\x00", 400, "not a valid .npy"),
      ("application/x-npy", b"x" * 200, 413, "limit of 100 bytes"),
-     ("application/x-npz", b"not a zip", 400, "not an .npz file of named arrays")],
+     ("application/x-npz", b"not a zip", 400, "not a valid .npz")],
 )
 def test_codec_refusals(media: str, body: bytes, status: int | None, match: str | None) -> None:
     inputs = _engine(single_engine()).inputs

@@ -169,7 +169,7 @@ def _read_npz(data: bytes, inputs: Sequence[TensorSpec], max_bytes: int) -> dict
     from trt_runtime.arrays_io import NpyHeader, npz_members, open_npz, read_npz
     from trt_runtime.dtypes import to_numpy
 
-    what = "the request's .npz archive"
+    what = "request body"
     by_name = {s.name: s for s in inputs}
 
     def check(name: str, header: NpyHeader) -> None:

@@ -59,6 +59,7 @@ def _scan(body: bytes) -> None:
     depth = elements = 0
     in_string = False
     skip = -1  # the character after a backslash in a string
+    opened = 0  # where the current string began
     for match in _TOKENS.finditer(body):
         at = match.start()
         token = match.group()
@@ -70,11 +71,12 @@ def _scan(body: bytes) -> None:
             elif token == b'"':
                 in_string = False
                 if depth and (depth != 1 or not _KEY_END.match(body, at + 1)):
+                    text = body[opened + 1:at][:40].decode("utf-8", "replace")
                     raise RequestError("JSON strings are allowed only as the keys of the top-level object "
-                                       "(input names); arrays must hold numbers", 400)
+                                       f"(input names); got the string {text!r} where a number belongs", 400)
             continue
         if token == b'"':
-            in_string = True
+            in_string, opened = True, at
         elif token in (b"[", b"{"):
             if token == b"{" and depth:
                 raise RequestError("JSON objects are allowed only at the top level (keyed by input name); "
