@@ -17,6 +17,7 @@ from trt_runtime.contexts import (
 )
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import (
+    ArraySizeError,
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
@@ -69,6 +70,7 @@ from trt_runtime.settings import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArraySizeError",
     "Availability",
     "Backend",
     "BackendCapabilities",

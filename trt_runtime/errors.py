@@ -16,6 +16,7 @@ into the class of the layer that met them. Classes about bad values also derive 
 from __future__ import annotations
 
 __all__ = [
+    "ArraySizeError",
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
@@ -97,6 +98,10 @@ class RequestError(InputError):
 
 class FormatError(TrtRuntimeError, ValueError):
     """A serialized engine, blob, program or cache file is malformed."""
+
+
+class ArraySizeError(FormatError):
+    """An array file or archive is larger than the size budget it is read under."""
 
 
 class StorageError(TrtRuntimeError, OSError):

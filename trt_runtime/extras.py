@@ -18,7 +18,7 @@ __all__ = ["EXTRAS", "install_hint"]
 
 #: Extra -> the packages it installs (requirement strings, as in ``pyproject.toml``).
 EXTRAS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "rtx": ("tensorrt-rtx", "numpy>=1.24"),
+    "rtx": ("tensorrt-rtx", "numpy>=1.24", "onnx>=1.16"),
     "cuda": ("cuda-core>=1.0", "cuda-bindings>=12.8"),
     "torch": ("torch>=2.4",),
     "torchbind": ("torch>=2.11", "torch-tensorrt-rtx>=2.11"),

@@ -35,6 +35,7 @@ from typing import Any
 from trt_runtime.builders import ProgressCallback, import_tensorrt
 from trt_runtime.errors import BuildError, SettingsError
 from trt_runtime.extras import install_hint
+from trt_runtime.onnx_model import CheckedModel, read_model
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.shapes import ShapeRange, check_in_profiles, format_shape
 
@@ -126,19 +127,35 @@ def parser_failures(parser: Any, model: str) -> list[str]:
     return lines
 
 
-def _load_fp16(model: Path | bytes) -> bytes:
+def _convert_fp16(checked: CheckedModel) -> CheckedModel:
     try:
-        import onnx
         from onnxconverter_common import float16
     except ImportError as exc:
         raise ImportError(
             "precision='fp16' converts the ONNX model with onnx and onnxconverter-common: "
             + install_hint("onnx")
         ) from exc
-    proto = onnx.load(os.fspath(model)) if isinstance(model, Path) else onnx.load_from_string(model)
-    converted = float16.convert_float_to_float16(proto, keep_io_types=True)
-    data: bytes = converted.SerializeToString()
-    return data
+    converted = float16.convert_float_to_float16(checked.inline(), keep_io_types=True)
+    return dataclasses.replace(checked, proto=converted, data=converted.SerializeToString(), external=())
+
+
+def _parse(parser: Any, checked: CheckedModel) -> bool:
+    """Hand the parser the checked bytes, and the external data as buffers: it opens no file."""
+    import ctypes
+
+    if not checked.external:
+        return bool(parser.parse(checked.data))
+    data = checked.data
+    if any(not item.top_level for item in checked.external):
+        data = checked.inline(nested_only=True).SerializeToString()
+    if not parser.load_model_proto(data):
+        return False
+    for item in checked.external:
+        if item.top_level:
+            address = ctypes.addressof(ctypes.c_char.from_buffer(item.data)) if item.data else 0
+            if not parser.load_initializer(item.name, address, len(item.data)):
+                return False
+    return bool(parser.parse_model_proto())
 
 
 def _inputs(network: Any) -> list[Any]:
@@ -178,6 +195,7 @@ def build_onnx(
     log_level: str = "warning",
     log_sink: LogSink | None = None,
     name: str | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> OnnxEngine:
     """Parse ``model`` (a path or the bytes of an ONNX model) and build a TensorRT-RTX plan.
 
@@ -187,6 +205,11 @@ def build_onnx(
     line per parser error (node, op, message); bad shapes raise SettingsError naming them.
     TensorRT's messages at ``log_level`` and above go to ``log_sink(severity, message)``
     (default: ``[TensorRT] severity: message`` on stderr).
+
+    The model is checked before any parser sees it (:func:`trt_runtime.onnx_model.read_model`):
+    a malformed model, or external data outside the model's folder, not a regular file or
+    shorter than ``offset + length``, raises :class:`~trt_runtime.FormatError`. External
+    data of a model given as bytes is read from ``base_dir``, which it then needs.
     """
     if precision is not None and precision not in PRECISIONS:
         raise SettingsError(f"precision must be one of {', '.join(PRECISIONS)} or None; got {precision!r}")
@@ -199,8 +222,10 @@ def build_onnx(
             raise FileNotFoundError(2, "no such ONNX model", os.fspath(source))
     ranges = dict(shapes or {})
     stem = name or ("model" if isinstance(source, bytes) else source.stem)
+    checked = read_model(source, base_dir=base_dir, label=label)
     trt = import_tensorrt()
-    data = _load_fp16(source) if precision == "fp16" else source
+    if precision == "fp16":
+        checked = _convert_fp16(checked)
     logger = _Log.get(trt)
     logger.level = LOG_LEVELS.index(log_level) + 1
     logger.sink = log_sink or _default_sink
@@ -210,7 +235,7 @@ def build_onnx(
         parser = trt.OnnxParser(network, logger)
         logger.muted = log_level != "verbose"
         try:
-            ok = parser.parse_from_file(os.fspath(data)) if isinstance(data, Path) else parser.parse(data)
+            ok = _parse(parser, checked)
         finally:
             logger.muted = False
         if not ok or parser.num_errors:

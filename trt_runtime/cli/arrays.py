@@ -9,14 +9,17 @@ outputs go to ``.npz`` files with :func:`save_npz`. numpy is imported only when 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from trt_runtime.cli.engine_files import check_file
 from trt_runtime.cli.output import CliError, UsageError
 
-__all__ = ["concrete_shape", "load_npz", "make_inputs", "output_to_numpy", "parse_given_inputs", "save_npz"]
+__all__ = [
+    "concrete_shape", "load_npz", "make_inputs", "npz_names", "output_to_numpy", "parse_given_inputs",
+    "save_npz",
+]
 
 
 def parse_given_inputs(items: Sequence[str]) -> dict[str, Path]:
@@ -101,11 +104,19 @@ def make_inputs(
     return arrays
 
 
-def load_npz(path: Path, option: str) -> dict[str, Any]:
-    """The arrays of an ``.npz`` file by name; one line naming the file if it is not one."""
-    import zipfile
+def load_npz(
+    path: Path, option: str, *, specs: Sequence[Any] | None = None, names: Collection[str] | None = None,
+    max_bytes: int | None = None,
+) -> dict[str, Any]:
+    """Arrays of an ``.npz`` file by name, read with :func:`trt_runtime.arrays_io.read_npz`.
 
-    import numpy as np
+    With ``specs`` (an engine's inputs): a member that is not an input is a usage error and
+    each header's shape is checked against its input's profiles, before any data is
+    inflated. With ``names``: only those members are read. One line naming the file (and
+    member) if it is not an ``.npz`` of plain arrays or is over ``max_bytes``.
+    """
+    from trt_runtime.arrays_io import DEFAULT_MAX_BYTES, NpyHeader, read_npz
+    from trt_runtime.errors import FormatError
 
     check_file(path)
     with open(path, "rb") as f:
@@ -115,16 +126,39 @@ def load_npz(path: Path, option: str) -> dict[str, Any]:
             f"{option} {path} is not an .npz or .npy file: it starts with {head!r}; expected "
             f"{_ZIP_MAGICS[0]!r} (an .npz, what numpy.savez writes)"
         )
+    by_name = {s.name: s for s in specs or ()}
+
+    def check(name: str, header: NpyHeader) -> None:
+        from trt_runtime.shapes import check_in_profiles
+
+        reason = check_in_profiles(by_name[name], header.shape)
+        if reason:
+            raise UsageError(f"the array given for input {name!r}: {reason}")
+
+    if specs is not None:
+        unknown = sorted(set(npz_names(path, option)) - set(by_name))
+        if unknown:
+            raise UsageError(f"{option} names {unknown}, which are not inputs of the engine; "
+                             f"its inputs are {list(by_name)}")
+        names = list(by_name)
     try:
-        archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise CliError(
-                f"{option} {path} is not an .npz file of named arrays (numpy.savez): it holds one array"
-            )
-        with archive:
-            return {name: archive[name] for name in archive.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise CliError(f"{option} {path} is not an .npz file of named arrays (numpy.savez): {exc}") from exc
+        return read_npz(path, f"{option} {path}", names=names, check=check if specs is not None else None,
+                        max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+    except FormatError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def npz_names(path: Path, option: str) -> list[str]:
+    """The array names of an ``.npz`` file (its zip directory only: nothing is inflated)."""
+    from trt_runtime.arrays_io import npz_members, open_npz
+    from trt_runtime.errors import FormatError
+
+    what = f"{option} {path}"
+    try:
+        with open_npz(path, what) as archive:
+            return list(npz_members(archive, what))
+    except FormatError as exc:
+        raise CliError(str(exc)) from exc
 
 
 def save_npz(path: Path, arrays: Mapping[str, Any]) -> None:
@@ -144,21 +178,21 @@ _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 
 def _load_npy(name: str, file: Path) -> Any:
     """The array in ``file``, or one clear line on why it is not a ``.npy`` array."""
-    import numpy as np
+    from trt_runtime.arrays_io import NPY_MAGIC, read_npy_file
+    from trt_runtime.errors import FormatError
 
     check_file(file)
     with open(file, "rb") as f:
-        head = f.read(len(_NPY_MAGIC))
-    if head != _NPY_MAGIC:
+        head = f.read(len(NPY_MAGIC))
+    if head != NPY_MAGIC:
         raise CliError(
             f"--input {name}={file} is not a .npy file: it starts with {head!r}; "
-            f"expected {_NPY_MAGIC!r} (what numpy.save writes)"
+            f"expected {NPY_MAGIC!r} (what numpy.save writes)"
         )
     try:
-        return np.load(file, allow_pickle=False)
-    except ValueError as exc:  # a header numpy reads but an object array, or truncated data
-        detail = str(exc).split(";")[0].split(" when allow_pickle")[0]
-        raise CliError(f"--input {name}={file} is not a plain .npy array: {detail}") from exc
+        return read_npy_file(file, f"--input {name}={file}")
+    except FormatError as exc:
+        raise CliError(str(exc)) from exc
 
 
 def output_to_numpy(value: Any) -> Any:

@@ -66,7 +66,7 @@ def shape_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_command(args: argparse.Namespace, out: Output) -> int:
     """``trt-runtime build``."""
-    from trt_runtime.errors import BuildError
+    from trt_runtime.errors import BuildError, FormatError
     from trt_runtime.formats.write import format_for_path, write_engine
     from trt_runtime.onnx_build import build_onnx
 
@@ -93,6 +93,8 @@ def build_command(args: argparse.Namespace, out: Output) -> int:
             for line in exc.failures[:-1] if len(exc.failures) > 1 else ():
                 print_error(line, False)
             raise CliError(exc.failures[-1] if len(exc.failures) > 1 else str(exc)) from exc
+        except FormatError as exc:  # a malformed model or external data: exit 1, not a usage error
+            raise CliError(str(exc)) from exc
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         seconds = time.perf_counter() - t0

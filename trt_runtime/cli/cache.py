@@ -5,7 +5,9 @@ files trt-runtime writes there are listed: caches (``*.bin``, with the key each 
 for read from its header), their lock files (``*.bin.lock``) and the temp files of an
 interrupted save (``.NAME.bin.PID.HEX.tmp``). ``clear`` deletes only what ``info``
 recognises as trt-runtime's: a ``.bin`` without a readable trt-runtime header is listed
-("not a trt-runtime cache file") and kept. No action creates the directory.
+("not a trt-runtime cache file") and kept. It removes a cache's files only while holding
+that cache's lock (``--lock-timeout``, default as ``RuntimeCache``): files of a cache
+whose lock another process holds are kept and named. No action creates the directory.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.output import CliError, Output, human_size, jsonable
+from trt_runtime.cli.output import CliError, Output, UsageError, human_size, jsonable
 
-__all__ = ["CACHE_ACTIONS", "cache_command", "cache_entries"]
+__all__ = ["CACHE_ACTIONS", "LOCK_TIMEOUT", "cache_command", "cache_entries"]
 
 #: What ``trt-runtime cache`` can do; the first is what a bare ``cache`` does.
 CACHE_ACTIONS = ("info", "path", "clear")
+
+#: Seconds ``clear`` waits for a cache's lock before keeping it (RuntimeCache's ``lock_timeout``).
+LOCK_TIMEOUT = 30.0
 
 #: Files trt-runtime writes in a cache directory: caches (``*.bin``), their lock files and
 #: the temp files of an interrupted save. Anything else there is never listed or deleted.
@@ -113,11 +118,43 @@ def _show(directory: Path, out: Output) -> int:
     return 0
 
 
-def _clear(directory: Path, out: Output, *, yes: bool) -> int:
+def _cache_of(entry: Mapping[str, Any]) -> Path:
+    """The cache file an entry belongs to: itself, the cache of a lock, or of a temp file."""
+    path = Path(entry["path"])
+    if entry["kind"] == "lock":
+        return path.with_name(path.name[: -len(".lock")])
+    if entry["kind"] == "temp":
+        return path.with_name(path.name[1:].rsplit(".", 3)[0])
+    return path
+
+
+def _remove_under_lock(cache: Path, entries: list[dict[str, Any]], timeout: float) -> str:
+    """Remove ``entries`` of ``cache`` while holding its lock; ``''`` or why they were skipped.
+
+    Under the lock no save of this cache is in progress, so its temp files are strays. The
+    lock file goes last, still held: a process that then locks the inode no path names
+    any more sees it unlinked and locks the path afresh (filelock checks ``st_nlink``).
+    """
+    from trt_runtime.cache.storage import lock_path, locked
+    from trt_runtime.errors import CacheError
+
+    try:
+        with locked(cache, timeout):
+            for entry in sorted(entries, key=lambda e: e["kind"] == "lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry["path"])
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path(cache))  # also the one taking the lock just created
+    except CacheError as exc:  # CacheLockTimeout: another process holds it; or a symlinked lock
+        return str(exc).split("; the cache stays in memory")[0]
+    return ""
+
+
+def _clear(directory: Path, out: Output, *, yes: bool, timeout: float) -> int:
     entries = [e for e in cache_entries(directory) if e["recognised"]]
     total = sum(e["bytes"] for e in entries)
     if not entries:
-        out.emit({"path": os.fspath(directory), "removed": [], "removed_bytes": 0})
+        out.emit({"path": os.fspath(directory), "removed": [], "removed_bytes": 0, "skipped": []})
         out.notice(f"nothing to clear in {directory}")
         return 0
     if not yes:
@@ -128,14 +165,24 @@ def _clear(directory: Path, out: Output, *, yes: bool) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             out.notice("nothing deleted")
             return 1
-    removed = []
+    groups: dict[Path, list[dict[str, Any]]] = {}
     for entry in entries:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry["path"])
-        removed.append(entry["path"])
-    out.emit({"path": os.fspath(directory), "removed": removed, "removed_bytes": total})
-    out.notice(f"deleted {len(removed)} file(s), {human_size(total)}, from {directory}")
-    return 0
+        groups.setdefault(_cache_of(entry), []).append(entry)
+    removed: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for cache, group in groups.items():
+        reason = _remove_under_lock(cache, group, timeout)
+        if reason:
+            skipped.extend({"path": e["path"], "reason": reason} for e in group)
+            out.warn(f"kept {len(group)} file(s) of {cache.name}: {reason}")
+        else:
+            removed.extend(e for e in group)
+    removed_bytes = sum(e["bytes"] for e in removed)
+    out.emit({"path": os.fspath(directory), "removed": [e["path"] for e in removed],
+              "removed_bytes": removed_bytes, "skipped": skipped})
+    out.notice(f"deleted {len(removed)} file(s), {human_size(removed_bytes)}, from {directory}"
+               + (f"; kept {len(skipped)} whose lock another process holds" if skipped else ""))
+    return 1 if skipped else 0
 
 
 def cache_command(args: argparse.Namespace, out: Output) -> int:
@@ -148,4 +195,7 @@ def cache_command(args: argparse.Namespace, out: Output) -> int:
         return 0
     if args.action == "info":
         return _show(directory, out)
-    return _clear(directory, out, yes=args.yes)
+    timeout = getattr(args, "lock_timeout", LOCK_TIMEOUT)
+    if not timeout >= 0 or timeout == float("inf"):
+        raise UsageError(f"--lock-timeout must be a finite number of seconds >= 0; got {timeout}")
+    return _clear(directory, out, yes=args.yes, timeout=timeout)

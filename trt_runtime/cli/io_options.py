@@ -96,7 +96,7 @@ def input_arrays(args: argparse.Namespace, specs: Any, given: Any = None) -> lis
         shapes = parse_shapes(args.shapes) if args.shapes else {}
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    loaded = load_npz(args.load_inputs, "--load-inputs") if args.load_inputs is not None else None
+    loaded = None if args.load_inputs is None else load_npz(args.load_inputs, "--load-inputs", specs=specs)
     return make_inputs(specs, given, args.seed, shapes=shapes, loaded=loaded)
 
 

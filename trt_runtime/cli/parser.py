@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from trt_runtime.cli.backends import backends_command
 from trt_runtime.cli.bench import bench_command
 from trt_runtime.cli.build import add_build_parser, build_command
-from trt_runtime.cli.cache import CACHE_ACTIONS, cache_command
+from trt_runtime.cli.cache import CACHE_ACTIONS, LOCK_TIMEOUT, cache_command
 from trt_runtime.cli.check_contexts import add_check_contexts_parser, check_contexts_command
 from trt_runtime.cli.demo import demo_command
 from trt_runtime.cli.engine_files import FORCE_HELP
@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", metavar="DIR", type=Path, default=None,
                    help="cache directory (default: trt_runtime.cache.default_cache_dir())")
     p.add_argument("-y", "--yes", action="store_true", help="clear without asking")
+    p.add_argument("--lock-timeout", metavar="SECONDS", type=float, default=LOCK_TIMEOUT,
+                   help="clear: how long to wait for each cache's lock before skipping it "
+                        f"(default: {LOCK_TIMEOUT:g}, as RuntimeCache waits)")
     p.set_defaults(handler=cache_command)
 
     p = command("backends", "list installed backends, whether they can run here, and their capabilities")

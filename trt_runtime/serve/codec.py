@@ -11,8 +11,12 @@ A request is one of:
 The answer has the request's form: a bare array (JSON array or ``.npy``) when the
 request was bare and the engine has one output, else keyed by output name (JSON object
 or ``.npz``). Nothing is unpickled, and an ``.npy`` header must match its data size
-before any array is made. Every refusal is a :class:`~trt_runtime.RequestError` with
-status 400 (malformed), 413 (too large) or 415 (unknown content type).
+before any array is made (:mod:`trt_runtime.arrays_io`: an ``.npz`` member is inflated
+only after its header is checked); JSON is parsed within limits
+(:mod:`trt_runtime.serve.json_body`). Every refusal is a
+:class:`~trt_runtime.RequestError` with status 400 (malformed), 413 (too large), 415
+(unknown content type) or 422 (does not fit the engine): no body raises anything else.
+:func:`read_body_limited` reads a streamed body and stops at the size limit.
 """
 
 from __future__ import annotations
@@ -20,14 +24,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import zipfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from trt_runtime.errors import RequestError
+from trt_runtime.errors import ArraySizeError, FormatError, RequestError
 from trt_runtime.protocols import TensorSpec
 
-__all__ = ["CONTENT_TYPES", "Decoded", "decode_body", "encode_result", "read_npy"]
+__all__ = ["CONTENT_TYPES", "Decoded", "decode_body", "encode_result", "read_body_limited", "read_npy"]
 
 _JSON = "application/json"
 _NPY = "application/x-npy"
@@ -56,6 +59,25 @@ class Decoded:
         return not self.named
 
 
+async def read_body_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+    """The body of ``chunks``; ``RequestError`` (413) as soon as it passes ``max_bytes``.
+
+    Chunks are kept as they come and joined once at the end, so a body over the limit
+    never holds more than ``max_bytes`` plus one chunk (a growing ``bytearray`` would
+    hold up to twice that while it reallocates).
+    """
+    pieces: list[bytes] = []
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > max_bytes:
+            pieces.clear()
+            raise RequestError(f"request body exceeds the limit of {max_bytes} bytes", 413)
+        if chunk:
+            pieces.append(bytes(chunk))
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 def decode_body(content_type: str, body: bytes, inputs: Sequence[TensorSpec], max_bytes: int) -> Decoded:
     """Decode a request body for an engine with ``inputs``; ``RequestError`` if malformed."""
     media = content_type.split(";", 1)[0].strip().lower()
@@ -66,18 +88,25 @@ def decode_body(content_type: str, body: bytes, inputs: Sequence[TensorSpec], ma
         )
     if len(body) > max_bytes:
         raise RequestError(f"request body of {len(body)} bytes exceeds the limit of {max_bytes} bytes", 413)
-    if encoding == "json":
-        return _decode_json(body, inputs)
-    if encoding == "npy":
-        return Decoded((read_npy(body, "the request body"),), {}, "npy")
-    return Decoded((), _read_npz(body, max_bytes), "npz")
+    try:
+        if encoding == "json":
+            return _decode_json(body, inputs)
+        if encoding == "npy":
+            return Decoded((read_npy(body, "the request body"),), {}, "npy")
+        return Decoded((), _read_npz(body, inputs, max_bytes), "npz")
+    except RequestError:
+        raise
+    except MemoryError:
+        raise RequestError("request body is too large to decode in this replica's memory", 413) from None
+    except Exception as exc:  # whatever a hostile body meets is the client's error, never a 500
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise RequestError(f"request body could not be decoded: {detail}", 400) from None
 
 
 def _decode_json(body: bytes, inputs: Sequence[TensorSpec]) -> Decoded:
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}", 400) from None
+    from trt_runtime.serve.json_body import parse_json_body
+
+    doc = parse_json_body(body)
     by_name = {s.name: s for s in inputs}
     if isinstance(doc, dict):
         named = {}
@@ -101,9 +130,11 @@ def _json_array(value: Any, spec: TensorSpec) -> Any:
     where = f"input {spec.name!r}"
     try:
         raw = np.asarray(value)
-    except ValueError as exc:  # ragged nesting
+    except (ValueError, OverflowError) as exc:  # ragged nesting
         raise RequestError(f"{where}: JSON value is not a rectangular array ({exc})", 400) from None
-    if raw.dtype.kind not in "biuf" or raw.dtype.hasobject:
+    if raw.dtype.hasobject:  # only integers past 64 bits get here: the scan refused non-numbers
+        raise RequestError(f"{where}: JSON numbers must fit in 64 bits; got {str(_first(raw))[:40]}", 400)
+    if raw.dtype.kind not in "iuf":
         raise RequestError(f"{where}: JSON array must hold numbers; got {_first(raw)!r}", 400)
     target = to_numpy(spec.dtype)
     if raw.dtype.kind == "f" and target.kind in "biu" and raw.size and not np.all(np.mod(raw, 1) == 0):
@@ -117,60 +148,48 @@ def _json_array(value: Any, spec: TensorSpec) -> Any:
 
 
 def _first(raw: Any) -> Any:
-    return raw.flat[0].item() if raw.size else raw.tolist()
+    if not raw.size:
+        return raw.tolist()
+    first = raw.flat[0]
+    return first.item() if hasattr(first, "item") else first
 
 
 def read_npy(data: bytes, what: str) -> Any:
     """The array of ``.npy`` bytes, refusing pickles and headers that disagree with the data size."""
-    import numpy as np
-    from numpy.lib import format as npy
+    from trt_runtime.arrays_io import read_npy as read
 
-    stream = io.BytesIO(data)
     try:
-        version = npy.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = npy.read_array_header_1_0(stream)
-        else:
-            shape, fortran, dtype = npy.read_array_header_2_0(stream)
-    except (ValueError, OSError, SyntaxError, TypeError) as exc:
-        raise RequestError(f"{what} is not a valid .npy array: {exc}", 400) from None
-    if dtype.hasobject:
-        raise RequestError(f"{what}: .npy arrays of Python objects are refused (dtype {dtype})", 400)
-    count = 1
-    for dim in shape:
-        count *= dim
-    payload = memoryview(data)[stream.tell():]
-    if count * dtype.itemsize != len(payload):
-        raise RequestError(
-            f"{what}: .npy header says shape {list(shape)} of {dtype} ({count * dtype.itemsize} bytes); "
-            f"the data has {len(payload)} bytes",
-            400,
-        )
-    array = np.frombuffer(payload, dtype=dtype, count=count)
-    array = array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
-    return array.astype(dtype.newbyteorder("="), copy=False) if not dtype.isnative else array
+        return read(data, what)
+    except FormatError as exc:
+        raise RequestError(str(exc), 400) from None
 
 
-def _read_npz(data: bytes, max_bytes: int) -> dict[str, Any]:
+def _read_npz(data: bytes, inputs: Sequence[TensorSpec], max_bytes: int) -> dict[str, Any]:
+    """Members named like ``inputs``, within ``max_bytes`` inflated; others are refused unread."""
+    from trt_runtime.arrays_io import NpyHeader, npz_members, open_npz, read_npz
+    from trt_runtime.dtypes import to_numpy
+
+    what = "request body"
+    by_name = {s.name: s for s in inputs}
+
+    def check(name: str, header: NpyHeader) -> None:
+        expected = to_numpy(by_name[name].dtype)
+        if header.dtype != expected:
+            raise RequestError(
+                f"input {name!r} must have dtype {by_name[name].dtype}; got {header.dtype}", 422
+            )
+
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        members = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise RequestError(f"request body is not a valid .npz archive: {exc}", 400) from None
-    total = sum(m.file_size for m in members)
-    if total > max_bytes:
-        raise RequestError(f".npz archive unpacks to {total} bytes, over the limit of {max_bytes} bytes", 413)
-    arrays = {}
-    for member in members:
-        if not member.filename.endswith(".npy"):
-            raise RequestError(f".npz member {member.filename!r} is not a .npy file", 400)
-        try:
-            raw = archive.read(member)
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-            raise RequestError(f".npz member {member.filename!r} cannot be read: {exc}", 400) from None
-        name = member.filename[: -len(".npy")]
-        arrays[name] = read_npy(raw, f".npz member {member.filename!r}")
-    return arrays
+        with open_npz(data, what) as archive:
+            unknown = sorted(set(npz_members(archive, what)) - set(by_name))
+        if unknown:
+            raise RequestError(f"{what} has members {unknown}, which are not inputs of the engine; "
+                               f"its inputs are {list(by_name)}", 422)
+        return read_npz(data, what, names=list(by_name), check=check, max_bytes=max_bytes)
+    except ArraySizeError as exc:
+        raise RequestError(str(exc), 413) from None
+    except FormatError as exc:
+        raise RequestError(str(exc), 400) from None
 
 
 def encode_result(

@@ -207,8 +207,10 @@ class EngineServer:
         if request.method == "GET" and route == "/stats":
             return JSONResponse(self.stats())
         if route not in ("/", "/infer"):
+            self._stats.answered(404, started)
             return _text(f"no route {route!r}; POST / or /infer, GET /ready or /stats", 404)
         if request.method != "POST":
+            self._stats.answered(405, started)
             return _text(f"method {request.method} is not allowed on {route!r}; use POST", 405)
         try:
             body = await _read_body(request, self.options.max_body_bytes)
@@ -221,10 +223,10 @@ class EngineServer:
             return _text(str(exc), exc.status)
         try:
             outputs = await self._run(arrays)
-        except Exception as exc:
+            content, media = codec.encode_result(outputs, self._output_names, decoded.encoding, decoded.bare)
+        except Exception as exc:  # the engine failed: the only 500, and counted
             self._stats.answered(500, started)
             return _text(f"engine {self.name!r} failed: {type(exc).__name__}: {exc}", 500)
-        content, media = codec.encode_result(outputs, self._output_names, decoded.encoding, decoded.bare)
         self._stats.answered(200, started)
         return Response(content, media_type=media)
 
@@ -256,12 +258,7 @@ async def _read_body(request: Any, limit: int) -> bytes:
             raise RequestError(f"Content-Length {length!r} is not a number of bytes", 400)
         if int(length) > limit:
             raise RequestError(f"request body of {length} bytes exceeds the limit of {limit} bytes", 413)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(f"request body exceeds the limit of {limit} bytes", 413)
-    return bytes(body)
+    return await codec.read_body_limited(request.stream(), limit)
 
 
 def _text(message: str, status: int) -> Any:
