@@ -19,7 +19,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 #: Test folders whose modules start a Ray of their own (fixed ports, one Ray at a time): under
 #: ``pytest -n auto --dist loadgroup`` they run on one worker, one after the other.
 _ONE_RAY_AT_A_TIME = (ROOT / "tests" / "serve",)
-_SOURCES = {"trt_runtime": ROOT / "trt_runtime", "trt_runtime_backends": ROOT / "backends"}
+_SOURCES = {"trt_runtime": ROOT / "trt_runtime",
+            "trt_runtime_backends": ROOT / "backends" / "trt_runtime_backends"}
 
 
 def stale_modules() -> list[str]:

@@ -1,6 +1,7 @@
 """Rules of the architecture checked on the source: no import cycle among trt_runtime's
-modules, the core never imports a backend, modules stay under 600 lines, and
-docs/backends.md's capability table matches :class:`BackendCapabilities`."""
+modules, the core never imports a backend, each package lives in a folder named as it is
+imported, modules stay under 600 lines, and docs/backends.md's capability table matches
+:class:`BackendCapabilities`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import trt_runtime_backends
 
 import trt_runtime
 from trt_runtime.protocols import BackendCapabilities
@@ -18,16 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(trt_runtime.__file__).resolve().parent
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+BACKENDS = ROOT / "backends" / "trt_runtime_backends"
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Module -> the trt_runtime modules it imports at module level (``TYPE_CHECKING``
+def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports at module level (``TYPE_CHECKING``
     blocks included: type checkers follow them; imports inside functions are lazy and
     left out)."""
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    files = {_module_name(p, package): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -97,6 +102,15 @@ def test_architecture_no_import_cycle_among_trt_runtime_modules() -> None:
     assert _cycles(graph) == []
 
 
+def test_architecture_no_import_cycle_among_backend_modules() -> None:
+    """Read by folder (``backends/trt_runtime_backends``), the backends' imports resolve: the
+    graph has its edges, and no cycle."""
+    graph = _import_graph(BACKENDS)
+    assert "trt_runtime_backends.python.backend" in graph["trt_runtime_backends.python"]
+    assert "trt_runtime_backends.torchbind.engine" in graph["trt_runtime_backends.torchbind"]
+    assert _cycles(graph) == []
+
+
 def test_architecture_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -107,6 +121,37 @@ def test_architecture_core_never_imports_a_backend() -> None:
         if re.search(r"^\s*(from|import) trt_runtime_backends", p.read_text(encoding="utf-8"), re.M)
     ]
     assert offenders == []
+
+
+def _pyproject() -> dict[str, object]:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def test_architecture_package_folders_are_named_as_imported() -> None:
+    """Each installed package's folder ends in its import name, so a reader (or a tool that
+    follows imports from a checkout) finds ``trt_runtime_backends.python`` at
+    ``backends/trt_runtime_backends/python``."""
+    setuptools = _pyproject()["tool"]["setuptools"]  # type: ignore[index]
+    package_dir: dict[str, str] = setuptools["package-dir"]
+    assert package_dir, "pyproject names the package folders"
+    for name, folder in package_dir.items():
+        assert Path(folder).name == name, f"package {name!r} lives in {folder!r}"
+        assert (ROOT / folder / "__init__.py").is_file(), folder
+    for name in setuptools["packages"]:
+        top, *rest = name.split(".")
+        assert (ROOT / package_dir[top] / Path(*rest) / "__init__.py").is_file(), name
+
+
+def test_architecture_installed_backends_resolve_to_their_folder() -> None:
+    """What imports as ``trt_runtime_backends`` is the checkout's ``backends/trt_runtime_backends``
+    (the strict editable install links to it), and mypy finds it there by folder."""
+    installed = Path(trt_runtime_backends.__file__).resolve().parent
+    if not installed.is_relative_to(ROOT):
+        pytest.skip(f"trt_runtime_backends is installed from {installed}, not from this checkout")
+    assert installed == ROOT / "backends" / "trt_runtime_backends"
+    mypy = _pyproject()["tool"]["mypy"]  # type: ignore[index]
+    assert (ROOT / mypy["mypy_path"] / "trt_runtime_backends" / "__init__.py").is_file()
 
 
 @pytest.mark.parametrize("folder", ["trt_runtime", "backends"])

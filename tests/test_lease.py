@@ -398,3 +398,18 @@ def test_lease_python_engine_survives_changes_under_threads(torch: FakeTorch) ->
         t.join(30)
     assert errors == []
     engine.close()
+
+
+def test_lease_writing_a_backend_describes_the_pool_as_it_is() -> None:
+    """docs/writing-a-backend.md's account of leasing: per-lane locks taken without waiting,
+    the pool's lock and queue only under contention, and the fairness delay's value."""
+    from pathlib import Path
+
+    from trt_runtime.lease import FAIR_AFTER
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "writing-a-backend.md").read_text()
+    step = page.split("**Give the lane back**")[0].split("**Lease an execution context**")[1]
+    lease = " ".join(step.split())
+    assert "popleft" not in lease
+    assert "`Lock.acquire(False)`" in lease and "`FAIR_AFTER`" in lease
+    assert f"{FAIR_AFTER * 1000:g} ms" in lease

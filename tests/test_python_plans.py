@@ -1,4 +1,4 @@
-"""The python backend's call plans (backends/python/plans.py), over the test doubles."""
+"""The python backend's call plans (backends/trt_runtime_backends/python/plans.py), over the test doubles."""
 
 from __future__ import annotations
 

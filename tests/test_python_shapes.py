@@ -1,4 +1,4 @@
-"""A context per input shape (backends/python/shapes.py), over the test doubles.
+"""A context per input shape (backends/trt_runtime_backends/python/shapes.py), over the test doubles.
 
 Every test checks what each enqueue ran on: the context that executed a call holds that
 call's input shape and has that call's addresses bound. A swap that kept another shape or

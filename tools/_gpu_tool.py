@@ -1,5 +1,6 @@
-"""What the GPU measurement tools share: the repository on ``sys.path`` (for ``benchmarks``),
-their command line's ``--out`` (default ``$OUT``, else ``.``) and the JSON they leave there."""
+"""What the GPU measurement tools share (these tools and ``benchmarks/probes/``): the repository on
+``sys.path`` (for ``benchmarks``), their command line's ``--out`` (default ``$OUT``, else ``.``)
+and the JSON they leave there."""
 
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ def torch_cuda_probe(doc: str | None, argv: list[str] | None) -> tuple[Any, Any,
 
 def statement_tool(doc: str | None, argv: list[str] | None, workloads: str, name: str,
                    measure: Callable[[str, Any, int, int], dict[str, float]]) -> int:
-    """The ``main`` of a tool timing statements per workload (``tools/gpu_step_costs.py``,
-    ``tools/gpu_floor_probe.py``): ``--repeats``, ``--number`` and ``--workloads`` (default
+    """The ``main`` of a tool timing statements per workload (``benchmarks/probes/``:
+    ``gpu_step_costs.py``, ``gpu_floor_probe.py``): ``--repeats``, ``--number`` and ``--workloads`` (default
     ``workloads``); ``measure(key, torch, repeats, number)`` for each, printed and written
     to ``--out``/``name``. A label starting with ``nodes`` is a count, not µs."""
     made = parser(doc)

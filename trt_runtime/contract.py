@@ -13,7 +13,7 @@ Nothing here imports torch, numpy or a CUDA binding.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from trt_runtime.errors import EngineError, InputError
@@ -23,12 +23,17 @@ __all__ = [
     "KIND_DEVICE",
     "KIND_HOST",
     "KIND_TORCH",
+    "READ_DEVICE",
+    "READ_HOST",
+    "READ_TORCH_CUDA",
+    "READ_TORCH_HOST",
     "ArrayKind",
     "CallKind",
     "ShapeChecker",
     "fmt_shape",
     "numel",
     "output_kind",
+    "read_inputs",
     "require_outer_graph",
     "stream_handle",
 ]
@@ -88,11 +93,56 @@ def output_kind(kinds: Iterable[ArrayKind | str]) -> ArrayKind:
 
 
 def call_kind(kinds: Iterable[ArrayKind | str]) -> CallKind:
-    """The :class:`CallKind` of a call whose inputs have these kinds."""
+    """The :class:`CallKind` of a call whose inputs have these kinds (the rule
+    :func:`read_inputs` applies input by input)."""
     out = output_kind(kinds)
     if out is ArrayKind.TORCH_CUDA:
         return CallKind.TORCH
     return CallKind.DEVICE if out is ArrayKind.CUDA_ARRAY else CallKind.HOST
+
+
+#: What a backend's ``read`` tells :func:`read_inputs` one input is (ints: the loop compares them).
+READ_TORCH_CUDA = 0  #: a CUDA torch tensor
+READ_DEVICE = 1  #: any other CUDA array
+READ_HOST = 2  #: a host array that is not a torch tensor (numpy, a list, ...)
+READ_TORCH_HOST = 3  #: a CPU torch tensor
+
+
+def read_inputs(
+    specs: Sequence[Any], inputs: Sequence[Any], read: Callable[[Any, Any], tuple[int, Any, Any]]
+) -> tuple[CallKind, list[Any], tuple[Any, ...], list[int] | None, bool]:
+    """The input-kind loop of every backend: each input checked by ``read``, the call's kind
+    by the mixing rule (:func:`output_kind`).
+
+    ``read(spec, x)`` checks one input against its ``spec`` (raising
+    :class:`~trt_runtime.InputError`) and returns ``(what, value, shape)``: ``what`` one of
+    ``READ_TORCH_CUDA``, ``READ_DEVICE``, ``READ_HOST``, ``READ_TORCH_HOST``; ``value`` what
+    the backend runs with (a pointer, a tensor, a checked host array). The caller has
+    checked the count. Returns ``(kind, values, shapes, host, torch_host)``: ``host`` the
+    positions of host inputs (``None`` when there is none), ``torch_host`` whether one of
+    them is a CPU torch tensor. On every call that is not a shortcut, so kept flat.
+    """
+    kind = KIND_HOST
+    values: list[Any] = []
+    shapes: list[Any] = []
+    host: list[int] | None = None
+    torch_host = False
+    for spec, x in zip(specs, inputs, strict=False):
+        what, value, shape = read(spec, x)
+        if what == 0:  # READ_TORCH_CUDA (literals: no global lookup per input)
+            kind = KIND_TORCH
+        elif what == 1:  # READ_DEVICE
+            if kind is KIND_HOST:
+                kind = KIND_DEVICE
+        else:
+            if host is None:
+                host = []
+            host.append(len(values))
+            if what == 3:  # READ_TORCH_HOST
+                torch_host = True
+        values.append(value)
+        shapes.append(shape)
+    return kind, values, tuple(shapes), host, torch_host
 
 
 # -- shapes -------------------------------------------------------------------------------------

@@ -17,9 +17,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from typing_extensions import Unpack
+
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.errors import DataDependentShapeError, SettingsError
 from trt_runtime.extras import install_hint
+from trt_runtime.formats.blob_options import BlobKeywords, BlobOptions
 from trt_runtime.formats.pte import (
     BACKEND_ID,
     SCALAR_TYPES,
@@ -36,7 +39,7 @@ from trt_runtime.formats.pte_writer import (
     write_program,
 )
 from trt_runtime.formats.source import EngineData, open_buffer, open_engine_file, output_stream
-from trt_runtime.formats.tr01 import AliasedIO, blob_parts
+from trt_runtime.formats.tr01 import blob_parts
 from trt_runtime.protocols import TensorSpec
 
 __all__ = [
@@ -64,17 +67,13 @@ def to_pte(
     bindings: Sequence[TensorSpec],
     path: str | os.PathLike[str] | IO[bytes],
     *,
-    aliased_io: AliasedIO = (),
-    device_id: int = 0,
+    options: BlobOptions | Mapping[str, Any] | None = None,
     target_device: str | None = None,
     upper_bounds: Mapping[str, Sequence[int]] | None = None,
-    hardware_compatible: bool = False,
-    serialized_metadata: str = "",
-    target_platform: str | None = None,
     method: str = "forward",
     location: str = "segment",
     allow_data_dependent: bool = False,
-    record_profiles: bool = True,
+    **keywords: Unpack[BlobKeywords],
 ) -> int:
     """Write a ``.pte`` whose method ``method`` is one call of a TensorRT delegate.
 
@@ -84,6 +83,9 @@ def to_pte(
     atomically. ``location`` is where the blob goes: ``"segment"`` (default, like
     ExecuTorch's exporter), ``"inline"`` or ``"named_data"``. Returns the file size.
 
+    ``options`` and ``keywords`` are the blob's :class:`~trt_runtime.formats.BlobOptions`
+    (``aliased_io``, ``device_id``, ``hardware_compatible``, ``serialized_metadata``,
+    ``target_platform``, ``record_profiles``), as :func:`trt_runtime.formats.write_tr01` takes them.
     ``device_id`` goes into the blob and decides where the engine runs. The delegate's
     ``target_device`` compile spec (and the device recorded on its tensors) is
     ``f"cuda:{device_id}"`` unless ``target_device`` is given, which is written
@@ -99,6 +101,8 @@ def to_pte(
     The blob records the inputs' optimization profiles (``record_profiles=False`` leaves
     them out, as torch-tensorrt's exporter does; see :func:`trt_runtime.formats.encode_metadata`).
     """
+    blob = BlobOptions.coerce(options, **keywords)
+    device_id = blob.device_id
     specs = list(bindings)
     dependent = [s.name for s in specs if s.data_dependent and not s.is_input]
     if dependent and not allow_data_dependent:
@@ -132,17 +136,7 @@ def to_pte(
     check_target_device(target_device)
     # Bindings go into the blob in delegate-argument order: inputs, then outputs.
     ordered = [s for s in specs if s.is_input] + [s for s in specs if not s.is_input]
-    parts = blob_parts(
-        engine,
-        ordered,
-        aliased_io=aliased_io,
-        device_id=device_id,
-        hardware_compatible=hardware_compatible,
-        serialized_metadata=serialized_metadata,
-        target_platform=target_platform,
-        record_profiles=record_profiles,
-    )
-    with parts as (prefix, view), output_stream(path) as out:
+    with blob_parts(engine, ordered, blob) as (prefix, view), output_stream(path) as out:
         return write_program(
             out,
             [prefix, view],

@@ -187,8 +187,8 @@ class CopyNodes:
     ``"copy"`` mode, a memcpy node out of each static output after it. A replay points the
     nodes at its own buffers (:meth:`point`: ``cudaGraphExecMemcpyNodeSetParams1D``, about
     1 µs) and launches ``exec`` once, where a ``cudaMemcpyAsync`` of its own costs about 5
-    µs of CPU (measured on an H100: ``tools/gpu_copy_probe.py``,
-    ``tools/gpu_keep_graph_probe.py``). ``graph`` is the built graph (destroyed after
+    µs of CPU (measured on an H100: ``benchmarks/probes/gpu_copy_probe.py``,
+    ``benchmarks/probes/gpu_keep_graph_probe.py``). ``graph`` is the built graph (destroyed after
     ``exec``), ``ins``/``outs`` its memcpy nodes in input and output order, ``rt``
     cuda-python's runtime module. Not thread-safe: one lane's call at a time."""
 
@@ -237,8 +237,8 @@ def build_copy_nodes(rt: Any, graph: Any, ins: Sequence[tuple[int, int]], outs: 
     CUDA refuses; replays then copy with calls of their own.
 
     A node's address can later be set only to memory of the kind it was built with (pool
-    memory such as ``cudaMallocAsync``'s, or not: measured on an H100,
-    ``tools/gpu_copy_probe2.py``). So the side that changes per call (the caller's input,
+    memory such as ``cudaMallocAsync``'s, or not: measured on an H100, recorded in the GPU
+    results). So the side that changes per call (the caller's input,
     the new output) is built on ``placeholder(nbytes)``: ``(keeper, address)`` of memory of
     the kind the calls will bring (a torch tensor), held until the graph is instantiated."""
     if any(getattr(rt, name, None) is None for name in COPY_NODE_CALLS):

@@ -10,8 +10,9 @@ one ``empty((calls, *shape))`` makes the outputs of up to :data:`SLAB_CALLS` cal
 slab (its own elements, ``storage_offset`` k x its size): the slab's memory is freed when the
 last of its outputs is. No torch import here: the backend passes its ``empty``.
 
-Used by the python backend's natural and copy-mode replay plans (``backends/python/plans.py``)
-and the torchbind backend's copy-mode replay plan (``backends/torchbind/graphs.py``).
+Used by the python backend's natural and copy-mode replay plans
+(``backends/trt_runtime_backends/python/plans.py``) and the torchbind backend's copy-mode
+replay plan (``backends/trt_runtime_backends/torchbind/graphs.py``).
 """
 
 from __future__ import annotations

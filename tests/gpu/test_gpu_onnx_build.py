@@ -1,7 +1,7 @@
 """On the GPU: ONNX models built with ``trt-runtime build`` match onnxruntime through
 ``trt-runtime run --compare``; ``bench`` splits H2D / compute / D2H with CUDA events.
 
-The work is tools/gpu_onnx_compare.py (each step a command in its own process, as a user
+The work is benchmarks/probes/gpu_onnx_compare.py (each step a command in its own process, as a user
 runs it); this test runs it and records the max relative error of the --fp32 builds.
 """
 
@@ -23,7 +23,8 @@ def test_gpu_onnx_build_run_compare_matches_onnxruntime(
 ) -> None:
     pytest.importorskip("onnx", reason="needs onnx: pip install -c constraints.txt -e '.[onnx]'")
     pytest.importorskip("onnxruntime", reason="needs onnxruntime for the reference outputs")
-    done = subprocess.run([sys.executable, ROOT / "tools" / "gpu_onnx_compare.py", "--out", tmp_path],
+    probe = ROOT / "benchmarks" / "probes" / "gpu_onnx_compare.py"
+    done = subprocess.run([sys.executable, probe, "--out", tmp_path],
                           capture_output=True, text=True, check=False)
     print(done.stdout, done.stderr)
     assert (tmp_path / "onnx_compare.json").is_file(), done.stderr

@@ -41,7 +41,7 @@ def own_builds(python_backend: Any) -> dict[str, Any]:
     """Engines built here: the tiny engine with and without BuilderFlag.REQUIRE_USER_ALLOCATION,
     and the dynamic engine without it (TensorRT-RTX 1.6.1 crashes at the first execute of a
     dynamic-shape engine built with that flag, whatever the context's allocation strategy;
-    measured with tools/gpu_call_overhead.py)."""
+    measured with benchmarks/probes/gpu_call_overhead.py)."""
     from trt_runtime import builders
 
     original = builders._build

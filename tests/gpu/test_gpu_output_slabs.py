@@ -1,4 +1,4 @@
-"""The python backend's output slabs on the GPU (backends/python/plans.py): repeat
+"""The python backend's output slabs on the GPU (backends/trt_runtime_backends/python/plans.py): repeat
 ``engine(x)`` calls with CUDA torch tensors get views of one ``torch.empty`` per
 ``SLAB_CALLS`` calls; every output kept is still its own call's result after the others ran
 (one thread, and 8 threads on their own streams); a caller on another current stream gets a

@@ -1,5 +1,5 @@
-"""A context per input shape (backends/python/shapes.py) on a real GPU: a dynamic engine fed
-shapes in turn, across both of its optimization profiles, gives the float64 reference's
+"""A context per input shape (backends/trt_runtime_backends/python/shapes.py) on a real GPU:
+a dynamic engine fed shapes in turn, across both of its optimization profiles, gives the float64 reference's
 results through swapped contexts that share one scratch buffer, by every kind of call."""
 
 from __future__ import annotations

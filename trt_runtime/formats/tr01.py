@@ -26,17 +26,22 @@ import json
 import os
 import platform
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
+
+from typing_extensions import Unpack
 
 from trt_runtime.dtypes import DTYPE_NAMES, normalize_dtype
 from trt_runtime.errors import FormatError, SettingsError
+from trt_runtime.formats.blob_options import AliasedIO, BlobKeywords, BlobOptions
 from trt_runtime.formats.source import EngineData, engine_view, output_stream, write_chunks
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.validation import python_limits, show
 
 __all__ = [
     "ALIAS_KINDS",
+    "AliasedIO",
+    "BlobOptions",
     "ENGINE_ALIGNMENT",
     "HEADER_FORMAT",
     "HEADER_SIZE",
@@ -379,9 +384,6 @@ def _parse_aliased(raw: Any, bindings: Sequence[TensorSpec], tag: str) -> tuple[
 # ----------------------------------------------------------------------------- writing
 
 
-AliasedIO = Mapping[str, "str | tuple[str, str]"] | Iterable[tuple[str, str, str]]
-
-
 def _normalize_aliased(aliased_io: AliasedIO, bindings: Sequence[TensorSpec]) -> list[tuple[str, str, str]]:
     if isinstance(aliased_io, Mapping):
         items = []
@@ -416,49 +418,25 @@ def _check_bindings(bindings: Sequence[TensorSpec]) -> list[TensorSpec]:
 
 def encode_metadata(
     bindings: Sequence[TensorSpec],
-    *,
-    aliased_io: AliasedIO = (),
-    device_id: int = 0,
-    hardware_compatible: bool = False,
-    serialized_metadata: str = "",
-    target_platform: str | None = None,
-    record_profiles: bool = True,
+    options: BlobOptions | Mapping[str, Any] | None = None,
+    **keywords: Unpack[BlobKeywords],
 ) -> bytes:
     """The metadata JSON, with torch-tensorrt's key order and compact separators.
 
-    Bindings are written in the order given; a data-dependent output gets an extra
-    ``"data_dependent":true`` and an input with optimization profiles an extra
-    ``"profiles":[[min,opt,max],...]`` (the C++ parser skips binding keys it does not know).
-    ``record_profiles=False`` leaves the profiles out: torch-tensorrt's own writer does.
+    ``options`` and ``keywords`` are the blob's :class:`BlobOptions` (an instance, a mapping
+    or its fields as keyword arguments). Bindings are written in the order given; a
+    data-dependent output gets an extra ``"data_dependent":true`` and an input with
+    optimization profiles an extra ``"profiles":[[min,opt,max],...]`` (the C++ parser skips
+    binding keys it does not know). ``record_profiles=False`` leaves the profiles out:
+    torch-tensorrt's own writer does.
     """
-    return _encode(
-        bindings,
-        aliased_io=aliased_io,
-        device_id=device_id,
-        hardware_compatible=hardware_compatible,
-        serialized_metadata=serialized_metadata,
-        target_platform=target_platform,
-        record_profiles=record_profiles,
-    )[0]
+    return _encode(bindings, BlobOptions.coerce(options, **keywords))[0]
 
 
-def _encode(
-    bindings: Sequence[TensorSpec],
-    *,
-    aliased_io: AliasedIO,
-    device_id: int,
-    hardware_compatible: bool,
-    serialized_metadata: str,
-    target_platform: str | None,
-    record_profiles: bool = True,
-) -> tuple[bytes, bool]:
+def _encode(bindings: Sequence[TensorSpec], options: BlobOptions) -> tuple[bytes, bool]:
     specs = _check_bindings(bindings)
-    if not isinstance(device_id, int) or isinstance(device_id, bool) or not 0 <= device_id < 2**31:
-        raise SettingsError(f"device_id must be an integer in [0, 2**31); got {device_id!r}")
-    for key, value in (("serialized_metadata", serialized_metadata), ("target_platform", target_platform)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{key} must be a string; got {type(value).__name__}")
-    aliased = _normalize_aliased(aliased_io, specs)
+    aliased = _normalize_aliased(options.aliased_io, specs)
+    record_profiles = options.record_profiles
     entries = []
     for spec in specs:
         entry: dict[str, Any] = {
@@ -474,13 +452,14 @@ def _encode(
             entry["profiles"] = [[[int(d) for d in shape] for shape in triple] for triple in spec.profiles]
             _parse_profiles(entry["profiles"], len(spec.shape), f"binding {spec.name!r}")  # as read back
         entries.append(entry)
+    platform_name = options.target_platform
     doc = {
         "io_bindings": entries,
         "aliased_io": [{"output": o, "input": i, "kind": k} for o, i, k in aliased],
-        "hardware_compatible": bool(hardware_compatible),
-        "device_id": device_id,
-        "serialized_metadata": serialized_metadata,
-        "target_platform": current_platform() if target_platform is None else target_platform,
+        "hardware_compatible": options.hardware_compatible,
+        "device_id": options.device_id,
+        "serialized_metadata": options.serialized_metadata,
+        "target_platform": current_platform() if platform_name is None else platform_name,
     }
     return json.dumps(doc, separators=(",", ":")).encode("utf-8"), bool(aliased)
 
@@ -508,30 +487,20 @@ def _header(metadata: bytes, engine_size: int, aliased: bool) -> tuple[bytes, by
 def blob_parts(
     engine: EngineData,
     bindings: Sequence[TensorSpec],
-    *,
-    aliased_io: AliasedIO = (),
-    device_id: int = 0,
-    hardware_compatible: bool = False,
-    serialized_metadata: str = "",
-    target_platform: str | None = None,
-    record_profiles: bool = True,
+    options: BlobOptions | Mapping[str, Any] | None = None,
+    **keywords: Unpack[BlobKeywords],
 ) -> Iterator[tuple[bytes, memoryview]]:
     """The blob's prefix (header, metadata, padding) and a view of the engine bytes.
 
     The blob is the prefix followed by the engine; writers stream the view after the
     prefix instead of building the blob in memory. ``engine`` is bytes-like or the path
     of a plan (then mapped, not read); the view is valid inside the ``with`` block.
+    ``options`` and ``keywords``: the blob's :class:`BlobOptions`, checked before the
+    engine is opened.
     """
+    chosen = BlobOptions.coerce(options, **keywords)
     with engine_view(engine) as view:
-        metadata, aliased = _encode(
-            bindings,
-            aliased_io=aliased_io,
-            device_id=device_id,
-            hardware_compatible=hardware_compatible,
-            serialized_metadata=serialized_metadata,
-            target_platform=target_platform,
-            record_profiles=record_profiles,
-        )
+        metadata, aliased = _encode(bindings, chosen)
         header, padding = _header(metadata, len(view), aliased)
         yield header + metadata + padding, view
 
@@ -540,43 +509,34 @@ def write_tr01(
     target: str | os.PathLike[str] | IO[bytes],
     engine: EngineData,
     bindings: Sequence[TensorSpec],
-    *,
-    aliased_io: AliasedIO = (),
-    device_id: int = 0,
-    hardware_compatible: bool = False,
-    serialized_metadata: str = "",
-    target_platform: str | None = None,
-    record_profiles: bool = True,
+    options: BlobOptions | Mapping[str, Any] | None = None,
+    **keywords: Unpack[BlobKeywords],
 ) -> int:
     """Write a TR01/TR02 blob to a path (atomically) or a binary file; return its size.
 
     ``engine`` is bytes-like or the path of a plan; it is streamed in slices, so an
-    engine of any size is written without a copy in memory. TR02 is written exactly
-    when ``aliased_io`` is non-empty. Inputs' optimization profiles are recorded unless
+    engine of any size is written without a copy in memory. ``options`` and ``keywords``
+    are the blob's :class:`BlobOptions`: TR02 is written exactly when ``aliased_io`` is
+    non-empty, and inputs' optimization profiles are recorded unless
     ``record_profiles=False`` (see :func:`encode_metadata`).
     """
-    parts = blob_parts(
-        engine,
-        bindings,
-        aliased_io=aliased_io,
-        device_id=device_id,
-        hardware_compatible=hardware_compatible,
-        serialized_metadata=serialized_metadata,
-        target_platform=target_platform,
-        record_profiles=record_profiles,
-    )
-    with parts as (prefix, view), output_stream(target) as out:
+    with blob_parts(engine, bindings, options, **keywords) as (prefix, view), output_stream(target) as out:
         out.write(prefix)
         write_chunks(out, view)
         return len(prefix) + len(view)
 
 
-def pack_tr01(engine_bytes: EngineData, bindings: Sequence[TensorSpec], **metadata: Any) -> bytes:
+def pack_tr01(
+    engine_bytes: EngineData,
+    bindings: Sequence[TensorSpec],
+    options: BlobOptions | Mapping[str, Any] | None = None,
+    **keywords: Unpack[BlobKeywords],
+) -> bytes:
     """Pack an engine into one TR01 blob in memory (TR02 when ``aliased_io`` is given).
 
-    Takes the same keyword arguments as :func:`write_tr01`; ``target_platform``
-    defaults to this machine (``linux_x86_64``, ...). For engines of more than a few
-    hundred MiB use :func:`write_tr01`, which streams.
+    Takes the same options as :func:`write_tr01`; ``target_platform`` defaults to this
+    machine (``linux_x86_64``, ...). For engines of more than a few hundred MiB use
+    :func:`write_tr01`, which streams.
     """
-    with blob_parts(engine_bytes, bindings, **metadata) as (prefix, view):
+    with blob_parts(engine_bytes, bindings, options, **keywords) as (prefix, view):
         return b"".join((prefix, view))

@@ -1,4 +1,6 @@
-"""ONNX -> ``trt-runtime build`` -> ``trt-runtime run --compare`` against onnxruntime, on a GPU.
+"""Do ONNX models built and run with the command line match onnxruntime, in each precision?
+
+ONNX -> ``trt-runtime build`` -> ``trt-runtime run --compare`` against onnxruntime, on a GPU.
 
 For a small MLP (dynamic batch) and a small conv net, both made here with the ``onnx``
 package, in each precision available (``--fp32``: TF32 off; default: TF32 on; ``--fp16``
@@ -8,7 +10,7 @@ onnxruntime (CPU) on random inputs of the profile's largest shape, run the engin
 relative error; then ``trt-runtime bench`` for the H2D / compute / D2H split. Every step
 is the command a user types, in its own process.
 
-    python tools/gpu_onnx_compare.py [--out DIR]
+    python benchmarks/probes/gpu_onnx_compare.py [--out DIR]
 
 Prints one line per run and the largest relative error of the --fp32 builds; writes
 ``DIR/onnx_compare.json`` (DIR defaults to $OUT, else a new temporary directory). Exits

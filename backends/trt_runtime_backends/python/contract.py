@@ -10,13 +10,20 @@ the hot paths know about one input or output, computed once per engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trt_runtime_backends.python.arrays import DeviceArray, describe_device_array
 from trt_runtime_backends.python.bridge import TorchBridge
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker
+from trt_runtime.contract import (
+    READ_DEVICE,
+    READ_HOST,
+    READ_TORCH_CUDA,
+    READ_TORCH_HOST,
+    ShapeChecker,
+    read_inputs,
+)
 from trt_runtime.dtypes import itemsize, normalize_dtype
 from trt_runtime.errors import InputError
 from trt_runtime.protocols import TensorSpec
@@ -74,7 +81,7 @@ class Contract:
     """The checks of a call's inputs (and preallocated outputs) that need no execution
     context, for one lane: its tensors, shape checker, device and torch bridge."""
 
-    __slots__ = ("bridge", "device", "ins", "multi_device", "n_in", "name", "shapes")
+    __slots__ = ("_read", "bridge", "device", "ins", "multi_device", "n_in", "name", "shapes")
 
     def __init__(self, name: str, ins: Sequence[TensorInfo], shapes: ShapeChecker, device: int,
                  multi_device: bool, bridge: TorchBridge) -> None:
@@ -86,65 +93,56 @@ class Contract:
         self.device = device
         self.multi_device = multi_device
         self.bridge = bridge
+        self._read = self._reader()
 
     def inspect(self, inputs: Sequence[Any], profile: int | None, remember: bool = False) -> Inspection:
         """Every check that needs no execution context: count, dtype, device, contiguity,
         shape and optimization profile. Raises InputError; TensorRT is not called."""
         if len(inputs) != self.n_in:
             self.shapes.check_count(len(inputs))
-        kind = KIND_HOST
-        ptrs: list[int] = []
-        shapes: list[Any] = []
+        kind, ptrs, key, at, torch_host = read_inputs(self.ins, inputs, self._read)
         host: list[tuple[int, Any]] | None = None
+        if at is not None:  # host arrays are staged by the run: their pointer is -1
+            host = []
+            for i in at:  # (an input's position is its TensorInfo.index)
+                host.append((i, ptrs[i]))
+                ptrs[i] = -1
+        chosen = self.shapes.select(key, profile)
+        return Inspection(kind, ptrs, key, host, torch_host, chosen, inputs, remember)
+
+    def _reader(self) -> Callable[[TensorInfo, Any], tuple[int, Any, Any]]:
+        """The ``read`` of :func:`~trt_runtime.contract.read_inputs` for this lane: one input
+        checked, as ``(what, device pointer or host array, shape)``."""
         bridge = self.bridge
-        torch_tensor = bridge.tensor
-        torch_host = False
+        is_torch = bridge.is_torch
         device = self.device
-        for io, x in zip(self.ins, inputs, strict=False):
+
+        def read(io: TensorInfo, x: Any) -> tuple[int, Any, Any]:
             tp = type(x)
             # Fast paths: exact types with every check passing; anything else falls through
-            # to the general path, which raises the precise error.
-            if tp is torch_tensor:
+            # to the general path, which raises the precise error. (``bridge.tensor`` is set
+            # when the first torch tensor is seen.)
+            if tp is bridge.tensor:
                 if x.get_device() == device and x.dtype is io.torch_dtype and x.is_contiguous():
-                    kind = KIND_TORCH
-                    ptrs.append(x.data_ptr())
-                    shapes.append(x.shape)
-                    continue
+                    return READ_TORCH_CUDA, x.data_ptr(), x.shape
             elif tp is DeviceArray:
                 if x.dtype == io.dtype and x.device_id == device:
-                    if kind == KIND_HOST:
-                        kind = KIND_DEVICE
-                    ptrs.append(x.ptr)
-                    shapes.append(x.shape)
-                    continue
-            if bridge.is_torch(x):
+                    return READ_DEVICE, x.ptr, x.shape
+            if is_torch(x):
                 if x.is_cuda:
                     self.check_torch(io, x)
-                    kind = KIND_TORCH
-                    ptrs.append(x.data_ptr())
-                    shapes.append(x.shape)
-                    continue
+                    return READ_TORCH_CUDA, x.data_ptr(), x.shape
                 arr = self.torch_host(io, x)
-                torch_host = True
-            elif hasattr(x, "__cuda_array_interface__") or (
+                return READ_TORCH_HOST, arr, arr.shape
+            if hasattr(x, "__cuda_array_interface__") or (
                 hasattr(x, "__dlpack_device__") and _dl_is_cuda(x)
             ):
                 ptr, shape = self.check_device_array(io, x)
-                if kind == KIND_HOST:
-                    kind = KIND_DEVICE
-                ptrs.append(ptr)
-                shapes.append(shape)
-                continue
-            else:
-                arr = self.check_host(io, x)
-            if host is None:
-                host = []
-            host.append((io.index, arr))
-            ptrs.append(-1)
-            shapes.append(arr.shape)
-        key = tuple(shapes)
-        chosen = self.shapes.select(key, profile)
-        return Inspection(kind, ptrs, key, host, torch_host, chosen, inputs, remember)
+                return READ_DEVICE, ptr, shape
+            arr = self.check_host(io, x)
+            return READ_HOST, arr, arr.shape
+
+        return read
 
     # -- one input of each kind ------------------------------------------------------------
     def check_torch(self, io: TensorInfo, x: Any) -> None:

@@ -1,7 +1,8 @@
-"""Can a ``torch.cuda.CUDAGraph`` carry its copies as memcpy nodes, as the python backend's
-outer graph does (``trt_runtime.graphs.CopyNodes``)?
+"""Can a torch.cuda.CUDAGraph carry its copies as memcpy nodes, as the outer graph does?
 
-Run on the GPU host: ``python3 tools/gpu_keep_graph_probe.py [--out DIR]``. It captures a
+The python backend's outer graph carries them so (``trt_runtime.graphs.CopyNodes``).
+
+Run on the GPU host: ``python3 benchmarks/probes/gpu_keep_graph_probe.py [--out DIR]``. It captures a
 small kernel with ``torch.cuda.CUDAGraph(keep_graph=True)``, takes the graph with
 ``raw_cuda_graph()``, builds a second graph around it (memcpy node in, the captured graph as
 a child node, memcpy node out; the side that changes per call built on a torch tensor),
@@ -13,11 +14,15 @@ calls, and the node form (two address updates, one launch). Writes ``keep_graph_
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import statistics
 import timeit
 from typing import Any
 
-import _gpu_tool
+# _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,13 @@
-"""How close a thread-safe pure-Python call can come to issue 17's floors, beside ours.
+"""How close can a thread-safe pure-Python call come to the raw loops' floors, beside ours?
 
 Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
 
-    python3 tools/gpu_floor_probe.py [--out DIR] [--workloads tiny] [--repeats 60] [--number 40]
+    python3 benchmarks/probes/gpu_floor_probe.py [--out DIR] [--workloads tiny] [--repeats 60] [--number 40]
 
-Issue 17 asks the python backend's outer replay to cost at most 1.5 µs (or 1.10x) more
+The per-call targets ask the python backend's outer replay to cost at most 1.5 µs (or 1.10x) more
 than a bare ``torch.cuda.CUDAGraph.replay()``, and its pre-bound ``execute`` at most 1.5 µs
 (or 1.10x) more than a bare ``execute_async_v3``. This probe times, interleaved in one
-process (as ``tools/gpu_step_costs.py`` does), the floors, our calls, and *minimal* calls:
+process (as ``benchmarks/probes/gpu_step_costs.py`` does), the floors, our calls, and *minimal* calls:
 the least a runtime written in Python must do per call to be safe when threads share an
 engine, written as tightly as Python allows (a closure, every constant a local):
 
@@ -41,10 +41,14 @@ Writes ``floor_probe.json`` to ``--out``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import threading
 from typing import Any
 
-import _gpu_tool
+# _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool  # noqa: E402
 from gpu_step_costs import _raw_side, raw_graph, timed_then
 
 

@@ -1,4 +1,6 @@
-"""Load trt-runtime's ``.pte`` programs with ExecuTorch's own runtime, up to delegate init.
+"""Does ExecuTorch's own runtime load trt-runtime's .pte programs, up to delegate init?
+
+Load trt-runtime's ``.pte`` programs with ExecuTorch's own runtime, up to delegate init.
 
 Run on the GPU host (torch present, executorch 1.5.1 carried as a wheel); every
 outcome, failures included, lands in ``$OUT/executorch_probe.json``:
@@ -22,7 +24,7 @@ outcome, failures included, lands in ``$OUT/executorch_probe.json``:
 Each ExecuTorch step runs in a child process, so a crash is recorded (exit status,
 stderr) instead of losing the report. Usage::
 
-    python3 tools/gpu_executorch_probe.py [--out DIR]
+    python3 benchmarks/probes/gpu_executorch_probe.py [--out DIR]
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "executorch"
 TENSORRT_FIXTURE = FIXTURES / "tensorrt_dynamic_cuda1.pte"
 CHILD_TIMEOUT = 240

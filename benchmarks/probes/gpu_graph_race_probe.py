@@ -1,6 +1,6 @@
-"""Do execution contexts of a TensorRT-RTX engine give their outputs when their work overlaps on the GPU?
+"""Do a TensorRT-RTX engine's execution contexts give right outputs when their work overlaps?
 
-Run on the GPU host: ``python3 tools/gpu_graph_race_probe.py [--out DIR] [--workload convnet]``.
+Run on the GPU host: ``python3 benchmarks/probes/gpu_graph_race_probe.py [--out DIR] [--workload convnet]``.
 ``bench_concurrency`` has seen a few outputs of its bare baseline (``raw convnet outer``: a
 ``torch.cuda.CUDAGraph`` of ``execute_async_v3`` per context, one context per thread) differ
 from their serial outputs, never in its eager rows. This probe takes the engine of a
@@ -38,10 +38,14 @@ for bit; ``max_rel`` is the largest difference seen. Writes ``graph_race_probe.j
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import threading
 from typing import Any
 
-import _gpu_tool
+# _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool  # noqa: E402
 
 from trt_runtime.testing.overlap import GATE_CYCLES
 

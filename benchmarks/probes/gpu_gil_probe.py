@@ -1,8 +1,8 @@
-"""Where 8 caller threads lose to 1: the GIL, and how CUDA launches are made.
+"""Where do 8 caller threads lose to 1: the GIL, or how the CUDA launches are made?
 
 Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
 
-    python3 tools/gpu_gil_probe.py [--out DIR] [--workloads tiny,mlp] [--duration 0.6]
+    python3 benchmarks/probes/gpu_gil_probe.py [--out DIR] [--workloads tiny,mlp] [--duration 0.6]
 
 Each row is a request/response loop of ``benchmarks/bench_concurrency`` (a call, then the
 caller's own stream synchronized; every caller on a thread and stream of its own) at 1 and
@@ -22,11 +22,15 @@ Writes ``gil_probe.json`` to ``--out``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import ctypes
 import time
 from typing import Any
 
-import _gpu_tool
+# _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool  # noqa: E402
 
 
 def _driver(keep_gil: bool) -> Any:

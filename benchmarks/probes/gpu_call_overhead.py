@@ -1,8 +1,8 @@
-"""Per-call CPU cost of the python backend's call paths against raw TensorRT-RTX loops.
+"""How much CPU time per call do the python backend's call paths add over raw TensorRT-RTX loops?
 
 Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA):
 
-    python3 tools/gpu_call_overhead.py [--out DIR] [--rounds 6] [--chunks 40] [--chunk 25]
+    python3 benchmarks/probes/gpu_call_overhead.py [--out DIR] [--rounds 6] [--chunks 40] [--chunk 25]
 
 For each engine (``tiny`` 8x16 fp16, ``mlp`` 8x256x8 fp16, ``dynamic`` 16-wide fp32 at
 batch 8) it measures the CPU cost of one call without a synchronize: ``chunk`` calls are

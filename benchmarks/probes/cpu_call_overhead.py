@@ -1,8 +1,8 @@
-"""Per-call Python cost of the runtime's own work, on the CPU, over the test doubles.
+"""How many µs of its own Python does the runtime spend per call, per backend (CPU, test doubles)?
 
 Run from the repository root::
 
-    python tools/cpu_call_overhead.py [--calls 20000] [--threads 8] [--json out.json]
+    python benchmarks/probes/cpu_call_overhead.py [--calls 20000] [--threads 8] [--json out.json]
 
 The doubles of tests/_python_doubles.py and tests/_torchbind_doubles.py stand in for
 TensorRT, the CUDA runtime and torch, so what is timed is the runtime's Python: checks,
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 

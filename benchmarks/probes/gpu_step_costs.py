@@ -1,8 +1,8 @@
-"""The CPU cost of each step of the python backend's fast paths, statement by statement.
+"""What does each step of the python backend's fast paths cost on the CPU, statement by statement?
 
 Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
 
-    python3 tools/gpu_step_costs.py [--out DIR] [--repeats 60] [--number 40]
+    python3 benchmarks/probes/gpu_step_costs.py [--out DIR] [--repeats 60] [--number 40]
 
 For the ``tiny`` and ``dynamic`` workloads of ``benchmarks/`` it loads a python-backend
 engine, makes one call of each fast path (pre-bound ``execute``, ``engine(x)``, an outer
@@ -17,13 +17,17 @@ Writes ``step_costs.json`` to ``--out`` (default ``$OUT`` or ``.``).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import functools
 import operator
 import statistics
 import timeit
 from typing import Any
 
-import _gpu_tool
+# _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool  # noqa: E402
 
 
 def time_statements(statements: dict[str, str], ns: dict[str, Any], sync: Any, repeats: int, number: int

@@ -22,7 +22,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, CallKind, ShapeChecker, fmt_shape
+from trt_runtime.contract import (
+    READ_DEVICE,
+    READ_HOST,
+    READ_TORCH_CUDA,
+    READ_TORCH_HOST,
+    CallKind,
+    ShapeChecker,
+    fmt_shape,
+    read_inputs,
+)
 from trt_runtime.dtypes import normalize_dtype
 from trt_runtime.errors import InputError
 from trt_runtime.protocols import TensorSpec
@@ -90,36 +99,25 @@ class Contract:
         """Check count, kind, dtype, device, contiguity and shapes; raise :class:`InputError`."""
         if len(inputs) != len(self.inputs):
             self.shapes.check_count(len(inputs))
-        bridge = self._bridge
-        kind = KIND_HOST
-        tensors: list[Any] = []
-        shapes: list[tuple[int, ...]] = []
-        host: list[int] = []
-        torch_host = False
-        for index, (spec, value) in enumerate(zip(self.inputs, inputs, strict=True)):
-            info = bridge.describe(value)
-            tensor = value
-            if info is not None:  # a torch tensor
-                if info.device_type == "cpu":
-                    torch_host = True
-                elif info.device_type == "cuda":
-                    kind = KIND_TORCH
-            else:
-                tensor, info = self._view(spec, value)
-                if info.device_type == "cuda" and kind == KIND_HOST:
-                    kind = KIND_DEVICE
-            self._check_tensor(spec, info, "input")
-            if info.device_type == "cpu":
-                host.append(index)
-            tensors.append(tensor)
-            shapes.append(info.shape)
-        key = tuple(shapes)
+        kind, tensors, key, host, torch_host = read_inputs(self.inputs, inputs, self._read)
         if key not in self.good_shapes:
             self.check_shapes(key)
             if len(self.good_shapes) >= _KNOWN_SHAPES:
                 self.good_shapes.clear()
             self.good_shapes.add(key)
-        return Call(kind, tensors, key, host, torch_host)
+        return Call(kind, tensors, key, host or [], torch_host)
+
+    def _read(self, spec: TensorSpec, value: Any) -> tuple[int, Any, tuple[int, ...]]:
+        """One input checked, as a torch tensor (the read of :func:`read_inputs`)."""
+        info = self._bridge.describe(value)
+        if info is not None:  # a torch tensor
+            what = READ_TORCH_HOST if info.device_type == "cpu" else READ_TORCH_CUDA
+            tensor = value
+        else:
+            tensor, info = self._view(spec, value)
+            what = READ_HOST if info.device_type == "cpu" else READ_DEVICE
+        self._check_tensor(spec, info, "input")
+        return what, tensor, info.shape
 
     def _view(self, spec: TensorSpec, value: Any) -> tuple[Any, TensorInfo]:
         """A torch tensor for a non-torch input: a zero-copy view of a CUDA array, or a CPU

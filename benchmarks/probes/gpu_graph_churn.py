@@ -1,9 +1,10 @@
-"""What a capture costs when the outer graph churns, with and without updating a released
-executable graph in place (``cudaGraphExecUpdate``) instead of instantiating a new one.
+"""What does a capture cost when the outer graph churns, with and without cudaGraphExecUpdate?
+
+The update (``cudaGraphExecUpdate``) puts the new capture into a released executable graph.
 
 Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
 
-    python3 tools/gpu_graph_churn.py [--out DIR] [--calls 60] [--rounds 5]
+    python3 benchmarks/probes/gpu_graph_churn.py [--out DIR] [--calls 60] [--rounds 5]
 
 Two python-backend engines per workload, one of them without ``cudaGraphExecUpdate`` (its
 CUDA runtime module seen through a proxy that lacks it: every capture instantiates):
@@ -19,12 +20,16 @@ updates counted in ``graph_stats()``. Writes ``graph_churn.json`` to ``--out``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import json
 import statistics
 import time
 from typing import Any
 
-import _gpu_tool
+# _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool  # noqa: E402
 
 
 class NoUpdate:

@@ -7,7 +7,7 @@
 
 Changing shapes without TensorRT-RTX's cost of changing them: on TensorRT-RTX 1.6.1 (an
 H100, the benchmark's dynamic MLP fed batches 1, 8 and 64 in turn;
-``tools/gpu_shape_switch_probe.py``) ``set_input_shape`` + ``execute_async_v3``
+``benchmarks/probes/gpu_shape_switch_probe.py``) ``set_input_shape`` + ``execute_async_v3``
 costs 77 to 100 µs a call when the shape changes and 24 µs when it does not: the first
 enqueue after a change specializes again on the host. A context keeps what it specialized
 for its shapes, so a lane keeps up to :attr:`ShapeContexts.limit` execution contexts of its

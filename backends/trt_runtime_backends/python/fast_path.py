@@ -49,7 +49,7 @@ _shape_attr = operator.attrgetter("shape")
 
 #: Whether a natural call makes its outputs with ``inputs[0].new_empty(shape)`` (when every
 #: output has the first input's dtype; same device) instead of ``torch.empty(shape, dtype=,
-#: device=)``: about 1 µs less per call on an H100 (tools/gpu_call_overhead.py).
+#: device=)``: about 1 µs less per call on an H100 (benchmarks/probes/gpu_call_overhead.py).
 NEW_EMPTY = True
 
 

@@ -1,7 +1,8 @@
-"""Is a copy cheaper as a memcpy node of the outer graph (its addresses set per call with
-``cudaGraphExecMemcpyNodeSetParams1D``) than as a ``cudaMemcpyAsync`` of its own?
+"""Is a copy cheaper as a memcpy node of the outer graph than as a cudaMemcpyAsync of its own?
 
-Run on the GPU host: ``python3 tools/gpu_copy_probe.py [--out DIR]``. For a tiny fp16
+The graph's addresses are set per call with ``cudaGraphExecMemcpyNodeSetParams1D``.
+
+Run on the GPU host: ``python3 benchmarks/probes/gpu_copy_probe.py [--out DIR]``. For a tiny fp16
 tensor it times, with :mod:`timeit` (median of interleaved samples, µs): the two ways of
 copying one buffer in, a kernel and one buffer out (three stream operations against one
 graph launch after two parameter updates), each piece alone, and the same with a device
@@ -11,10 +12,14 @@ right output for inputs and outputs at new addresses. Writes ``copy_probe.json``
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import statistics
 import timeit
 
-import _gpu_tool
+# _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ in variants and counts wrong outputs, with the batch sizes and errors of the fir
   the threads' GPU work);
 * ``backend-fixed-batch``: one batch size (no shape changes).
 
-    python tools/gpu_torchbind_race_probe.py [--out DIR]
+    python benchmarks/probes/gpu_torchbind_race_probe.py [--out DIR]
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class GraphOps:
         (:meth:`copy_nodes`), a call whose inputs are none of the static inputs sets the
         nodes' addresses where they changed (the new outputs' too, made with ``empty_like``)
         and launches that graph once: about 8 µs against 16 to 20 for copy, launch and clone (H100,
-        ``tools/gpu_keep_graph_probe.py``); an address CUDA refuses sends that call the
+        ``benchmarks/probes/gpu_keep_graph_probe.py``); an address CUDA refuses sends that call the
         other way. ``current`` is what the lane's ``_last_stream`` is set to (torch's
         current stream)."""
         bridge = self.bridge

@@ -1,8 +1,8 @@
-"""What a change of input shapes costs a USER_MANAGED TensorRT-RTX context, call by call.
+"""What does a change of input shapes cost a USER_MANAGED TensorRT-RTX context, call by call?
 
 Run on the GPU host from the repository root::
 
-    python tools/gpu_shape_switch_probe.py [--out $OUT/shape_switch.json]
+    python benchmarks/probes/gpu_shape_switch_probe.py [--out $OUT/shape_switch.json]
 
 Builds the dynamic engine of the benchmark (``relu(x @ W) + 1``, fp16, 256 wide, one
 profile 1..64), cycles batches 1/8/64 and times, per call (µs, median of 2000, no
@@ -20,7 +20,7 @@ synchronize), the TensorRT calls a runtime can make when the shape changes:
   ``set_input_shape`` + ``execute_async_v3`` on one context and a call that keeps its
   shape, and the results of rounds with fresh inputs compared with the reference.
 
-It answers issue 17's question (why the dynamic workload loses ~26 µs per call) with
+It answers the question (why the dynamic workload loses ~26 µs per call) with
 figures, and whether ``set_device_memory`` (or the size update) may be skipped when the
 buffer already fits.
 """

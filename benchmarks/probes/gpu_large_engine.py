@@ -1,7 +1,9 @@
-"""Build an engine over 2 GiB, pack it as TR01, load it through trt_runtime and run it.
+"""Does an engine over 2 GiB pack as TR01, load and run, and what host memory does its load take?
 
-Usage (GPU host):  python3 tools/gpu_large_engine.py build DIR   # then
-                   python3 tools/gpu_large_engine.py load DIR    # a fresh process
+Build an engine over 2 GiB, pack it as TR01, load it through trt_runtime and run it.
+
+Usage (GPU host):  python3 benchmarks/probes/gpu_large_engine.py build DIR   # then
+                   python3 benchmarks/probes/gpu_large_engine.py load DIR    # a fresh process
 Each step prints one JSON line. ``load`` measures the host memory the load costs:
 ``extra_peak_rss`` is the rise of the process's peak RSS (VmHWM, reset first) over the
 RSS just before ``trt_runtime.load``, with the split into anonymous and file-backed
