@@ -1,0 +1,153 @@
+"""The local server's front-to-engine hop: shared-memory slots, frames, links (one process, CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trt_runtime.errors import RequestError
+from trt_runtime.serve.local.engine_process import _connection
+from trt_runtime.serve.local.front import EnginePool
+from trt_runtime.serve.local.transport import NO_SLOT, Slab, decode_arrays, encode_arrays
+
+
+@pytest.fixture
+def slab(tmp_path: Path) -> Any:
+    s = Slab.create(tmp_path / "slab", slots=4, slot_bytes=1024)
+    yield s
+    s.close()
+
+
+def test_transport_arrays_round_trip_through_a_slot_and_inline(slab: Slab) -> None:
+    arrays = [np.arange(12, dtype=np.float16).reshape(3, 4), np.array([[7, -8]], np.int32),
+              np.zeros((0, 5), np.float32), np.float64(2.5).reshape(())]
+    slot = slab.take()
+    description, inline = encode_arrays(arrays, slab.slot(slot))
+    assert inline == []  # everything fitted the slot: only the description crosses the socket
+    assert len(description) < 120
+    for got, want in zip(decode_arrays(memoryview(description), slab.slot(slot)), arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    big = np.arange(1000, dtype=np.float32)  # 4000 bytes > a 1024-byte slot: inline
+    description, inline = encode_arrays([big], slab.slot(slot))
+    assert len(inline) == 1
+    (got,) = decode_arrays(memoryview(description + b"".join(bytes(b) for b in inline)), None)
+    np.testing.assert_array_equal(got, big)
+
+
+def test_transport_slots_run_out_then_come_back(slab: Slab) -> None:
+    taken = [slab.take() for _ in range(4)]
+    assert sorted(taken) == [0, 1, 2, 3] and slab.take() == NO_SLOT
+    slab.give(taken[2])
+    assert slab.take() == taken[2]
+
+
+def test_transport_owner_removes_the_file_and_refuses_bad_geometry(tmp_path: Path) -> None:
+    s = Slab.create(tmp_path / "s", slots=2, slot_bytes=128)
+    peer = Slab.attach(s.hello())
+    assert peer.slots == 2 and peer.path == s.path
+    peer.close()
+    assert s.path.exists()
+    s.close()
+    s.close()
+    assert not s.path.exists()
+    with pytest.raises(ValueError, match="multiple of 64; got 1 slots of 100 bytes"):
+        Slab.create(tmp_path / "t", slots=1, slot_bytes=100)
+
+
+class _Doubler:
+    """A batcher double: answers ``2 x`` after a short wait; a negative first value is refused."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+        self.seen += 1
+        await asyncio.sleep(0.001 * (self.seen % 3))  # answers come back out of order
+        if arrays[0].size and arrays[0].flat[0] < 0:
+            raise RequestError("input 'x' must not be negative; got -1", 400)
+        return [arrays[0] * 2, np.full(arrays[0].shape[:1], arrays[0].shape[0], np.int32)]
+
+
+def _short_dir() -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="trt-t-"))  # unix socket paths must stay short
+
+
+def test_transport_concurrent_requests_get_their_own_answers_and_refusals() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        path = where / "e.sock"
+        batcher = _Doubler()
+        server = await asyncio.start_unix_server(lambda r, w: _connection(r, w, batcher), path=os.fspath(path))
+        slab = Slab.create(where / "slab", slots=8, slot_bytes=256)
+        pool = EnginePool([path], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        inputs = [np.full((1 + i % 3, 4), i, np.float32) for i in range(60)]
+        inputs.append(np.full((200, 4), 7, np.float32))  # larger than a slot: inline both ways
+        answers = await asyncio.gather(*(pool.infer((x,)) for x in inputs))
+        for x, (y, rows) in zip(inputs, answers, strict=True):
+            np.testing.assert_array_equal(y, x * 2)
+            assert list(rows) == [x.shape[0]] * x.shape[0]
+        with pytest.raises(RequestError, match="must not be negative") as info:
+            await pool.infer((np.full((1, 4), -1, np.float32),))
+        assert info.value.status == 400
+        assert sorted(slab._free) == list(range(8))  # every slot given back
+        await pool.close()
+        server.close()
+        slab.close()
+
+    asyncio.run(main())
+
+
+def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        path = where / "e.sock"
+        release = asyncio.Event()
+
+        class Stuck:
+            async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+                await release.wait()
+                return [arrays[0]]
+
+        writers: list[asyncio.StreamWriter] = []
+
+        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            writers.append(w)
+            await _connection(r, w, Stuck())
+
+        server = await asyncio.start_unix_server(handler, path=os.fspath(path))
+        slab = Slab.create(where / "slab", slots=4, slot_bytes=256)
+        pool = EnginePool([path], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        pending = asyncio.gather(*(pool.infer((np.ones((1, 2), np.float32),)) for _ in range(3)),
+                                 return_exceptions=True)
+        await asyncio.sleep(0.05)
+        server.close()
+        writers[0].transport.abort()  # the engine process dies
+        results = await asyncio.wait_for(pending, 5)
+        assert all(isinstance(r, RequestError) and r.status == 503 for r in results), results
+        assert sorted(slab._free) == [0, 1, 2, 3]
+        assert not pool.all_up()
+        with pytest.raises(RequestError, match="no engine process is up") as info:
+            await pool.infer((np.ones((1, 2), np.float32),))
+        assert info.value.status == 503
+        release.set()
+        server = await asyncio.start_unix_server(handler, path=os.fspath(path))  # its successor
+        await asyncio.wait_for(pool.wait_up(), 5)
+        (y,) = await pool.infer((np.full((1, 2), 3, np.float32),))
+        np.testing.assert_array_equal(y, np.full((1, 2), 3, np.float32))
+        await pool.close()
+        server.close()
+        slab.close()
+
+    asyncio.run(main())

@@ -1,0 +1,245 @@
+"""A front process: uvicorn serving the request layer's app on the supervisor's listening socket.
+
+The app (:func:`~trt_runtime.serve.http.make_app`) decodes and checks requests on this
+process's event loop and calls :meth:`EnginePool.infer`, which writes the arrays into
+this front's :class:`~trt_runtime.serve.local.transport.Slab` and sends a small frame to
+the engine process with the fewest requests outstanding; the answer comes back on the same
+connection. A lost engine process fails its requests in flight with 503 and is dialled
+again until its successor listens. SIGTERM: stop accepting, finish in-flight requests (at
+most ``drain_s``), exit 0; SIGINT is ignored (the supervisor turns Ctrl-C into SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import os
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from trt_runtime.errors import RequestError
+from trt_runtime.serve.local.transport import HELLO, NO_SLOT, Slab, decode_arrays, encode_arrays, read_frame, write_frame
+
+__all__ = ["EngineLink", "EnginePool", "FrontSpec", "front_main"]
+
+_REDIAL_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontSpec:
+    """What one front process needs (pickled into the spawned process)."""
+
+    index: int
+    model: Any  # ModelInfo
+    engine_sockets: tuple[Path, ...]
+    slab_path: Path
+    max_body_bytes: int
+    drain_s: float
+
+
+class EngineLink:
+    """This front's connection to one engine process; dials again whenever it drops."""
+
+    def __init__(self, path: Path, slab: Slab) -> None:
+        self.path = path
+        self.outstanding = 0
+        self.up = asyncio.Event()
+        self._slab = slab
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._writer is not None:
+            self._writer.close()
+
+    async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        writer = self._writer
+        if writer is None or not self.up.is_set():
+            raise RequestError(f"engine process at {self.path.name} is not up", 503)
+        slab = self._slab
+        slot = slab.take()
+        description, inline = encode_arrays(arrays, None if slot == NO_SLOT else slab.slot(slot))
+        if inline and slot != NO_SLOT:  # too large for a slot: travels on the socket
+            slab.give(slot)
+            slot = NO_SLOT
+        rid = next(self._ids) & 0xFFFFFFFF
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (future, slot)
+        self.outstanding += 1
+        try:
+            write_frame(writer, rid, slot, 0, description, inline)
+            return await future
+        finally:
+            self.outstanding -= 1
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(os.fspath(self.path))
+            except OSError:
+                await asyncio.sleep(_REDIAL_S)
+                continue
+            write_frame(writer, 0, NO_SLOT, HELLO, self._slab.hello())
+            self._writer = writer
+            self.up.set()
+            try:
+                await self._receive(reader)
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                pass
+            finally:
+                self.up.clear()
+                self._writer = None
+                writer.close()
+                self._fail_pending()
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        slab = self._slab
+        while True:
+            rid, slot, status, payload = await read_frame(reader)
+            entry = self._pending.pop(rid, None)
+            if entry is None:
+                continue
+            future, mine = entry
+            try:
+                if status:
+                    future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
+                else:
+                    future.set_result(decode_arrays(payload, None if slot == NO_SLOT else slab.slot(slot)))
+            except asyncio.InvalidStateError:  # the client went away and its request was cancelled
+                pass
+            slab.give(mine)
+
+    def _fail_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for future, slot in pending.values():
+            self._slab.give(slot)  # nobody writes the slot any more: the connection is gone
+            if not future.done():
+                future.set_exception(RequestError(f"engine process at {self.path.name} went away", 503))
+
+
+class EnginePool:
+    """Every engine process this front talks to; a request goes to the least busy one that is up."""
+
+    def __init__(self, sockets: Sequence[Path], slab: Slab) -> None:
+        self.links = [EngineLink(path, slab) for path in sockets]
+
+    def start(self) -> None:
+        for link in self.links:
+            link.start()
+
+    async def wait_up(self) -> None:
+        await asyncio.gather(*(link.up.wait() for link in self.links))
+
+    def all_up(self) -> bool:
+        return all(link.up.is_set() for link in self.links)
+
+    async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        best = None
+        for link in self.links:
+            if link.up.is_set() and (best is None or link.outstanding < best.outstanding):
+                best = link
+        if best is None:
+            raise RequestError("no engine process is up; try again shortly", 503)
+        return await best.infer(arrays)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(link.close() for link in self.links))
+
+
+def front_main(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
+    """Process entry: serve on ``sock`` until SIGTERM; ``ready_flag.value`` is the supervisor's
+    word that every process is up; ``ready`` gets one message once this front accepts."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(spec, sock, ready_flag, ready))
+    else:
+        uvloop.run(_serve(spec, sock, ready_flag, ready))
+
+
+async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
+    import uvicorn
+
+    from trt_runtime.serve.http import make_app
+    from trt_runtime.serve.metrics import ServeMetrics
+
+    slab = Slab.create(spec.slab_path)
+    pool = EnginePool(spec.engine_sockets, slab)
+    pool.start()
+    await pool.wait_up()
+    app = make_app(
+        spec.model, pool.infer, metrics=ServeMetrics(spec.model.name),
+        ready=lambda: bool(ready_flag.value) and pool.all_up(), max_body_bytes=spec.max_body_bytes,
+    )
+    config = uvicorn.Config(
+        app, lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=spec.drain_s,
+        http="httptools" if _importable("httptools") else "h11", loop="none",
+    )
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, server.stop)
+
+    async def announce() -> None:
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.01)
+        ready.send(("ready", os.getpid()))
+        ready.close()
+
+    announcer = asyncio.create_task(announce())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        announcer.cancel()
+        await pool.close()
+        slab.close()
+
+
+class _Server:
+    """uvicorn's server without its signal handling: the process installs its own (SIGTERM only),
+    so a Ctrl-C that reaches the whole process group does not cut in-flight requests."""
+
+    def __init__(self, config: Any) -> None:
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        self._server = Quiet(config)
+
+    @property
+    def started(self) -> bool:
+        return bool(self._server.started)
+
+    @property
+    def should_exit(self) -> bool:
+        return bool(self._server.should_exit)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+
+    async def serve(self, sockets: list[socket.socket]) -> None:
+        await self._server.serve(sockets=sockets)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
