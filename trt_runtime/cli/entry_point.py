@@ -86,7 +86,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print_error("interrupted", debug)
         return 130
     except CliError as exc:
-        hint = f" (see '{PROG} --help')" if isinstance(exc, UsageError) else ""
+        hint = ""
+        if isinstance(exc, UsageError):
+            hint = f" (see '{PROG} {exc.command} --help')" if exc.command else f" (see '{PROG} --help')"
         return _fail(f"{exc}{hint}", exc.exit_code, debug, json_mode and not (out and out.emitted))
     except Exception as exc:
         return _fail(describe_exception(exc), 1, debug, json_mode and not (out and out.emitted))

@@ -29,7 +29,8 @@ __all__ = ["COMMANDS", "build_parser"]
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        command = " ".join(self.prog.split()[1:])  # a subcommand's parser: "trt-runtime serve"
+        raise UsageError(message, command=command or None)
 
 
 def _seed(text: str) -> int:

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -158,13 +157,15 @@ class LocalServer:
 
     # -- lifecycle -----------------------------------------------------------------------
     def run(self, on_ready: Callable[[Any], None] | None = None) -> int:
+        """Start everything, call ``on_ready(model)`` once all processes are up, supervise until
+        SIGINT/SIGTERM, stop; returns 0. ``ServeStartError`` if an engine process cannot load."""
         metrics_dir = self._run_dir / "metrics"
         metrics_dir.mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.fspath(metrics_dir)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             if not self._start_engines():
-                return 1
+                return 0  # stopped by a signal while loading
             self._fronts = [_Child("front", i, self._front_starter(i)) for i in range(self.config.workers)]
             for child in self._fronts:
                 self._launch(child)
@@ -190,17 +191,16 @@ class LocalServer:
             self._launch(child)
         deadline = time.monotonic() + _STARTUP_S
         while not all(c.ready for c in self._engines):
-            if self._stopping or time.monotonic() > deadline:
+            if self._stopping:
                 return False
+            if time.monotonic() > deadline:
+                raise ServeStartError(f"the engine processes were not ready after {_STARTUP_S:.0f} s")
             for child in self._engines:
                 message = self._poll(child, 0.05)
                 if message is not None and message[0] == "error":
-                    print(message[1], file=sys.stderr, flush=True)
-                    return False
+                    raise ServeStartError(message[1])
                 if not child.ready and child.pipe is None and not child.process.is_alive():
-                    print(f"{child.label} exited with code {child.process.exitcode} while loading",
-                          file=sys.stderr, flush=True)
-                    return False
+                    raise ServeStartError(f"{child.label} exited with code {child.process.exitcode} while loading")
         return True
 
     def _engine_starter(self, index: int, gpu: int | None) -> Callable[[Connection], Any]:
