@@ -1,0 +1,213 @@
+"""The HTTP front of a served model: the Open Inference Protocol (KServe v2) and a shorthand.
+
+:func:`make_app` builds a Starlette app around an ``infer`` coroutine (the in-process
+:class:`~trt_runtime.serve.batcher.DynamicBatcher`'s ``submit``, or a call to an engine
+process). It decodes and checks every request on the event loop, awaits ``infer`` and
+answers from the loop. Routes:
+
+* ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2`` (server metadata);
+* ``GET /v2/models/{name}`` (metadata), ``.../ready``, ``.../config``, and
+  ``POST /v2/models/{name}/infer`` (JSON tensors and binary tensor data), each also under
+  ``/v2/models/{name}/versions/{version}``;
+* ``POST /`` and ``POST /infer``: a JSON, ``.npy`` or ``.npz`` body
+  (:mod:`~trt_runtime.serve.codec`), answered in the same form;
+* ``GET /metrics``: Prometheus text.
+
+A refused request gets ``{"error": "<one line>"}``: 400 for a malformed request or
+one that does not fit the model (datatype, shape, name, count), 404 for an unknown
+model, 413 for a body over ``max_body_bytes``, 415 for an unknown content type on the
+shorthand (whose checks answer 422, as they always have), 503 while not ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from trt_runtime.errors import RequestError
+from trt_runtime.serve import codec, kserve
+from trt_runtime.serve.model import ModelInfo
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from trt_runtime.serve.metrics import ServeMetrics
+
+__all__ = ["Infer", "make_app"]
+
+#: ``await infer(arrays)``: one checked request's arrays in input order -> its outputs.
+Infer = Callable[[tuple[Any, ...]], Awaitable[list[Any]]]
+
+_SERVER = "trt-runtime"
+
+
+def make_app(
+    model: ModelInfo,
+    infer: Infer,
+    *,
+    metrics: ServeMetrics,
+    ready: Callable[[], bool],
+    max_body_bytes: int,
+) -> Starlette:
+    """The ASGI app serving ``model``; ``ready()`` says whether every part of the server is up."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
+    except ImportError as exc:
+        from trt_runtime.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(
+            f"serving over HTTP needs starlette ({exc}): pip install -c constraints.txt -e '.[serve]'"
+        ) from None
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be an integer >= 1; got {max_body_bytes!r}")
+
+    def known(request: Request) -> None:
+        name = request.path_params["name"]
+        version = request.path_params.get("version", model.version)
+        if name != model.name or version != model.version:
+            raise RequestError(
+                f"unknown model {name!r} version {version!r}; this server serves {model.name!r} "
+                f"version {model.version!r}",
+                404,
+            )
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def server_ready(request: Request) -> Response:
+        up = ready()
+        return JSONResponse({"ready": up}, status_code=200 if up else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            release = version("trt-runtime")
+        except PackageNotFoundError:  # pragma: no cover - a source tree without an install
+            release = "unknown"
+        return JSONResponse({"name": _SERVER, "version": release, "extensions": ["binary_tensor_data"]})
+
+    async def model_metadata(request: Request) -> Response:
+        try:
+            known(request)
+        except RequestError as exc:
+            return _error(exc)
+        return JSONResponse(model.metadata())
+
+    async def model_config(request: Request) -> Response:
+        try:
+            known(request)
+        except RequestError as exc:
+            return _error(exc)
+        return JSONResponse(model.config())
+
+    async def model_ready(request: Request) -> Response:
+        try:
+            known(request)
+        except RequestError as exc:
+            return _error(exc)
+        up = ready()
+        return JSONResponse({"name": model.name, "ready": up}, status_code=200 if up else 503)
+
+    async def infer_v2(request: Request) -> Response:
+        metrics.started()
+        code = 500
+        try:
+            known(request)
+            body = await read_body(request, max_body_bytes)
+            decoded = kserve.decode_infer(body, request.headers.get(kserve.HEADER_LENGTH), model)
+            outputs = await infer(decoded.arrays)
+            content, media, length = kserve.encode_infer(model, decoded, outputs)
+            code = 200
+            headers = None if length is None else {kserve.HEADER_LENGTH: str(length)}
+            return Response(content, media_type=media, headers=headers)
+        except RequestError as exc:
+            code = exc.status
+            return _error(exc)
+        except Exception as exc:
+            return _failed(model, exc)
+        finally:
+            metrics.answered(code)
+            metrics.finished()
+
+    async def infer_shorthand(request: Request) -> Response:
+        metrics.started()
+        code = 500
+        try:
+            body = await read_body(request, max_body_bytes)
+            media_type = request.headers.get("content-type", "")
+            decoded = codec.decode_body(media_type, body, model.inputs, max_body_bytes)
+            arrays = model.checker.check(decoded.args, decoded.named)
+            outputs = await infer(arrays)
+            content, media = codec.encode_result(outputs, model.output_names, decoded.encoding, decoded.bare)
+            code = 200
+            return Response(content, media_type=media)
+        except RequestError as exc:
+            code = exc.status
+            return _error(exc)
+        except Exception as exc:
+            return _failed(model, exc)
+        finally:
+            metrics.answered(code)
+            metrics.finished()
+
+    async def prometheus(request: Request) -> Response:
+        content, media = metrics.render()
+        return Response(content, headers={"Content-Type": media})
+
+    model_routes = [
+        ("", model_metadata, "GET"), ("/ready", model_ready, "GET"), ("/config", model_config, "GET"),
+        ("/infer", infer_v2, "POST"),
+    ]
+    routes = [
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", server_ready, methods=["GET"]),
+        Route("/v2", server_metadata, methods=["GET"]),
+        *(Route(prefix + suffix, endpoint, methods=[method])
+          for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
+          for suffix, endpoint, method in model_routes),
+        Route("/", infer_shorthand, methods=["POST"]),
+        Route("/infer", infer_shorthand, methods=["POST"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def _error(exc: RequestError) -> Response:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": " ".join(str(exc).split())}, status_code=exc.status)
+
+
+def _failed(model: ModelInfo, exc: Exception) -> Response:
+    from starlette.responses import JSONResponse
+
+    message = f"model {model.name!r} failed: {type(exc).__name__}: {exc}"
+    return JSONResponse({"error": " ".join(message.split())}, status_code=500)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``max_bytes``."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise RequestError(f"Content-Length {length!r} is not a number of bytes", 400)
+        if int(length) > max_bytes:
+            raise RequestError(f"request body of {length} bytes exceeds the limit of {max_bytes} bytes", 413)
+    return await _read_body_limited(request.stream(), max_bytes)
+
+
+async def _read_body_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+    # TODO: codec.read_body_limited
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise RequestError(f"request body exceeds the limit of {max_bytes} bytes", 413)
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
