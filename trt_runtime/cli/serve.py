@@ -114,7 +114,12 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
         )
     except (SettingsError, ValueError, TypeError) as exc:
         raise UsageError(str(exc), command="serve") from None
-    name = args.name or args.file.stem
+    from trt_runtime.serve.model import model_name
+
+    try:
+        name = model_name(args.file, args.name)
+    except ValueError as exc:
+        raise UsageError(f"--name: {exc}", command="serve") from None
     if args.ray:
         from trt_runtime.cli.serve_ray import serve_ray
 
@@ -144,12 +149,12 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
 
     def ready(model: Any) -> None:
         out.emit({"url": url, "model": name, "engine": str(args.file), "workers": workers,
-                  "engine_processes": len(gpus), "gpus": [g for g in gpus if g is not None]})
+                  "gpus": [g for g in gpus if g is not None], "pids": server.pids()})
         out.notice(f"serving {name} at {url}/v2/models/{name} ({workers} front process(es), "
                    f"{len(gpus)} engine process(es); Ctrl-C to stop)")
 
     out.info(f"loading {args.file.name}: max batch {args.max_batch}, queue delay {args.max_queue_delay_us} µs")
-    server = LocalServer(config, sock, log=out.notice)
+    server = LocalServer(config, sock, log=out.warn)
     try:
         code = server.run(on_ready=ready)
     except ServeStartError as exc:

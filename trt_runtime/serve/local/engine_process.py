@@ -63,7 +63,7 @@ def model_info(engine: Any, spec: EngineProcessSpec) -> Any:
     """The :class:`~trt_runtime.serve.model.ModelInfo` the fronts serve, from the loaded engine."""
     from trt_runtime.serve.model import ModelInfo
 
-    return ModelInfo.from_specs(spec.name, engine.inputs, engine.outputs, max_batch=spec.options.max_batch)
+    return ModelInfo.from_engine(engine, spec.name, max_batch=spec.options.max_batch)
 
 
 async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> None:
@@ -78,6 +78,7 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     batcher = DynamicBatcher(
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
         max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics,
+        copy_outputs=bool(spec.options.outer_graph),  # answers are read after the next call may start
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await asyncio.start_unix_server(lambda r, w: _connection(r, w, batcher), path=os.fspath(spec.socket_path))

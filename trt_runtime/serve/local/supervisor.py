@@ -31,6 +31,7 @@ from typing import Any
 from trt_runtime.serve.local.engine_process import EngineProcessSpec, engine_main
 from trt_runtime.serve.local.front import FrontSpec, front_main
 from trt_runtime.serve.local.transport import shm_dir
+from trt_runtime.serve.metrics import mark_process_dead
 from trt_runtime.serve.options import DEFAULT_MAX_BODY_BYTES, ServeOptions
 
 __all__ = ["LocalServer", "LocalServerConfig", "ServeStartError", "bind_socket", "resolve_gpus"]
@@ -155,6 +156,13 @@ class LocalServer:
         self._fronts: list[_Child] = []
         self._front_starts = 0
 
+    def pids(self) -> dict[str, list[int | None]]:
+        """Process ids of the engine processes and the fronts now (``None``: being restarted)."""
+        return {
+            "engines": [c.process.pid if c.process is not None else None for c in self._engines],
+            "fronts": [c.process.pid if c.process is not None else None for c in self._fronts],
+        }
+
     # -- lifecycle -----------------------------------------------------------------------
     def run(self, on_ready: Callable[[Any], None] | None = None) -> int:
         """Start everything, call ``on_ready(model)`` once all processes are up, supervise until
@@ -267,6 +275,10 @@ class LocalServer:
                 if child.process is not None and not child.process.is_alive():
                     self._ready_flag.value = 0
                     code = child.process.exitcode
+                    try:
+                        mark_process_dead(child.process.pid)  # its in-flight gauge stops counting
+                    except Exception as exc:  # metrics must never stop the supervision
+                        self._log(f"metrics of {child.label} not cleared: {exc}")
                     child.process, child.ready = None, False
                     if child.pipe is not None:
                         child.pipe.close()
