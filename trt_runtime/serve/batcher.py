@@ -91,6 +91,7 @@ class DynamicBatcher:
         self._waiting: collections.deque[_Request] = collections.deque()
         self._idle: collections.deque[_Worker] = collections.deque(self._workers)
         self._busy = 0
+        self._running: list[list[_Request]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -131,6 +132,7 @@ class DynamicBatcher:
             batch = [self._waiting.popleft() for _ in range(min(self._max_batch, len(self._waiting)))]
             worker = self._idle.popleft()
             self._busy += 1
+            self._running.append(batch)
             if self._metrics is not None:
                 for request in batch:
                     self._metrics.queued(now - request.arrived)
@@ -145,6 +147,7 @@ class DynamicBatcher:
 
     def _finished(self, worker: _Worker, batch: list[_Request], done: asyncio.Future[list[Answer]]) -> None:
         self._busy -= 1
+        self._running.remove(batch)
         self._idle.append(worker)
         try:
             answers: list[Answer] = done.result()
@@ -194,11 +197,12 @@ class DynamicBatcher:
                 await asyncio.wait_for(self._drained.wait(), max(0.0, drain_s))
             except asyncio.TimeoutError:
                 pass
-        while self._waiting:
-            request = self._waiting.popleft()
+        late = [*self._waiting, *(r for batch in self._running for r in batch)]
+        self._waiting.clear()
+        for request in late:
             if not request.future.done():
                 request.future.set_exception(
-                    RequestError("the server stopped before running this request", 503)
+                    RequestError("the server stopped (drain time over) before answering this request", 503)
                 )
         for worker in self._workers:
             worker.pool.shutdown(wait=False, cancel_futures=True)

@@ -59,7 +59,10 @@ def multiprocess() -> bool:
 def mark_process_dead(pid: int) -> None:
     """Forget the live gauges of process ``pid`` (multiprocess mode; nothing otherwise)."""
     if os.environ.get(MULTIPROC_ENV):
-        _client().multiprocess.mark_process_dead(pid)
+        _client()
+        from prometheus_client import multiprocess as shared
+
+        shared.mark_process_dead(pid)
 
 
 class ServeMetrics:
@@ -116,8 +119,10 @@ class ServeMetrics:
         """``(body, content type)`` of the text exposition, summed over every process."""
         client = _client()
         if self._shared:
+            from prometheus_client import multiprocess as shared
+
             registry = client.CollectorRegistry()
-            client.multiprocess.MultiProcessCollector(registry)
+            shared.MultiProcessCollector(registry)
         else:
             registry = self._registry
         return client.generate_latest(registry), client.CONTENT_TYPE_LATEST
