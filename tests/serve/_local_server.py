@@ -23,11 +23,12 @@ class ServerProcess:
 
     def __init__(self, engine: Path, port: int, *args: str, ready_s: float = 90.0) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", str(engine), "--port", str(port),
-                   *args]
+        command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", str(engine),
+                   "--port", str(port), *args]
         self.port = port
         self.url = f"http://{HOST}:{port}"
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env)
         self.stderr: list[str] = []
         self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._reader.start()

@@ -103,7 +103,8 @@ def _wait_restarted(server: ServerProcess, role: str, index: int, old: int) -> N
 
 
 @pytest.mark.parametrize("role", ["front", "engine"])
-def test_local_killed_process_is_replaced_and_later_requests_succeed(server: ServerProcess, role: str) -> None:
+def test_local_killed_process_is_replaced_and_later_requests_succeed(server: ServerProcess,
+                                                                     role: str) -> None:
     victim = server.doc["pids"][role + "s"][0]
     os.kill(victim, signal.SIGKILL)
     _wait_restarted(server, role, 0, victim)

@@ -85,7 +85,8 @@ def test_transport_concurrent_requests_get_their_own_answers_and_refusals() -> N
         where = _short_dir()
         path = where / "e.sock"
         batcher = _Doubler()
-        server = await asyncio.start_unix_server(lambda r, w: _connection(r, w, batcher), path=os.fspath(path))
+        server = await asyncio.start_unix_server(lambda r, w: _connection(r, w, batcher),
+                                                 path=os.fspath(path))
         slab = Slab.create(where / "slab", slots=8, slot_bytes=256)
         pool = EnginePool([path], slab)
         pool.start()

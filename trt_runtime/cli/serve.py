@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import FORCE_HELP, backend_reason, check_backend_name, check_engine_file, engine_backend
+from trt_runtime.cli.engine_files import (
+    FORCE_HELP,
+    backend_reason,
+    check_backend_name,
+    check_engine_file,
+    engine_backend,
+)
 from trt_runtime.cli.output import CliError, Output, UsageError
 from trt_runtime.cli.run import settings_overrides
 
@@ -66,7 +72,8 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
     ray.add_argument("--replicas", type=int, default=None, help="replicas of the engine (default: 1)")
     ray.add_argument("--gpus-per-replica", type=float, default=None, metavar="F",
                      help="GPUs per replica; a fraction shares one GPU (default: 0, no GPU reserved)")
-    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="F", help="CPUs per replica (default: 1)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="F",
+                     help="CPUs per replica (default: 1)")
     ray.add_argument("--route-prefix", default=None, help="URL path of the engine (default: /)")
     ray.add_argument("--device", type=int, default=None,
                      help="CUDA device (default: the replica's GPU, else the container's)")
@@ -78,8 +85,9 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
 
 def _check_numbers(args: argparse.Namespace) -> None:
     for flag, value, low in (("--workers", args.workers, 1), ("--max-batch", args.max_batch, 1),
-                             ("--max-queue-delay-us", args.max_queue_delay_us, 0), ("--contexts", args.contexts, 1),
-                             ("--drain-s", args.drain_s, 0), ("--replicas", args.replicas, 1)):
+                             ("--max-queue-delay-us", args.max_queue_delay_us, 0),
+                             ("--contexts", args.contexts, 1), ("--drain-s", args.drain_s, 0),
+                             ("--replicas", args.replicas, 1)):
         if value is not None and value < low:
             raise UsageError(f"{flag} must be >= {low}; got {value}", command="serve")
     if not 0 <= args.port <= 65535:
@@ -87,7 +95,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if not args.ray:
         given = [f"--{k.replace('_', '-')}" for k in _RAY_ONLY if getattr(args, k) is not None]
         if given:
-            raise UsageError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --ray only", command="serve")
+            verb = "apply" if len(given) > 1 else "applies"
+            raise UsageError(f"{', '.join(given)} {verb} to --ray only", command="serve")
     elif args.workers is not None or args.gpus != "all":
         raise UsageError("--workers and --gpus apply to the local server, not --ray "
                          "(use --replicas and --gpus-per-replica)", command="serve")
@@ -128,8 +137,14 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
 
 
 def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str) -> int:
-    from trt_runtime.serve.local import LocalServer, LocalServerConfig, ServeStartError, bind_socket
-    from trt_runtime.serve.local import cuda_device_count, resolve_gpus
+    from trt_runtime.serve.local import (
+        LocalServer,
+        LocalServerConfig,
+        ServeStartError,
+        bind_socket,
+        cuda_device_count,
+        resolve_gpus,
+    )
 
     workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
     try:
@@ -153,7 +168,8 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
         out.notice(f"serving {name} at {url}/v2/models/{name} ({workers} front process(es), "
                    f"{len(gpus)} engine process(es); Ctrl-C to stop)")
 
-    out.info(f"loading {args.file.name}: max batch {args.max_batch}, queue delay {args.max_queue_delay_us} µs")
+    out.info(f"loading {args.file.name}: max batch {args.max_batch}, "
+             f"queue delay {args.max_queue_delay_us} µs")
     server = LocalServer(config, sock, log=out.warn)
     try:
         code = server.run(on_ready=ready)
@@ -167,6 +183,8 @@ def _require_http() -> None:
     """The local server's HTTP stack, or one line naming the extra."""
     import importlib.util
 
-    missing = [m for m in ("uvicorn", "starlette", "prometheus_client") if importlib.util.find_spec(m) is None]
+    needed = ("uvicorn", "starlette", "prometheus_client")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
-        raise CliError(f"the local server needs {', '.join(missing)}: pip install -c constraints.txt -e '.[serve]'")
+        raise CliError(f"the local server needs {', '.join(missing)}: "
+                       "pip install -c constraints.txt -e '.[serve]'")

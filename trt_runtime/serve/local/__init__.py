@@ -15,4 +15,6 @@ from trt_runtime.serve.local.supervisor import (
     resolve_gpus,
 )
 
-__all__ = ["LocalServer", "LocalServerConfig", "ServeStartError", "bind_socket", "cuda_device_count", "resolve_gpus"]
+__all__ = [
+    "LocalServer", "LocalServerConfig", "ServeStartError", "bind_socket", "cuda_device_count", "resolve_gpus",
+]

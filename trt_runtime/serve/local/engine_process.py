@@ -19,7 +19,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.serve.local.transport import HELLO, NO_SLOT, Slab, decode_arrays, encode_arrays, read_frame, write_frame
+from trt_runtime.serve.local.transport import (
+    HELLO,
+    NO_SLOT,
+    Slab,
+    decode_arrays,
+    encode_arrays,
+    read_frame,
+    write_frame,
+)
 from trt_runtime.serve.options import ServeOptions
 
 __all__ = ["EngineProcessSpec", "engine_main"]
@@ -81,7 +89,9 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
         copy_outputs=bool(spec.options.outer_graph),  # answers are read after the next call may start
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
-    server = await asyncio.start_unix_server(lambda r, w: _connection(r, w, batcher), path=os.fspath(spec.socket_path))
+    server = await asyncio.start_unix_server(
+        lambda r, w: _connection(r, w, batcher), path=os.fspath(spec.socket_path)
+    )
     ready.send(("ready", model))
     ready.close()
     await stop.wait()
@@ -96,7 +106,7 @@ async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         _rid, _slot, status, payload = await read_frame(reader)
         if status != HELLO:
             return
-        slab = Slab.attach(payload)
+        slab = Slab.attach(bytes(payload))
         while True:
             rid, slot, _status, payload = await read_frame(reader)
             task = asyncio.create_task(_answer(rid, slot, payload, slab, writer, batcher))

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 import signal
 import socket
@@ -24,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.errors import RequestError
-from trt_runtime.serve.local.transport import HELLO, NO_SLOT, Slab, decode_arrays, encode_arrays, read_frame, write_frame
+from trt_runtime.serve.local.transport import (
+    HELLO,
+    NO_SLOT,
+    Slab,
+    decode_arrays,
+    encode_arrays,
+    read_frame,
+    write_frame,
+)
 
 __all__ = ["EngineLink", "EnginePool", "FrontSpec", "front_main"]
 
@@ -188,7 +197,8 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
         ready=lambda: bool(ready_flag.value) and pool.all_up(), max_body_bytes=spec.max_body_bytes,
     )
     config = uvicorn.Config(
-        app, lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=spec.drain_s,
+        app, lifespan="off", access_log=False, log_level="warning",
+        timeout_graceful_shutdown=math.ceil(spec.drain_s),
         http="httptools" if _importable("httptools") else "h11", loop="none",
     )
     server = _Server(config)

@@ -94,7 +94,8 @@ def resolve_gpus(text: str, count: int) -> tuple[int | None, ...]:
     try:
         indices = [int(part) for part in text.split(",")]
     except ValueError:
-        raise ServeStartError(f"--gpus must be 'all' or GPU indices like 0,1; got {text!r}", usage=True) from None
+        raise ServeStartError(f"--gpus must be 'all' or GPU indices like 0,1; got {text!r}",
+                              usage=True) from None
     if len(set(indices)) != len(indices):
         raise ServeStartError(f"--gpus names a GPU twice: {text!r}", usage=True)
     bad = [i for i in indices if not 0 <= i < count]
@@ -208,7 +209,8 @@ class LocalServer:
                 if message is not None and message[0] == "error":
                     raise ServeStartError(message[1])
                 if not child.ready and child.pipe is None and not child.process.is_alive():
-                    raise ServeStartError(f"{child.label} exited with code {child.process.exitcode} while loading")
+                    code = child.process.exitcode
+                    raise ServeStartError(f"{child.label} exited with code {code} while loading")
         return True
 
     def _engine_starter(self, index: int, gpu: int | None) -> Callable[[Connection], Any]:
@@ -217,15 +219,17 @@ class LocalServer:
             engine=cfg.engine, options=cfg.options, device=gpu, socket_path=self._engine_socket(index),
             name=cfg.name, max_queue_delay_us=cfg.max_queue_delay_us, drain_s=cfg.drain_s,
         )
-        return lambda pipe: self._ctx.Process(target=engine_main, args=(spec, pipe), name=f"trt-engine-{index}")
+        return lambda pipe: self._ctx.Process(target=engine_main, args=(spec, pipe),
+                                              name=f"trt-engine-{index}")
 
     def _front_starter(self, index: int) -> Callable[[Connection], Any]:
         def start(pipe: Connection) -> Any:
             self._front_starts += 1  # a new slab file per incarnation: a dead front's slots stay its own
+            sockets = tuple(map(self._engine_socket, range(len(self._engines))))
             spec = FrontSpec(
-                index=index, model=self.model, engine_sockets=tuple(map(self._engine_socket, range(len(self._engines)))),
-                slab_path=self._run_dir / f"slab-{index}-{self._front_starts}", max_body_bytes=self.config.max_body_bytes,
-                drain_s=self.config.drain_s,
+                index=index, model=self.model, engine_sockets=sockets,
+                slab_path=self._run_dir / f"slab-{index}-{self._front_starts}",
+                max_body_bytes=self.config.max_body_bytes, drain_s=self.config.drain_s,
             )
             return self._ctx.Process(target=front_main, args=(spec, self._sock, self._ready_flag, pipe),
                                      name=f"trt-front-{index}")
@@ -283,7 +287,9 @@ class LocalServer:
                     if child.pipe is not None:
                         child.pipe.close()
                         child.pipe = None
-                    delay = min(_RESTART_MAX_DELAY_S, 0.2 * 2 ** min(child.restarts, 5)) if child.restarts else 0.0
+                    # the first restart is at once; a process that keeps dying waits longer each time
+                    delay = min(_RESTART_MAX_DELAY_S, 0.2 * 2 ** min(child.restarts, 5))
+                    delay = delay if child.restarts else 0.0
                     child.due = now + delay
                     child.restarts += 1
                     self._log(f"{child.label} exited with code {code}; starting it again")

@@ -142,11 +142,11 @@ def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes
         total += _padded(a.nbytes)
     description = b"".join(parts)
     if slot is None or total > len(slot):
-        return description, [memoryview(a).cast("B") for a in contiguous if a.nbytes]
+        return description, [memoryview(a).cast("B") for a in contiguous if a.nbytes]  # type: ignore[arg-type]
     offset = 0
     for a in contiguous:
         if a.nbytes:
-            slot[offset:offset + a.nbytes] = memoryview(a).cast("B")
+            slot[offset:offset + a.nbytes] = memoryview(a).cast("B")  # type: ignore[arg-type]
         offset += _padded(a.nbytes)
     return description, []
 
