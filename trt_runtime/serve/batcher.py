@@ -134,6 +134,7 @@ class DynamicBatcher:
             self._busy += 1
             self._running.append(batch)
             if self._metrics is not None:
+                self._metrics.batched(len(batch))
                 for request in batch:
                     self._metrics.queued(now - request.arrived)
             run = self._loop.run_in_executor(  # type: ignore[union-attr]

@@ -21,7 +21,8 @@ shorthand (whose checks answer 422, as they always have), 503 while not ready.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.errors import RequestError
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
+    from starlette.routing import BaseRoute
 
     from trt_runtime.serve.metrics import ServeMetrics
 
@@ -50,10 +52,15 @@ def make_app(
     metrics: ServeMetrics,
     ready: Callable[[], bool],
     max_body_bytes: int,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """The ASGI app serving ``model``; ``ready()`` says whether every part of the server is up."""
+    """The ASGI app serving ``model``; ``ready()`` says whether every part of the server is up.
+
+    ``extra_routes`` are served beside the protocol's (the Ray deployment adds ``/ready``
+    and ``/stats``)."""
     try:
         from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
     except ImportError as exc:
@@ -173,21 +180,40 @@ def make_app(
         Route("/", infer_shorthand, methods=["POST"]),
         Route("/infer", infer_shorthand, methods=["POST"]),
         Route("/metrics", prometheus, methods=["GET"]),
+        *extra_routes,
     ]
-    return Starlette(routes=routes)
+
+    async def no_route(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        path = request.scope.get("path", "/")
+        root = request.scope.get("root_path", "")
+        route = path[len(root):] if root and path.startswith(root) else path
+        if exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {route!r}"
+        elif exc.status_code == 404:
+            message = (f"no route {route!r}; POST /v2/models/{model.name}/infer or /, "
+                       f"GET /v2/models/{model.name}")
+        else:
+            message = str(exc.detail)
+        return _error(RequestError(message, exc.status_code))
+
+    return Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
 
 
 def _error(exc: RequestError) -> Response:
-    from starlette.responses import JSONResponse
-
-    return JSONResponse({"error": " ".join(str(exc).split())}, status_code=exc.status)
+    return error_response(str(exc), exc.status)
 
 
 def _failed(model: ModelInfo, exc: Exception) -> Response:
-    from starlette.responses import JSONResponse
+    return error_response(f"model {model.name!r} failed: {type(exc).__name__}: {exc}", 500)
 
-    message = f"model {model.name!r} failed: {type(exc).__name__}: {exc}"
-    return JSONResponse({"error": " ".join(message.split())}, status_code=500)
+
+def error_response(message: str, status: int) -> Response:
+    """``{"error": "<message on one line>"}`` and a newline (so ``curl`` prints it on its own line)."""
+    from starlette.responses import Response
+
+    body = json.dumps({"error": " ".join(message.split())}) + "\n"
+    return Response(body, status_code=status, media_type="application/json")
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

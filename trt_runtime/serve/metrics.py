@@ -11,6 +11,7 @@ Series (label ``model`` on each):
 
 * ``trt_runtime_requests_total`` by HTTP status ``code``;
 * ``trt_runtime_batch_size``: rows per engine call (histogram);
+* ``trt_runtime_batch_requests``: requests per batch the batcher formed (histogram);
 * ``trt_runtime_queue_seconds``: from a request's arrival at the batcher to its engine call;
 * ``trt_runtime_compute_seconds``: one engine call;
 * ``trt_runtime_inflight_requests``: requests being answered now (summed over live processes).
@@ -81,6 +82,9 @@ class ServeMetrics:
         self._batch = client.Histogram(
             "trt_runtime_batch_size", "Rows per engine call.", ["model"], buckets=_SIZES, **labels
         ).labels(model)
+        self._requests_per_batch = client.Histogram(
+            "trt_runtime_batch_requests", "Requests per batch.", ["model"], buckets=_SIZES, **labels
+        ).labels(model)
         self._queue = client.Histogram(
             "trt_runtime_queue_seconds", "Time from a request's arrival at the batcher to its engine call.",
             ["model"], buckets=_SECONDS, **labels,
@@ -109,6 +113,9 @@ class ServeMetrics:
 
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)
+
+    def batched(self, requests: int) -> None:
+        self._requests_per_batch.observe(requests)
 
     def engine_call(self, rows: int, seconds: float) -> None:
         self._batch.observe(rows)
