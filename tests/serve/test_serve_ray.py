@@ -138,6 +138,22 @@ def test_serve_ready_and_stats_routes(cluster: Any) -> None:
     assert stats["requests"]["200"] > 0
 
 
+def test_serve_open_inference_protocol_through_ray(cluster: Any) -> None:
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(f"{HOST}:{PORT_SINGLE}/pair")
+    assert client.is_server_ready() and client.is_model_ready("pair")
+    assert [i["datatype"] for i in client.get_model_metadata("pair")["inputs"]] == ["FP32", "INT32"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    k = np.array([[1, 2], [3, 4]], np.int32)
+    tensors = [triton.InferInput("x", [2, 4], "FP32"), triton.InferInput("k", [2, 2], "INT32")]
+    tensors[0].set_data_from_numpy(x)
+    tensors[1].set_data_from_numpy(k, binary_data=False)
+    result = client.infer("pair", tensors)
+    np.testing.assert_array_equal(result.as_numpy("y"), reference(x))
+    np.testing.assert_array_equal(result.as_numpy("z"), k * 3 - 1)
+
+
 # -- bad requests ---------------------------------------------------------------------------------
 def _object_npy() -> bytes:
     header = npy(np.zeros((1, 4), np.float32)).replace(b"'<f4'", b"'|O' ")
