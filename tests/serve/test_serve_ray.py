@@ -82,6 +82,8 @@ def test_serve_concurrent_http_and_handle_clients_get_their_own_results(cluster:
     def over_handle(i: int) -> np.ndarray:
         return handle.infer.remote(np.full((1, 4), i, np.float32)).result()
 
+    status, body, _ = post(f"{BASE}/single", npy(np.ones((1, 4), np.float32)), "application/x-npy")
+    assert status == 200 and load_npy(body).tolist() == [[3.0] * 4], "the route prefix without a slash"
     ids = range(1, 49)
     with ThreadPoolExecutor(max_workers=32) as pool:
         http = list(pool.map(over_http, ids))

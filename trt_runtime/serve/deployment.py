@@ -216,7 +216,11 @@ class EngineServer:
             elif message["type"] == "http.response.body":
                 body.append(message.get("body", b""))
 
-        await self._app(request.scope, request.receive, send)
+        scope = request.scope
+        root = scope.get("root_path", "")
+        if scope.get("path", "") in ("", root):  # the route prefix itself is the shorthand's "/"
+            scope = {**scope, "path": root + "/"}
+        await self._app(scope, request.receive, send)
         response = Response(b"".join(body), status_code=start["status"])
         response.raw_headers = list(start.get("headers", []))
         return response
