@@ -29,7 +29,9 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -183,7 +185,7 @@ def started(front: Front, w: Workload, args: argparse.Namespace, ray: Any) -> It
             yield "/"
     elif front.front == "local":
         gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
-        cache = None if args.smoke else args.out / "runtime.cache"
+        cache = None if args.smoke else args.work / "runtime.cache"
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache):
             yield "/"
@@ -350,7 +352,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     deadline = t0 + args.budget_s
-    w = smoke_workload(args.out) if args.smoke else mlp_workload(args.out)
+    # Engines and the runtime cache live apart from --out (which may be docs/), removed at the end.
+    args.work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    try:
+        return _run(args, t0, deadline)
+    finally:
+        shutil.rmtree(args.work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, t0: float, deadline: float) -> int:
+    w = smoke_workload(args.work) if args.smoke else mlp_workload(args.work)
     rows = [measure_direct(w, outer, 1.0, max(args.gpus)) for outer in (False, True)]
     for row in rows:
         print(_line(row), flush=True)
