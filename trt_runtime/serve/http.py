@@ -41,6 +41,7 @@ __all__ = ["Infer", "make_app"]
 
 #: ``await infer(arrays)``: one checked request's arrays in input order -> its outputs.
 Infer = Callable[[tuple[Any, ...]], Awaitable[list[Any]]]
+Endpoint = Callable[["Request"], Awaitable["Response"]]
 
 _SERVER = "trt-runtime"
 
@@ -99,76 +100,75 @@ def make_app(
         return JSONResponse({"name": _SERVER, "version": release, "extensions": ["binary_tensor_data"]})
 
     async def model_metadata(request: Request) -> Response:
-        try:
-            known(request)
-        except RequestError as exc:
-            return _error(exc)
+        known(request)
         return JSONResponse(model.metadata())
 
     async def model_config(request: Request) -> Response:
-        try:
-            known(request)
-        except RequestError as exc:
-            return _error(exc)
+        known(request)
         return JSONResponse(model.config())
 
     async def model_ready(request: Request) -> Response:
-        try:
-            known(request)
-        except RequestError as exc:
-            return _error(exc)
+        known(request)
         up = ready()
         return JSONResponse({"name": model.name, "ready": up}, status_code=200 if up else 503)
 
     async def infer_v2(request: Request) -> Response:
-        metrics.started()
-        code = 500
-        try:
-            known(request)
-            body = await read_body(request, max_body_bytes)
-            decoded = kserve.decode_infer(body, request.headers.get(kserve.HEADER_LENGTH), model)
-            outputs = await infer(decoded.arrays)
-            content, media, length = kserve.encode_infer(model, decoded, outputs)
-            code = 200
-            headers = None if length is None else {kserve.HEADER_LENGTH: str(length)}
-            return Response(content, media_type=media, headers=headers)
-        except RequestError as exc:
-            code = exc.status
-            return _error(exc)
-        except Exception as exc:
-            return _failed(model, exc)
-        finally:
-            metrics.answered(code)
-            metrics.finished()
+        known(request)
+        body = await read_body(request, max_body_bytes)
+        decoded = kserve.decode_infer(body, request.headers.get(kserve.HEADER_LENGTH), model)
+        outputs = await infer(decoded.arrays)
+        content, media, length = kserve.encode_infer(model, decoded, outputs)
+        headers = None if length is None else {kserve.HEADER_LENGTH: str(length)}
+        return Response(content, media_type=media, headers=headers)
 
     async def infer_shorthand(request: Request) -> Response:
-        metrics.started()
-        code = 500
-        try:
-            body = await read_body(request, max_body_bytes)
-            media_type = request.headers.get("content-type", "")
-            decoded = codec.decode_body(media_type, body, model.inputs, max_body_bytes)
-            arrays = model.checker.check(decoded.args, decoded.named)
-            outputs = await infer(arrays)
-            content, media = codec.encode_result(outputs, model.output_names, decoded.encoding, decoded.bare)
-            code = 200
-            return Response(content, media_type=media)
-        except RequestError as exc:
-            code = exc.status
-            return _error(exc)
-        except Exception as exc:
-            return _failed(model, exc)
-        finally:
-            metrics.answered(code)
-            metrics.finished()
+        body = await read_body(request, max_body_bytes)
+        media_type = request.headers.get("content-type", "")
+        decoded = codec.decode_body(media_type, body, model.inputs, max_body_bytes)
+        arrays = model.checker.check(decoded.args, decoded.named)
+        outputs = await infer(arrays)
+        content, media = codec.encode_result(outputs, model.output_names, decoded.encoding, decoded.bare)
+        return Response(content, media_type=media)
+
+    def refusing(endpoint: Endpoint) -> Endpoint:
+        """``endpoint`` answering a ``RequestError`` as ``{"error": ...}`` with its status."""
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except RequestError as exc:
+                return _error(exc)
+
+        return answer
+
+    def counted(endpoint: Endpoint) -> Endpoint:
+        """An infer ``endpoint`` counted in the metrics (in flight, by status); other errors are 500."""
+
+        async def answer(request: Request) -> Response:
+            metrics.started()
+            code = 500
+            try:
+                response = await endpoint(request)
+                code = response.status_code
+                return response
+            except RequestError as exc:
+                code = exc.status
+                return _error(exc)
+            except Exception as exc:
+                return _failed(model, exc)
+            finally:
+                metrics.answered(code)
+                metrics.finished()
+
+        return answer
 
     async def prometheus(request: Request) -> Response:
         content, media = metrics.render()
         return Response(content, headers={"Content-Type": media})
 
     model_routes = [
-        ("", model_metadata, "GET"), ("/ready", model_ready, "GET"), ("/config", model_config, "GET"),
-        ("/infer", infer_v2, "POST"),
+        ("", refusing(model_metadata), "GET"), ("/ready", refusing(model_ready), "GET"),
+        ("/config", refusing(model_config), "GET"), ("/infer", counted(infer_v2), "POST"),
     ]
     routes = [
         Route("/v2/health/live", live, methods=["GET"]),
@@ -177,8 +177,8 @@ def make_app(
         *(Route(prefix + suffix, endpoint, methods=[method])
           for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
           for suffix, endpoint, method in model_routes),
-        Route("/", infer_shorthand, methods=["POST"]),
-        Route("/infer", infer_shorthand, methods=["POST"]),
+        Route("/", counted(infer_shorthand), methods=["POST"]),
+        Route("/infer", counted(infer_shorthand), methods=["POST"]),
         Route("/metrics", prometheus, methods=["GET"]),
         *extra_routes,
     ]

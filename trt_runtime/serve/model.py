@@ -51,22 +51,19 @@ def model_name(engine: str | os.PathLike[str], name: str | None = None) -> str:
 
 def datatype_of(dtype: str) -> str:
     """The KServe datatype of a spec's dtype; ``RequestError`` (400) for one KServe lacks."""
-    try:
-        return DATATYPES[dtype]
-    except KeyError:
-        raise RequestError(
-            f"dtype {dtype!r} has no KServe datatype; expected one of {sorted(DATATYPES)}", 400
-        ) from None
+    return _look_up(DATATYPES, dtype, "dtype {!r} has no KServe datatype")
 
 
 def dtype_of(datatype: str) -> str:
     """The numpy dtype name of a KServe datatype; ``RequestError`` (400) naming it if unknown."""
+    return _look_up(_DTYPES, datatype, "datatype {!r} is not supported")
+
+
+def _look_up(table: dict[str, str], key: str, refusal: str) -> str:
     try:
-        return _DTYPES[datatype]
-    except KeyError:
-        raise RequestError(
-            f"datatype {datatype!r} is not supported; expected one of {sorted(_DTYPES)}", 400
-        ) from None
+        return table[key]
+    except (KeyError, TypeError):
+        raise RequestError(f"{refusal.format(key)}; expected one of {sorted(table)}", 400) from None
 
 
 @dataclasses.dataclass(frozen=True)
