@@ -24,6 +24,7 @@ __all__ = [
     "declared_magics",
     "engine_backend",
     "known_magics",
+    "runnable_engine",
     "spec_dict",
     "unknown_magic",
 ]
@@ -100,6 +101,17 @@ def check_engine_file(path: Path, *, force: bool = False, out: Any = None) -> No
         raise CliError(f"{reason} (pass --force to read it as a plan of unknown flavour)")
     if out is not None:
         out.warn(f"{reason}; reading it as a plan of unknown flavour (--force)")
+
+
+def runnable_engine(path: Path, name: str | None, *, force: bool = False, out: Any = None) -> str | None:
+    """Refuse a file that is no engine (:func:`check_engine_file`) or whose backend cannot run
+    here (``cannot run FILE: why``); else the backend name ``trt_runtime.load`` will use."""
+    check_engine_file(path, force=force, out=out)
+    backend_name = engine_backend(path, name)
+    reason = backend_reason(backend_name)
+    if reason:
+        raise CliError(f"cannot run {path}: {reason}")
+    return backend_name
 
 
 def check_backend_name(name: str | None, *, also: tuple[str, ...] = ()) -> None:

@@ -19,9 +19,9 @@ from typing import Any
 
 from trt_runtime.cli.arrays import output_to_numpy, parse_given_inputs
 from trt_runtime.cli.compare import render_outputs, report_outputs
-from trt_runtime.cli.engine_files import backend_reason, check_backend_name, check_engine_file, engine_backend
+from trt_runtime.cli.engine_files import check_backend_name, runnable_engine
 from trt_runtime.cli.io_options import input_arrays, set_log_level
-from trt_runtime.cli.output import CliError, Output, UsageError, jsonable
+from trt_runtime.cli.output import Output, UsageError, jsonable
 
 __all__ = ["run_command", "settings_dict", "settings_overrides"]
 
@@ -56,11 +56,7 @@ def run_command(args: argparse.Namespace, out: Output) -> int:
     check_backend_name(args.backend)
     if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
         raise UsageError(f"--output-dir {args.output_dir} is a file, not a directory")
-    check_engine_file(args.file, force=args.force, out=out)
-    backend_name = engine_backend(args.file, args.backend)
-    reason = backend_reason(backend_name)
-    if reason:
-        raise CliError(f"cannot run {args.file}: {reason}")
+    backend_name = runnable_engine(args.file, args.backend, force=args.force, out=out)
     engine = trt_runtime.load(args.file, backend=trt_runtime.get_backend(backend_name), device=args.device,
                               settings=settings_overrides(args))
     with contextlib.closing(engine):

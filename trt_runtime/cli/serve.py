@@ -17,13 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import (
-    FORCE_HELP,
-    backend_reason,
-    check_backend_name,
-    check_engine_file,
-    engine_backend,
-)
+from trt_runtime.cli.engine_files import FORCE_HELP, check_backend_name, runnable_engine
 from trt_runtime.cli.output import CliError, Output, UsageError
 from trt_runtime.cli.run import settings_overrides
 
@@ -109,11 +103,7 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
 
     _check_numbers(args)
     check_backend_name(args.backend)
-    check_engine_file(args.file, force=args.force, out=out)
-    backend_name = engine_backend(args.file, args.backend)
-    reason = backend_reason(backend_name)
-    if reason:
-        raise CliError(f"cannot serve {args.file}: {reason}")
+    backend_name = runnable_engine(args.file, args.backend, force=args.force, out=out)
     try:
         options = ServeOptions(
             backend=backend_name, device=args.device, settings=settings_overrides(args) or None,
@@ -137,25 +127,18 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
 
 
 def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str) -> int:
-    from trt_runtime.serve.local import (
-        LocalServer,
-        LocalServerConfig,
-        ServeStartError,
-        bind_socket,
-        cuda_device_count,
-        resolve_gpus,
-    )
+    from trt_runtime.serve import local
 
     workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
     try:
         _require_http()
-        gpus = resolve_gpus(args.gpus, cuda_device_count())
-        config = LocalServerConfig(
+        gpus = local.resolve_gpus(args.gpus, local.cuda_device_count())
+        config = local.LocalServerConfig(
             engine=args.file.resolve(), options=options, name=name, host=args.host, port=args.port,
             workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
         )
-        sock = bind_socket(args.host, args.port)
-    except ServeStartError as exc:
+        sock = local.bind_socket(args.host, args.port)
+    except local.ServeStartError as exc:
         if exc.usage and "--gpus" in str(exc):
             raise UsageError(str(exc), command="serve") from None
         raise _StartError(str(exc)) from None
@@ -170,10 +153,10 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
 
     out.info(f"loading {args.file.name}: max batch {args.max_batch}, "
              f"queue delay {args.max_queue_delay_us} µs")
-    server = LocalServer(config, sock, log=out.warn)
+    server = local.LocalServer(config, sock, log=out.warn)
     try:
         code = server.run(on_ready=ready)
-    except ServeStartError as exc:
+    except local.ServeStartError as exc:
         raise CliError(str(exc)) from None
     print("stopped", file=sys.stderr, flush=True)
     return code

@@ -19,15 +19,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.serve.local.transport import (
-    HELLO,
-    NO_SLOT,
-    Slab,
-    decode_arrays,
-    encode_arrays,
-    read_frame,
-    write_frame,
-)
+from trt_runtime.serve.local import transport
+from trt_runtime.serve.local.transport import NO_SLOT, Slab
 from trt_runtime.serve.options import ServeOptions
 
 __all__ = ["EngineProcessSpec", "engine_main"]
@@ -103,12 +96,12 @@ async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     slab: Slab | None = None
     tasks: set[asyncio.Task[None]] = set()
     try:
-        _rid, _slot, status, payload = await read_frame(reader)
-        if status != HELLO:
+        _rid, _slot, status, payload = await transport.read_frame(reader)
+        if status != transport.HELLO:
             return
         slab = Slab.attach(bytes(payload))
         while True:
-            rid, slot, _status, payload = await read_frame(reader)
+            rid, slot, _status, payload = await transport.read_frame(reader)
             task = asyncio.create_task(_answer(rid, slot, payload, slab, writer, batcher))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -128,7 +121,7 @@ async def _answer(rid: int, slot: int, payload: memoryview, slab: Slab, writer: 
 
     where = None if slot == NO_SLOT else slab.slot(slot)
     try:
-        arrays = decode_arrays(payload, where)
+        arrays = transport.decode_arrays(payload, where)
         outputs = await batcher.submit(tuple(arrays))
     except RequestError as exc:
         _refuse(writer, rid, exc.status, str(exc))
@@ -138,10 +131,10 @@ async def _answer(rid: int, slot: int, payload: memoryview, slab: Slab, writer: 
         return
     if writer.is_closing():
         return
-    description, inline = encode_arrays(outputs, where)
-    write_frame(writer, rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
+    description, inline = transport.encode_arrays(outputs, where)
+    transport.write_frame(writer, rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
 
 
 def _refuse(writer: asyncio.StreamWriter, rid: int, status: int, message: str) -> None:
     if not writer.is_closing():
-        write_frame(writer, rid, NO_SLOT, status, message.encode())
+        transport.write_frame(writer, rid, NO_SLOT, status, message.encode())

@@ -25,15 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.errors import RequestError
-from trt_runtime.serve.local.transport import (
-    HELLO,
-    NO_SLOT,
-    Slab,
-    decode_arrays,
-    encode_arrays,
-    read_frame,
-    write_frame,
-)
+from trt_runtime.serve.local import transport
+from trt_runtime.serve.local.transport import NO_SLOT, Slab
 
 __all__ = ["EngineLink", "EnginePool", "FrontSpec", "front_main"]
 
@@ -82,7 +75,7 @@ class EngineLink:
             raise RequestError(f"engine process at {self.path.name} is not up", 503)
         slab = self._slab
         slot = slab.take()
-        description, inline = encode_arrays(arrays, None if slot == NO_SLOT else slab.slot(slot))
+        description, inline = transport.encode_arrays(arrays, None if slot == NO_SLOT else slab.slot(slot))
         if inline and slot != NO_SLOT:  # too large for a slot: travels on the socket
             slab.give(slot)
             slot = NO_SLOT
@@ -91,7 +84,7 @@ class EngineLink:
         self._pending[rid] = (future, slot)
         self.outstanding += 1
         try:
-            write_frame(writer, rid, slot, 0, description, inline)
+            transport.write_frame(writer, rid, slot, 0, description, inline)
             return await future
         finally:
             self.outstanding -= 1
@@ -103,7 +96,7 @@ class EngineLink:
             except OSError:
                 await asyncio.sleep(_REDIAL_S)
                 continue
-            write_frame(writer, 0, NO_SLOT, HELLO, self._slab.hello())
+            transport.write_frame(writer, 0, NO_SLOT, transport.HELLO, self._slab.hello())
             self._writer = writer
             self.up.set()
             try:
@@ -119,7 +112,7 @@ class EngineLink:
     async def _receive(self, reader: asyncio.StreamReader) -> None:
         slab = self._slab
         while True:
-            rid, slot, status, payload = await read_frame(reader)
+            rid, slot, status, payload = await transport.read_frame(reader)
             entry = self._pending.pop(rid, None)
             if entry is None:
                 continue
@@ -128,7 +121,8 @@ class EngineLink:
                 if status:
                     future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
                 else:
-                    future.set_result(decode_arrays(payload, None if slot == NO_SLOT else slab.slot(slot)))
+                    where = None if slot == NO_SLOT else slab.slot(slot)
+                    future.set_result(transport.decode_arrays(payload, where))
             except asyncio.InvalidStateError:  # the client went away and its request was cancelled
                 pass
             slab.give(mine)
