@@ -17,6 +17,7 @@ from _serve_support import get_json, load_npy, npy, pair_engine, post, reference
 from tritonclient.utils import InferenceServerException
 
 import trt_runtime
+from trt_runtime import RequestError
 from trt_runtime.serve.inprocess import InProcessServer
 from trt_runtime.serve.model import ModelInfo
 
@@ -249,3 +250,65 @@ def test_readiness_follows_the_server(affine: InProcessServer) -> None:
         assert get_json(url + "/v2/models/late/ready") == {"name": "late", "ready": True}
         server.close()
         server.close()  # idempotent
+
+
+# -- the codec of the protocol, every datatype ---------------------------------------------
+_DTYPES = [("float16", "FP16"), ("float32", "FP32"), ("int8", "INT8"), ("int32", "INT32"), ("int64", "INT64"),
+           ("uint8", "UINT8"), ("bool", "BOOL")]
+
+
+def _typed_model(dtype: str) -> ModelInfo:
+    from trt_runtime import TensorSpec
+
+    x = TensorSpec("x", dtype, (-1, 3), True, profiles=(((1, 3), (2, 3), (4, 3)),))
+    return ModelInfo.from_specs("typed", [x], [TensorSpec("y", dtype, (-1, 3), False)], max_batch=4)
+
+
+@pytest.mark.parametrize(("dtype", "datatype"), _DTYPES)
+@pytest.mark.parametrize("binary", [False, True])
+def test_kserve_codec_round_trips_every_datatype(dtype: str, datatype: str, binary: bool) -> None:
+    from trt_runtime.serve.kserve import decode_infer, encode_infer
+
+    model = _typed_model(dtype)
+    assert model.metadata()["inputs"][0]["datatype"] == datatype
+    x = (np.arange(6).reshape(2, 3) % 2).astype(dtype)
+    entry: dict[str, object] = {"name": "x", "datatype": datatype, "shape": [2, 3]}
+    if binary:
+        entry["parameters"] = {"binary_data_size": x.nbytes}
+    else:
+        entry["data"] = x.ravel().tolist()
+    head = json.dumps({"inputs": [entry], "parameters": {"binary_data_output": binary}}).encode()
+    request = decode_infer(head + (x.tobytes() if binary else b""), str(len(head)) if binary else None, model)
+    assert request.arrays[0].dtype == x.dtype
+    np.testing.assert_array_equal(request.arrays[0], x)
+    body, media, length = encode_infer(model, request, [x])
+    if binary:
+        assert media == "application/octet-stream" and length is not None
+        doc = json.loads(body[:length])
+        np.testing.assert_array_equal(np.frombuffer(body[length:], dtype).reshape(2, 3), x)
+    else:
+        assert media == "application/json" and length is None
+        doc = json.loads(body)
+        assert doc["outputs"][0]["data"] == x.ravel().tolist()
+    assert doc["outputs"][0]["datatype"] == datatype and doc["outputs"][0]["shape"] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "datatype", "data", "match"),
+    [("int8", "INT8", [1, 2, 300], "out of the range of int8"),
+     ("int32", "INT32", [1, 2, 3.5], "must hold int32 values; got 3.5"),
+     ("bool", "BOOL", [1, 0, 1], "must hold bool values; got 1"),
+     ("float16", "FP16", [True, False, True], None)],
+)
+def test_kserve_json_data_refuses_lossy_values(dtype: str, datatype: str, data: list[object],
+                                               match: str | None) -> None:
+    from trt_runtime.serve.kserve import decode_infer
+
+    entry = {"name": "x", "datatype": datatype, "shape": [1, 3], "data": data}
+    head = json.dumps({"inputs": [entry]}).encode()
+    if match is None:  # JSON booleans are numbers 0 and 1 for a float input
+        assert decode_infer(head, None, _typed_model(dtype)).arrays[0].tolist() == [[1.0, 0.0, 1.0]]
+        return
+    with pytest.raises(RequestError, match=match) as caught:
+        decode_infer(head, None, _typed_model(dtype))
+    assert caught.value.status == 400

@@ -138,9 +138,13 @@ def _json_data(data: Any, target: Any, shape: list[int], where: str) -> Any:
         raw = np.asarray(data)
     except ValueError as exc:
         raise RequestError(f"{where}: 'data' is not a rectangular array ({exc})", 400) from None
-    allowed = {"b": "b", "i": "bi", "u": "bi", "f": "bif"}[target.kind]
+    allowed = {"b": "b", "i": "biu", "u": "biu", "f": "biuf"}[target.kind]
+    wrong = None
     if raw.size and raw.dtype.kind not in allowed:
-        first = raw.flat[0]
+        integral = raw.dtype.kind == "f" and target.kind in "iu"
+        wrong = raw[np.mod(raw, 1) != 0] if integral else raw
+    if wrong is not None and wrong.size:
+        first = wrong.flat[0]
         raise RequestError(
             f"{where}: 'data' must hold {target} values; got {getattr(first, 'item', lambda: first)()!r}", 400
         )
