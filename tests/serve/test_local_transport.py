@@ -40,6 +40,17 @@ def test_transport_arrays_round_trip_through_a_slot_and_inline(slab: Slab) -> No
     np.testing.assert_array_equal(got, big)
 
 
+def test_transport_keeps_dtype_byte_order_and_refuses_object_arrays(slab: Slab) -> None:
+    arrays = [np.array([True, False]), np.arange(3, dtype=">i8"), np.ones((2, 1, 1), np.uint8)]
+    description, inline = encode_arrays(arrays, None)
+    got = decode_arrays(memoryview(description + b"".join(bytes(b) for b in inline)), None)
+    assert [g.dtype for g in got] == [a.dtype for a in arrays]
+    for g, a in zip(got, arrays, strict=True):
+        np.testing.assert_array_equal(g, a)
+    with pytest.raises(ValueError, match="dtype object cannot be shared"):
+        encode_arrays([np.array([None])], None)
+
+
 def test_transport_slots_run_out_then_come_back(slab: Slab) -> None:
     taken = [slab.take() for _ in range(4)]
     assert sorted(taken) == [0, 1, 2, 3] and slab.take() == NO_SLOT

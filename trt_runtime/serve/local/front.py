@@ -57,9 +57,11 @@ class EngineLink:
         self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run())
 
     async def close(self) -> None:
         if self._task is not None:
@@ -70,8 +72,8 @@ class EngineLink:
             self._writer.close()
 
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
-        writer = self._writer
-        if writer is None or not self.up.is_set():
+        writer, loop = self._writer, self._loop
+        if writer is None or loop is None or not self.up.is_set():
             raise RequestError(f"engine process at {self.path.name} is not up", 503)
         slab = self._slab
         slot = slab.take()
@@ -80,7 +82,7 @@ class EngineLink:
             slab.give(slot)
             slot = NO_SLOT
         rid = next(self._ids) & 0xFFFFFFFF
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[Any]] = loop.create_future()
         self._pending[rid] = (future, slot)
         self.outstanding += 1
         try:

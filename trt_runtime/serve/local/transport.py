@@ -1,6 +1,7 @@
 """Moving tensors between a front process and an engine process: shared memory plus small frames.
 
-Each front owns one :class:`Slab`, a file in ``/dev/shm`` (a temporary directory elsewhere)
+Each front owns one :class:`Slab`, a file in ``/dev/shm`` (the temporary directory when that
+is missing or small)
 mapped by the front and by every engine process it talks to, cut into fixed-size slots.
 A request's input arrays are written once into a free slot; the engine process answers
 into the same slot. What crosses the unix socket is only a :data:`HEADER` (payload length,
@@ -41,17 +42,30 @@ HEADER = struct.Struct("<IIIi")
 NO_SLOT = 0xFFFFFFFF
 #: The status of the first frame a front sends on a connection (payload: :meth:`Slab.hello`).
 HELLO = -1
-_ARRAY = struct.Struct("<BQ")  # ndim, bytes; then the dtype string, then ndim int64 dims
+_META = struct.Struct("<B8sQ")  # per array: ndim, dtype string ("<f2"), bytes; then ndim int64 dims
+_DIMS = [struct.Struct(f"<{n}q") for n in range(33)]  # numpy arrays have at most 32 (64 on numpy 2) dims
+_DTYPES: dict[bytes, Any] = {}
 _ALIGN = 64
 _HELLO = struct.Struct("<II")  # slots, slot bytes; then the path
 
 
+#: ``/dev/shm`` must have this much room, else slabs go to the temporary directory: a page
+#: written past a full tmpfs kills the writer with SIGBUS (containers often give it 64 MiB).
+SHM_MIN_FREE = 256 * 1024 * 1024
+
+
 def shm_dir() -> Path:
-    """Where slabs live: ``/dev/shm`` (memory, never disk) when it exists, else the temp directory."""
+    """Where slabs live: ``/dev/shm`` (memory, never disk) when it is writable and roomy, else
+    the temporary directory."""
     import tempfile
 
     shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    try:
+        stat = os.statvfs(shm)
+        roomy = stat.f_bavail * stat.f_frsize >= SHM_MIN_FREE and os.access(shm, os.W_OK)
+    except OSError:
+        roomy = False
+    return shm if roomy else Path(tempfile.gettempdir())
 
 
 class Slab:
@@ -73,7 +87,7 @@ class Slab:
         self._free = list(range(slots - 1, -1, -1)) if owner else []
 
     @classmethod
-    def create(cls, path: Path, slots: int = 512, slot_bytes: int = 64 * 1024) -> Slab:
+    def create(cls, path: Path, slots: int = 256, slot_bytes: int = 64 * 1024) -> Slab:
         if slots < 1 or slot_bytes < _ALIGN or slot_bytes % _ALIGN:
             raise ValueError(f"a slab needs slots >= 1 and slot_bytes a multiple of {_ALIGN}; "
                              f"got {slots} slots of {slot_bytes} bytes")
@@ -130,15 +144,18 @@ def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes
     """
     import numpy as np
 
-    parts = [struct.pack("<B", len(arrays))]
+    parts = [bytes((len(arrays),))]
     total = 0
     contiguous = []
     for array in arrays:
-        a = np.asarray(array, order="C")  # ascontiguousarray would make a 0-d array 1-d
+        a = array
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            a = np.asarray(array, order="C")  # ascontiguousarray would make a 0-d array 1-d
+        code = a.dtype.str.encode()
+        if len(code) > 8 or a.dtype.hasobject:
+            raise ValueError(f"arrays of dtype {a.dtype} cannot be shared; expected a numeric dtype")
         contiguous.append(a)
-        dtype = a.dtype.str.encode()
-        parts.append(_ARRAY.pack(a.ndim, a.nbytes) + struct.pack("<B", len(dtype)) + dtype
-                     + struct.pack(f"<{a.ndim}q", *a.shape))
+        parts.append(_META.pack(a.ndim, code, a.nbytes) + _DIMS[a.ndim].pack(*a.shape))
         total += _padded(a.nbytes)
     description = b"".join(parts)
     if slot is None or total > len(slot):
@@ -151,32 +168,39 @@ def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes
     return description, []
 
 
+def _dtype(code: bytes) -> Any:
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        import numpy as np
+
+        dtype = _DTYPES[code] = np.dtype(code.rstrip(b"\0").decode())
+    return dtype
+
+
 def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
     """The arrays a payload describes, copied out of ``slot`` or out of the inline bytes."""
     import numpy as np
 
-    (count,) = struct.unpack_from("<B", payload)
+    count = payload[0]
     pos = 1
     metas = []
     for _ in range(count):
-        ndim, nbytes = _ARRAY.unpack_from(payload, pos)
-        pos += _ARRAY.size
-        (dlen,) = struct.unpack_from("<B", payload, pos)
-        dtype = np.dtype(bytes(payload[pos + 1:pos + 1 + dlen]).decode())
-        pos += 1 + dlen
-        shape = struct.unpack_from(f"<{ndim}q", payload, pos)
+        ndim, code, nbytes = _META.unpack_from(payload, pos)
+        pos += _META.size
+        shape = _DIMS[ndim].unpack_from(payload, pos)
         pos += 8 * ndim
-        metas.append((dtype, shape, nbytes))
+        metas.append((_dtype(code), shape, nbytes))
     arrays = []
     inline = slot is None
     source = payload if inline else slot
     offset = pos if inline else 0
     assert source is not None
     for dtype, shape, nbytes in metas:
-        count_items = nbytes // dtype.itemsize if dtype.itemsize else 0
-        flat = np.frombuffer(source, dtype=dtype, count=count_items, offset=offset) if nbytes else (
-            np.empty(0, dtype))
-        arrays.append(flat.reshape(shape).copy())
+        if nbytes:
+            flat = np.frombuffer(source, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
+            arrays.append(flat.reshape(shape).copy())
+        else:
+            arrays.append(np.empty(shape, dtype))
         offset += nbytes if inline else _padded(nbytes)
     return arrays
 
