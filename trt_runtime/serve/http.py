@@ -170,7 +170,9 @@ def make_app(
         ("", refusing(model_metadata), "GET"), ("/ready", refusing(model_ready), "GET"),
         ("/config", refusing(model_config), "GET"), ("/infer", counted(infer_v2), "POST"),
     ]
-    routes = [
+    routes = [  # the infer routes first: routes are tried in order, on every request
+        Route("/v2/models/{name}/infer", counted(infer_v2), methods=["POST"]),
+        Route("/", counted(infer_shorthand), methods=["POST"]),
         Route("/v2/health/live", live, methods=["GET"]),
         Route("/v2/health/ready", server_ready, methods=["GET"]),
         Route("/v2", server_metadata, methods=["GET"]),

@@ -111,7 +111,7 @@ def _input_array(entry: dict[str, Any], dtype: str, body: bytes, offset: int, mo
                                               for d in shape):
         raise RequestError(f"{where}: shape must be a list of integers >= 0; got {shape!r}", 400)
     count = math.prod(shape)
-    target = np.dtype(dtype)
+    target = _numpy_dtype(dtype)
     parameters = entry.get("parameters") or {}
     binary = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
     if binary is not None:
@@ -129,6 +129,18 @@ def _input_array(entry: dict[str, Any], dtype: str, body: bytes, offset: int, mo
     if "data" not in entry:
         raise RequestError(f"{where} has neither 'data' nor parameters.binary_data_size", 400)
     return _json_data(entry["data"], target, shape, where), offset
+
+
+_NUMPY: dict[str, Any] = {}
+
+
+def _numpy_dtype(dtype: str) -> Any:
+    found = _NUMPY.get(dtype)
+    if found is None:
+        from trt_runtime.dtypes import to_numpy
+
+        found = _NUMPY[dtype] = to_numpy(dtype)
+    return found
 
 
 def _json_data(data: Any, target: Any, shape: list[int], where: str) -> Any:
@@ -191,9 +203,10 @@ def encode_infer(
     blobs = []
     for index, binary in request.outputs:
         array = outputs[index]
+        spec = model.outputs[index]
         entry: dict[str, Any] = {
-            "name": model.outputs[index].name,
-            "datatype": DATATYPES.get(str(array.dtype), str(array.dtype).upper()),
+            "name": spec.name,
+            "datatype": DATATYPES.get(spec.dtype) or datatype_of(str(array.dtype)),
             "shape": list(array.shape),
         }
         if binary:
