@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 PORT = 18631
 PORT_DRAIN = 18632
 PORT_BUSY = 18633
+PORT_ORPHAN = 18634
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,29 @@ def test_local_sigint_finishes_in_flight_requests_and_exits_0(tmp_path: Path) ->
     assert "stopped" in "".join(srv.stderr)
     with socket.socket() as sock:
         assert sock.connect_ex((HOST, PORT_DRAIN)) != 0, "a front outlived the command"
+
+
+def test_local_children_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    engine = tmp_path / "affine.mem"
+    engine.write_bytes(single_engine())
+    srv = ServerProcess(engine, PORT_ORPHAN, "--workers", "2")
+    children = [*srv.doc["pids"]["fronts"], *srv.doc["pids"]["engines"]]
+    srv.stop(signal.SIGKILL)
+    end = time.monotonic() + 20
+    while any(_alive(pid) for pid in children) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children), "an orphaned child kept running"
+    with socket.socket() as sock:
+        assert sock.connect_ex((HOST, PORT_ORPHAN)) != 0, "an orphaned front still listens"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waits for init to reap it: it is gone
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:

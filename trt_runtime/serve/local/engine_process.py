@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.serve.local import transport
+from trt_runtime.serve.local.lifeline import wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 from trt_runtime.serve.options import ServeOptions
 
@@ -87,7 +88,10 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     )
     ready.send(("ready", model))
     ready.close()
+    orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
+    orphaned.add_done_callback(lambda _: stop.set())
     await stop.wait()
+    orphaned.cancel()
     server.close()
     await batcher.aclose(spec.drain_s)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from trt_runtime.errors import RequestError
 from trt_runtime.serve.local import transport
+from trt_runtime.serve.local.lifeline import wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 
 __all__ = ["EngineLink", "EnginePool", "FrontSpec", "front_main"]
@@ -208,10 +209,13 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
         ready.close()
 
     announcer = asyncio.create_task(announce())
+    orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
+    orphaned.add_done_callback(lambda _: server.stop())
     try:
         await server.serve(sockets=[sock])
     finally:
         announcer.cancel()
+        orphaned.cancel()
         await pool.close()
         slab.close()
 
