@@ -163,3 +163,19 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         slab.close()
 
     asyncio.run(main())
+
+
+def test_local_gpus_option_and_config_refuse_bad_values() -> None:
+    from trt_runtime.serve.local import LocalServerConfig, ServeStartError, resolve_gpus
+    from trt_runtime.serve.options import ServeOptions
+
+    assert resolve_gpus("all", 0) == (None,)  # no GPU: one engine process, the backend's default device
+    assert resolve_gpus("all", 2) == (0, 1)
+    assert resolve_gpus("1,0", 2) == (1, 0)
+    for text, match in (("2", "GPU index 2 does not exist; this machine has 2 GPU"),
+                        ("0,0", "names a GPU twice"), ("x", "must be 'all' or GPU indices")):
+        with pytest.raises(ServeStartError, match=match) as info:
+            resolve_gpus(text, 2)
+        assert info.value.usage
+    with pytest.raises(ValueError, match="workers must be an integer >= 1; got 0"):
+        LocalServerConfig(Path("e.mem"), ServeOptions(), "e", workers=0)
