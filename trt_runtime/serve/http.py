@@ -90,14 +90,10 @@ def make_app(
         up = ready()
         return JSONResponse({"ready": up}, status_code=200 if up else 503)
 
-    async def server_metadata(request: Request) -> Response:
-        from importlib.metadata import PackageNotFoundError, version
+    server = {"name": _SERVER, "version": _release(), "extensions": ["binary_tensor_data"]}
 
-        try:
-            release = version("trt-runtime")
-        except PackageNotFoundError:  # pragma: no cover - a source tree without an install
-            release = "unknown"
-        return JSONResponse({"name": _SERVER, "version": release, "extensions": ["binary_tensor_data"]})
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse(server)
 
     async def model_metadata(request: Request) -> Response:
         known(request)
@@ -200,6 +196,15 @@ def make_app(
         return _error(RequestError(message, exc.status_code))
 
     return Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
+
+
+def _release() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trt-runtime")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without an install
+        return "unknown"
 
 
 def _error(exc: RequestError) -> Response:
