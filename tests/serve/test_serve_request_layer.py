@@ -263,3 +263,25 @@ def test_metrics_refuse_a_directory_set_too_late(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     with pytest.raises(RuntimeError, match="PROMETHEUS_MULTIPROC_DIR was set after prometheus_client"):
         ServeMetrics("m")
+
+
+def test_batcher_skips_requests_whose_caller_went_away() -> None:
+    engine = _Engine(delay_s=0.05)
+
+    async def main() -> list[np.ndarray]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=4, max_queue_delay_us=0)
+        first = asyncio.ensure_future(batcher.submit(_rows(1)))
+        await asyncio.sleep(0.01)  # the first runs; the next ones wait
+        gone = [asyncio.ensure_future(batcher.submit(_rows(v))) for v in (2, 3)]
+        kept = asyncio.ensure_future(batcher.submit(_rows(4)))
+        await asyncio.sleep(0)
+        for task in gone:
+            task.cancel()
+        answers = [(await first)[0], (await kept)[0]]
+        await batcher.aclose(1)
+        return answers
+
+    first, kept = _run(main())
+    np.testing.assert_array_equal(first, _rows(1)[0] * 2 + 1)
+    np.testing.assert_array_equal(kept, _rows(4)[0] * 2 + 1)
+    assert engine.calls == [1, 1], "the two cancelled requests never reached the engine"

@@ -129,7 +129,13 @@ class DynamicBatcher:
                     if self._timer is None:
                         self._timer = self._loop.call_later(due - now, self._on_timer)  # type: ignore[union-attr]
                     return
-            batch = [self._waiting.popleft() for _ in range(min(self._max_batch, len(self._waiting)))]
+            batch: list[_Request] = []
+            while self._waiting and len(batch) < self._max_batch:
+                request = self._waiting.popleft()
+                if not request.future.done():  # else its caller went away: skip it
+                    batch.append(request)
+            if not batch:
+                continue
             worker = self._idle.popleft()
             self._busy += 1
             self._running.append(batch)
