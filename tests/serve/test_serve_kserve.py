@@ -6,6 +6,7 @@ import io
 import json
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -312,3 +313,13 @@ def test_kserve_json_data_refuses_lossy_values(dtype: str, datatype: str, data: 
     with pytest.raises(RequestError, match=match) as caught:
         decode_infer(head, None, _typed_model(dtype))
     assert caught.value.status == 400
+
+
+def test_inprocess_server_that_cannot_start_says_why() -> None:
+    with trt_runtime.load(single_engine(), "memory") as engine:
+        server = InProcessServer(engine, ModelInfo.from_engine(engine, "broken"))
+        server._socket.close()  # uvicorn then fails on the closed socket
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="the in-process server of 'broken' did not start"):
+            server.start(timeout_s=20)
+        assert time.monotonic() - started < 10, "start() returned as soon as uvicorn failed"

@@ -53,6 +53,7 @@ class InProcessServer:
             max_queue_delay_us=max_queue_delay_us, metrics=self.metrics, copy_outputs=copy_outputs,
         )
         self._up = threading.Event()
+        self._settled = threading.Event()  # started, or failed to
         self.app = make_app(
             model, self.batcher.submit, metrics=self.metrics, ready=self._up.is_set,
             max_body_bytes=max_body_bytes,
@@ -81,7 +82,7 @@ class InProcessServer:
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"trt-serve-{self.model.name}", daemon=True)
         self._thread.start()
-        if not self._up.wait(timeout_s):
+        if not self._settled.wait(timeout_s) or not self._up.is_set():
             self.close()
             raise RuntimeError(f"the in-process server of {self.model.name!r} did not start in {timeout_s} s"
                                + (f": {self._failure!r}" if self._failure else ""))
@@ -95,6 +96,7 @@ class InProcessServer:
                 await asyncio.sleep(0.005)
             if server.started:
                 self._up.set()
+            self._settled.set()
             await serving
             await self.batcher.aclose(self._drain_s)
 
@@ -102,6 +104,8 @@ class InProcessServer:
             asyncio.run(main())
         except BaseException as exc:  # reported by start()
             self._failure = exc
+        finally:
+            self._settled.set()
 
     def close(self) -> None:
         if self._thread is None:
