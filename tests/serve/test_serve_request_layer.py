@@ -285,3 +285,10 @@ def test_batcher_skips_requests_whose_caller_went_away() -> None:
     np.testing.assert_array_equal(first, _rows(1)[0] * 2 + 1)
     np.testing.assert_array_equal(kept, _rows(4)[0] * 2 + 1)
     assert engine.calls == [1, 1], "the two cancelled requests never reached the engine"
+
+
+def test_import_serve_loads_no_http_or_metrics_library() -> None:
+    heavy = "('ray', 'starlette', 'uvicorn', 'prometheus_client')"
+    code = f"import sys, trt_runtime.serve; print(sorted(m for m in {heavy} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
