@@ -61,8 +61,6 @@ def make_app(
     and ``/stats``)."""
     try:
         from starlette.applications import Starlette
-        from starlette.exceptions import HTTPException
-        from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
     except ImportError as exc:
         from trt_runtime.errors import BackendUnavailableError
@@ -72,61 +70,41 @@ def make_app(
         ) from None
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be an integer >= 1; got {max_body_bytes!r}")
+    ep = _Endpoints(model, infer, metrics, ready, max_body_bytes)
+    infer_v2, shorthand = ep.counted(ep.infer_v2), ep.counted(ep.infer_shorthand)
+    model_routes = [("", ep.refusing(ep.model_metadata)), ("/ready", ep.refusing(ep.model_ready)),
+                    ("/config", ep.refusing(ep.model_config))]
+    routes = [  # the infer routes first: routes are tried in order, on every request
+        Route("/v2/models/{name}/infer", infer_v2, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", infer_v2, methods=["POST"]),
+        Route("/", shorthand, methods=["POST"]),
+        Route("/infer", shorthand, methods=["POST"]),
+        Route("/v2/health/live", ep.live, methods=["GET"]),
+        Route("/v2/health/ready", ep.server_ready, methods=["GET"]),
+        Route("/v2", ep.server_metadata, methods=["GET"]),
+        *(Route(prefix + suffix, endpoint, methods=["GET"])
+          for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
+          for suffix, endpoint in model_routes),
+        Route("/metrics", ep.prometheus, methods=["GET"]),
+        *extra_routes,
+    ]
+    return Starlette(routes=routes, exception_handlers={404: ep.no_route, 405: ep.no_route})
 
-    def known(request: Request) -> None:
-        name = request.path_params["name"]
-        version = request.path_params.get("version", model.version)
-        if name != model.name or version != model.version:
-            raise RequestError(
-                f"unknown model {name!r} version {version!r}; this server serves {model.name!r} "
-                f"version {model.version!r}",
-                404,
-            )
 
-    async def live(request: Request) -> Response:
-        return JSONResponse({"live": True})
+class _Endpoints:
+    """The app's endpoints, around one model and one ``infer``."""
 
-    async def server_ready(request: Request) -> Response:
-        up = ready()
-        return JSONResponse({"ready": up}, status_code=200 if up else 503)
+    def __init__(self, model: ModelInfo, infer: Infer, metrics: ServeMetrics, ready: Callable[[], bool],
+                 max_body_bytes: int) -> None:
+        self.model = model
+        self.infer = infer
+        self.metrics = metrics
+        self.ready = ready
+        self.max_body_bytes = max_body_bytes
+        self.server = {"name": _SERVER, "version": _release(), "extensions": ["binary_tensor_data"]}
 
-    server = {"name": _SERVER, "version": _release(), "extensions": ["binary_tensor_data"]}
-
-    async def server_metadata(request: Request) -> Response:
-        return JSONResponse(server)
-
-    async def model_metadata(request: Request) -> Response:
-        known(request)
-        return JSONResponse(model.metadata())
-
-    async def model_config(request: Request) -> Response:
-        known(request)
-        return JSONResponse(model.config())
-
-    async def model_ready(request: Request) -> Response:
-        known(request)
-        up = ready()
-        return JSONResponse({"name": model.name, "ready": up}, status_code=200 if up else 503)
-
-    async def infer_v2(request: Request) -> Response:
-        known(request)
-        body = await read_body(request, max_body_bytes)
-        decoded = kserve.decode_infer(body, request.headers.get(kserve.HEADER_LENGTH), model)
-        outputs = await infer(decoded.arrays)
-        content, media, length = kserve.encode_infer(model, decoded, outputs)
-        headers = None if length is None else {kserve.HEADER_LENGTH: str(length)}
-        return Response(content, media_type=media, headers=headers)
-
-    async def infer_shorthand(request: Request) -> Response:
-        body = await read_body(request, max_body_bytes)
-        media_type = request.headers.get("content-type", "")
-        decoded = codec.decode_body(media_type, body, model.inputs, max_body_bytes)
-        arrays = model.checker.check(decoded.args, decoded.named)
-        outputs = await infer(arrays)
-        content, media = codec.encode_result(outputs, model.output_names, decoded.encoding, decoded.bare)
-        return Response(content, media_type=media)
-
-    def refusing(endpoint: Endpoint) -> Endpoint:
+    # -- wrappers ------------------------------------------------------------------------
+    def refusing(self, endpoint: Endpoint) -> Endpoint:
         """``endpoint`` answering a ``RequestError`` as ``{"error": ...}`` with its status."""
 
         async def answer(request: Request) -> Response:
@@ -137,8 +115,9 @@ def make_app(
 
         return answer
 
-    def counted(endpoint: Endpoint) -> Endpoint:
+    def counted(self, endpoint: Endpoint) -> Endpoint:
         """An infer ``endpoint`` counted in the metrics (in flight, by status); other errors are 500."""
+        metrics, model = self.metrics, self.model
 
         async def answer(request: Request) -> Response:
             metrics.started()
@@ -158,44 +137,91 @@ def make_app(
 
         return answer
 
-    async def prometheus(request: Request) -> Response:
-        content, media = metrics.render()
+    def known(self, request: Request) -> None:
+        """``RequestError`` (404) unless the URL names this model and version."""
+        model = self.model
+        name = request.path_params["name"]
+        version = request.path_params.get("version", model.version)
+        if name != model.name or version != model.version:
+            raise RequestError(
+                f"unknown model {name!r} version {version!r}; this server serves {model.name!r} "
+                f"version {model.version!r}",
+                404,
+            )
+
+    # -- health and metadata -------------------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        return _json({"live": True})
+
+    async def server_ready(self, request: Request) -> Response:
+        up = self.ready()
+        return _json({"ready": up}, 200 if up else 503)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return _json(self.server)
+
+    async def model_metadata(self, request: Request) -> Response:
+        self.known(request)
+        return _json(self.model.metadata())
+
+    async def model_config(self, request: Request) -> Response:
+        self.known(request)
+        return _json(self.model.config())
+
+    async def model_ready(self, request: Request) -> Response:
+        self.known(request)
+        up = self.ready()
+        return _json({"name": self.model.name, "ready": up}, 200 if up else 503)
+
+    async def prometheus(self, request: Request) -> Response:
+        from starlette.responses import Response
+
+        content, media = self.metrics.render()
         return Response(content, headers={"Content-Type": media})
 
-    model_routes = [
-        ("", refusing(model_metadata), "GET"), ("/ready", refusing(model_ready), "GET"),
-        ("/config", refusing(model_config), "GET"), ("/infer", counted(infer_v2), "POST"),
-    ]
-    routes = [  # the infer routes first: routes are tried in order, on every request
-        Route("/v2/models/{name}/infer", counted(infer_v2), methods=["POST"]),
-        Route("/", counted(infer_shorthand), methods=["POST"]),
-        Route("/v2/health/live", live, methods=["GET"]),
-        Route("/v2/health/ready", server_ready, methods=["GET"]),
-        Route("/v2", server_metadata, methods=["GET"]),
-        *(Route(prefix + suffix, endpoint, methods=[method])
-          for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
-          for suffix, endpoint, method in model_routes),
-        Route("/", counted(infer_shorthand), methods=["POST"]),
-        Route("/infer", counted(infer_shorthand), methods=["POST"]),
-        Route("/metrics", prometheus, methods=["GET"]),
-        *extra_routes,
-    ]
+    # -- inference -----------------------------------------------------------------------
+    async def infer_v2(self, request: Request) -> Response:
+        from starlette.responses import Response
 
-    async def no_route(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
+        self.known(request)
+        body = await read_body(request, self.max_body_bytes)
+        decoded = kserve.decode_infer(body, request.headers.get(kserve.HEADER_LENGTH), self.model)
+        outputs = await self.infer(decoded.arrays)
+        content, media, length = kserve.encode_infer(self.model, decoded, outputs)
+        headers = None if length is None else {kserve.HEADER_LENGTH: str(length)}
+        return Response(content, media_type=media, headers=headers)
+
+    async def infer_shorthand(self, request: Request) -> Response:
+        from starlette.responses import Response
+
+        model = self.model
+        body = await read_body(request, self.max_body_bytes)
+        media_type = request.headers.get("content-type", "")
+        decoded = codec.decode_body(media_type, body, model.inputs, self.max_body_bytes)
+        arrays = model.checker.check(decoded.args, decoded.named)
+        outputs = await self.infer(arrays)
+        content, media = codec.encode_result(outputs, model.output_names, decoded.encoding, decoded.bare)
+        return Response(content, media_type=media)
+
+    # -- refusals ------------------------------------------------------------------------
+    async def no_route(self, request: Request, exc: Exception) -> Response:
+        """Starlette's 404 and 405, as one JSON line naming the route."""
+        status = getattr(exc, "status_code", 404)
         path = request.scope.get("path", "/")
         root = request.scope.get("root_path", "")
         route = path[len(root):] if root and path.startswith(root) else path
-        if exc.status_code == 405:
+        if status == 405:
             message = f"method {request.method} is not allowed on {route!r}"
-        elif exc.status_code == 404:
-            message = (f"no route {route!r}; POST /v2/models/{model.name}/infer or /, "
-                       f"GET /v2/models/{model.name}")
         else:
-            message = str(exc.detail)
-        return _error(RequestError(message, exc.status_code))
+            name = self.model.name
+            message = f"no route {route!r}; POST /v2/models/{name}/infer or /, GET /v2/models/{name}"
+        return error_response(message, status)
 
-    return Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
+
+def _json(doc: Any, status: int = 200) -> Response:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(doc, status_code=status)
 
 
 def _release() -> str:
