@@ -57,7 +57,9 @@ def test_kserve_health_and_metadata(affine: InProcessServer) -> None:
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
         "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, -1]}],
     }
-    assert client.get_model_config("affine")["max_batch_size"] == 8
+    config = client.get_model_config("affine")
+    assert config["max_batch_size"] == 8 and "dynamic_batching" in config
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}]
     assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
     assert not client.is_model_ready("other")
 

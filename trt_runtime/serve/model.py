@@ -122,17 +122,20 @@ class ModelInfo:
         }
 
     def config(self) -> dict[str, Any]:
-        """A Triton-style model configuration (``GET /v2/models/{name}/config``)."""
-        batchable = self.checker.batchable
-        return {
+        """The model's configuration as Triton writes it (``GET /v2/models/{name}/config``):
+        with ``max_batch_size`` > 0 the batch dimension is implicit, left out of ``dims``."""
+        batched = self.checker.batchable and self.max_batch > 1
+        doc: dict[str, Any] = {
             "name": self.name,
             "platform": self.platform,
             "backend": "trt_runtime",
-            "max_batch_size": self.max_batch if batchable else 0,
-            "dynamic_batching": {} if batchable and self.max_batch > 1 else None,
-            "input": [_tensor_metadata(s) for s in self.inputs],
-            "output": [_tensor_metadata(s) for s in self.outputs],
+            "max_batch_size": self.max_batch if batched else 0,
+            "input": [_tensor_config(s, batched) for s in self.inputs],
+            "output": [_tensor_config(s, batched) for s in self.outputs],
         }
+        if batched:
+            doc["dynamic_batching"] = {}
+        return doc
 
     # -- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +156,12 @@ class ModelInfo:
 def _tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
     datatype = DATATYPES.get(spec.dtype, spec.dtype.upper())
     return {"name": spec.name, "datatype": datatype, "shape": list(spec.shape)}
+
+
+def _tensor_config(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    datatype = DATATYPES.get(spec.dtype, spec.dtype.upper())
+    dims = spec.shape[1:] if batched else spec.shape
+    return {"name": spec.name, "data_type": f"TYPE_{datatype}", "dims": list(dims)}
 
 
 def _spec_dict(spec: TensorSpec) -> dict[str, Any]:
