@@ -129,7 +129,9 @@ def test_local_sigint_finishes_in_flight_requests_and_exits_0(tmp_path: Path) ->
     x = np.full((1, 4), 3.0, np.float32)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(post, srv.url + "/", npy(x), "application/x-npy") for _ in range(4)]
-        time.sleep(0.5)
+        end = time.monotonic() + 20
+        while _inflight(srv) < 4 and time.monotonic() < end:  # all four reached a front
+            time.sleep(0.02)
         srv.proc.send_signal(signal.SIGINT)
         answers = [f.result(timeout=30) for f in futures]
     code = srv.stop(timeout=60)
@@ -163,6 +165,14 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie waits for init to reap it: it is gone
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _inflight(server: ServerProcess) -> float:
+    _status, body = server.get("/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith("trt_runtime_inflight_requests{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:

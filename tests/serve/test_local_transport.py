@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,12 +151,18 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         assert all(isinstance(r, RequestError) and r.status == 503 for r in results), results
         assert sorted(slab._free) == [0, 1, 2, 3]
         assert not pool.all_up()
+        pool.wait_for_engine_s = 0.2
+        started = time.monotonic()
         with pytest.raises(RequestError, match="no engine process is up") as info:
             await pool.infer((np.ones((1, 2), np.float32),))
-        assert info.value.status == 503
+        assert info.value.status == 503 and time.monotonic() - started >= 0.2
+        pool.wait_for_engine_s = 5.0
+        late = asyncio.ensure_future(pool.infer((np.full((1, 2), 4, np.float32),)))  # waits for the successor
         release.set()
         server = await asyncio.start_unix_server(handler, path=os.fspath(path))  # its successor
         await asyncio.wait_for(pool.wait_up(), 5)
+        (y,) = await asyncio.wait_for(late, 5)
+        np.testing.assert_array_equal(y, np.full((1, 2), 4, np.float32))
         (y,) = await pool.infer((np.full((1, 2), 3, np.float32),))
         np.testing.assert_array_equal(y, np.full((1, 2), 3, np.float32))
         await pool.close()

@@ -32,6 +32,8 @@ from trt_runtime.serve.local.transport import NO_SLOT, Slab
 __all__ = ["EngineLink", "EnginePool", "FrontSpec", "front_main"]
 
 _REDIAL_S = 0.05
+#: How long a request waits for an engine process to come back before it is answered 503.
+WAIT_FOR_ENGINE_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +51,9 @@ class FrontSpec:
 class EngineLink:
     """This front's connection to one engine process; dials again whenever it drops."""
 
-    def __init__(self, path: Path, slab: Slab) -> None:
+    def __init__(self, path: Path, slab: Slab, on_change: Any = None) -> None:
         self.path = path
+        self._on_change = on_change  # called after the link went up or down
         self.outstanding = 0
         self.up = asyncio.Event()
         self._slab = slab
@@ -102,12 +105,16 @@ class EngineLink:
             transport.write_frame(writer, 0, NO_SLOT, transport.HELLO, self._slab.hello())
             self._writer = writer
             self.up.set()
+            if self._on_change is not None:
+                self._on_change()
             try:
                 await self._receive(reader)
             except (asyncio.IncompleteReadError, ConnectionError, OSError):
                 pass
             finally:
                 self.up.clear()
+                if self._on_change is not None:
+                    self._on_change()
                 self._writer = None
                 writer.close()
                 self._fail_pending()
@@ -141,8 +148,9 @@ class EngineLink:
 class EnginePool:
     """Every engine process this front talks to; a request goes to the least busy one that is up."""
 
-    def __init__(self, sockets: Sequence[Path], slab: Slab) -> None:
-        self.links = [EngineLink(path, slab) for path in sockets]
+    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None) -> None:
+        self.links = [EngineLink(path, slab, on_change) for path in sockets]
+        self.wait_for_engine_s = WAIT_FOR_ENGINE_S
 
     def start(self) -> None:
         for link in self.links:
@@ -155,21 +163,32 @@ class EnginePool:
         return all(link.up.is_set() for link in self.links)
 
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        best = self._least_busy()
+        if best is None:  # an engine process is being restarted: wait a little for it
+            waits = [asyncio.ensure_future(link.up.wait()) for link in self.links]
+            await asyncio.wait(waits, timeout=self.wait_for_engine_s, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
+            best = self._least_busy()
+        if best is None:
+            raise RequestError("no engine process is up; try again shortly", 503)
+        return await best.infer(arrays)
+
+    def _least_busy(self) -> EngineLink | None:
         best = None
         for link in self.links:
             if link.up.is_set() and (best is None or link.outstanding < best.outstanding):
                 best = link
-        if best is None:
-            raise RequestError("no engine process is up; try again shortly", 503)
-        return await best.infer(arrays)
+        return best
 
     async def close(self) -> None:
         await asyncio.gather(*(link.close() for link in self.links))
 
 
 def front_main(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
-    """Process entry: serve on ``sock`` until SIGTERM; ``ready_flag.value`` is the supervisor's
-    word that every process is up; ``ready`` gets one message once this front accepts."""
+    """Process entry: serve on ``sock`` until SIGTERM; ``ready`` gets one message once this front
+    accepts. ``ready_flag`` is shared by the server's processes: ``[0]`` is the supervisor's
+    word that every process is up, ``[1 + index]`` this front's that all its engine links are."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import uvloop
@@ -186,12 +205,17 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
     from trt_runtime.serve.metrics import ServeMetrics
 
     slab = Slab.create(spec.slab_path)
-    pool = EnginePool(spec.engine_sockets, slab)
+    mine = 1 + spec.index
+
+    def links_changed() -> None:
+        ready_flag[mine] = 1 if pool.all_up() else 0
+
+    pool = EnginePool(spec.engine_sockets, slab, links_changed)
     pool.start()
     await pool.wait_up()
     app = make_app(
         spec.model, pool.infer, metrics=ServeMetrics(spec.model.name),
-        ready=lambda: bool(ready_flag.value) and pool.all_up(), max_body_bytes=spec.max_body_bytes,
+        ready=lambda: all(ready_flag), max_body_bytes=spec.max_body_bytes,
     )
     config = uvicorn.Config(
         app, lifespan="off", access_log=False, log_level="warning",

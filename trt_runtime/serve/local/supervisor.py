@@ -6,9 +6,10 @@ what one core cannot keep up with, so the fronts are several processes on one li
 socket (bound here, inherited by every front). Every child is started with the
 ``spawn`` method (a CUDA context does not survive ``fork``).
 
-Readiness: ``/v2/health/ready`` answers 200 only while every process is up (a flag in
-shared memory that this process sets; each front also checks its own engine links). A
-child that dies is started again; until its successor is up the flag says not ready.
+Readiness: ``/v2/health/ready`` answers 200 only while every process is up and every
+front reaches every engine process (flags in shared memory: one this process sets, one per
+front that the front sets). A child that dies is started again; until its successor is up
+(and the fronts have dialled it) the flags say not ready.
 SIGINT / SIGTERM: the flag goes down, the fronts get SIGTERM (they stop accepting and
 finish in-flight requests, at most ``drain_s``), then the engine processes; exit 0.
 """
@@ -149,7 +150,8 @@ class LocalServer:
         self._sock = sock
         self._log = log
         self._ctx = multiprocessing.get_context("spawn")
-        self._ready_flag = self._ctx.RawValue("b", 0)
+        # [0]: every process is up (set here); [1 + i]: front i reaches every engine process.
+        self._ready_flag = self._ctx.RawArray("b", 1 + config.workers)
         self._stopping = False
         self._run_dir = Path(tempfile.mkdtemp(prefix="trt-serve-", dir=shm_dir()))
         self.model: Any = None
@@ -181,7 +183,7 @@ class LocalServer:
             self._supervise(on_ready)
             return 0
         finally:
-            self._ready_flag.value = 0
+            self._ready_flag[0] = 0
             self._stop_all()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -190,7 +192,7 @@ class LocalServer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stopping = True
-        self._ready_flag.value = 0
+        self._ready_flag[0] = 0
 
     def _start_engines(self) -> bool:
         self._engines = [
@@ -277,7 +279,9 @@ class LocalServer:
             for child in children:
                 self._poll(child, 0)
                 if child.process is not None and not child.process.is_alive():
-                    self._ready_flag.value = 0
+                    self._ready_flag[0] = 0
+                    if child.role == "front":
+                        self._ready_flag[1 + child.index] = 0
                     code = child.process.exitcode
                     try:
                         mark_process_dead(child.process.pid)  # its in-flight gauge stops counting
@@ -296,7 +300,7 @@ class LocalServer:
                 if child.process is None and now >= child.due:
                     self._launch(child)
             up = all(c.ready and c.process is not None for c in children)
-            self._ready_flag.value = 1 if up else 0
+            self._ready_flag[0] = 1 if up else 0
             if up and not announced:
                 announced = True
                 if on_ready is not None:
