@@ -47,6 +47,8 @@ from benchmarks.serve_load import Expect, LoadGenerator, percentile  # noqa: E40
 #: Seconds one server start costs, for the time plan (a GPU engine process loads, a Ray deploys).
 START_S = {"baseline": 8.0, "trivial": 2.0, "local": 10.0, "ray": 15.0, "ray-noop": 8.0}
 TYPES = {"binary": "application/x-npy", "json": "application/json"}
+#: Ray Serve's HTTP proxy listens on --port + this (it starts once, for every Ray row).
+RAY_PORT_OFFSET = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,28 +176,29 @@ def plan(args: argparse.Namespace) -> list[Front]:
 
 # -- running ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def started(front: Front, w: Workload, args: argparse.Namespace, ray: Any) -> Iterator[str]:
-    """Start ``front``; yields the URL path requests go to."""
+def started(front: Front, w: Workload, args: argparse.Namespace, ray: Any) -> Iterator[tuple[int, str]]:
+    """Start ``front``; yields the port and URL path requests go to."""
     port = args.port
     if front.front == "trivial":
         with serve_fronts.trivial(port, w.answer(), TYPES["binary"], front.workers):
-            yield "/"
+            yield port, "/"
     elif front.front == "baseline":
         with serve_fronts.baseline(w.path, w.backend, port):
-            yield "/"
+            yield port, "/"
     elif front.front == "local":
         gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
         cache = None if args.smoke else args.work / "runtime.cache"
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache):
-            yield "/"
+            yield port, "/"
     else:
         from trt_runtime.serve import ServeOptions
 
         options = ServeOptions(backend=w.backend, max_batch=args.max_batch, batch_wait_ms=args.delay_us / 1e3)
-        with serve_fronts.ray_app(ray, front.front, front.workers, 1.0 if front.gpus else 0.0, engine=w.path,
+        per_replica = min(1.0, front.gpus / front.workers)  # 2 replicas on 1 GPU: half a GPU each
+        with serve_fronts.ray_app(ray, front.front, front.workers, per_replica, engine=w.path,
                                   options=options, answer=w.answer(), content_type=TYPES["binary"]) as path:
-            yield path
+            yield RAY_PORT_OFFSET + port, path
 
 
 def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadline: float,
@@ -204,12 +207,13 @@ def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadlin
     """Measure every cell that fits before ``deadline``; returns what was skipped."""
     load = LoadGenerator(args.procs)
     skipped: list[str] = []
-    ray_cm: Any = contextlib.nullcontext(None)
-    if any(f.front.startswith("ray") for f in fronts):
-        ray_cm = serve_fronts.ray_session(args.port + 1, max(args.gpus), 4 if args.smoke else None)
     try:
-        with ray_cm as ray:
+        with contextlib.ExitStack() as stack:
+            ray = None
             for i, front in enumerate(fronts):
+                if front.front.startswith("ray") and ray is None:  # Ray's daemons idle only while it runs
+                    ray = stack.enter_context(serve_fronts.ray_session(args.port + RAY_PORT_OFFSET,
+                                                                       max(args.gpus)))
                 later = fronts[i:]
                 need = sum(START_S[f.front] + len(f.cells) * (args.warmup + 0.6) for f in later)
                 cells_left = sum(len(f.cells) for f in later)
@@ -220,9 +224,9 @@ def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadlin
                                 for b, c in front.cells]
                     continue
                 try:
-                    with started(front, w, args, ray) as path:
+                    with started(front, w, args, ray) as (port, path):
                         for body, clients in front.cells:
-                            result = load.run(serve_fronts.HOST, args.port, path, w.body(body), TYPES[body],
+                            result = load.run(serve_fronts.HOST, port, path, w.body(body), TYPES[body],
                                               clients, seconds, args.warmup, w.expect(body))
                             row = {**{k: getattr(front, k) for k in ("front", "workers", "gpus", "batching")},
                                    "body": body, **result.summary()}

@@ -178,14 +178,12 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
 
 # -- Ray Serve ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def ray_session(port: int, gpus: int, cpus: int | None = None) -> Iterator[Any]:
+def ray_session(port: int, gpus: int) -> Iterator[Any]:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray import serve
 
     extra: dict[str, Any] = {"num_gpus": gpus} if gpus else {"object_store_memory": 80 * 1024 * 1024}
-    if cpus is not None:
-        extra["num_cpus"] = cpus
     ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address=HOST, **extra)
     serve.start(http_options={"host": HOST, "port": port})
     try:
