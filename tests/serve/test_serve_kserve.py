@@ -322,6 +322,7 @@ def test_inprocess_server_that_cannot_start_says_why() -> None:
         server = InProcessServer(engine, ModelInfo.from_engine(engine, "broken"))
         server._socket.close()  # uvicorn then fails on the closed socket
         started = time.monotonic()
-        with pytest.raises(RuntimeError, match="the in-process server of 'broken' did not start"):
+        failed = "the in-process server of 'broken' did not start"
+        with pytest.raises(trt_runtime.TrtRuntimeError, match=failed):
             server.start(timeout_s=20)
         assert time.monotonic() - started < 10, "start() returned as soon as uvicorn failed"

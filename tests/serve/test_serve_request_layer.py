@@ -261,7 +261,8 @@ def test_metrics_refuse_a_directory_set_too_late(monkeypatch: pytest.MonkeyPatch
     import prometheus_client  # noqa: F401  (imported before the variable is set)
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    with pytest.raises(RuntimeError, match="PROMETHEUS_MULTIPROC_DIR was set after prometheus_client"):
+    late = "PROMETHEUS_MULTIPROC_DIR was set after prometheus_client"
+    with pytest.raises(trt_runtime.SettingsError, match=late):
         ServeMetrics("m")
 
 

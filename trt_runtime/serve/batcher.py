@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime.errors import RequestError
+from trt_runtime.errors import RequestError, SettingsError
 from trt_runtime.serve.batching import Answer, BatchRunner
 from trt_runtime.serve.validation import RequestChecker
 
@@ -74,12 +74,12 @@ class DynamicBatcher:
         copy_outputs: bool = False,
     ) -> None:
         if not execute_fns:
-            raise ValueError("DynamicBatcher needs at least one execute function; got none")
+            raise SettingsError("DynamicBatcher needs at least one execute function; got none")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be an integer >= 1; got {max_batch!r}")
+            raise SettingsError(f"max_batch must be an integer >= 1; got {max_batch!r}")
         delay = max_queue_delay_us
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= 10_000_000:
-            raise ValueError(f"max_queue_delay_us must be an integer in [0, 10000000]; got {delay!r}")
+            raise SettingsError(f"max_queue_delay_us must be an integer in [0, 10000000]; got {delay!r}")
         self._checker = checker
         self._max_batch = max_batch if checker.batchable else 1
         self._delay_s = delay / 1e6

@@ -25,7 +25,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trt_runtime.errors import RequestError
+from trt_runtime.errors import RequestError, SettingsError
 from trt_runtime.serve import codec, kserve
 from trt_runtime.serve.model import ModelInfo
 
@@ -69,7 +69,7 @@ def make_app(
             f"serving over HTTP needs starlette ({exc}): pip install -c constraints.txt -e '.[serve]'"
         ) from None
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-        raise ValueError(f"max_body_bytes must be an integer >= 1; got {max_body_bytes!r}")
+        raise SettingsError(f"max_body_bytes must be an integer >= 1; got {max_body_bytes!r}")
     ep = _Endpoints(model, infer, metrics, ready, max_body_bytes)
     infer_v2, shorthand = ep.counted(ep.infer_v2), ep.counted(ep.infer_shorthand)
     model_routes = [("", ep.refusing(ep.model_metadata)), ("/ready", ep.refusing(ep.model_ready)),

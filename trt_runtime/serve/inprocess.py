@@ -14,6 +14,7 @@ import socket
 import threading
 from typing import Any
 
+from trt_runtime.errors import TrtRuntimeError
 from trt_runtime.serve.model import ModelInfo
 from trt_runtime.serve.options import DEFAULT_MAX_BODY_BYTES
 
@@ -84,8 +85,10 @@ class InProcessServer:
         self._thread.start()
         if not self._settled.wait(timeout_s) or not self._up.is_set():
             self.close()
-            raise RuntimeError(f"the in-process server of {self.model.name!r} did not start in {timeout_s} s"
-                               + (f": {self._failure!r}" if self._failure else ""))
+            why = f": {self._failure!r}" if self._failure else ""
+            raise TrtRuntimeError(
+                f"the in-process server of {self.model.name!r} did not start in {timeout_s} s{why}"
+            )
         return self
 
     def _run(self) -> None:

@@ -50,7 +50,9 @@ def multiprocess() -> bool:
     from prometheus_client import values
 
     if getattr(values.ValueClass, "__name__", "") == "MutexValue":
-        raise RuntimeError(
+        from trt_runtime.errors import SettingsError
+
+        raise SettingsError(
             f"{MULTIPROC_ENV} was set after prometheus_client was imported in process {os.getpid()}; "
             "set it before the server's processes start"
         )

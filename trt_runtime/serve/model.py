@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.errors import RequestError
+from trt_runtime.errors import RequestError, SettingsError
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.serve.validation import RequestChecker
 
@@ -44,7 +44,7 @@ def model_name(engine: str | os.PathLike[str], name: str | None = None) -> str:
     """The name a model is served under: ``name`` if given, else the engine file's stem."""
     if name is not None:
         if not name or "/" in name:
-            raise ValueError(f"model name must be non-empty and hold no '/'; got {name!r}")
+            raise SettingsError(f"model name must be non-empty and hold no '/'; got {name!r}")
         return name
     return Path(engine).stem
 
@@ -85,9 +85,9 @@ class ModelInfo:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"model name must be a non-empty string without '/'; got {self.name!r}")
+            raise SettingsError(f"model name must be a non-empty string without '/'; got {self.name!r}")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
-            raise ValueError(f"max_batch must be an integer >= 1; got {self.max_batch!r}")
+            raise SettingsError(f"max_batch must be an integer >= 1; got {self.max_batch!r}")
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "checker", RequestChecker(self.name, self.inputs, self.outputs))
