@@ -293,3 +293,20 @@ def test_import_serve_loads_no_http_or_metrics_library() -> None:
     code = f"import sys, trt_runtime.serve; print(sorted(m for m in {heavy} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_batcher_close_waits_for_the_running_call() -> None:
+    engine = _Engine(delay_s=0.2)
+
+    async def main() -> DynamicBatcher:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=1, max_queue_delay_us=0)
+        running = asyncio.ensure_future(batcher.submit(_rows(1)))
+        await asyncio.sleep(0.05)
+        assert not running.done()
+        return batcher
+
+    batcher = _run(main())
+    started = time.perf_counter()
+    batcher.close()
+    assert engine.active == 0 and time.perf_counter() - started > 0.1, "close() returned while the call ran"
+    batcher.close()  # idempotent

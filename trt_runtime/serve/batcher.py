@@ -213,3 +213,10 @@ class DynamicBatcher:
                 )
         for worker in self._workers:
             worker.pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop taking requests and wait for the engine calls running now (from any thread, e.g.
+        before closing the engine); requests still queued are never run. Idempotent."""
+        self._closing = True
+        for worker in self._workers:
+            worker.pool.shutdown(wait=True, cancel_futures=True)

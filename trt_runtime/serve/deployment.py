@@ -227,7 +227,8 @@ class EngineServer:
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the engine and save the runtime cache; idempotent."""
+        """Wait for the engine calls running now, close the engine, save the runtime cache; idempotent."""
+        self._batcher.close()
         self.engine.close()
         if self.cache is not None:
             self.cache.close()
