@@ -36,7 +36,8 @@ def serve_ray(args: argparse.Namespace, out: Output, options: Any, name: str) ->
     try:
         engine: Any = args.file.read_bytes() if args.ship else args.file.resolve()
         app = build_app(engine, options, replicas=replicas, gpus_per_replica=args.gpus_per_replica or 0.0,
-                        cpus_per_replica=1.0 if args.cpus_per_replica is None else args.cpus_per_replica)
+                        cpus_per_replica=1.0 if args.cpus_per_replica is None else args.cpus_per_replica,
+                        model_name=name)
     except (ValueError, TypeError) as exc:
         raise CliError(str(exc)) from None
     prefix = "/" + (args.route_prefix or "/").strip("/")

@@ -94,6 +94,7 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     orphaned.cancel()
     server.close()
     await batcher.aclose(spec.drain_s)
+    batcher.close()  # waits for a call still running after the drain: never close the engine under it
 
 
 async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, batcher: Any) -> None:

@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from trt_runtime.errors import SettingsError
 from trt_runtime.serve.local.engine_process import EngineProcessSpec, engine_main
 from trt_runtime.serve.local.front import FrontSpec, front_main
 from trt_runtime.serve.local.transport import shm_dir
@@ -66,13 +67,14 @@ class LocalServerConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"workers must be an integer >= 1; got {self.workers!r}")
+            raise SettingsError(f"workers must be an integer >= 1; got {self.workers!r}")
         if not 0 <= self.max_queue_delay_us <= 10_000_000:
-            raise ValueError(f"max_queue_delay_us must be in [0, 10000000]; got {self.max_queue_delay_us!r}")
+            delay = self.max_queue_delay_us
+            raise SettingsError(f"max_queue_delay_us must be in [0, 10000000]; got {delay!r}")
         if not 0 <= self.drain_s <= 3600:
-            raise ValueError(f"drain_s must be seconds in [0, 3600]; got {self.drain_s!r}")
+            raise SettingsError(f"drain_s must be seconds in [0, 3600]; got {self.drain_s!r}")
         if not self.gpus:
-            raise ValueError("gpus must name at least one GPU (or None: the backend's default)")
+            raise SettingsError("gpus must name at least one GPU (or None: the backend's default)")
 
 
 def cuda_device_count() -> int:

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trt_runtime.errors import InputError, SettingsError
+
 __all__ = [
     "HEADER",
     "HELLO",
@@ -89,7 +91,7 @@ class Slab:
     @classmethod
     def create(cls, path: Path, slots: int = 256, slot_bytes: int = 64 * 1024) -> Slab:
         if slots < 1 or slot_bytes < _ALIGN or slot_bytes % _ALIGN:
-            raise ValueError(f"a slab needs slots >= 1 and slot_bytes a multiple of {_ALIGN}; "
+            raise SettingsError(f"a slab needs slots >= 1 and slot_bytes a multiple of {_ALIGN}; "
                              f"got {slots} slots of {slot_bytes} bytes")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -153,7 +155,7 @@ def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes
             a = np.asarray(array, order="C")  # ascontiguousarray would make a 0-d array 1-d
         code = a.dtype.str.encode()
         if len(code) > 8 or a.dtype.hasobject:
-            raise ValueError(f"arrays of dtype {a.dtype} cannot be shared; expected a numeric dtype")
+            raise InputError(f"arrays of dtype {a.dtype} cannot be shared; expected a numeric dtype")
         contiguous.append(a)
         parts.append(_META.pack(a.ndim, code, a.nbytes) + _DIMS[a.ndim].pack(*a.shape))
         total += _padded(a.nbytes)
