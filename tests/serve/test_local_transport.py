@@ -186,3 +186,39 @@ def test_local_gpus_option_and_config_refuse_bad_values() -> None:
         assert info.value.usage
     with pytest.raises(ValueError, match="workers must be an integer >= 1; got 0"):
         LocalServerConfig(Path("e.mem"), ServeOptions(), "e", workers=0)
+
+
+def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        batchers = [_Doubler(), _Doubler()]
+        writers: list[list[asyncio.StreamWriter]] = [[], []]
+
+        def handler(i: int) -> Any:
+            async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+                writers[i].append(w)
+                await _connection(r, w, batchers[i])
+            return serve
+
+        servers = [await asyncio.start_unix_server(handler(i), path=os.fspath(where / f"e{i}.sock"))
+                   for i in range(2)]
+        slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
+        pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        xs = [np.full((1, 4), i, np.float32) for i in range(64)]
+        answers = await asyncio.gather(*(pool.infer((x,)) for x in xs))
+        assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
+        assert batchers[0].seen >= 16 and batchers[1].seen >= 16, [b.seen for b in batchers]  # least busy
+        servers[1].close()
+        writers[1][0].transport.abort()  # engine process 1 dies: everything goes to engine 0
+        await asyncio.sleep(0.05)
+        before = batchers[0].seen
+        answers = await asyncio.gather(*(pool.infer((x,)) for x in xs))
+        assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
+        assert batchers[0].seen == before + 64
+        await pool.close()
+        servers[0].close()
+        slab.close()
+
+    asyncio.run(main())
