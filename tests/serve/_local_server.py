@@ -18,13 +18,16 @@ from _serve_support import HOST
 
 
 class ServerProcess:
-    """``trt-runtime --json serve ENGINE ARGS...``; :attr:`doc` is the JSON document it printed
-    once every process was up (``url``, ``pids``). Its stderr is collected on a thread."""
+    """``trt-runtime --json serve ENGINE ARGS...`` (or ``command``); :attr:`doc` is the JSON
+    document it printed once every process was up (``url``, ``pids``). Its stderr is
+    collected on a thread."""
 
-    def __init__(self, engine: Path, port: int, *args: str, ready_s: float = 90.0) -> None:
+    def __init__(self, engine: Path, port: int, *args: str, ready_s: float = 90.0,
+                 command: list[str] | None = None) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", str(engine),
-                   "--port", str(port), *args]
+        if command is None:
+            command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", str(engine),
+                       "--port", str(port), *args]
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -27,6 +27,7 @@ PORT = 18631
 PORT_DRAIN = 18632
 PORT_BUSY = 18633
 PORT_ORPHAN = 18634
+PORT_TWO = 18635
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,30 @@ def test_local_sigint_finishes_in_flight_requests_and_exits_0(tmp_path: Path) ->
     assert "stopped" in "".join(srv.stderr)
     with socket.socket() as sock:
         assert sock.connect_ex((HOST, PORT_DRAIN)) != 0, "a front outlived the command"
+
+
+def test_local_two_engine_processes_share_the_load_and_one_may_die(tmp_path: Path) -> None:
+    engine = tmp_path / "affine.mem"
+    engine.write_bytes(single_engine())
+    script = Path(__file__).with_name("_two_engines.py")
+    srv = ServerProcess(engine, PORT_TWO, command=[sys.executable, str(script), str(engine), str(PORT_TWO)])
+    try:
+        assert len(srv.doc["pids"]["engines"]) == 2
+
+        def one(i: int) -> bool:
+            x = np.full((1, 4), i / 4, np.float32)
+            status, body, _ = post(srv.url + "/", npy(x), "application/x-npy")
+            return status == 200 and np.array_equal(load_npy(body), reference(x))
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            assert all(pool.map(one, range(200)))
+            os.kill(srv.doc["pids"]["engines"][1], signal.SIGKILL)
+            assert all(pool.map(one, range(200)))  # the other engine process answers meanwhile
+        srv.wait_ready(True, 60)
+    finally:
+        code = srv.stop()
+    assert code == 0, "".join(srv.stderr)[-3000:]
+    assert any("engine 1 exited with code -9" in line for line in srv.stderr)
 
 
 def test_local_children_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:

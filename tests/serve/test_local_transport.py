@@ -140,6 +140,7 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         server = await asyncio.start_unix_server(handler, path=os.fspath(path))
         slab = Slab.create(where / "slab", slots=4, slot_bytes=256)
         pool = EnginePool([path], slab)
+        pool.wait_for_engine_s = 0.2
         pool.start()
         await asyncio.wait_for(pool.wait_up(), 5)
         pending = asyncio.gather(*(pool.infer((np.ones((1, 2), np.float32),)) for _ in range(3)),
@@ -148,10 +149,10 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         server.close()
         writers[0].transport.abort()  # the engine process dies
         results = await asyncio.wait_for(pending, 5)
+        # Sent again once (no other engine process here), then 503 after the wait for one.
         assert all(isinstance(r, RequestError) and r.status == 503 for r in results), results
         assert sorted(slab._free) == [0, 1, 2, 3]
         assert not pool.all_up()
-        pool.wait_for_engine_s = 0.2
         started = time.monotonic()
         with pytest.raises(RequestError, match="no engine process is up") as info:
             await pool.infer((np.ones((1, 2), np.float32),))
@@ -217,6 +218,43 @@ def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:
         answers = await asyncio.gather(*(pool.infer((x,)) for x in xs))
         assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
         assert batchers[0].seen == before + 64
+        await pool.close()
+        servers[0].close()
+        slab.close()
+
+    asyncio.run(main())
+
+
+def test_transport_requests_of_a_lost_engine_run_again_on_another() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        writers: list[asyncio.StreamWriter] = []
+
+        class Never:
+            async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+                await asyncio.Event().wait()  # hangs until its process dies
+                raise AssertionError("unreachable")
+
+        async def stuck(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            writers.append(w)
+            await _connection(r, w, Never())
+
+        good = _Doubler()
+        servers = [await asyncio.start_unix_server(lambda r, w: _connection(r, w, good),
+                                                   path=os.fspath(where / "e0.sock")),
+                   await asyncio.start_unix_server(stuck, path=os.fspath(where / "e1.sock"))]
+        slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
+        pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        xs = [np.full((1, 4), i, np.float32) for i in range(32)]
+        pending = asyncio.gather(*(pool.infer((x,)) for x in xs))
+        await asyncio.sleep(0.1)
+        assert pool.links[1].outstanding > 0  # some requests wait on the stuck engine process
+        servers[1].close()
+        writers[0].transport.abort()
+        answers = await asyncio.wait_for(pending, 5)
+        assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
         await pool.close()
         servers[0].close()
         slab.close()

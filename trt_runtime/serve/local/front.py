@@ -29,9 +29,14 @@ from trt_runtime.serve.local import transport
 from trt_runtime.serve.local.lifeline import wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 
-__all__ = ["EngineLink", "EnginePool", "FrontSpec", "front_main"]
+__all__ = ["EngineLink", "EngineLost", "EnginePool", "FrontSpec", "front_main"]
 
 _REDIAL_S = 0.05
+
+
+class EngineLost(RequestError):
+    """The engine process a request was sent to went away before it answered (503)."""
+
 #: How long a request waits for an engine process to come back before it is answered 503.
 WAIT_FOR_ENGINE_S = 2.0
 
@@ -142,7 +147,7 @@ class EngineLink:
         for future, slot in pending.values():
             self._slab.give(slot)  # nobody writes the slot any more: the connection is gone
             if not future.done():
-                future.set_exception(RequestError(f"engine process at {self.path.name} went away", 503))
+                future.set_exception(EngineLost(f"engine process at {self.path.name} went away", 503))
 
 
 class EnginePool:
@@ -163,6 +168,14 @@ class EnginePool:
         return all(link.up.is_set() for link in self.links)
 
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        """The engine's outputs for ``arrays``. A request whose engine process died before it
+        answered runs once more elsewhere (an inference has no side effects to repeat)."""
+        try:
+            return await (await self._pick()).infer(arrays)
+        except EngineLost:
+            return await (await self._pick()).infer(arrays)
+
+    async def _pick(self) -> EngineLink:
         best = self._least_busy()
         if best is None:  # an engine process is being restarted: wait a little for it
             waits = [asyncio.ensure_future(link.up.wait()) for link in self.links]
@@ -172,7 +185,7 @@ class EnginePool:
             best = self._least_busy()
         if best is None:
             raise RequestError("no engine process is up; try again shortly", 503)
-        return await best.infer(arrays)
+        return best
 
     def _least_busy(self) -> EngineLink | None:
         best = None
