@@ -1,34 +1,39 @@
-"""Serving benchmark (issue 19): engines behind Ray Serve against direct calls and Ray's floor.
+"""Serving benchmark: every front against the same load, batch-1 requests, answers checked.
 
-One command on the GPU host (``python benchmarks/bench_serve.py --out $OUT``):
+One command on the GPU host (``python benchmarks/bench_serve.py --out docs --gpus 1,2``):
 
-1. builds the mlp and convnet engines (dynamic batch) with :mod:`trt_runtime.builders`;
-2. measures direct in-process calls (batch 1, and batch = profile max) per outer-graph mode;
-3. starts Ray Serve on loopback and, for every deployment (workload x batching x outer
-   graph, scaled to 1, 2, 4 replicas sharing the GPU with fractional ``num_gpus``), drives
-   it over HTTP with :class:`~benchmarks.serve_load.LoadGenerator` (several processes of
-   async raw-socket clients) at 1, 16 and 64 concurrent clients sending batch-1 ``.npy``
-   requests, measuring throughput and p50/p99 latency;
-4. does the same for a no-op deployment (reads the body, answers it), batched and not:
-   Ray's own per-request floor under the same load;
-5. writes ``serve.json`` and ``serve.md`` under ``--out`` and checks the targets at the
-   highest client count: throughput >= 0.8 x the no-op floor, and p50 <= floor p50 + 2 x
-   the direct engine call.
+1. builds the mlp engine (8 x (256 x 256) + ReLU, fp16, dynamic batch 1..64) with
+   :mod:`trt_runtime.builders` and its float64 reference;
+2. measures direct in-process calls (batch 1; eager and under the outer CUDA graph);
+3. drives every front over HTTP keep-alive with :class:`~benchmarks.serve_load.LoadGenerator`
+   (several processes of asyncio raw-socket clients; every answer decoded and compared
+   with the float64 reference, counted ``wrong`` when off): a trivial canned-answer
+   endpoint (what the load generator itself reaches), the 30-line starlette + uvicorn app
+   (the baseline), ``trt-runtime serve`` (1, 2, 4, 8 front processes; batching on and off;
+   1 and 2 GPUs), the Ray path (1 and 2 replicas) and a no-op Ray Serve deployment;
+   at 1, 16, 64 and 256 clients, with ``.npy`` (``binary``) and JSON bodies;
+4. writes ``bench_serve.json`` (rows ``{front, workers, gpus, batching, body, clients,
+   req_s, p50_ms, p99_ms, wrong, errors}``, the targets and the environment) and, with
+   matplotlib, ``bench_serve.png`` under ``--out``.
 
-Every cell runs ``--duration`` seconds after ``--warmup``; the plan's time is printed
-first and the duration shrinks so the whole run fits ``--budget-s``. ``--smoke`` runs one
-tiny cell with the memory backend on the CPU (the CI test of this script).
+Every cell runs ``--duration`` seconds after ``--warmup``; the durations shrink so the
+whole run fits ``--budget-s``, and cells that would not fit are listed as skipped.
+``--smoke`` runs a few tiny cells with the memory backend on the CPU (a CI test runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,341 +41,373 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-HOST = "127.0.0.1"
-# One machine: Ray's agents and addresses stay on loopback (Ray otherwise resolves the
-# machine's own address for them). Set before Ray is imported.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-#: Seconds a new deployment, a scaling step and the fixed part of a run cost, for the time plan.
-DEPLOY_S = 8.0
-SCALE_S = 4.0
-FIXED_S = 60.0
+from benchmarks import serve_fronts  # noqa: E402
+from benchmarks.serve_load import Expect, LoadGenerator, percentile  # noqa: E402
+
+#: Seconds one server start costs, for the time plan (a GPU engine process loads, a Ray deploys).
+START_S = {"baseline": 8.0, "trivial": 2.0, "local": 10.0, "ray": 15.0, "ray-noop": 8.0}
+TYPES = {"binary": "application/x-npy", "json": "application/json"}
+#: Ray Serve's HTTP proxy listens on --port + this (it starts once, for every Ray row).
+RAY_PORT_OFFSET = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
     key: str
-    engine: bytes
-    body: bytes  # one batch-1 request as .npy
+    path: Path  # the engine file
     backend: str
-    max_rows: int
+    x: Any  # one batch-1 input
+    reference: Any  # float64 output for x
+    tolerance: tuple[float, float]
+
+    def body(self, kind: str) -> bytes:
+        import numpy as np
+
+        if kind == "json":
+            return json.dumps(self.x.tolist()).encode()
+        buffer = io.BytesIO()
+        np.save(buffer, self.x, allow_pickle=False)
+        return buffer.getvalue()
+
+    def expect(self, kind: str) -> Expect:
+        return Expect("npy" if kind == "binary" else "json", self.reference.tolist(), *self.tolerance)
+
+    def answer(self) -> bytes:
+        """A right ``.npy`` answer (the trivial endpoint sends it back)."""
+        import numpy as np
+
+        buffer = io.BytesIO()
+        np.save(buffer, self.reference.astype(self.x.dtype), allow_pickle=False)
+        return buffer.getvalue()
 
 
-def _npy(array: Any) -> bytes:
-    import numpy as np
-
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
-
-
-def build_workloads(keys: list[str], out: Path) -> list[Workload]:
-    """Build the GPU engines (plans written under ``out/engines``)."""
+def mlp_workload(out: Path) -> Workload:
     from trt_runtime import builders
 
-    recipes = {
-        "mlp": lambda: builders.build_mlp(width=256, layers=8, batch=None, dtype="float16", max_batch=64),
-        "convnet": lambda: builders.build_convnet(batch=None, dtype="float16", image_size=64, max_batch=32),
-    }
-    (out / "engines").mkdir(parents=True, exist_ok=True)
-    workloads = []
-    for key in keys:
-        t0 = time.perf_counter()
-        built = recipes[key]()
-        (out / "engines" / f"{key}.plan").write_bytes(built.plan)
-        max_rows = built.inputs[0].profiles[0][2][0]
-        print(f"built {key} in {time.perf_counter() - t0:.1f} s (batch 1..{max_rows})", flush=True)
-        workloads.append(Workload(key, built.plan, _npy(built.random_inputs(batch=1)[0]), "python", max_rows))
-    return workloads
+    t0 = time.perf_counter()
+    built = builders.build_mlp(width=256, layers=8, batch=None, dtype="float16", max_batch=64)
+    path = out / "engines" / "mlp.plan"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(built.plan)
+    x = built.random_inputs(batch=1)[0]
+    print(f"built mlp in {time.perf_counter() - t0:.1f} s", flush=True)
+    return Workload("mlp", path, "python", x, built.reference(x)[0], built.tolerance)
 
 
-def smoke_workload() -> Workload:
+def smoke_workload(out: Path) -> Workload:
     import numpy as np
 
     from trt_runtime import TensorSpec
     from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
-    x = TensorSpec("x", "float32", (-1, 16), True, profiles=(((1, 16), (8, 16), (64, 16)),))
-    engine = MemoryBackend.build_engine([x], [AffineOutput("y", "x", 2.0, 1.0)], name="smoke")
-    return Workload("smoke", engine, _npy(np.ones((1, 16), np.float32)), "memory", 64)
+    x_spec = TensorSpec("x", "float32", (-1, 16), True, profiles=(((1, 16), (8, 16), (64, 16)),))
+    path = out / "engines" / "smoke.mem"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(MemoryBackend.build_engine([x_spec], [AffineOutput("y", "x", 2.0, 1.0)], name="smoke"))
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16)
+    return Workload("smoke", path, "memory", x, x.astype(np.float64) * 2 + 1, (1e-6, 1e-6))
 
 
-# -- direct calls -----------------------------------------------------------------------------
-def measure_direct(workload: Workload, outer: bool, seconds: float, cache: Path | None) -> dict[str, Any]:
-    """Per-call latency and calls/s of the engine in this process, batch 1 and batch = max rows."""
+# -- direct calls ----------------------------------------------------------------------------------
+def measure_direct(w: Workload, outer: bool, seconds: float, gpus: int) -> dict[str, Any]:
+    """Batch-1 calls per second in this process (one row)."""
     import numpy as np
 
-    from benchmarks.serve_load import percentile
     from trt_runtime.serve import ServeOptions, open_engine
 
-    options = ServeOptions(backend=workload.backend, outer_graph=outer, runtime_cache=cache)
-    engine, engine_cache = open_engine(workload.engine, options)
-    x1 = np.load(io.BytesIO(workload.body))
-    result: dict[str, Any] = {"workload": workload.key, "outer_graph": outer}
+    options = ServeOptions(backend=w.backend, outer_graph=outer, runtime_cache=None)
+    engine, cache = open_engine(w.path, options)
+    samples: list[float] = []
+    wrong = 0
     try:
-        for label, x in (("batch1", x1), ("batch_max", np.repeat(x1, workload.max_rows, axis=0))):
-            for _ in range(20):
-                engine.execute(x)
-            samples: list[float] = []
-            end = time.perf_counter() + seconds / 2
-            while time.perf_counter() < end:
-                t0 = time.perf_counter()
-                engine.execute(x)
-                samples.append((time.perf_counter() - t0) * 1e3)
-            result[label] = {"calls_per_s": round(len(samples) / (sum(samples) / 1e3), 1),
-                             "p50_ms": round(percentile(samples, 50), 4),
-                             "p99_ms": round(percentile(samples, 99), 4), "rows": int(x.shape[0])}
+        for _ in range(20):
+            engine.execute(w.x)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            (y,) = engine.execute(w.x)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        y = np.asarray(y, dtype=np.float64)
+        wrong = 0 if np.allclose(y, w.reference, rtol=w.tolerance[0], atol=w.tolerance[1]) else 1
     finally:
         engine.close()
-        if engine_cache is not None:
-            engine_cache.close()
-    print(f"direct {workload.key} outer={outer}: {result['batch1']}", flush=True)
-    return result
+        if cache is not None:
+            cache.close()
+    return {"front": "direct-outer" if outer else "direct", "workers": 1, "gpus": min(gpus, 1),
+            "batching": False, "body": "none", "clients": 1,
+            "req_s": round(len(samples) / (sum(samples) / 1e3), 1),
+            "p50_ms": round(percentile(samples, 50), 4),
+            "p99_ms": round(percentile(samples, 99), 4), "wrong": wrong, "errors": 0}
 
 
-# -- Ray's floor ---------------------------------------------------------------------------------
-def noop_class() -> type:
-    """A deployment that reads the body and answers it: Ray Serve's own per-request cost."""
-    from ray import serve
-
-    class NoOpServer:
-        def __init__(self, max_batch: int, batch_wait_ms: float) -> None:
-            self.batching = max_batch > 1
-            self._batched.set_max_batch_size(max_batch)
-            self._batched.set_batch_wait_timeout_s(batch_wait_ms / 1e3)
-
-        async def __call__(self, request: Any) -> Any:
-            from starlette.responses import Response
-
-            body = await request.body()
-            answer = await self._batched(body) if self.batching else body
-            return Response(answer, media_type="application/x-npy")
-
-        @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
-        async def _batched(self, bodies: list[bytes]) -> list[bytes]:
-            return bodies
-
-    return NoOpServer
-
-
-# -- the grid -----------------------------------------------------------------------------------
+# -- the plan ----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class Deployment:
-    kind: str  # "engine" or "noop"
-    workload: str
+class Front:
+    """One server configuration and the (body, clients) cells measured against it."""
+
+    front: str  # "trivial", "baseline", "local", "ray", "ray-noop"
+    workers: int
+    gpus: int
     batching: bool
-    outer_graph: bool
+    cells: tuple[tuple[str, int], ...]
 
 
-def plan_grid(workloads: list[Workload], args: argparse.Namespace) -> list[Deployment]:
-    grid = []
-    for w in workloads:
-        outers = (False, True) if w.key == "mlp" or args.smoke else (False,)
-        for batching in (True, False):
-            for outer in outers:
-                grid.append(Deployment("engine", w.key, batching, outer))
-    for batching in (True, False):
-        grid.append(Deployment("noop", "noop", batching, False))
-    if args.smoke:
-        grid = [d for d in grid if d.batching and not d.outer_graph]
-    return grid
+def plan(args: argparse.Namespace) -> list[Front]:
+    top = 64 if 64 in args.clients else max(args.clients)
+    every = tuple(("binary", c) for c in args.clients)
+    g1 = min(args.gpus)
+    most = max(args.clients)
+    fronts = [Front("trivial", args.trivial_procs, 0, False, (("binary", most), ("binary", top))),
+              Front("baseline", 1, g1, False, (*every, ("json", top))),
+              Front("local", args.workers[len(args.workers) // 2], g1, True, (*every, ("json", top)))]
+    main_workers = fronts[-1].workers
+    fronts += [Front("local", w, g1, True, (("binary", top),)) for w in args.workers if w != main_workers]
+    fronts.append(Front("local", main_workers, g1, False, (("binary", top),)))
+    for g in args.gpus:
+        if g != g1:
+            fronts += [Front("local", w, g, True, (("binary", top), ("binary", max(args.clients))))
+                       for w in args.workers[-2:]]
+            # Without batching the engine calls set the pace: where a second GPU shows most.
+            fronts.append(Front("local", main_workers, g, False, (("binary", top),)))
+    if args.ray:
+        for r in (1, 2):
+            fronts += [Front("ray", r, min(r, max(args.gpus)), True, (("binary", top),)),
+                       Front("ray-noop", r, 0, False, (("binary", top),))]
+    return [f for f in fronts if f.cells]
 
 
-def run_grid(grid: list[Deployment], workloads: dict[str, Workload], args: argparse.Namespace,
-             out: Path, deadline: float) -> list[dict[str, Any]]:
-    """Every cell; each cell's window shrinks (to 0.3 s at least) if deployments ran slower than
-    planned, so the run still ends by ``deadline`` (a ``time.perf_counter`` value)."""
-    from ray import serve
+# -- running ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def started(front: Front, w: Workload, args: argparse.Namespace, ray: Any) -> Iterator[tuple[int, str]]:
+    """Start ``front``; yields the port and URL path requests go to."""
+    port = args.port
+    if front.front == "trivial":
+        with serve_fronts.trivial(port, w.answer(), TYPES["binary"], front.workers):
+            yield port, "/"
+    elif front.front == "baseline":
+        with serve_fronts.baseline(w.path, w.backend, port):
+            yield port, "/"
+    elif front.front == "local":
+        gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
+        cache = None if args.smoke else args.work / "runtime.cache"
+        with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
+                                       args.max_batch if front.batching else 1, args.delay_us, cache):
+            yield port, "/"
+    else:
+        from trt_runtime.serve import ServeOptions
 
-    from benchmarks.serve_load import LoadGenerator
-    from trt_runtime.serve import ServeOptions, build_app
+        options = ServeOptions(backend=w.backend, max_batch=args.max_batch, batch_wait_ms=args.delay_us / 1e3)
+        per_replica = min(1.0, front.gpus / front.workers)  # 2 replicas on 1 GPU: half a GPU each
+        with serve_fronts.ray_app(ray, front.front, front.workers, per_replica, engine=w.path,
+                                  options=options, answer=w.answer(), content_type=TYPES["binary"]) as path:
+            yield RAY_PORT_OFFSET + port, path
 
-    gpus = 0.0 if args.smoke else 1.0 / max(args.replicas)
-    body_of = {k: w.body for k, w in workloads.items()}
-    body_of["noop"] = next(iter(workloads.values())).body
+
+def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadline: float,
+             save: Callable[[list[dict[str, Any]], list[str]], None],
+             rows: list[dict[str, Any]]) -> list[str]:
+    """Measure every cell that fits before ``deadline``; returns what was skipped."""
     load = LoadGenerator(args.procs)
-    cells: list[dict[str, Any]] = []
+    skipped: list[str] = []
     try:
-        for dep in grid:
-            max_batch = args.max_batch if dep.batching else 1
-            for replicas in args.replicas:
-                t0 = time.perf_counter()
-                actor = {"num_cpus": args.cpus_per_replica, "num_gpus": gpus}
-                if dep.kind == "noop":
-                    noop = serve.deployment(name="NoOp", num_replicas=replicas, max_ongoing_requests=256,
-                                            ray_actor_options=actor)(noop_class())
-                    app = noop.bind(max_batch, args.batch_wait_ms)
-                else:
-                    w = workloads[dep.workload]
-                    options = ServeOptions(backend=w.backend, outer_graph=dep.outer_graph,
-                                           max_batch=max_batch, batch_wait_ms=args.batch_wait_ms,
-                                           runtime_cache=out / "runtime.cache")
-                    app = build_app(w.engine, options, replicas=replicas, gpus_per_replica=gpus,
-                                    cpus_per_replica=args.cpus_per_replica, max_ongoing_requests=256,
-                                    name="Engine")
-                serve.run(app, name="bench", route_prefix="/bench")
-                deploy_s = time.perf_counter() - t0
-                for clients in args.clients:
-                    left = len(grid) * len(args.replicas) * len(args.clients) - len(cells)
-                    later_deploys = (left - 1) // len(args.clients) * SCALE_S
-                    room = deadline - time.perf_counter() - 20 - later_deploys
-                    seconds = min(args.duration, max(0.3, room / left - args.warmup - 0.4))
-                    result = load.run(HOST, args.port, "/bench", body_of[dep.workload], "application/x-npy",
-                                      clients, seconds, args.warmup)
-                    cell = {**dataclasses.asdict(dep), "replicas": replicas, "max_batch": max_batch,
-                            "deploy_s": round(deploy_s, 2), **result.summary()}
-                    cells.append(cell)
-                    print(_line(cell), flush=True)
-                    _write(out, {"cells": cells, "partial": True})
-            serve.delete("bench")
+        with contextlib.ExitStack() as stack:
+            ray = None
+            for i, front in enumerate(fronts):
+                if front.front.startswith("ray") and ray is None:  # Ray's daemons idle only while it runs
+                    ray = stack.enter_context(serve_fronts.ray_session(args.port + RAY_PORT_OFFSET,
+                                                                       max(args.gpus)))
+                later = fronts[i:]
+                need = sum(START_S[f.front] + len(f.cells) * (args.warmup + 0.6) for f in later)
+                cells_left = sum(len(f.cells) for f in later)
+                room = deadline - time.perf_counter()
+                seconds = min(args.duration, (room - need) / max(1, cells_left) + 0.3)
+                if seconds < 0.3:
+                    skipped += [f"{front.front} workers={front.workers} gpus={front.gpus} {b} {c}"
+                                for b, c in front.cells]
+                    continue
+                try:
+                    with started(front, w, args, ray) as (port, path):
+                        for body, clients in front.cells:
+                            result = load.run(serve_fronts.HOST, port, path, w.body(body), TYPES[body],
+                                              clients, seconds, args.warmup, w.expect(body))
+                            row = {**{k: getattr(front, k) for k in ("front", "workers", "gpus", "batching")},
+                                   "body": body, **result.summary()}
+                            rows.append(row)
+                            print(_line(row), flush=True)
+                            save(rows, skipped)
+                except Exception as exc:  # one front failing must not lose the others' rows
+                    print(f"{front.front} workers={front.workers} gpus={front.gpus} failed: {exc}",
+                          flush=True)
+                    skipped.append(f"{front.front} workers={front.workers} gpus={front.gpus}: {exc}")
     finally:
         load.close()
-    return cells
+    return skipped
 
 
-def _line(cell: dict[str, Any]) -> str:
-    return (f"{cell['kind']:6} {cell['workload']:8} batch={'on ' if cell['batching'] else 'off'} "
-            f"outer={'on ' if cell['outer_graph'] else 'off'} replicas={cell['replicas']} "
-            f"clients={cell['clients']:3}: {cell['rps']:9.1f} req/s  p50 {cell['p50_ms']:8.3f} ms  "
-            f"p99 {cell['p99_ms']:8.3f} ms  errors {cell['errors']}")
+def _line(r: dict[str, Any]) -> str:
+    batching = "on " if r["batching"] else "off"
+    return (f"{r['front']:9} workers={r['workers']} gpus={r['gpus']} batch={batching} "
+            f"{r['body']:6} clients={r['clients']:3}: {r['req_s']:9.1f} req/s  p50 {r['p50_ms']:8.3f} ms  "
+            f"p99 {r['p99_ms']:8.3f} ms  wrong {r['wrong']}  errors {r['errors']}")
 
 
-# -- targets and report ----------------------------------------------------------------------------
-def evaluate(cells: list[dict[str, Any]], direct: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """At the highest client count: ours >= 0.8 x no-op floor; p50 <= floor p50 + 2 x engine call."""
-    top = max(c["clients"] for c in cells)
-    floor = {(c["batching"], c["replicas"]): c for c in cells if c["kind"] == "noop" and c["clients"] == top}
-    call = {(d["workload"], d["outer_graph"]): d["batch1"]["p50_ms"] for d in direct}
-    checks = []
-    for c in cells:
-        if c["kind"] != "engine" or c["clients"] != top or (c["batching"], c["replicas"]) not in floor:
+# -- targets and report --------------------------------------------------------------------------
+def evaluate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets on this run's rows (``None`` where a row is missing)."""
+    def best(pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        found = [r for r in rows if pred(r)]
+        return max(found, key=lambda r: r["req_s"]) if found else None
+
+    served = [r for r in rows if r["front"] in ("baseline", "local", "ray")]
+    top = 64 if any(r["clients"] == 64 for r in served) else max((r["clients"] for r in served), default=0)
+    def local(gpus: int, batching: bool) -> dict[str, Any] | None:
+        return best(lambda r: r["front"] == "local" and max(r["gpus"], 1) == gpus and r["body"] == "binary"
+                    and r["clients"] == top and r["batching"] == batching)
+
+    one = local(1, True)
+    base = best(lambda r: r["front"] == "baseline" and r["body"] == "binary" and r["clients"] == top)
+    trivial = best(lambda r: r["front"] == "trivial")
+    best_served = max((r["req_s"] for r in served), default=0.0)
+    targets: dict[str, Any] = {"clients": top}
+    if one is not None:
+        targets["one_gpu"] = {
+            "req_s": one["req_s"], "workers": one["workers"], "p99_ms": one["p99_ms"],
+            "ge_10000": one["req_s"] >= 10_000, "p99_le_25ms": one["p99_ms"] <= 25.0,
+            "x_baseline": round(one["req_s"] / base["req_s"], 2) if base and base["req_s"] else None,
+            "clean": one["wrong"] == 0 and one["errors"] == 0,
+        }
+    for batching in (True, False):
+        single, double = local(1, batching), local(2, batching)
+        if single is not None and double is not None and single["req_s"]:
+            key = "two_gpus_x_one" if batching else "two_gpus_x_one_without_batching"
+            targets[key] = round(double["req_s"] / single["req_s"], 2)
+    for r in (1, 2):
+        ray = best(lambda x, r=r: x["front"] == "ray" and x["workers"] == r)
+        noop = best(lambda x, r=r: x["front"] == "ray-noop" and x["workers"] == r)
+        if ray and noop and noop["req_s"]:
+            targets[f"ray_{r}_x_noop"] = round(ray["req_s"] / noop["req_s"], 2)
+    if trivial is not None:
+        ratio = round(trivial["req_s"] / best_served, 2) if best_served else None
+        targets["load_generator_x_best_served"] = ratio
+    targets["wrong"] = sum(r["wrong"] for r in rows)
+    targets["errors"] = sum(r["errors"] for r in rows if r["front"] != "trivial")
+    return targets
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["body"] == "none":
             continue
-        f = floor[(c["batching"], c["replicas"])]
-        engine_ms = call.get((c["workload"], c["outer_graph"]), float("nan"))
-        ratio = c["rps"] / f["rps"] if f["rps"] else float("nan")
-        p50_limit = f["p50_ms"] + 2 * engine_ms
-        checks.append({
-            "workload": c["workload"], "batching": c["batching"], "outer_graph": c["outer_graph"],
-            "replicas": c["replicas"], "clients": top, "rps": c["rps"], "floor_rps": f["rps"],
-            "ratio": round(ratio, 3), "throughput_ok": ratio >= 0.8, "p50_ms": c["p50_ms"],
-            "p50_limit_ms": round(p50_limit, 3), "p50_ok": c["p50_ms"] <= p50_limit,
-        })
-    return checks
+        key = (f"{r['front']} w={r['workers']} g={r['gpus']} {'batch' if r['batching'] else 'nobatch'} "
+               f"{r['body']}")
+        series.setdefault(key, []).append((r["clients"], r["req_s"]))
+    fig, ax = plt.subplots(figsize=(10, 6))
+    for key, points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=key)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("requests/s (batch-1, answers checked)")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    lines = ["# Serving benchmark", "", f"{doc['environment']}", "",
-             "## Direct in-process calls", "", "| workload | outer graph | batch-1 calls/s | batch-1 p50 ms "
-             "| max-batch rows | max-batch calls/s |", "|---|---|---|---|---|---|"]
-    for d in doc["direct"]:
-        b1, bm = d["batch1"], d["batch_max"]
-        lines.append(f"| {d['workload']} | {d['outer_graph']} | {b1['calls_per_s']} | {b1['p50_ms']} "
-                     f"| {bm['rows']} | {bm['calls_per_s']} |")
-    lines += ["", "## Ray Serve over HTTP (batch-1 .npy requests)", "",
-              "| deployment | workload | batching | outer graph | replicas | clients | req/s | p50 ms "
-              "| p99 ms | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for c in doc["cells"]:
-        lines.append(f"| {c['kind']} | {c['workload']} | {'on' if c['batching'] else 'off'} "
-                     f"| {'on' if c['outer_graph'] else 'off'} | {c['replicas']} | {c['clients']} "
-                     f"| {c['rps']} | {c['p50_ms']} | {c['p99_ms']} | {c['errors']} |")
-    lines += ["", "## Targets (highest client count)", "",
-              "| workload | batching | outer | replicas | req/s | floor req/s | ratio (>= 0.8) | p50 ms "
-              "| limit ms | pass |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for t in doc["targets"]:
-        ok = "yes" if t["throughput_ok"] and t["p50_ok"] else "NO"
-        lines.append(f"| {t['workload']} | {t['batching']} | {t['outer_graph']} | {t['replicas']} "
-                     f"| {t['rps']} | {t['floor_rps']} | {t['ratio']} | {t['p50_ms']} | {t['p50_limit_ms']} "
-                     f"| {ok} |")
-    return "\n".join(lines) + "\n"
-
-
-def _write(out: Path, doc: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "serve.json.tmp"
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, out / "serve.json")
+    os.replace(tmp, path)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "bench-out"))
-    p.add_argument("--smoke", action="store_true", help="one tiny cell with the memory backend on the CPU")
-    p.add_argument("--workloads", default="mlp,convnet")
-    p.add_argument("--clients", default="1,16,64")
-    p.add_argument("--replicas", default="1,2,4")
-    p.add_argument("--duration", type=float, default=2.0, help="seconds measured per cell (may shrink)")
-    p.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each cell's window")
-    p.add_argument("--budget-s", type=float, default=480.0, help="the whole run must fit this (seconds)")
+    p.add_argument("--smoke", action="store_true", help="a few tiny cells with the memory backend on the CPU")
+    p.add_argument("--gpus", default="1", help="GPU counts of the local server rows, e.g. 1,2 (default: 1)")
+    p.add_argument("--workers", default="1,2,4,8", help="front processes of the local server rows")
+    p.add_argument("--clients", default="1,16,64,256")
+    p.add_argument("--duration", type=float, default=3.0, help="seconds measured per cell (may shrink)")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each cell's window")
+    p.add_argument("--budget-s", type=float, default=420.0, help="the whole run must fit this (seconds)")
     p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--batch-wait-ms", type=float, default=1.0)
-    p.add_argument("--procs", type=int, default=8, help="load-generator processes")
-    p.add_argument("--cpus-per-replica", type=float, default=1.0)
+    p.add_argument("--delay-us", type=int, default=500, help="the local server's --max-queue-delay-us")
+    p.add_argument("--procs", type=int, default=max(2, (os.cpu_count() or 4) // 3),
+                   help="load-generator processes (default: a third of the CPUs)")
+    p.add_argument("--trivial-procs", type=int, default=max(2, (os.cpu_count() or 4) // 4))
+    p.add_argument("--no-ray", dest="ray", action="store_false", help="leave out the Ray rows")
     p.add_argument("--port", type=int, default=8123)
     args = p.parse_args(argv)
     if args.smoke:
-        args.workloads, args.clients, args.replicas = "smoke", "4", "1"
-        args.duration, args.warmup, args.procs, args.cpus_per_replica = 1.0, 0.3, 2, 0.0
-    args.clients = [int(c) for c in args.clients.split(",")]
-    args.replicas = sorted(int(r) for r in args.replicas.split(","))
-    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+        args.gpus, args.workers, args.clients, args.ray = "0", "2", "4", False
+        args.duration, args.warmup, args.procs, args.trivial_procs = 0.6, 0.2, 2, 2
+    args.gpus = sorted({int(g) for g in args.gpus.split(",")})
+    args.workers = sorted(int(w) for w in args.workers.split(","))
+    args.clients = sorted(int(c) for c in args.clients.split(","))
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    workloads = [smoke_workload()] if args.smoke else build_workloads(args.workloads, out)
-    grid = plan_grid(workloads, args)
-    deployments = len(grid) * len(args.replicas)
-    cells = deployments * len(args.clients)
-    spent = time.perf_counter() - started
-    setup = spent + FIXED_S + len(grid) * DEPLOY_S + (deployments - len(grid)) * SCALE_S
-    per_cell = min(args.duration, max(0.5, (args.budget_s - setup) / max(1, cells) - args.warmup - 0.4))
-    print(f"plan: {len(grid)} deployments scaled to {args.replicas} replicas, {cells} cells x "
-          f"({per_cell:.2f} s + {args.warmup} s warm-up); about "
-          f"{setup + cells * (per_cell + args.warmup + 0.4):.0f} s of a {args.budget_s:.0f} s budget",
-          flush=True)
-    args.duration = per_cell
-    direct = [measure_direct(w, outer, 1.0, out / "runtime.cache" if not args.smoke else None)
-              for w in workloads for outer in ((False, True) if w.key in ("mlp", "smoke") else (False,))]
-    import ray
-    from ray import serve
-
-    small = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024} if args.smoke else {"num_gpus": 1}
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address=HOST, **small)
-    serve.start(http_options={"host": HOST, "port": args.port})
-    by_key = {w.key: w for w in workloads}
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    deadline = t0 + args.budget_s
+    # Engines and the runtime cache live apart from --out (which may be docs/), removed at the end.
+    args.work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     try:
-        cells_done = run_grid(grid, by_key, args, out, started + args.budget_s)
+        return _run(args, t0, deadline)
     finally:
-        if ray.is_initialized():
-            serve.shutdown()
-            ray.shutdown()
-    doc = {"environment": _environment(), "seconds": round(time.perf_counter() - started, 1),
-           "settings": {k: str(v) for k, v in vars(args).items()}, "direct": direct, "cells": cells_done}
-    doc["targets"] = evaluate(cells_done, direct)
-    _write(out, doc)
-    (out / "serve.md").write_text(markdown(doc))
-    print(markdown(doc))
-    print(f"wrote {out / 'serve.json'} and {out / 'serve.md'} in {doc['seconds']} s", flush=True)
+        shutil.rmtree(args.work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, t0: float, deadline: float) -> int:
+    w = smoke_workload(args.work) if args.smoke else mlp_workload(args.work)
+    rows = [measure_direct(w, outer, 1.0, max(args.gpus)) for outer in (False, True)]
+    for row in rows:
+        print(_line(row), flush=True)
+    fronts = plan(args)
+    cells = sum(len(f.cells) for f in fronts)
+    print(f"plan: {len(fronts)} servers, {cells} cells, budget {args.budget_s:.0f} s", flush=True)
+    target = args.out / "bench_serve.json"
+    base = {"environment": _environment(), "workload": w.key,
+            "settings": {k: str(v) for k, v in vars(args).items()}}
+
+    def save(rows: list[dict[str, Any]], skipped: list[str]) -> None:
+        _write(target, {**base, "partial": True, "rows": rows, "skipped": skipped})
+
+    skipped = run_plan(fronts, w, args, deadline, save, rows)
+    doc = {**base, "seconds": round(time.perf_counter() - t0, 1), "rows": rows, "skipped": skipped,
+           "targets": evaluate(rows)}
+    _write(target, doc)
+    plotted = plot(rows, args.out / "bench_serve.png")
+    print(json.dumps(doc["targets"], indent=1))
+    print(f"wrote {target}{' and bench_serve.png' if plotted else ''} in {doc['seconds']} s", flush=True)
     return 0
 
 
-def _environment() -> str:
+def _environment() -> dict[str, Any]:
     import platform
 
-    import ray
+    env: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    for name in ("uvicorn", "starlette", "ray", "numpy"):
+        with contextlib.suppress(Exception):
+            env[name] = __import__(name).__version__
+    with contextlib.suppress(Exception):
+        import subprocess
 
-    parts = [f"Python {platform.python_version()}", f"ray {ray.__version__}", f"{os.cpu_count()} CPUs"]
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            parts.append(torch.cuda.get_device_name(0))
-    except ImportError:
-        pass
-    return ", ".join(parts)
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        env["gpus"] = listing.stdout.strip()
+    return env
 
 
 if __name__ == "__main__":

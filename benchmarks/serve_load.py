@@ -5,18 +5,50 @@ tasks on raw keep-alive HTTP/1.1 connections (asyncio streams, no client library
 ``write`` per request, a minimal response parser), so one process drives thousands of
 requests a second. Every client sends its next request as soon as the previous answer
 arrived (closed loop). Only requests that *finish* inside the measuring window count.
+
+Every answer is checked (:class:`Expect`): decoded (``.npy`` or JSON) and compared with a
+float64 reference within the engine's tolerance. Identical answer bodies are decoded
+once per process (a dict keyed by the body's bytes), so checking costs a hash per answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
+import json
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["LoadResult", "LoadGenerator", "percentile"]
+__all__ = ["Expect", "LoadGenerator", "LoadResult", "percentile"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Expect:
+    """What a right answer is: ``body`` ``"npy"`` or ``"json"`` (a bare array, or ``{name: array}``
+    whose ``output`` entry is compared), the float64 ``reference`` (nested lists) and tolerances."""
+
+    body: str
+    reference: Any
+    rtol: float
+    atol: float
+    output: str | None = None
+
+    def right(self, data: bytes) -> bool:
+        import numpy as np
+
+        try:
+            if self.body == "npy":
+                got = np.load(io.BytesIO(data), allow_pickle=False)
+            else:
+                doc = json.loads(data)
+                got = np.asarray(doc[self.output] if isinstance(doc, dict) and self.output else doc)
+            return bool(np.allclose(got.astype(np.float64), np.asarray(self.reference), rtol=self.rtol,
+                                    atol=self.atol))
+        except Exception:
+            return False
 
 
 @dataclasses.dataclass
@@ -25,6 +57,7 @@ class LoadResult:
     seconds: float
     completed: int
     errors: int
+    wrong: int
     latencies_ms: list[float]
 
     @property
@@ -33,10 +66,10 @@ class LoadResult:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "clients": self.clients, "seconds": round(self.seconds, 3), "completed": self.completed,
-            "errors": self.errors, "rps": round(self.rps, 1),
+            "clients": self.clients, "req_s": round(self.rps, 1),
             "p50_ms": round(percentile(self.latencies_ms, 50), 3),
             "p99_ms": round(percentile(self.latencies_ms, 99), 3),
+            "wrong": self.wrong, "errors": self.errors, "seconds": round(self.seconds, 3),
         }
 
 
@@ -48,8 +81,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    """Status, and whether the server keeps the connection open."""
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
+    """Status, whether the server keeps the connection open, and the body."""
     line = await reader.readline()
     if not line:
         raise ConnectionError("the server closed the connection")
@@ -67,39 +100,66 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
             chunked = True
         elif name == "connection" and value == "close":
             keep = False
+    body = b""
     if chunked:
+        parts = []
         while True:
             size = int((await reader.readline()).split(b";")[0], 16)
-            await reader.readexactly(size + 2)
+            parts.append((await reader.readexactly(size + 2))[:size])
             if size == 0:
                 break
+        body = b"".join(parts)
     elif length:
-        await reader.readexactly(length)
-    return status, keep
+        body = await reader.readexactly(length)
+    return status, keep, body
 
 
-async def _client(host: str, port: int, request: bytes, start: float, stop: float,
-                  latencies: list[float], counts: list[int]) -> None:
+class _Tally:
+    def __init__(self, expect: Expect | None) -> None:
+        self.expect = expect
+        self.completed = self.errors = self.wrong = 0
+        self.latencies: list[float] = []
+        self._verdicts: dict[bytes, bool] = {}
+
+    def right(self, body: bytes) -> bool:
+        if self.expect is None:
+            return True
+        verdict = self._verdicts.get(body)
+        if verdict is None:
+            verdict = self.expect.right(body)
+            if len(self._verdicts) < 4096:
+                self._verdicts[body] = verdict
+        return verdict
+
+
+async def _client(host: str, port: int, request: bytes, start: float, stop: float, tally: _Tally) -> None:
     reader = writer = None
     while time.time() < stop:
         if writer is None:
-            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                tally.errors += 1
+                await asyncio.sleep(0.05)
+                continue
         t0 = time.perf_counter()
         try:
             writer.write(request)
-            status, keep = await _read_response(reader)  # type: ignore[arg-type]
-        except (ConnectionError, asyncio.IncompleteReadError, OSError):
-            counts[1] += 1
+            status, keep, body = await _read_response(reader)  # type: ignore[arg-type]
+        except (ConnectionError, asyncio.IncompleteReadError, OSError, ValueError, IndexError):
+            tally.errors += 1
             writer.close()
             reader = writer = None
             continue
         done = time.time()
         if start <= done <= stop:
-            if status == 200:
-                latencies.append((time.perf_counter() - t0) * 1e3)
-                counts[0] += 1
+            if status != 200:
+                tally.errors += 1
+            elif not tally.right(body):
+                tally.wrong += 1
             else:
-                counts[1] += 1
+                tally.latencies.append((time.perf_counter() - t0) * 1e3)
+                tally.completed += 1
         if not keep:
             writer.close()
             reader = writer = None
@@ -107,19 +167,17 @@ async def _client(host: str, port: int, request: bytes, start: float, stop: floa
         writer.close()
 
 
-def drive(
-    host: str, port: int, request: bytes, clients: int, start: float, stop: float
-) -> tuple[int, int, list[float]]:
-    """Run ``clients`` closed-loop clients in this process; ``(completed, errors, latencies)``."""
+def drive(host: str, port: int, request: bytes, clients: int, start: float, stop: float,
+          expect: Expect | None) -> tuple[int, int, int, list[float]]:
+    """Run ``clients`` closed-loop clients in this process; ``(completed, errors, wrong, latencies)``."""
 
-    async def main() -> tuple[int, int, list[float]]:
-        latencies: list[float] = []
-        counts = [0, 0]
-        await asyncio.gather(*(_client(host, port, request, start, stop, latencies, counts)
-                               for _ in range(clients)))
-        return counts[0], counts[1], latencies
+    async def main() -> _Tally:
+        tally = _Tally(expect)
+        await asyncio.gather(*(_client(host, port, request, start, stop, tally) for _ in range(clients)))
+        return tally
 
-    return asyncio.run(main())
+    t = asyncio.run(main())
+    return t.completed, t.errors, t.wrong, t.latencies
 
 
 class LoadGenerator:
@@ -132,8 +190,8 @@ class LoadGenerator:
         self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
         list(self._pool.map(time.sleep, [0.0] * self.processes))  # start them now, not in a cell
 
-    def run(self, host: str, port: int, path: str, body: bytes, content_type: str,
-            clients: int, seconds: float, warmup: float) -> LoadResult:
+    def run(self, host: str, port: int, path: str, body: bytes, content_type: str, clients: int,
+            seconds: float, warmup: float, expect: Expect | None = None) -> LoadResult:
         request = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
@@ -142,14 +200,14 @@ class LoadGenerator:
         stop = start + seconds
         share = [clients // self.processes + (1 if i < clients % self.processes else 0)
                  for i in range(self.processes)]
-        futures = [self._pool.submit(drive, host, port, request, n, start, stop) for n in share if n]
-        completed = errors = 0
+        futures = [self._pool.submit(drive, host, port, request, n, start, stop, expect) for n in share if n]
+        completed = errors = wrong = 0
         latencies: list[float] = []
         for future in futures:
-            c, e, lat = future.result()
-            completed, errors = completed + c, errors + e
+            c, e, w, lat = future.result()
+            completed, errors, wrong = completed + c, errors + e, wrong + w
             latencies.extend(lat)
-        return LoadResult(clients, seconds, completed, errors, latencies)
+        return LoadResult(clients, seconds, completed, errors, wrong, latencies)
 
     def close(self) -> None:
         self._pool.shutdown()

@@ -25,13 +25,16 @@ EXTRAS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "executorch": ("executorch>=1.5.1", "torch>=2.11"),
     "cli": ("rich>=13", "numpy>=1.24"),
     "plot": ("matplotlib>=3.7",),
-    "serve": ("ray[serve]>=2.40", "numpy>=1.24"),
+    "serve": (
+        "ray[serve]>=2.40", "numpy>=1.24", "starlette>=0.40", "uvicorn>=0.30", "prometheus-client>=0.20",
+    ),
     "onnx": ("onnx>=1.16", "onnxconverter-common>=1.14", "numpy>=1.24"),
     "test": (
         "pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.24", "rich>=13", "flatbuffers>=23",
         "onnx>=1.16", "onnxruntime>=1.18", "onnxconverter-common>=1.14",
         "mypy>=1.10", "basedpyright>=1.20",
         "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25",
+        "tritonclient[http]>=2.40",
     ),
     "docs": ("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25", "ruff>=0.5"),
     "dev": ("nox>=2024.3", "mypy>=1.10", "ruff>=0.5", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.25"),

@@ -1,37 +1,56 @@
-"""``benchmarks/bench_serve.py --smoke``: the serving benchmark end to end on the CPU."""
+"""``benchmarks/bench_serve.py --smoke``: the serving benchmark end to end on the CPU (memory backend)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _serve_support import require_serve
 
-require_serve()
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"front", "workers", "gpus", "batching", "body", "clients", "req_s", "p50_ms", "p99_ms", "wrong",
+        "errors"}
 
 
-def test_bench_serve_smoke_writes_cells_direct_calls_and_targets(tmp_path: Path) -> None:
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+def test_bench_serve_smoke_writes_checked_rows_for_every_front_and_the_targets(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--smoke", "--out", str(tmp_path),
          "--port", "18624"],
-        capture_output=True, text=True, timeout=170, env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=170, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    doc = json.loads((tmp_path / "serve.json").read_text())
-    kinds = {(c["kind"], c["clients"], c["replicas"]) for c in doc["cells"]}
-    assert kinds == {("engine", 4, 1), ("noop", 4, 1)}
-    for cell in doc["cells"]:
-        assert cell["completed"] > 0 and cell["errors"] == 0 and cell["p50_ms"] <= cell["p99_ms"]
-    assert [d["outer_graph"] for d in doc["direct"]] == [False, True]
-    assert doc["direct"][0]["batch1"]["calls_per_s"] > 0 and doc["direct"][0]["batch_max"]["rows"] == 64
-    (target,) = doc["targets"]
-    assert target["floor_rps"] > 0 and isinstance(target["throughput_ok"], bool)
-    table = (tmp_path / "serve.md").read_text()
-    assert "| engine | smoke | on | off | 1 | 4 |" in table and "## Targets" in table
+    doc = json.loads((tmp_path / "bench_serve.json").read_text())
+    assert doc["skipped"] == [] and "partial" not in doc
+    rows = doc["rows"]
+    assert all(set(r) >= KEYS for r in rows)
+    fronts = {(r["front"], r["body"], r["batching"]) for r in rows}
+    assert fronts == {("direct", "none", False), ("direct-outer", "none", False),
+                      ("trivial", "binary", False),
+                      ("baseline", "binary", False), ("baseline", "json", False), ("local", "binary", True),
+                      ("local", "json", True), ("local", "binary", False)}
+    for r in rows:
+        assert r["req_s"] > 0 and r["wrong"] == 0 and r["errors"] == 0, r
+        assert r["p50_ms"] <= r["p99_ms"]
+    targets = doc["targets"]
+    assert targets["wrong"] == 0 and targets["one_gpu"]["clean"] is True
+    assert targets["load_generator_x_best_served"] > 0
+
+
+def test_bench_serve_load_generator_counts_wrong_answers() -> None:
+    import numpy as np
+
+    from benchmarks.bench_serve import Workload
+    from benchmarks.serve_load import Expect
+
+    x = np.ones((1, 4), np.float32)
+    w = Workload("t", Path("t.mem"), "memory", x, x.astype(np.float64) * 3, (1e-6, 1e-6))
+    expect = w.expect("binary")
+    assert expect.right(w.answer())
+    off = Workload("t", Path("t.mem"), "memory", x, x.astype(np.float64) * 3 + 0.01, (1e-6, 1e-6))
+    assert not expect.right(off.answer())
+    assert not expect.right(b"garbage")
+    assert Expect("json", [[3.0] * 4], 1e-6, 1e-6).right(b"[[3.0, 3.0, 3.0, 3.0]]")
+    assert not Expect("json", [[3.0] * 4], 1e-6, 1e-6).right(b"[[3.0, 3.0, 3.0]]")

@@ -1,4 +1,4 @@
-"""``trt-runtime serve``: a subprocess serves a memory engine on loopback, stops on Ctrl-C."""
+"""``trt-runtime serve --ray``: a memory engine on Ray Serve on loopback, stopped by Ctrl-C."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_serve_cli_prints_the_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> 
     engine = tmp_path / "affine.mem"
     engine.write_bytes(single_engine())
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "trt_runtime.cli", "serve", str(engine), "--backend", "memory",
+    command = [sys.executable, "-m", "trt_runtime.cli", "serve", str(engine), "--ray", "--backend", "memory",
                "--port", str(PORT_CLI), "--cpus-per-replica", "0", "--max-batch", "4",
                "--route-prefix", "/affine", "--runtime-cache", str(tmp_path / "cache.bin")]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -73,7 +73,11 @@ def test_serve_cli_refuses_a_missing_file_and_bad_options(
     assert "no such file" in capsys.readouterr().err
     engine = tmp_path / "affine.mem"
     engine.write_bytes(single_engine())
-    assert main(["serve", str(engine), "--backend", "memory", "--max-batch", "0"]) == 1
-    assert "max_batch must be an integer >= 1; got 0" in capsys.readouterr().err
-    assert main(["serve", str(engine), "--backend", "memory", "--replicas", "0"]) == 1
-    assert "replicas must be an integer >= 1; got 0" in capsys.readouterr().err
+    assert main(["serve", str(engine), "--backend", "memory", "--max-batch", "0"]) == 2
+    assert "--max-batch must be >= 1; got 0 (see 'trt-runtime serve --help')" in capsys.readouterr().err
+    assert main(["serve", str(engine), "--ray", "--backend", "memory", "--replicas", "0"]) == 2
+    assert "--replicas must be >= 1; got 0" in capsys.readouterr().err
+    assert main(["serve", str(engine), "--backend", "memory", "--replicas", "2"]) == 2
+    assert "--replicas applies to --ray only" in capsys.readouterr().err
+    assert main(["serve", str(engine), "--ray", "--workers", "2"]) == 2
+    assert "--workers and --gpus apply to the local server" in capsys.readouterr().err

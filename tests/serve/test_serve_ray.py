@@ -82,6 +82,8 @@ def test_serve_concurrent_http_and_handle_clients_get_their_own_results(cluster:
     def over_handle(i: int) -> np.ndarray:
         return handle.infer.remote(np.full((1, 4), i, np.float32)).result()
 
+    status, body, _ = post(f"{BASE}/single", npy(np.ones((1, 4), np.float32)), "application/x-npy")
+    assert status == 200 and load_npy(body).tolist() == [[3.0] * 4], "the route prefix without a slash"
     ids = range(1, 49)
     with ThreadPoolExecutor(max_workers=32) as pool:
         http = list(pool.map(over_http, ids))
@@ -134,8 +136,27 @@ def test_serve_ready_and_stats_routes(cluster: Any) -> None:
     info = get_json(f"{BASE}/single/ready")
     assert info["engine"] == "affine" and info["backend"] == "memory" and info["batchable"] is True
     assert info["inputs"][0]["profiles"] == [[[1, 1], [4, 4], [16, 8]]]
+    # one answered request of its own: the test does not lean on the ones before it
+    status, _body, _media = post(f"{BASE}/single/", npy(np.ones((1, 4), np.float32)), "application/x-npy")
+    assert status == 200
     stats = get_json(f"{BASE}/single/stats")
-    assert stats["requests"]["200"] > 0
+    assert stats["requests"]["200"] > 0, stats
+
+
+def test_serve_open_inference_protocol_through_ray(cluster: Any) -> None:
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(f"{HOST}:{PORT_SINGLE}/pair")
+    assert client.is_server_ready() and client.is_model_ready("pair")
+    assert [i["datatype"] for i in client.get_model_metadata("pair")["inputs"]] == ["FP32", "INT32"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    k = np.array([[1, 2], [3, 4]], np.int32)
+    tensors = [triton.InferInput("x", [2, 4], "FP32"), triton.InferInput("k", [2, 2], "INT32")]
+    tensors[0].set_data_from_numpy(x)
+    tensors[1].set_data_from_numpy(k, binary_data=False)
+    result = client.infer("pair", tensors)
+    np.testing.assert_array_equal(result.as_numpy("y"), reference(x))
+    np.testing.assert_array_equal(result.as_numpy("z"), k * 3 - 1)
 
 
 # -- bad requests ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from _serve_support import npy, pair_engine, reference, single_engine
 
 import trt_runtime
 from trt_runtime import RequestError, TensorSpec
+from trt_runtime.extras import install_hint
 from trt_runtime.serve import RequestChecker, ServeOptions, node_cache_path, open_engine
 from trt_runtime.serve.batching import BatchRunner
 from trt_runtime.serve.codec import decode_body, encode_result, read_npy
@@ -34,7 +36,7 @@ def test_serve_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
     import trt_runtime.serve as serving
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(trt_runtime.BackendUnavailableError, match=r"pip install 'trt-runtime\[serve\]'"):
+    with pytest.raises(trt_runtime.BackendUnavailableError, match=re.escape(install_hint("serve"))):
         serving.require_ray()
 
 

@@ -88,7 +88,10 @@ def _main(argv: Sequence[str] | None) -> int:
         print_error("interrupted", debug)
         return 130
     except CliError as exc:
-        hint = f" (see '{_help_command(args_list)} --help')" if isinstance(exc, UsageError) else ""
+        hint = ""
+        if isinstance(exc, UsageError):
+            command = f"{PROG} {exc.command}" if exc.command else _help_command(args_list)
+            hint = f" (see '{command} --help')"
         return _fail(f"{exc}{hint}", exc.exit_code, debug, json_mode and not (out and out.emitted))
     except Exception as exc:
         return _fail(describe_exception(exc), 1, debug, json_mode and not (out and out.emitted))

@@ -50,9 +50,13 @@ class CliError(Exception):
 
 
 class UsageError(CliError):
-    """Bad command-line usage; exit code 2."""
+    """Bad command-line usage; exit code 2. ``command``: the subcommand whose ``--help`` to point at."""
 
     exit_code = 2
+
+    def __init__(self, message: str, *, command: str | None = None) -> None:
+        super().__init__(message)
+        self.command = command
 
 
 def _escape(text: str) -> str:

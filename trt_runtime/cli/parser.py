@@ -30,7 +30,8 @@ __all__ = ["COMMANDS", "build_parser"]
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        command = " ".join(self.prog.split()[1:])  # a subcommand's parser: "trt-runtime serve"
+        raise UsageError(message, command=command or None)
 
 
 #: The commands, in the order ``--help`` lists them.

@@ -1,124 +1,174 @@
-"""``trt-runtime serve ENGINE``: serve an engine with Ray Serve until Ctrl-C.
+"""``trt-runtime serve ENGINE``: serve an engine over HTTP (the Open Inference Protocol) until Ctrl-C.
 
-Starts a local Ray (or joins a running cluster with ``--address``), deploys the engine
-(:func:`trt_runtime.serve.build_app`), prints the URL and waits. Ctrl-C (SIGINT) or
-SIGTERM stops it cleanly: the application is deleted, and a Ray this command started is
-shut down; a joined cluster keeps running.
+Without ``--ray`` it runs the local server (:mod:`trt_runtime.serve.local`): ``--workers``
+front processes share the listening socket, one engine process per GPU (``--gpus``)
+batches and runs the engine, tensors cross between them through shared memory. With
+``--ray`` it deploys the same request layer on Ray Serve (:mod:`trt_runtime.cli.serve_ray`).
+The backend is chosen from the engine file exactly as ``trt-runtime run`` chooses it.
+SIGINT / SIGTERM: stop accepting, finish in-flight requests (``--drain-s``), exit 0. A
+busy port or a GPU that does not exist: one line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
+import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-from trt_runtime.cli.engine_files import FORCE_HELP, check_engine_file
-from trt_runtime.cli.output import CliError, Output
+from trt_runtime.cli.engine_files import FORCE_HELP, engine_file_backend
+from trt_runtime.cli.output import CliError, Output, UsageError
 from trt_runtime.cli.run import settings_overrides
 
 __all__ = ["add_serve_parser", "serve_command"]
 
+_RAY_ONLY = ("replicas", "gpus_per_replica", "cpus_per_replica", "route_prefix", "ship", "device", "address")
+
+
+class _StartError(CliError):
+    """The server cannot start for a reason outside the engine (a busy port); exit 2, no usage hint."""
+
+    exit_code = 2
+
 
 def add_serve_parser(command: Any) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand (``command(name, help)`` makes a subparser)."""
-    p = command("serve", "serve an engine over HTTP and Ray Serve handles, with dynamic batching")
-    p.add_argument("file", type=Path, help="a raw plan, a TR01/TR02 blob or a .pte program")
-    p.add_argument("--replicas", type=int, default=1, help="replicas of the engine (default: 1)")
-    p.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="F",
-                   help="GPUs per replica; a fraction shares one GPU (default: 0, no GPU reserved)")
-    p.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="F",
-                   help="CPUs per replica (default: 1)")
-    p.add_argument("--max-batch", type=int, default=16, metavar="B",
-                   help="requests per batch; 1 turns batching off (default: 16)")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="T",
-                   help="longest wait for a batch to fill, in ms (default: 2)")
+    p = command("serve", "serve an engine over HTTP (Open Inference Protocol, tritonclient) with dynamic "
+                         "batching: front processes and one engine process per GPU; --ray for Ray Serve")
+    p.add_argument("file", type=Path, help="a raw plan, a TR01/TR02 blob, a .pte program or a .mem engine")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="front processes parsing HTTP (default: 4, at most the CPU count)")
+    p.add_argument("--gpus", default="all", metavar="all|0,1",
+                   help="GPUs to serve on, one engine process each (default: all; one process without a GPU)")
+    p.add_argument("--name", default=None, help="model name in the URLs (default: the engine file's stem)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, metavar="P", help="HTTP port (default: 8000)")
-    p.add_argument("--route-prefix", default="/", help="URL path of the engine (default: /)")
-    p.add_argument("--name", default="trt-engine", help="Ray Serve application name (default: trt-engine)")
-    p.add_argument("--address", metavar="ADDR", default=None,
-                   help="join the Ray cluster at ADDR ('auto': the one 'ray start' began here; "
-                        "default: start a new local Ray)")
-    p.add_argument("--backend", metavar="NAME", default=None, help="backend (default: first available)")
-    p.add_argument("--device", type=int, default=None,
-                   help="CUDA device (default: the replica's GPU, else the container's)")
-    p.add_argument("--contexts", type=int, default=1, metavar="N", help="execution contexts per replica")
-    p.add_argument("--outer-graph", action="store_true", help="wrap each call in an outer CUDA graph")
+    p.add_argument("--max-batch", type=int, default=64, metavar="B",
+                   help="requests gathered into one batch; 1 turns batching off (default: 64)")
+    p.add_argument("--max-queue-delay-us", type=int, default=500, metavar="T",
+                   help="longest wait for a batch to fill once a request arrived, in µs (default: 500)")
+    p.add_argument("--contexts", type=int, default=1, metavar="N",
+                   help="execution contexts per engine process, one worker thread each (default: 1)")
+    p.add_argument("--outer-graph", action="store_true", help="wrap each engine call in an outer CUDA graph")
+    p.add_argument("--drain-s", type=float, default=10.0, metavar="S",
+                   help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default: 10)")
+    p.add_argument("--backend", metavar="NAME", default=None,
+                   help="backend (default: the one that reads the file, else the first available)")
     p.add_argument("--runtime-cache", metavar="PATH", type=Path, default=None,
                    help="runtime cache file (default: one per node and GPU model in the user cache)")
-    p.add_argument("--ship", action="store_true",
-                   help="send the engine's bytes to every replica (default: each node reads FILE)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    ray = p.add_argument_group("Ray Serve (--ray)")
+    ray.add_argument("--ray", action="store_true", help="deploy on Ray Serve instead (clusters)")
+    ray.add_argument("--address", metavar="ADDR", default=None,
+                     help="join the Ray cluster at ADDR ('auto': the one 'ray start' began here; "
+                          "default: start a new local Ray)")
+    ray.add_argument("--replicas", type=int, default=None, help="replicas of the engine (default: 1)")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, metavar="F",
+                     help="GPUs per replica; a fraction shares one GPU (default: 0, no GPU reserved)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="F",
+                     help="CPUs per replica (default: 1)")
+    ray.add_argument("--route-prefix", default=None, help="URL path of the engine (default: /)")
+    ray.add_argument("--device", type=int, default=None,
+                     help="CUDA device (default: the replica's GPU, else the container's)")
+    ray.add_argument("--ship", action="store_true", default=None,
+                     help="send the engine's bytes to every replica (default: each node reads FILE)")
     p.set_defaults(handler=serve_command)
     return p  # type: ignore[no-any-return]
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, value, low in (("--workers", args.workers, 1), ("--max-batch", args.max_batch, 1),
+                             ("--max-queue-delay-us", args.max_queue_delay_us, 0),
+                             ("--contexts", args.contexts, 1), ("--drain-s", args.drain_s, 0),
+                             ("--replicas", args.replicas, 1)):
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be >= {low}; got {value}", command="serve")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535; got {args.port}", command="serve")
+    if not args.ray:
+        given = [f"--{k.replace('_', '-')}" for k in _RAY_ONLY if getattr(args, k) is not None]
+        if given:
+            verb = "apply" if len(given) > 1 else "applies"
+            raise UsageError(f"{', '.join(given)} {verb} to --ray only", command="serve")
+    elif args.workers is not None or args.gpus != "all":
+        raise UsageError("--workers and --gpus apply to the local server, not --ray "
+                         "(use --replicas and --gpus-per-replica)", command="serve")
+
+
 def serve_command(args: argparse.Namespace, out: Output) -> int:
     """``trt-runtime serve``."""
-    from trt_runtime.errors import BackendUnavailableError
-    from trt_runtime.serve import ServeOptions, require_ray
+    from trt_runtime.errors import SettingsError
+    from trt_runtime.serve import ServeOptions
 
-    try:
-        serve = require_ray()
-    except BackendUnavailableError as exc:
-        raise CliError(str(exc)) from None
-    import ray
-
-    from trt_runtime.serve import build_app
-
-    if args.backend is None:  # a named backend judges its own files (the memory backend's .mem)
-        check_engine_file(args.file, force=args.force, out=out)
-    elif not args.file.is_file():
-        raise CliError(f"no such file: {args.file}")
+    _check_numbers(args)
+    # Ray places replicas on the cluster's nodes: this machine need not run the engine itself.
+    backend_name = engine_file_backend(args.file, args.backend, force=args.force, out=out, action="serve",
+                                       require=not args.ray)
     try:
         options = ServeOptions(
-            backend=args.backend, device=args.device, settings=settings_overrides(args) or None,
+            backend=backend_name, device=args.device, settings=settings_overrides(args) or None,
             contexts=args.contexts, outer_graph=args.outer_graph, max_batch=args.max_batch,
-            batch_wait_ms=args.batch_wait_ms,
+            batch_wait_ms=args.max_queue_delay_us / 1000.0,
             runtime_cache=args.runtime_cache if args.runtime_cache is not None else "auto",
         )
-        engine: Any = args.file.read_bytes() if args.ship else args.file.resolve()
-        app = build_app(engine, options, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
-                        cpus_per_replica=args.cpus_per_replica)
-    except (ValueError, TypeError) as exc:
+    except (SettingsError, ValueError, TypeError) as exc:
+        raise UsageError(str(exc), command="serve") from None
+    from trt_runtime.serve.model import model_name
+
+    try:
+        name = model_name(args.file, args.name)
+    except ValueError as exc:
+        raise UsageError(f"--name: {exc}", command="serve") from None
+    if args.ray:
+        from trt_runtime.cli.serve_ray import serve_ray
+
+        return serve_ray(args, out, options, name)
+    return _serve_local(args, out, options, name)
+
+
+def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str) -> int:
+    from trt_runtime.serve import local
+
+    workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
+    try:
+        _require_http()
+        gpus = local.resolve_gpus(args.gpus, local.cuda_device_count())
+        config = local.LocalServerConfig(
+            engine=args.file.resolve(), options=options, name=name, host=args.host, port=args.port,
+            workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
+        )
+        sock = local.bind_socket(args.host, args.port)
+    except local.ServeStartError as exc:
+        if exc.usage and "--gpus" in str(exc):
+            raise UsageError(str(exc), command="serve") from None
+        raise _StartError(str(exc)) from None
+    port = sock.getsockname()[1]
+    url = f"http://{args.host}:{port}"
+
+    def ready(model: Any) -> None:
+        out.emit({"url": url, "model": name, "engine": str(args.file), "workers": workers,
+                  "gpus": [g for g in gpus if g is not None], "pids": server.pids()})
+        out.notice(f"serving {name} at {url}/v2/models/{name} ({workers} front process(es), "
+                   f"{len(gpus)} engine process(es); Ctrl-C to stop)")
+
+    out.info(f"loading {args.file.name}: max batch {args.max_batch}, "
+             f"queue delay {args.max_queue_delay_us} µs")
+    server = local.LocalServer(config, sock, log=out.warn)
+    try:
+        code = server.run(on_ready=ready)
+    except local.ServeStartError as exc:
         raise CliError(str(exc)) from None
-    prefix = "/" + args.route_prefix.strip("/")
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    started = not ray.is_initialized() and args.address is None
-    try:
-        # "local": always a new Ray here, never the last cluster this machine ran (Ray's default).
-        ray.init(address=args.address or "local", log_to_driver=False)
-        serve.start(http_options={"host": args.host, "port": args.port})
-        out.info(f"deploying {args.file.name}: {args.replicas} replica(s), max batch {args.max_batch}, "
-                 f"batch wait {args.batch_wait_ms} ms")
-        serve.run(app, name=args.name, route_prefix=prefix)
-        url = f"http://{args.host}:{args.port}{prefix}"
-        out.emit({"url": url, "engine": str(args.file), "replicas": args.replicas})
-        out.notice(f"serving {args.file.name} at {url} (Ctrl-C to stop)")
-        try:
-            while not stop.wait(0.5):
-                pass
-        except KeyboardInterrupt:
-            pass
-        out.notice("stopping")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        _shutdown(serve, ray, args.name, started)
     print("stopped", file=sys.stderr, flush=True)
-    return 0
+    return code
 
 
-def _shutdown(serve: Any, ray: Any, name: str, started: bool) -> None:
-    if not ray.is_initialized():
-        return
-    try:
-        if started:
-            serve.shutdown()
-        else:
-            serve.delete(name)
-    finally:
-        ray.shutdown()
+def _require_http() -> None:
+    """The local server's HTTP stack, or one line naming the extra."""
+    import importlib.util
+
+    needed = ("uvicorn", "starlette", "prometheus_client")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CliError(f"the local server needs {', '.join(missing)}: "
+                       "pip install -c constraints.txt -e '.[serve]'")

@@ -61,11 +61,11 @@ class RequestChecker:
                 )
             values = list(args)
         arrays = []
-        for spec, value in zip(self.inputs, values, strict=True):
+        for spec, expected, value in zip(self.inputs, self._dtypes(), values, strict=True):
             where = f"input {spec.name!r} of engine {self.name!r}"
             if not isinstance(value, np.ndarray):
                 raise RequestError(f"{where} must be a numpy array; got {type(value).__name__}")
-            if str(value.dtype) != spec.dtype:
+            if (str(value.dtype) if isinstance(expected, str) else value.dtype) != expected:
                 raise RequestError(f"{where} must have dtype {spec.dtype}; got {value.dtype}")
             self._check_shape(spec, tuple(value.shape), where)
             arrays.append(np.ascontiguousarray(value))
@@ -73,6 +73,22 @@ class RequestChecker:
             rows = {s.name: a.shape[0] for s, a in zip(self.inputs, arrays, strict=True)}
             raise RequestError(f"engine {self.name!r}: inputs must have the same batch size; got {rows}")
         return tuple(arrays)
+
+    def _dtypes(self) -> list[Any]:
+        """Each input's numpy dtype (its name where numpy lacks it), made once: comparing
+        dtype objects is cheaper than formatting names on every request."""
+        dtypes: list[Any] | None = getattr(self, "_numpy_dtypes", None)
+        if dtypes is None:
+            from trt_runtime.dtypes import to_numpy
+
+            dtypes = []
+            for spec in self.inputs:
+                try:
+                    dtypes.append(to_numpy(spec.dtype))
+                except (TypeError, ValueError):
+                    dtypes.append(spec.dtype)
+            self._numpy_dtypes = dtypes
+        return dtypes
 
     def _check_shape(self, spec: TensorSpec, shape: tuple[int, ...], where: str) -> None:
         if len(shape) != len(spec.shape) or any(

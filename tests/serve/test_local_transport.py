@@ -1,0 +1,262 @@
+"""The local server's front-to-engine hop: shared-memory slots, frames, links (one process, CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trt_runtime.errors import RequestError
+from trt_runtime.serve.local.engine_process import _connection
+from trt_runtime.serve.local.front import EnginePool
+from trt_runtime.serve.local.transport import NO_SLOT, Slab, decode_arrays, encode_arrays
+
+
+@pytest.fixture
+def slab(tmp_path: Path) -> Any:
+    s = Slab.create(tmp_path / "slab", slots=4, slot_bytes=1024)
+    yield s
+    s.close()
+
+
+def test_transport_arrays_round_trip_through_a_slot_and_inline(slab: Slab) -> None:
+    arrays = [np.arange(12, dtype=np.float16).reshape(3, 4), np.array([[7, -8]], np.int32),
+              np.zeros((0, 5), np.float32), np.float64(2.5).reshape(())]
+    slot = slab.take()
+    description, inline = encode_arrays(arrays, slab.slot(slot))
+    assert inline == []  # everything fitted the slot: only the description crosses the socket
+    assert len(description) < 120
+    for got, want in zip(decode_arrays(memoryview(description), slab.slot(slot)), arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    big = np.arange(1000, dtype=np.float32)  # 4000 bytes > a 1024-byte slot: inline
+    description, inline = encode_arrays([big], slab.slot(slot))
+    assert len(inline) == 1
+    (got,) = decode_arrays(memoryview(description + b"".join(bytes(b) for b in inline)), None)
+    np.testing.assert_array_equal(got, big)
+
+
+def test_transport_keeps_dtype_byte_order_and_refuses_object_arrays(slab: Slab) -> None:
+    arrays = [np.array([True, False]), np.arange(3, dtype=">i8"), np.ones((2, 1, 1), np.uint8)]
+    description, inline = encode_arrays(arrays, None)
+    got = decode_arrays(memoryview(description + b"".join(bytes(b) for b in inline)), None)
+    assert [g.dtype for g in got] == [a.dtype for a in arrays]
+    for g, a in zip(got, arrays, strict=True):
+        np.testing.assert_array_equal(g, a)
+    with pytest.raises(ValueError, match="dtype object cannot be shared"):
+        encode_arrays([np.array([None])], None)
+
+
+def test_transport_slots_run_out_then_come_back(slab: Slab) -> None:
+    taken = [slab.take() for _ in range(4)]
+    assert sorted(taken) == [0, 1, 2, 3] and slab.take() == NO_SLOT
+    slab.give(taken[2])
+    assert slab.take() == taken[2]
+
+
+def test_transport_owner_removes_the_file_and_refuses_bad_geometry(tmp_path: Path) -> None:
+    s = Slab.create(tmp_path / "s", slots=2, slot_bytes=128)
+    peer = Slab.attach(s.hello())
+    assert peer.slots == 2 and peer.path == s.path
+    peer.close()
+    assert s.path.exists()
+    s.close()
+    s.close()
+    assert not s.path.exists()
+    with pytest.raises(ValueError, match="multiple of 64; got 1 slots of 100 bytes"):
+        Slab.create(tmp_path / "t", slots=1, slot_bytes=100)
+
+
+class _Doubler:
+    """A batcher double: answers ``2 x`` after a short wait; a negative first value is refused."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+        self.seen += 1
+        await asyncio.sleep(0.001 * (self.seen % 3))  # answers come back out of order
+        if arrays[0].size and arrays[0].flat[0] < 0:
+            raise RequestError("input 'x' must not be negative; got -1", 400)
+        return [arrays[0] * 2, np.full(arrays[0].shape[:1], arrays[0].shape[0], np.int32)]
+
+
+def _short_dir() -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="trt-t-"))  # unix socket paths must stay short
+
+
+def test_transport_concurrent_requests_get_their_own_answers_and_refusals() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        path = where / "e.sock"
+        batcher = _Doubler()
+        server = await asyncio.start_unix_server(lambda r, w: _connection(r, w, batcher),
+                                                 path=os.fspath(path))
+        slab = Slab.create(where / "slab", slots=8, slot_bytes=256)
+        pool = EnginePool([path], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        inputs = [np.full((1 + i % 3, 4), i, np.float32) for i in range(60)]
+        inputs.append(np.full((200, 4), 7, np.float32))  # larger than a slot: inline both ways
+        answers = await asyncio.gather(*(pool.infer((x,)) for x in inputs))
+        for x, (y, rows) in zip(inputs, answers, strict=True):
+            np.testing.assert_array_equal(y, x * 2)
+            assert list(rows) == [x.shape[0]] * x.shape[0]
+        with pytest.raises(RequestError, match="must not be negative") as info:
+            await pool.infer((np.full((1, 4), -1, np.float32),))
+        assert info.value.status == 400
+        assert sorted(slab._free) == list(range(8))  # every slot given back
+        await pool.close()
+        server.close()
+        slab.close()
+
+    asyncio.run(main())
+
+
+def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        path = where / "e.sock"
+        release = asyncio.Event()
+
+        class Stuck:
+            async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+                await release.wait()
+                return [arrays[0]]
+
+        writers: list[asyncio.StreamWriter] = []
+
+        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            writers.append(w)
+            await _connection(r, w, Stuck())
+
+        server = await asyncio.start_unix_server(handler, path=os.fspath(path))
+        slab = Slab.create(where / "slab", slots=4, slot_bytes=256)
+        pool = EnginePool([path], slab)
+        pool.wait_for_engine_s = 0.2
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        pending = asyncio.gather(*(pool.infer((np.ones((1, 2), np.float32),)) for _ in range(3)),
+                                 return_exceptions=True)
+        await asyncio.sleep(0.05)
+        server.close()
+        writers[0].transport.abort()  # the engine process dies
+        results = await asyncio.wait_for(pending, 5)
+        # Sent again once (no other engine process here), then 503 after the wait for one.
+        assert all(isinstance(r, RequestError) and r.status == 503 for r in results), results
+        assert sorted(slab._free) == [0, 1, 2, 3]
+        assert not pool.all_up()
+        started = time.monotonic()
+        with pytest.raises(RequestError, match="no engine process is up") as info:
+            await pool.infer((np.ones((1, 2), np.float32),))
+        assert info.value.status == 503 and time.monotonic() - started >= 0.2
+        pool.wait_for_engine_s = 5.0
+        late = asyncio.ensure_future(pool.infer((np.full((1, 2), 4, np.float32),)))  # waits for the successor
+        release.set()
+        server = await asyncio.start_unix_server(handler, path=os.fspath(path))  # its successor
+        await asyncio.wait_for(pool.wait_up(), 5)
+        (y,) = await asyncio.wait_for(late, 5)
+        np.testing.assert_array_equal(y, np.full((1, 2), 4, np.float32))
+        (y,) = await pool.infer((np.full((1, 2), 3, np.float32),))
+        np.testing.assert_array_equal(y, np.full((1, 2), 3, np.float32))
+        await pool.close()
+        server.close()
+        slab.close()
+
+    asyncio.run(main())
+
+
+def test_local_gpus_option_and_config_refuse_bad_values() -> None:
+    from trt_runtime.serve.local import LocalServerConfig, ServeStartError, resolve_gpus
+    from trt_runtime.serve.options import ServeOptions
+
+    assert resolve_gpus("all", 0) == (None,)  # no GPU: one engine process, the backend's default device
+    assert resolve_gpus("all", 2) == (0, 1)
+    assert resolve_gpus("1,0", 2) == (1, 0)
+    for text, match in (("2", "GPU index 2 does not exist; this machine has 2 GPU"),
+                        ("0,0", "names a GPU twice"), ("x", "must be 'all' or GPU indices")):
+        with pytest.raises(ServeStartError, match=match) as info:
+            resolve_gpus(text, 2)
+        assert info.value.usage
+    with pytest.raises(ValueError, match="workers must be an integer >= 1; got 0"):
+        LocalServerConfig(Path("e.mem"), ServeOptions(), "e", workers=0)
+
+
+def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        batchers = [_Doubler(), _Doubler()]
+        writers: list[list[asyncio.StreamWriter]] = [[], []]
+
+        def handler(i: int) -> Any:
+            async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+                writers[i].append(w)
+                await _connection(r, w, batchers[i])
+            return serve
+
+        servers = [await asyncio.start_unix_server(handler(i), path=os.fspath(where / f"e{i}.sock"))
+                   for i in range(2)]
+        slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
+        pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        xs = [np.full((1, 4), i, np.float32) for i in range(64)]
+        answers = await asyncio.gather(*(pool.infer((x,)) for x in xs))
+        assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
+        assert batchers[0].seen >= 16 and batchers[1].seen >= 16, [b.seen for b in batchers]  # least busy
+        servers[1].close()
+        writers[1][0].transport.abort()  # engine process 1 dies: everything goes to engine 0
+        await asyncio.sleep(0.05)
+        before = batchers[0].seen
+        answers = await asyncio.gather(*(pool.infer((x,)) for x in xs))
+        assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
+        assert batchers[0].seen == before + 64
+        await pool.close()
+        servers[0].close()
+        slab.close()
+
+    asyncio.run(main())
+
+
+def test_transport_requests_of_a_lost_engine_run_again_on_another() -> None:
+    async def main() -> None:
+        where = _short_dir()
+        writers: list[asyncio.StreamWriter] = []
+
+        class Never:
+            async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+                await asyncio.Event().wait()  # hangs until its process dies
+                raise AssertionError("unreachable")
+
+        async def stuck(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            writers.append(w)
+            await _connection(r, w, Never())
+
+        good = _Doubler()
+        servers = [await asyncio.start_unix_server(lambda r, w: _connection(r, w, good),
+                                                   path=os.fspath(where / "e0.sock")),
+                   await asyncio.start_unix_server(stuck, path=os.fspath(where / "e1.sock"))]
+        slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
+        pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        xs = [np.full((1, 4), i, np.float32) for i in range(32)]
+        pending = asyncio.gather(*(pool.infer((x,)) for x in xs))
+        await asyncio.sleep(0.1)
+        assert pool.links[1].outstanding > 0  # some requests wait on the stuck engine process
+        servers[1].close()
+        writers[0].transport.abort()
+        answers = await asyncio.wait_for(pending, 5)
+        assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
+        await pool.close()
+        servers[0].close()
+        slab.close()
+
+    asyncio.run(main())

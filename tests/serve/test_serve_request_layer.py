@@ -1,0 +1,312 @@
+"""The request layer shared by every front: ModelInfo, DynamicBatcher, ServeMetrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _serve_support import pair_engine
+
+import trt_runtime
+from trt_runtime import RequestError, TensorSpec
+from trt_runtime.serve.batcher import DynamicBatcher
+from trt_runtime.serve.metrics import ServeMetrics, mark_process_dead
+from trt_runtime.serve.model import ModelInfo, model_name
+
+_X = TensorSpec("x", "float32", (-1, -1), True, profiles=(((1, 1), (4, 4), (6, 8)),))
+_Y = TensorSpec("y", "float32", (-1, -1), False)
+
+
+def _model(max_batch: int = 8) -> ModelInfo:
+    return ModelInfo.from_specs("m", [_X], [_Y], max_batch=max_batch)
+
+
+# -- ModelInfo -----------------------------------------------------------------------------
+def test_model_info_metadata_pickles_and_round_trips_json() -> None:
+    with trt_runtime.load(pair_engine(), "memory") as engine:
+        model = ModelInfo.from_engine(engine, "pair", max_batch=4)
+    assert model.metadata() == {
+        "name": "pair", "versions": ["1"], "platform": "tensorrt_plan",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+                   {"name": "k", "datatype": "INT32", "shape": [-1, 2]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]},
+                    {"name": "z", "datatype": "INT32", "shape": [-1, 2]}],
+    }
+    again = pickle.loads(pickle.dumps(model))
+    assert again == model and again.checker.batchable and again.checker.names == ["x", "k"]
+    assert ModelInfo.from_dict(json.loads(json.dumps(model.to_dict()))) == model
+
+
+def test_model_name_is_the_stem_unless_named() -> None:
+    assert model_name(Path("/models/mlp.plan")) == "mlp"
+    assert model_name("mlp.plan", "classifier") == "classifier"
+    with pytest.raises(ValueError, match="got 'a/b'"):
+        model_name("mlp.plan", "a/b")
+    with pytest.raises(ValueError, match="max_batch must be an integer >= 1; got 0"):
+        _model(0)
+
+
+# -- DynamicBatcher ------------------------------------------------------------------------
+class _Engine:
+    """Records each call's rows; ``y = 2 x + 1``; fails a call holding a row of -1s."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.calls: list[int] = []
+        self.delay_s = delay_s
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+        self.active = 0
+        self.most_active = 0
+
+    def execute(self, x: np.ndarray) -> list[np.ndarray]:
+        with self.lock:
+            self.calls.append(x.shape[0])
+            self.threads.add(threading.current_thread().name)
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            time.sleep(self.delay_s)
+            if (x == -1).all(axis=1).any():
+                raise RuntimeError("poisoned row")
+            return [x * 2 + 1]
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def _rows(*values: float, width: int = 4) -> tuple[np.ndarray]:
+    return (np.array([[v] * width for v in values], np.float32),)
+
+
+def test_batcher_gathers_concurrent_requests_and_splits_answers() -> None:
+    engine = _Engine(delay_s=0.01)
+
+    async def main() -> list[list[np.ndarray]]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=5_000)
+        answers = await asyncio.gather(*(batcher.submit(_rows(i)) for i in range(20)))
+        await batcher.aclose(1)
+        return answers
+
+    answers = _run(main())
+    for i, outputs in enumerate(answers):
+        np.testing.assert_array_equal(outputs[0], _rows(i)[0] * 2 + 1)
+    assert sum(engine.calls) == 20 and max(engine.calls) > 1
+    assert max(engine.calls) <= 6, "one call never exceeds the profile's 6 rows"
+
+
+def test_batcher_max_batch_one_runs_each_request_alone() -> None:
+    engine = _Engine()
+
+    async def main() -> None:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=1, max_queue_delay_us=5_000)
+        await asyncio.gather(*(batcher.submit(_rows(i)) for i in range(6)))
+        await batcher.aclose(1)
+
+    _run(main())
+    assert engine.calls == [1] * 6
+
+
+def test_batcher_groups_by_signature_and_isolates_a_failing_call() -> None:
+    engine = _Engine(delay_s=0.01)
+
+    async def main() -> list[Any]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=20_000)
+        requests = [_rows(1), _rows(2, width=3), _rows(-1, width=3), _rows(4)]
+        answers = await asyncio.gather(*(batcher.submit(r) for r in requests), return_exceptions=True)
+        await batcher.aclose(1)
+        return answers
+
+    ok4, bad3, bad3b, ok4b = _run(main())
+    assert isinstance(bad3, RuntimeError) and isinstance(bad3b, RuntimeError)
+    np.testing.assert_array_equal(ok4[0], _rows(1)[0] * 2 + 1)
+    np.testing.assert_array_equal(ok4b[0], _rows(4)[0] * 2 + 1)
+    assert sorted(engine.calls) == [2, 2], "width 4 and width 3 ran as separate calls"
+
+
+def test_batcher_waits_the_queue_delay_only_when_idle() -> None:
+    engine = _Engine()
+
+    async def main() -> float:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=100_000)
+        started = time.perf_counter()
+        first = asyncio.ensure_future(batcher.submit(_rows(1)))
+        await asyncio.sleep(0.02)
+        await asyncio.gather(first, batcher.submit(_rows(2)))
+        took = time.perf_counter() - started
+        await batcher.aclose(1)
+        return took
+
+    took = _run(main())
+    assert engine.calls == [2], "the second request joined the first one's batch"
+    assert 0.08 < took < 2
+
+
+def test_batcher_runs_one_thread_per_execute_function() -> None:
+    engine = _Engine(delay_s=0.05)
+
+    async def main() -> None:
+        batcher = DynamicBatcher([engine.execute] * 3, _model().checker, max_batch=1, max_queue_delay_us=0)
+        await asyncio.gather(*(batcher.submit(_rows(i)) for i in range(6)))
+        await batcher.aclose(1)
+
+    _run(main())
+    assert len(engine.threads) == 3 and engine.most_active == 3
+
+
+def test_batcher_drains_then_refuses_with_503() -> None:
+    engine = _Engine(delay_s=0.05)
+
+    async def main() -> tuple[list[Any], Any]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=2, max_queue_delay_us=0)
+        pending = [asyncio.ensure_future(batcher.submit(_rows(i))) for i in range(4)]
+        await asyncio.sleep(0)
+        await batcher.aclose(5)
+        with pytest.raises(RequestError, match="shutting down") as refused:
+            await batcher.submit(_rows(9))
+        return await asyncio.gather(*pending), refused.value.status
+
+    answers, status = _run(main())
+    assert len(answers) == 4 and status == 503
+
+
+def test_batcher_drain_is_bounded() -> None:
+    engine = _Engine(delay_s=0.3)
+
+    async def main() -> list[Any]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=1, max_queue_delay_us=0)
+        pending = [asyncio.ensure_future(batcher.submit(_rows(i))) for i in range(3)]
+        await asyncio.sleep(0)
+        started = time.perf_counter()
+        await batcher.aclose(0.1)
+        assert time.perf_counter() - started < 0.25
+        return await asyncio.gather(*pending, return_exceptions=True)
+
+    late = _run(main())
+    assert len(late) == 3 and all(isinstance(e, RequestError) and e.status == 503 for e in late)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"max_batch": 0}, "max_batch must be an integer >= 1; got 0"),
+     ({"max_queue_delay_us": -1}, r"max_queue_delay_us must be an integer in \[0, 10000000\]; got -1"),
+     ({"max_queue_delay_us": 0.5}, "got 0.5")],
+)
+def test_batcher_refuses_bad_settings(kwargs: dict[str, Any], match: str) -> None:
+    settings = {"max_batch": 4, "max_queue_delay_us": 0, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        DynamicBatcher([_Engine().execute], _model().checker, **settings)
+
+
+# -- ServeMetrics --------------------------------------------------------------------------
+def test_metrics_one_process() -> None:
+    metrics = ServeMetrics("m")
+    metrics.answered(200)
+    metrics.answered(400)
+    metrics.engine_call(3, 0.001)
+    metrics.started()
+    body, media = metrics.render()
+    text = body.decode()
+    assert media.startswith("text/plain")
+    assert 'trt_runtime_requests_total{code="400",model="m"} 1.0' in text
+    assert 'trt_runtime_batch_size_sum{model="m"} 3.0' in text
+    assert 'trt_runtime_inflight_requests{model="m"} 1.0' in text
+    assert "trt_runtime_requests_total" in ServeMetrics("m").render()[0].decode()  # no clash
+
+
+_CHILD = """
+import sys
+from trt_runtime.serve.metrics import ServeMetrics
+metrics = ServeMetrics("m")
+for _ in range(int(sys.argv[1])):
+    metrics.answered(200)
+metrics.engine_call(4, 0.002)
+metrics.started()
+if sys.argv[2] == "render":
+    sys.stdout.write(metrics.render()[0].decode())
+"""
+
+
+@pytest.mark.parametrize("mark_dead", [False, True])
+def test_metrics_sum_over_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mark_dead: bool) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    first = subprocess.Popen([sys.executable, "-c", _CHILD, "3", "quiet"], env=env)
+    assert first.wait(60) == 0
+    if mark_dead:
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        mark_process_dead(first.pid)
+    text = subprocess.run(
+        [sys.executable, "-c", _CHILD, "2", "render"], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    assert 'trt_runtime_requests_total{code="200",model="m"} 5.0' in text
+    assert 'trt_runtime_batch_size_count{model="m"} 2.0' in text
+    # livesum: a process that exited counts until it is marked dead
+    assert f'trt_runtime_inflight_requests{{model="m"}} {1.0 if mark_dead else 2.0}' in text
+
+
+def test_metrics_refuse_a_directory_set_too_late(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import prometheus_client  # noqa: F401  (imported before the variable is set)
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    late = "PROMETHEUS_MULTIPROC_DIR was set after prometheus_client"
+    with pytest.raises(trt_runtime.SettingsError, match=late):
+        ServeMetrics("m")
+
+
+def test_batcher_skips_requests_whose_caller_went_away() -> None:
+    engine = _Engine(delay_s=0.05)
+
+    async def main() -> list[np.ndarray]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=4, max_queue_delay_us=0)
+        first = asyncio.ensure_future(batcher.submit(_rows(1)))
+        await asyncio.sleep(0.01)  # the first runs; the next ones wait
+        gone = [asyncio.ensure_future(batcher.submit(_rows(v))) for v in (2, 3)]
+        kept = asyncio.ensure_future(batcher.submit(_rows(4)))
+        await asyncio.sleep(0)
+        for task in gone:
+            task.cancel()
+        answers = [(await first)[0], (await kept)[0]]
+        await batcher.aclose(1)
+        return answers
+
+    first, kept = _run(main())
+    np.testing.assert_array_equal(first, _rows(1)[0] * 2 + 1)
+    np.testing.assert_array_equal(kept, _rows(4)[0] * 2 + 1)
+    assert engine.calls == [1, 1], "the two cancelled requests never reached the engine"
+
+
+def test_import_serve_loads_no_http_or_metrics_library() -> None:
+    heavy = "('ray', 'starlette', 'uvicorn', 'prometheus_client')"
+    code = f"import sys, trt_runtime.serve; print(sorted(m for m in {heavy} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_batcher_close_waits_for_the_running_call() -> None:
+    engine = _Engine(delay_s=0.2)
+
+    async def main() -> DynamicBatcher:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=1, max_queue_delay_us=0)
+        running = asyncio.ensure_future(batcher.submit(_rows(1)))
+        await asyncio.sleep(0.05)
+        assert not running.done()
+        return batcher
+
+    batcher = _run(main())
+    started = time.perf_counter()
+    batcher.close()
+    assert engine.active == 0 and time.perf_counter() - started > 0.1, "close() returned while the call ran"
+    batcher.close()  # idempotent

@@ -1,0 +1,145 @@
+"""The engine process: one per GPU; loads the engine once, batches every front's requests, runs them.
+
+It listens on a unix socket; each front connects once, says which :class:`Slab` it owns
+(:data:`~trt_runtime.serve.local.transport.HELLO`), then sends requests whose arrays sit in
+that slab. Every request goes through one :class:`~trt_runtime.serve.batcher.DynamicBatcher`
+(one worker thread per execution context), so concurrent batch-1 requests from all fronts
+become a few engine calls; each answer is written into the request's slot and announced on
+the connection that brought it. SIGTERM: stop accepting, finish what is queued (at most
+``drain_s``), close the engine, exit 0. SIGINT is ignored: the supervisor decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from trt_runtime.serve.local import transport
+from trt_runtime.serve.local.lifeline import wait_orphaned
+from trt_runtime.serve.local.transport import NO_SLOT, Slab
+from trt_runtime.serve.options import ServeOptions
+
+__all__ = ["EngineProcessSpec", "engine_main"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineProcessSpec:
+    """What one engine process needs (pickled into the spawned process)."""
+
+    engine: Path
+    options: ServeOptions
+    device: int | None
+    socket_path: Path
+    name: str
+    max_queue_delay_us: int
+    drain_s: float
+
+
+def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
+    """Process entry: open the engine, tell the supervisor (``ready``) its model, serve until SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        engine, _cache = _open(spec)
+    except Exception as exc:
+        ready.send(("error", f"cannot open {spec.engine}: {exc}"))
+        ready.close()
+        raise SystemExit(3) from None
+    try:
+        asyncio.run(_serve(spec, engine, ready))
+    finally:
+        engine.close()
+
+
+def _open(spec: EngineProcessSpec) -> tuple[Any, Any]:
+    from trt_runtime.serve.replica import open_engine
+
+    return open_engine(spec.engine, spec.options, device=spec.device)
+
+
+def model_info(engine: Any, spec: EngineProcessSpec) -> Any:
+    """The :class:`~trt_runtime.serve.model.ModelInfo` the fronts serve, from the loaded engine."""
+    from trt_runtime.serve.model import ModelInfo
+
+    return ModelInfo.from_engine(engine, spec.name, max_batch=spec.options.max_batch)
+
+
+async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> None:
+    from trt_runtime.serve.batcher import DynamicBatcher
+    from trt_runtime.serve.metrics import ServeMetrics
+
+    model = model_info(engine, spec)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    metrics = ServeMetrics(model.name)
+    batcher = DynamicBatcher(
+        [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
+        max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics,
+        copy_outputs=bool(spec.options.outer_graph),  # answers are read after the next call may start
+    )
+    spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
+    server = await asyncio.start_unix_server(
+        lambda r, w: _connection(r, w, batcher), path=os.fspath(spec.socket_path)
+    )
+    ready.send(("ready", model))
+    ready.close()
+    orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
+    orphaned.add_done_callback(lambda _: stop.set())
+    await stop.wait()
+    orphaned.cancel()
+    server.close()
+    await batcher.aclose(spec.drain_s)
+    batcher.close()  # waits for a call still running after the drain: never close the engine under it
+
+
+async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, batcher: Any) -> None:
+    slab: Slab | None = None
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        _rid, _slot, status, payload = await transport.read_frame(reader)
+        if status != transport.HELLO:
+            return
+        slab = Slab.attach(bytes(payload))
+        while True:
+            rid, slot, _status, payload = await transport.read_frame(reader)
+            task = asyncio.create_task(_answer(rid, slot, payload, slab, writer, batcher))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass  # the front went away; its requests in flight are answered to no one
+    finally:
+        if tasks:
+            await asyncio.wait(tasks)
+        writer.close()
+        if slab is not None:
+            slab.close()
+
+
+async def _answer(rid: int, slot: int, payload: memoryview, slab: Slab, writer: asyncio.StreamWriter,
+                  batcher: Any) -> None:
+    from trt_runtime.errors import RequestError
+
+    where = None if slot == NO_SLOT else slab.slot(slot)
+    try:
+        arrays = transport.decode_arrays(payload, where)
+        outputs = await batcher.submit(tuple(arrays))
+    except RequestError as exc:
+        _refuse(writer, rid, exc.status, str(exc))
+        return
+    except Exception as exc:
+        _refuse(writer, rid, 500, f"{type(exc).__name__}: {exc}")
+        return
+    if writer.is_closing():
+        return
+    description, inline = transport.encode_arrays(outputs, where)
+    transport.write_frame(writer, rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
+
+
+def _refuse(writer: asyncio.StreamWriter, rid: int, status: int, message: str) -> None:
+    if not writer.is_closing():
+        transport.write_frame(writer, rid, NO_SLOT, status, message.encode())

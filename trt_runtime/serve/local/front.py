@@ -1,0 +1,292 @@
+"""A front process: uvicorn serving the request layer's app on the supervisor's listening socket.
+
+The app (:func:`~trt_runtime.serve.http.make_app`) decodes and checks requests on this
+process's event loop and calls :meth:`EnginePool.infer`, which writes the arrays into
+this front's :class:`~trt_runtime.serve.local.transport.Slab` and sends a small frame to
+the engine process with the fewest requests outstanding; the answer comes back on the same
+connection. A lost engine process fails its requests in flight with 503 and is dialled
+again until its successor listens. SIGTERM: stop accepting, finish in-flight requests (at
+most ``drain_s``), exit 0; SIGINT is ignored (the supervisor turns Ctrl-C into SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import math
+import os
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from trt_runtime.errors import RequestError
+from trt_runtime.serve.local import transport
+from trt_runtime.serve.local.lifeline import wait_orphaned
+from trt_runtime.serve.local.transport import NO_SLOT, Slab
+
+__all__ = ["EngineLink", "EngineLost", "EnginePool", "FrontSpec", "front_main"]
+
+_REDIAL_S = 0.05
+
+
+class EngineLost(RequestError):
+    """The engine process a request was sent to went away before it answered (503)."""
+
+#: How long a request waits for an engine process to come back before it is answered 503.
+WAIT_FOR_ENGINE_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontSpec:
+    """What one front process needs (pickled into the spawned process)."""
+
+    index: int
+    model: Any  # ModelInfo
+    engine_sockets: tuple[Path, ...]
+    slab_path: Path
+    max_body_bytes: int
+    drain_s: float
+
+
+class EngineLink:
+    """This front's connection to one engine process; dials again whenever it drops."""
+
+    def __init__(self, path: Path, slab: Slab, on_change: Any = None) -> None:
+        self.path = path
+        self._on_change = on_change  # called after the link went up or down
+        self.outstanding = 0
+        self.up = asyncio.Event()
+        self._slab = slab
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._writer is not None:
+            self._writer.close()
+
+    async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        writer, loop = self._writer, self._loop
+        if writer is None or loop is None or not self.up.is_set():
+            raise RequestError(f"engine process at {self.path.name} is not up", 503)
+        slab = self._slab
+        slot = slab.take()
+        description, inline = transport.encode_arrays(arrays, None if slot == NO_SLOT else slab.slot(slot))
+        if inline and slot != NO_SLOT:  # too large for a slot: travels on the socket
+            slab.give(slot)
+            slot = NO_SLOT
+        rid = next(self._ids) & 0xFFFFFFFF
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        self._pending[rid] = (future, slot)
+        self.outstanding += 1
+        try:
+            transport.write_frame(writer, rid, slot, 0, description, inline)
+            return await future
+        finally:
+            self.outstanding -= 1
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(os.fspath(self.path))
+            except OSError:
+                await asyncio.sleep(_REDIAL_S)
+                continue
+            transport.write_frame(writer, 0, NO_SLOT, transport.HELLO, self._slab.hello())
+            self._writer = writer
+            self.up.set()
+            if self._on_change is not None:
+                self._on_change()
+            try:
+                await self._receive(reader)
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                pass
+            finally:
+                self.up.clear()
+                if self._on_change is not None:
+                    self._on_change()
+                self._writer = None
+                writer.close()
+                self._fail_pending()
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        slab = self._slab
+        while True:
+            rid, slot, status, payload = await transport.read_frame(reader)
+            entry = self._pending.pop(rid, None)
+            if entry is None:
+                continue
+            future, mine = entry
+            try:
+                if status:
+                    future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
+                else:
+                    where = None if slot == NO_SLOT else slab.slot(slot)
+                    future.set_result(transport.decode_arrays(payload, where))
+            except asyncio.InvalidStateError:  # the client went away and its request was cancelled
+                pass
+            slab.give(mine)
+
+    def _fail_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for future, slot in pending.values():
+            self._slab.give(slot)  # nobody writes the slot any more: the connection is gone
+            if not future.done():
+                future.set_exception(EngineLost(f"engine process at {self.path.name} went away", 503))
+
+
+class EnginePool:
+    """Every engine process this front talks to; a request goes to the least busy one that is up."""
+
+    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None) -> None:
+        self.links = [EngineLink(path, slab, on_change) for path in sockets]
+        self.wait_for_engine_s = WAIT_FOR_ENGINE_S
+
+    def start(self) -> None:
+        for link in self.links:
+            link.start()
+
+    async def wait_up(self) -> None:
+        await asyncio.gather(*(link.up.wait() for link in self.links))
+
+    def all_up(self) -> bool:
+        return all(link.up.is_set() for link in self.links)
+
+    async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        """The engine's outputs for ``arrays``. A request whose engine process died before it
+        answered runs once more elsewhere (an inference has no side effects to repeat)."""
+        try:
+            return await (await self._pick()).infer(arrays)
+        except EngineLost:
+            return await (await self._pick()).infer(arrays)
+
+    async def _pick(self) -> EngineLink:
+        best = self._least_busy()
+        if best is None:  # an engine process is being restarted: wait a little for it
+            waits = [asyncio.ensure_future(link.up.wait()) for link in self.links]
+            await asyncio.wait(waits, timeout=self.wait_for_engine_s, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
+            best = self._least_busy()
+        if best is None:
+            raise RequestError("no engine process is up; try again shortly", 503)
+        return best
+
+    def _least_busy(self) -> EngineLink | None:
+        best = None
+        for link in self.links:
+            if link.up.is_set() and (best is None or link.outstanding < best.outstanding):
+                best = link
+        return best
+
+    async def close(self) -> None:
+        await asyncio.gather(*(link.close() for link in self.links))
+
+
+def front_main(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
+    """Process entry: serve on ``sock`` until SIGTERM; ``ready`` gets one message once this front
+    accepts. ``ready_flag`` is shared by the server's processes: ``[0]`` is the supervisor's
+    word that every process is up, ``[1 + index]`` this front's that all its engine links are."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(spec, sock, ready_flag, ready))
+    else:
+        uvloop.run(_serve(spec, sock, ready_flag, ready))
+
+
+async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
+    import uvicorn
+
+    from trt_runtime.serve.http import make_app
+    from trt_runtime.serve.metrics import ServeMetrics
+
+    slab = Slab.create(spec.slab_path)
+    mine = 1 + spec.index
+
+    def links_changed() -> None:
+        ready_flag[mine] = 1 if pool.all_up() else 0
+
+    pool = EnginePool(spec.engine_sockets, slab, links_changed)
+    pool.start()
+    await pool.wait_up()
+    app = make_app(
+        spec.model, pool.infer, metrics=ServeMetrics(spec.model.name),
+        ready=lambda: all(ready_flag), max_body_bytes=spec.max_body_bytes,
+    )
+    config = uvicorn.Config(
+        app, lifespan="off", access_log=False, log_level="warning",
+        timeout_graceful_shutdown=math.ceil(spec.drain_s),
+        http="httptools" if _importable("httptools") else "h11", loop="none",
+    )
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, server.stop)
+
+    async def announce() -> None:
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.01)
+        ready.send(("ready", os.getpid()))
+        ready.close()
+
+    announcer = asyncio.create_task(announce())
+    orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
+    orphaned.add_done_callback(lambda _: server.stop())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        announcer.cancel()
+        orphaned.cancel()
+        await pool.close()
+        slab.close()
+
+
+class _Server:
+    """uvicorn's server without its signal handling: the process installs its own (SIGTERM only),
+    so a Ctrl-C that reaches the whole process group does not cut in-flight requests."""
+
+    def __init__(self, config: Any) -> None:
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        self._server = Quiet(config)
+
+    @property
+    def started(self) -> bool:
+        return bool(self._server.started)
+
+    @property
+    def should_exit(self) -> bool:
+        return bool(self._server.should_exit)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+
+    async def serve(self, sockets: list[socket.socket]) -> None:
+        await self._server.serve(sockets=sockets)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

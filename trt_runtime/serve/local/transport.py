@@ -1,0 +1,224 @@
+"""Moving tensors between a front process and an engine process: shared memory plus small frames.
+
+Each front owns one :class:`Slab`, a file in ``/dev/shm`` (the temporary directory when that
+is missing or small)
+mapped by the front and by every engine process it talks to, cut into fixed-size slots.
+A request's input arrays are written once into a free slot; the engine process answers
+into the same slot. What crosses the unix socket is only a :data:`HEADER` (payload length,
+request id, slot, status) and a few bytes describing the arrays (dtype, shape, size):
+nothing is pickled. An array set that does not fit a slot, or a request that finds every
+slot taken, travels inline after the description instead.
+
+Status 0 is an answer (or a request); any other status is the HTTP status of a refusal
+and the payload is its UTF-8 message. :data:`HELLO` opens a connection: its payload is
+the slab's path and slot geometry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trt_runtime.errors import InputError, SettingsError
+
+__all__ = [
+    "HEADER",
+    "HELLO",
+    "NO_SLOT",
+    "Slab",
+    "decode_arrays",
+    "encode_arrays",
+    "read_frame",
+    "shm_dir",
+    "write_frame",
+]
+
+#: ``(payload bytes, request id, slot, status)`` before every payload.
+HEADER = struct.Struct("<IIIi")
+#: The slot of a message whose arrays travel inline.
+NO_SLOT = 0xFFFFFFFF
+#: The status of the first frame a front sends on a connection (payload: :meth:`Slab.hello`).
+HELLO = -1
+_META = struct.Struct("<B8sQ")  # per array: ndim, dtype string ("<f2"), bytes; then ndim int64 dims
+_DIMS = [struct.Struct(f"<{n}q") for n in range(33)]  # numpy arrays have at most 32 (64 on numpy 2) dims
+_DTYPES: dict[bytes, Any] = {}
+_ALIGN = 64
+_HELLO = struct.Struct("<II")  # slots, slot bytes; then the path
+
+
+#: ``/dev/shm`` must have this much room, else slabs go to the temporary directory: a page
+#: written past a full tmpfs kills the writer with SIGBUS (containers often give it 64 MiB).
+SHM_MIN_FREE = 256 * 1024 * 1024
+
+
+def shm_dir() -> Path:
+    """Where slabs live: ``/dev/shm`` (memory, never disk) when it is writable and roomy, else
+    the temporary directory."""
+    import tempfile
+
+    shm = Path("/dev/shm")
+    try:
+        stat = os.statvfs(shm)
+        roomy = stat.f_bavail * stat.f_frsize >= SHM_MIN_FREE and os.access(shm, os.W_OK)
+    except OSError:
+        roomy = False
+    return shm if roomy else Path(tempfile.gettempdir())
+
+
+class Slab:
+    """``slots`` slots of ``slot_bytes`` each in one shared file; the owner hands slots out.
+
+    The creating process (``create``) owns the file and removes it in :meth:`close`; an
+    attaching process (``attach``) only maps it. Slot bookkeeping is the owner's, on one
+    event loop (not thread-safe).
+    """
+
+    def __init__(self, path: Path, slots: int, slot_bytes: int, *, owner: bool) -> None:
+        self.path = path
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self._owner = owner
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), slots * slot_bytes)
+        self.view = memoryview(self._map)
+        self._free = list(range(slots - 1, -1, -1)) if owner else []
+
+    @classmethod
+    def create(cls, path: Path, slots: int = 256, slot_bytes: int = 64 * 1024) -> Slab:
+        if slots < 1 or slot_bytes < _ALIGN or slot_bytes % _ALIGN:
+            raise SettingsError(f"a slab needs slots >= 1 and slot_bytes a multiple of {_ALIGN}; "
+                             f"got {slots} slots of {slot_bytes} bytes")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, slots * slot_bytes)  # sparse: pages exist once written
+        finally:
+            os.close(fd)
+        return cls(path, slots, slot_bytes, owner=True)
+
+    @classmethod
+    def attach(cls, hello: bytes) -> Slab:
+        """Map the slab a :meth:`hello` payload names."""
+        slots, slot_bytes = _HELLO.unpack_from(hello)
+        return cls(Path(bytes(hello[_HELLO.size:]).decode()), slots, slot_bytes, owner=False)
+
+    def hello(self) -> bytes:
+        return _HELLO.pack(self.slots, self.slot_bytes) + os.fsencode(self.path)
+
+    def take(self) -> int:
+        """A free slot, or :data:`NO_SLOT` when every slot is in use."""
+        return self._free.pop() if self._free else NO_SLOT
+
+    def give(self, slot: int) -> None:
+        if slot != NO_SLOT:
+            self._free.append(slot)
+
+    def slot(self, index: int) -> memoryview:
+        start = index * self.slot_bytes
+        return self.view[start:start + self.slot_bytes]
+
+    def close(self) -> None:
+        """Unmap; the owner also removes the file. Idempotent."""
+        if self._map.closed:
+            return
+        self.view.release()
+        try:
+            self._map.close()
+        except BufferError:  # an array still views the map: leave it to the process's exit
+            pass
+        if self._owner:
+            self.path.unlink(missing_ok=True)
+
+
+def _padded(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes, list[Any]]:
+    """``(description, inline buffers)``: the arrays go into ``slot`` when it holds them all.
+
+    Returns no inline buffers when the data went into the slot; else the buffers to send
+    after the description, in order.
+    """
+    import numpy as np
+
+    parts = [bytes((len(arrays),))]
+    total = 0
+    contiguous = []
+    for array in arrays:
+        a = array
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            a = np.asarray(array, order="C")  # ascontiguousarray would make a 0-d array 1-d
+        code = a.dtype.str.encode()
+        if len(code) > 8 or a.dtype.hasobject:
+            raise InputError(f"arrays of dtype {a.dtype} cannot be shared; expected a numeric dtype")
+        contiguous.append(a)
+        parts.append(_META.pack(a.ndim, code, a.nbytes) + _DIMS[a.ndim].pack(*a.shape))
+        total += _padded(a.nbytes)
+    description = b"".join(parts)
+    if slot is None or total > len(slot):
+        return description, [memoryview(a).cast("B") for a in contiguous if a.nbytes]  # type: ignore[arg-type]
+    offset = 0
+    for a in contiguous:
+        if a.nbytes:
+            slot[offset:offset + a.nbytes] = memoryview(a).cast("B")  # type: ignore[arg-type]
+        offset += _padded(a.nbytes)
+    return description, []
+
+
+def _dtype(code: bytes) -> Any:
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        import numpy as np
+
+        dtype = _DTYPES[code] = np.dtype(code.rstrip(b"\0").decode())
+    return dtype
+
+
+def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
+    """The arrays a payload describes, copied out of ``slot`` or out of the inline bytes."""
+    import numpy as np
+
+    count = payload[0]
+    pos = 1
+    metas = []
+    for _ in range(count):
+        ndim, code, nbytes = _META.unpack_from(payload, pos)
+        pos += _META.size
+        shape = _DIMS[ndim].unpack_from(payload, pos)
+        pos += 8 * ndim
+        metas.append((_dtype(code), shape, nbytes))
+    arrays = []
+    inline = slot is None
+    source = payload if inline else slot
+    offset = pos if inline else 0
+    assert source is not None
+    for dtype, shape, nbytes in metas:
+        if nbytes:
+            flat = np.frombuffer(source, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
+            arrays.append(flat.reshape(shape).copy())
+        else:
+            arrays.append(np.empty(shape, dtype))
+        offset += nbytes if inline else _padded(nbytes)
+    return arrays
+
+
+def write_frame(writer: asyncio.StreamWriter, request_id: int, slot: int, status: int,
+                payload: bytes, extra: Sequence[Any] = ()) -> None:
+    """Queue one frame on ``writer`` (the caller drains when it wants back-pressure)."""
+    length = len(payload) + sum(len(b) for b in extra)
+    writer.write(HEADER.pack(length, request_id, slot, status) + payload)
+    for buffer in extra:
+        writer.write(buffer)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, int, memoryview]:
+    """``(request id, slot, status, payload)``; ``asyncio.IncompleteReadError`` at end of stream."""
+    head = await reader.readexactly(HEADER.size)
+    length, request_id, slot, status = HEADER.unpack(head)
+    payload = await reader.readexactly(length) if length else b""
+    return request_id, slot, status, memoryview(payload)

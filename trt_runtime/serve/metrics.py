@@ -1,0 +1,137 @@
+"""``ServeMetrics``: what a server has done, in the Prometheus text format (``GET /metrics``).
+
+Built on ``prometheus_client``. With ``PROMETHEUS_MULTIPROC_DIR`` set (before
+``prometheus_client`` is first imported in the process: it chooses its storage then),
+every process of a server writes its values into that directory and :meth:`ServeMetrics.render`
+in any of them sums them all; without it, the values live in this object's own registry
+(one process, as in tests). Whoever starts the processes sets the directory and calls
+:func:`mark_process_dead` for a process that exits, so its in-flight gauge stops counting.
+
+Series (label ``model`` on each):
+
+* ``trt_runtime_requests_total`` by HTTP status ``code``;
+* ``trt_runtime_batch_size``: rows per engine call (histogram);
+* ``trt_runtime_batch_requests``: requests per batch the batcher formed (histogram);
+* ``trt_runtime_queue_seconds``: from a request's arrival at the batcher to its engine call;
+* ``trt_runtime_compute_seconds``: one engine call;
+* ``trt_runtime_inflight_requests``: requests being answered now (summed over live processes).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["MULTIPROC_ENV", "ServeMetrics", "mark_process_dead"]
+
+#: The environment variable that turns on prometheus_client's multiprocess mode.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_SECONDS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25, 1.0)
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        from trt_runtime.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(
+            f"serving metrics need prometheus_client ({exc}): pip install -c constraints.txt -e '.[serve]'"
+        ) from exc
+    return prometheus_client
+
+
+def multiprocess() -> bool:
+    """Whether this process's metrics are shared through ``PROMETHEUS_MULTIPROC_DIR``."""
+    if not os.environ.get(MULTIPROC_ENV):
+        return False
+    from prometheus_client import values
+
+    if getattr(values.ValueClass, "__name__", "") == "MutexValue":
+        from trt_runtime.errors import SettingsError
+
+        raise SettingsError(
+            f"{MULTIPROC_ENV} was set after prometheus_client was imported in process {os.getpid()}; "
+            "set it before the server's processes start"
+        )
+    return True
+
+
+def mark_process_dead(pid: int) -> None:
+    """Forget the live gauges of process ``pid`` (multiprocess mode; nothing otherwise)."""
+    if os.environ.get(MULTIPROC_ENV):
+        _client()
+        from prometheus_client import multiprocess as shared
+
+        shared.mark_process_dead(pid)
+
+
+class ServeMetrics:
+    """The metrics of one model in this process; thread-safe (engine threads observe too)."""
+
+    def __init__(self, model: str) -> None:
+        client = _client()
+        self.model = model
+        self._shared = multiprocess()
+        # Own registry: several servers (tests) in one process never clash on names.
+        self._registry = client.CollectorRegistry()
+        labels = {"registry": self._registry}
+        self._requests = client.Counter(
+            "trt_runtime_requests", "Requests answered, by HTTP status.", ["model", "code"], **labels
+        )
+        self._batch = client.Histogram(
+            "trt_runtime_batch_size", "Rows per engine call.", ["model"], buckets=_SIZES, **labels
+        ).labels(model)
+        self._requests_per_batch = client.Histogram(
+            "trt_runtime_batch_requests", "Requests per batch.", ["model"], buckets=_SIZES, **labels
+        ).labels(model)
+        self._queue = client.Histogram(
+            "trt_runtime_queue_seconds", "Time from a request's arrival at the batcher to its engine call.",
+            ["model"], buckets=_SECONDS, **labels,
+        ).labels(model)
+        self._compute = client.Histogram(
+            "trt_runtime_compute_seconds", "Time of one engine call.", ["model"], buckets=_SECONDS, **labels
+        ).labels(model)
+        self._inflight = client.Gauge(
+            "trt_runtime_inflight_requests", "Requests being answered now.", ["model"],
+            multiprocess_mode="livesum", **labels,
+        ).labels(model)
+        self._by_code: dict[int, Any] = {}
+
+    # -- observations --------------------------------------------------------------------
+    def answered(self, code: int) -> None:
+        counter = self._by_code.get(code)
+        if counter is None:
+            counter = self._by_code[code] = self._requests.labels(self.model, str(code))
+        counter.inc()
+
+    def started(self) -> None:
+        self._inflight.inc()
+
+    def finished(self) -> None:
+        self._inflight.dec()
+
+    def queued(self, seconds: float) -> None:
+        self._queue.observe(seconds)
+
+    def batched(self, requests: int) -> None:
+        self._requests_per_batch.observe(requests)
+
+    def engine_call(self, rows: int, seconds: float) -> None:
+        self._batch.observe(rows)
+        self._compute.observe(seconds)
+
+    # -- exposition ----------------------------------------------------------------------
+    def render(self) -> tuple[bytes, str]:
+        """``(body, content type)`` of the text exposition, summed over every process."""
+        client = _client()
+        if self._shared:
+            from prometheus_client import multiprocess as shared
+
+            registry = client.CollectorRegistry()
+            shared.MultiProcessCollector(registry)
+        else:
+            registry = self._registry
+        return client.generate_latest(registry), client.CONTENT_TYPE_LATEST
