@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from trt_runtime.contract import stream_handle
 from trt_runtime.errors import EngineError
 from trt_runtime.graphs import CopyNodes, build_copy_nodes
+
+from .streams import STREAMS
 
 __all__ = ["LaneStream", "TensorInfo", "TorchBridge"]
 
@@ -330,10 +331,12 @@ class TorchBridge:
         H100: 16 caller threads and 8 contexts, a capture then failed and left the CUDA
         context unusable). With cuda-python installed the stream is made with
         ``cudaStreamCreateWithFlags(cudaStreamNonBlocking)`` and wrapped in an
-        ``ExternalStream`` (destroyed when that object goes); without it, a stream of torch's
-        high-priority pool, which callers' default-priority streams do not share."""
+        ``ExternalStream``; when that object goes, the stream goes back to a process-wide pool
+        for the next lane, never destroyed (:mod:`.streams` says why); without cuda-python, a
+        stream of torch's high-priority pool, which callers' default-priority streams do not
+        share."""
         torch = self.torch
-        made = _create_stream(torch, index)
+        made = STREAMS.take(torch, index)
         if made is None:
             return torch.cuda.Stream(device=index, priority=-1)
         return made
@@ -466,33 +469,6 @@ class TorchBridge:
 
     def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
         return self.execute_op()(inputs, engine)
-
-
-def _create_stream(torch: Any, index: int) -> Any:
-    """A dedicated non-blocking stream on device ``index`` as a torch ``ExternalStream``
-    (cuda-python's runtime); ``None`` when cuda-python is not installed."""
-    try:
-        from cuda.bindings import runtime as rt
-    except ImportError:
-        return None
-    with torch.cuda.device(index):
-        err, handle = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
-    if int(err):
-        raise EngineError(
-            f"could not create a CUDA stream on device {index}: cudaStreamCreateWithFlags returned {err}"
-        )
-    stream = torch.cuda.ExternalStream(int(handle), device=torch.device("cuda", index))
-    # Destroyed when the lane lets go of it; not at interpreter exit, where CUDA and torch
-    # may already be torn down (a destroy then crashed a process on the H100).
-    weakref.finalize(stream, _destroy_stream, rt, handle).atexit = False
-    return stream
-
-
-def _destroy_stream(rt: Any, handle: Any) -> None:
-    try:
-        rt.cudaStreamDestroy(handle)  # pending work still completes
-    except Exception:  # a dying process; nothing to report to
-        pass
 
 
 def _with_runtime(graph: Any, method: str) -> tuple[Callable[[], Any], Any] | None:
