@@ -116,8 +116,11 @@ class PythonEngine(EngineBase):
         self._profile: int | None = None
         self._rt = _cudart() if runtime is None else runtime
         self._res = Resources(self._rt)
-        # An engine that is never closed still drops its context before its ICudaEngine.
+        # An engine that is never closed still drops its context before its ICudaEngine;
+        # not at interpreter exit, though: daemon threads may still be calling it then, and
+        # the program's tensors outlive the atexit hooks. The process's end releases it all.
         self._finalizer = weakref.finalize(self, finalize, self._res)
+        self._finalizer.atexit = False
         mode = stream_order.DEFAULT_MODE if ordering is None else ordering
         # A blocking stream is ordered with the legacy default stream by CUDA itself.
         blocking = stream_order.StreamOrder.blocking(mode)
