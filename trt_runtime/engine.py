@@ -26,7 +26,7 @@ from trt_runtime.graphs import OuterGraph
 from trt_runtime.hazards import warn_overlap
 from trt_runtime.lease import ContextPool
 from trt_runtime.outer import GraphHooks, OuterGraphs
-from trt_runtime.protocols import Backend, TensorSpec
+from trt_runtime.protocols import Backend, DeviceGuard, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
     DynamicShapesKernelSpecializationStrategy,
@@ -85,6 +85,9 @@ class EngineBase(GraphHooks, abc.ABC):
         #: What the pipeline tries first on this lane: :meth:`_call_fast`, or a function the
         #: backend put here for the calls it expects next (see :meth:`_reset_fast`).
         self._fast_entry: Any = self._call_fast
+        #: Set by a backend whose calls could leave the caller on the engine's device
+        #: (several GPUs): every call and state change runs inside it.
+        self._device_guard: DeviceGuard | None = None
         self.runtime_settings = RuntimeSettings.coerce(settings)
 
     # -- metadata ---------------------------------------------------------------
@@ -186,12 +189,18 @@ class EngineBase(GraphHooks, abc.ABC):
         if self._exclusive_owner == me:
             yield
             return
-        with self._lock, self._pool.all_lanes():
-            self._exclusive_owner = me
-            try:
-                yield
-            finally:
-                self._exclusive_owner = None
+        guard = self._device_guard
+        token = None if guard is None else guard.enter()
+        try:
+            with self._lock, self._pool.all_lanes():
+                self._exclusive_owner = me
+                try:
+                    yield
+                finally:
+                    self._exclusive_owner = None
+        finally:
+            if guard is not None:
+                guard.exit(token)
 
     def memory_usage(self) -> dict[str, int]:
         """Device bytes: ``weights`` (once per engine), ``activations_per_context``,
@@ -548,20 +557,24 @@ def _entry(bare: bool, name: str, doc: str | None) -> Any:
             slot = pool._local.slot  # (an attribute read: cheaper than getattr with a default)
         except AttributeError:
             slot = None
-        if slot is None:  # this thread's first call on this engine
+        first = slot is None
+        if first:  # this thread's first call on this engine
             slot = pool.lease(self._lease_timeout)
-            try:
-                slot.lane._thread_start()
-            except BaseException:
-                pool.give_back(slot)
-                raise
         elif not slot.lock.acquire(False):
             slot = pool.lease(self._lease_timeout)
         lane = slot.lane
+        guard = lane._device_guard
         try:
-            result = lane._fast_entry(inputs, stream, outputs) if profile is None else None
-            if result is None:
-                result = lane._call(inputs, stream, outputs, profile)
+            token = None if guard is None else guard.enter()
+            try:
+                if first:
+                    lane._thread_start()
+                result = lane._fast_entry(inputs, stream, outputs) if profile is None else None
+                if result is None:
+                    result = lane._call(inputs, stream, outputs, profile)
+            finally:
+                if guard is not None:
+                    guard.exit(token)
         finally:
             if pool._waiters:  # (close() holds every lane: no call is in flight then)
                 pool.give_back(slot)

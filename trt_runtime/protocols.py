@@ -22,6 +22,7 @@ __all__ = [
     "Availability",
     "Backend",
     "BackendCapabilities",
+    "DeviceGuard",
     "Engine",
     "EngineSource",
     "RuntimeCacheHandle",
@@ -157,6 +158,24 @@ class EngineSource:
     format: str = "plan"  # "plan", "TR01", "TR02", "pte"
     bindings: tuple[TensorSpec, ...] = ()
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class DeviceGuard(Protocol):
+    """Keeps the calling thread's current CUDA device and context as the caller had them.
+
+    An engine whose backend sets one (``EngineBase._device_guard``) has every call and every
+    change of its state (settings, contexts, outer graph, static inputs, ``close()``) run
+    between :meth:`enter` and :meth:`exit` in the calling thread. A backend sets one only
+    where it is needed (several GPUs visible): a call costs two method calls more.
+    """
+
+    def enter(self) -> object:
+        """Before the work: make the engine's device current if need be; a token for :meth:`exit`."""
+        ...
+
+    def exit(self, token: object) -> None:
+        """After the work (also after an error): give the caller its device and context back."""
+        ...
 
 
 @runtime_checkable

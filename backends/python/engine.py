@@ -151,6 +151,8 @@ class PythonEngine(EngineBase):
         )
         self._binding = OutputBinding(self._contract, self._out, self._rt, state, self._stream)
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
+        if self._multi_device:  # the caller's device and context are given back after each call
+            self._device_guard = cuda.CallerDevice(state)
 
     # -- metadata ------------------------------------------------------------------------
     @property
@@ -297,7 +299,8 @@ class PythonEngine(EngineBase):
         trt = self._trt
         clock = time.perf_counter
         t0 = clock()
-        self._state.activate()
+        if self._device_guard is None:  # (with one, the engine's context is current already)
+            self._state.activate()
         config = None
         native = None
         user_managed = None
@@ -485,8 +488,10 @@ class PythonEngine(EngineBase):
 
     def _activate_thread(self) -> None:
         """A new thread has no current CUDA context until something makes one current;
-        TensorRT's profile switch and cuda.core's allocations need it."""
-        self._state.activate()
+        TensorRT's profile switch and cuda.core's allocations need it. With several GPUs the
+        device guard makes it current for each call instead (and gives the caller's back)."""
+        if self._device_guard is None:
+            self._state.activate()
         self._threads.ready = True
 
     def _set_device(self) -> None:

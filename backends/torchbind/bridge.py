@@ -18,11 +18,31 @@ from trt_runtime.graphs import CopyNodes, build_copy_nodes
 
 from .streams import STREAMS
 
-__all__ = ["LaneStream", "TensorInfo", "TorchBridge"]
+__all__ = ["CallerDevice", "LaneStream", "TensorInfo", "TorchBridge"]
 
 #: DLPack device types of CUDA memory (kDLCUDA, kDLCUDAManaged).
 _KDLCUDA = 2
 _KDLCUDA_MANAGED = 13
+
+
+class CallerDevice:
+    """Gives the calling thread its current device back after a call or a state change of an
+    engine, whatever torch or torch-tensorrt switched to on the way (its multi-device mode,
+    a stream scope on another device, a graph capture): one device query before, one
+    after, and a switch only where it changed."""
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, get: Callable[[], int], set_device: Callable[[int], Any]) -> None:
+        self._get = get
+        self._set = set_device
+
+    def enter(self) -> int:
+        return self._get()
+
+    def exit(self, token: object) -> None:
+        if isinstance(token, int) and self._get() != token:
+            self._set(token)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,6 +161,14 @@ class TorchBridge:
         when torch has it; torch.cuda is initialized by then, engines exist)."""
         raw = getattr(getattr(self.torch, "_C", None), "_cuda_getDevice", None)
         return raw if callable(raw) else self.current_device  # type: ignore[no-any-return]
+
+    def device_guard(self) -> CallerDevice:
+        """The engines' :class:`~trt_runtime.protocols.DeviceGuard` with several GPUs."""
+        torch_c = getattr(self.torch, "_C", None)
+        setter = getattr(torch_c, "_cuda_setDevice", None)
+        if not callable(setter):
+            setter = self.torch.cuda.set_device
+        return CallerDevice(self.current_device_fn(), setter)
 
     def device_properties(self, index: int) -> tuple[int, int, str]:
         """``(major, minor, name)`` of CUDA device ``index``."""

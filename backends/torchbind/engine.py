@@ -139,6 +139,8 @@ class TorchbindEngine(EngineBase):
         #: How many times ``update_runtime_settings`` was called (diagnostics, tests).
         self.native_updates = 0
         super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
+        if not self._single_device:  # the caller's device is given back after each call
+            self._device_guard = bridge.device_guard()
 
     def _select_profiles(self, name: str, inputs: Sequence[TensorSpec]) -> list[TensorSpec]:
         """Let torch-tensorrt pick the optimization profile per call (2.14+); before it
