@@ -8,6 +8,7 @@ is imported); the functions import what they need.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -109,9 +110,9 @@ def caller_device_paths(work: Work, backend: str) -> list[str]:
     torch.empty(1, device="cuda")  # the caller's context exists
     changed: list[str] = []
 
-    def step(what: str, action: Callable[[], Any]) -> Any:
+    def step(what: str, action: Callable[..., Any], *args: Any) -> Any:
         before = caller_state()
-        result = action()
+        result = action(*args)
         after = caller_state()
         if after != before:
             changed.append(f"{backend} {what}: (torch, cudaGetDevice, cuCtxGetCurrent) {before} -> {after}")
@@ -130,9 +131,15 @@ def caller_device_paths(work: Work, backend: str) -> list[str]:
                                              RuntimeSettings(cuda_graph_strategy="disabled")))
     work.check(step("call after settings change", lambda: engine(x)))
     for mode in ("copy", "view"):
-        with enable_cudagraphs(engine, outer=mode):
-            for i in range(3):
-                work.check(step(f"outer {mode} call {i}", lambda: engine(x)))
+        wrap = enable_cudagraphs(engine, outer=mode)
+        step(f"enable_cudagraphs(outer={mode!r}) entered", wrap.__enter__)
+        for i in range(3):
+            work.check(step(f"outer {mode} call {i}", lambda: engine(x)))
+        static_inputs = functools.partial(engine.static_inputs, tuple(x.shape), as_torch=True)
+        (static,) = step(f"outer {mode} static_inputs", static_inputs)
+        static.copy_(x)
+        work.check(step(f"outer {mode} call on the static input", engine, static))
+        step(f"enable_cudagraphs(outer={mode!r}) left", wrap.__exit__, None, None, None)
     step("contexts=2", lambda: setattr(engine, "contexts", 2))
 
     def leased(i: int) -> None:
