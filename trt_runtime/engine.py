@@ -146,8 +146,15 @@ class EngineBase(GraphHooks, abc.ABC):
         with self._exclusive():
             self._check_open()
             lanes = list(self._pool.lanes)
-            while len(lanes) < value:
-                lanes.append(self._new_lane())
+            made: list[EngineBase] = []
+            try:
+                while len(lanes) < value:
+                    made.append(self._new_lane())
+                    lanes.append(made[-1])
+            except BaseException:  # (out of memory, say): the engine keeps the contexts it had
+                for lane in made:
+                    lane._close_lane()
+                raise
             for lane in lanes[value:]:
                 lane._close_lane()
             self._pool.resize(lanes[:value])
@@ -203,8 +210,10 @@ class EngineBase(GraphHooks, abc.ABC):
                 guard.exit(token)
 
     def memory_usage(self) -> dict[str, int]:
-        """Device bytes: ``weights`` (once per engine), ``activations_per_context``,
-        ``activations_total`` (all contexts) and ``contexts``."""
+        """Device bytes: ``weights`` (once per deserialized engine: contexts that each have
+        an engine of their own, as a dynamic-shape engine's do in the python backend, count
+        them each), ``activations_per_context``, ``activations_total`` (all contexts) and
+        ``contexts``."""
         weights, per = self._memory_usage()
         n = len(self._pool)
         return {
@@ -212,7 +221,8 @@ class EngineBase(GraphHooks, abc.ABC):
         }
 
     def _memory_usage(self) -> tuple[int, int]:
-        """(weights bytes, activation bytes of one context); 0 where unknown."""
+        """(weights bytes of every deserialized engine the contexts use, activation bytes of
+        one context); 0 where unknown."""
         return 0, 0
 
     # -- settings and context -----------------------------------------------------

@@ -417,13 +417,23 @@ class PythonEngine(EngineBase):
 
     # -- lanes ---------------------------------------------------------------------------------
     def _clone_lane(self) -> PythonEngine:
-        """Another execution context of the same ``ICudaEngine``: its own stream, events,
-        USER_MANAGED activation memory, bindings, fast paths and outer graphs."""
+        """Another execution context: its own stream, events, USER_MANAGED activation
+        memory, bindings, fast paths and outer graphs; of the same ``ICudaEngine``, unless
+        the engine has dynamic input shapes: then of an ``ICudaEngine`` of its own.
+
+        TensorRT's rule (``NvInferRuntime.h``): "If the engine supports dynamic shapes, each
+        execution context in concurrent use must use a separate optimization profile." A
+        profile covers its own range of shapes, so a lane pinned to one would refuse the
+        others; a lane with its own deserialized engine has every profile to itself (what
+        Triton's TensorRT backend does per instance), at the cost of the weights once more
+        (:meth:`memory_usage` counts them)."""
         backend, trt_engine, state, source, runtime, ordering = self._made_with
         lane = PythonEngine.__new__(PythonEngine)
         # The lane's streams and events belong to the engine's device; the caller's
         # current device is given back after (``load(..., contexts=N)`` leaves it alone).
         with state.scope():
+            if any(spec.is_dynamic for spec in self._inputs):
+                trt_engine = backend.deserialize(source, state)
             lane._init(backend, trt_engine, state, source, self._settings, runtime, ordering)
         lane._profile = self._profile
         lane._output_allocator = self._output_allocator
@@ -444,7 +454,10 @@ class PythonEngine(EngineBase):
              if lane._res.context is not None and lane._res.context.device_memory is not None),  # type: ignore[attr-defined]
             default=int(getattr(trt_engine, "device_memory_size_v2", 0) or 0),
         )
-        weights = int(getattr(trt_engine, "streamable_weights_size", 0) or 0) or len(self._made_with[3].data)
+        # Every distinct ICudaEngine of the lanes holds the weights once (see _clone_lane).
+        engines = {id(e): e for e in (lane._trt_engine for lane in self._lanes) if e is not None}  # type: ignore[attr-defined]
+        size = len(self._made_with[3].data)
+        weights = sum(int(getattr(e, "streamable_weights_size", 0) or 0) or size for e in engines.values())
         return weights, per
 
     # -- execution -----------------------------------------------------------------------------
