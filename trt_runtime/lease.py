@@ -13,8 +13,10 @@ non-blocking lock acquire and release per call.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from trt_runtime.errors import ContextLeaseTimeout, EngineError
 
-__all__ = ["ContextPool", "Slot"]
+__all__ = ["EXIT_WAIT", "ContextPool", "Slot", "hold_lanes_at_exit"]
 
 T = TypeVar("T")
 
@@ -77,7 +79,7 @@ class ContextPool(Generic[T]):
     every call).
     """
 
-    __slots__ = ("_engine", "_local", "_lock", "_slots", "_waiters", "closed")
+    __slots__ = ("__weakref__", "_engine", "_local", "_lock", "_slots", "_waiters", "closed")
 
     def __init__(self, engine: str, lanes: Sequence[T]) -> None:
         self._engine = engine
@@ -87,6 +89,7 @@ class ContextPool(Generic[T]):
         #: ``slot``: the slot this thread leased last.
         self._local = threading.local()
         self.closed = False
+        _POOLS.add(self)
 
     @property
     def lanes(self) -> tuple[T, ...]:
@@ -128,6 +131,8 @@ class ContextPool(Generic[T]):
         return None
 
     def _wait(self, timeout: float | None) -> Slot[T]:
+        if _EXITING.is_set():  # a daemon thread after the interpreter began to exit
+            _park()
         waiter = _Waiter()
         with self._lock:
             if self.closed:
@@ -139,6 +144,13 @@ class ContextPool(Generic[T]):
             self._waiters.append(waiter)
         deadline = None if timeout is None else waiter.since + timeout
         while True:
+            if _EXITING.is_set():
+                with self._lock:
+                    if waiter.slot is None:
+                        self._waiters.remove(waiter)
+                if waiter.slot is not None and waiter.slot is not _CLOSED:
+                    waiter.slot.lock.release()  # handed over meanwhile: for the exit hook
+                _park()
             wait = FAIR_AFTER if deadline is None else min(FAIR_AFTER, deadline - time.monotonic())
             if waiter.lock.acquire(timeout=max(wait, 0.0)) or waiter.slot is not None:
                 break
@@ -183,7 +195,7 @@ class ContextPool(Generic[T]):
         FAIR_AFTER.)"""
         if self.closed:
             return
-        if not self._waiters:
+        if not self._waiters or _EXITING.is_set():  # (at exit the lane goes to the exit hook)
             slot.lock.release()
             return
         with self._lock:
@@ -238,3 +250,48 @@ class ContextPool(Generic[T]):
 
 
 _CLOSED: Any = object()
+
+
+# -- interpreter exit -----------------------------------------------------------------------
+#: Seconds the exit hook waits for the calls in flight (then it lets the process end anyway).
+EXIT_WAIT = 5.0
+
+_POOLS: weakref.WeakSet[ContextPool[Any]] = weakref.WeakSet()
+_EXITING = threading.Event()
+
+
+def _park() -> None:
+    """Block this thread for good, in a lock wait that holds no native frame of TensorRT,
+    CUDA or torch."""
+    threading.Event().wait()
+
+
+def hold_lanes_at_exit(timeout: float = EXIT_WAIT) -> int:
+    """Lease every lane of every engine for good, so that no call is inside native code when
+    the interpreter finalizes: registered with :mod:`atexit`, which runs after the non-daemon
+    threads were joined and while daemon threads still run.
+
+    A daemon thread inside a call finishes it (waited for ``timeout`` seconds in all); its
+    next call, like any call or engine change after, blocks for good in a lock wait. (CPython
+    ends a daemon thread that comes back from a native call during finalization by unwinding
+    its stack; through the C++ frames of TensorRT or torch that is ``std::terminate``: the
+    process aborted after its work was done.) Returns the number of lanes held."""
+    if _EXITING.is_set():  # held already
+        return 0
+    _EXITING.set()
+    deadline = time.monotonic() + timeout
+    held = 0
+    for pool in list(_POOLS):
+        if pool.closed:  # its lanes are taken for good already
+            continue
+        for slot in list(pool._slots):
+            if slot.lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                held += 1
+    return held
+
+
+# weakref.finalize registers its own exit hook with its first finalizer: make that happen now,
+# so that this hook, registered after it, runs before it (atexit runs hooks last-in first-out)
+# and no finalizer runs while a daemon thread is still calling.
+weakref.finalize(_EXITING, int).atexit = False
+atexit.register(hold_lanes_at_exit)
