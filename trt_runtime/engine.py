@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
+from trt_runtime import forking
 from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.hazards import warn_overlap
@@ -88,6 +89,7 @@ class EngineBase(GraphHooks, abc.ABC):
         #: Set by a backend whose calls could leave the caller on the engine's device
         #: (several GPUs): every call and state change runs inside it.
         self._device_guard: DeviceGuard | None = None
+        forking.track(self)
         self.runtime_settings = RuntimeSettings.coerce(settings)
 
     # -- metadata ---------------------------------------------------------------
@@ -477,6 +479,22 @@ class EngineBase(GraphHooks, abc.ABC):
                 for lane in reversed(self._pool.lanes):  # clones first, this engine last
                     lane._close_lane()
 
+    def _orphan_after_fork(self, parent: int) -> None:
+        """In a process forked from ``parent``: closed without releasing anything (see
+        :mod:`trt_runtime.forking`), calls and changes raise EngineError."""
+        self._closed = True
+        self._lock = threading.RLock()  # (another thread of the parent may have held it)
+        self._exclusive_owner = None
+        self._pool.orphan(
+            f"engine {self.name!r} was loaded in process {parent}, before this process was forked "
+            "from it; CUDA does not cross fork(): load the engine again in this process"
+        )
+        self._after_fork()
+
+    def _after_fork(self) -> None:
+        """Backend hook, in a forked child: stop whatever would release native objects
+        there (a ``weakref.finalize``); they are never released in the child."""
+
     def _close_lane(self) -> None:
         if not self._closed:
             self._drop_context()
@@ -552,53 +570,7 @@ class EngineBase(GraphHooks, abc.ABC):
         """Release this lane's engine object (after its context)."""
 
 
-def _entry(bare: bool, name: str, doc: str | None) -> Any:
-    """``execute`` (``bare=False``) and ``__call__`` (``bare=True``): one body, no call
-    between the user and the pipeline (a call is a few µs; a wrapper would be a tenth)."""
+from trt_runtime.calls import make_entry  # noqa: E402 - needs EngineBase defined
 
-    def entry(
-        self: EngineBase, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
-        profile: int | None = None,
-    ) -> Any:
-        pool = self._pool
-        # ContextPool.acquire/give_back inlined for their uncontended case: this thread's
-        # lane of its previous call, if it is free.
-        try:
-            slot = pool._local.slot  # (an attribute read: cheaper than getattr with a default)
-        except AttributeError:
-            slot = None
-        first = slot is None
-        if first:  # this thread's first call on this engine
-            slot = pool.lease(self._lease_timeout)
-        elif not slot.lock.acquire(False):
-            slot = pool.lease(self._lease_timeout)
-        lane = slot.lane
-        guard = lane._device_guard
-        try:
-            token = None if guard is None else guard.enter()
-            try:
-                if first:
-                    lane._thread_start()
-                result = lane._fast_entry(inputs, stream, outputs) if profile is None else None
-                if result is None:
-                    result = lane._call(inputs, stream, outputs, profile)
-            finally:
-                if guard is not None:
-                    guard.exit(token)
-        finally:
-            if pool._waiters:  # (close() holds every lane: no call is in flight then)
-                pool.give_back(slot)
-            else:
-                slot.lock.release()
-        if bare:
-            return result[0] if len(result) == 1 else tuple(result)
-        return result
-
-    entry.__doc__ = doc
-    entry.__name__ = name
-    entry.__qualname__ = f"EngineBase.{name}"
-    return entry
-
-
-EngineBase.execute = _entry(False, "execute", EngineBase.execute.__doc__)  # type: ignore[method-assign]
-EngineBase.__call__ = _entry(True, "__call__", EngineBase.__call__.__doc__)  # type: ignore[method-assign]
+EngineBase.execute = make_entry(False, "execute", EngineBase.execute.__doc__)  # type: ignore[method-assign]
+EngineBase.__call__ = make_entry(True, "__call__", EngineBase.__call__.__doc__)  # type: ignore[method-assign]

@@ -79,7 +79,9 @@ class ContextPool(Generic[T]):
     every call).
     """
 
-    __slots__ = ("__weakref__", "_engine", "_local", "_lock", "_slots", "_waiters", "closed")
+    __slots__ = (
+        "__weakref__", "_closed_message", "_engine", "_local", "_lock", "_slots", "_waiters", "closed",
+    )
 
     def __init__(self, engine: str, lanes: Sequence[T]) -> None:
         self._engine = engine
@@ -89,6 +91,7 @@ class ContextPool(Generic[T]):
         #: ``slot``: the slot this thread leased last.
         self._local = threading.local()
         self.closed = False
+        self._closed_message = ""
         _POOLS.add(self)
 
     @property
@@ -136,7 +139,7 @@ class ContextPool(Generic[T]):
         waiter = _Waiter()
         with self._lock:
             if self.closed:
-                raise EngineError(f"engine {self._engine!r} is closed")
+                raise EngineError(self._closed_message or f"engine {self._engine!r} is closed")
             if not self._waiters:  # released since the failed tries
                 slot = self._take_any()
                 if slot is not None:
@@ -237,6 +240,18 @@ class ContextPool(Generic[T]):
                 slot.lock.acquire()
             fresh.append(slot)
         self._slots = fresh
+
+    def orphan(self, message: str) -> None:
+        """In a forked child: closed, every lane taken for good (with locks of its own: the
+        parent's threads may have held the inherited ones), and ``message`` the error of
+        every later acquire."""
+        self._lock = threading.Lock()
+        self._waiters = deque()
+        for slot in self._slots:
+            slot.lock = threading.Lock()
+            slot.lock.acquire()
+        self._closed_message = message
+        self.closed = True
 
     def close(self) -> None:
         """Wake every waiter with an error; later acquires fail. Leased lanes stay with

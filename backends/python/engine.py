@@ -415,6 +415,9 @@ class PythonEngine(EngineBase):
         spare, self._spare_stream = self._spare_stream, None
         cuda.close_quietly(spare)
 
+    def _after_fork(self) -> None:
+        self._finalizer.detach()  # its CUDA and TensorRT objects belong to the parent
+
     # -- lanes ---------------------------------------------------------------------------------
     def _clone_lane(self) -> PythonEngine:
         """Another execution context: its own stream, events, USER_MANAGED activation
