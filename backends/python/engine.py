@@ -546,13 +546,16 @@ class PythonEngine(EngineBase):
         if host is not None:
             self._binding.stage_inputs(host, ptrs, ours)
         bound = ctx.bound
+        ctx.bound_ptrs = ()  # records forgotten before TensorRT is told (see plans._bind)
         for io, ptr in zip(self._in, ptrs, strict=False):
             if bound.get(io.name) != ptr:
+                bound[io.name] = 0
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
         results, out_ptrs = self._binding.bind_outputs(ctx, kind, outputs, inspection.checked)
         for io, ptr in zip(self._out, out_ptrs, strict=False):
             if ptr and bound.get(io.name) != ptr:
+                bound[io.name] = 0
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
         ctx.bound_ptrs = (*ptrs, *out_ptrs)

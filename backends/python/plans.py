@@ -210,9 +210,10 @@ def _indent(lines: list[str]) -> str:
 
 
 def _bind(var: str, name: str) -> list[str]:
-    """Bind ``var``'s address to tensor ``name`` unless the context has it already."""
-    return [f"p = {var}.data_ptr()", f"if bound_get({name}) != p:", f"    set_address({name}, p)",
-            f"    bound[{name}] = p", "    ctx.bound_ptrs = ()"]
+    """Bind ``var``'s address to tensor ``name`` unless the context has it already (the
+    record forgotten before TensorRT is told: an interrupt in between leaves it unbound)."""
+    return [f"p = {var}.data_ptr()", f"if bound_get({name}) != p:", "    ctx.bound_ptrs = ()",
+            f"    bound[{name}] = 0", f"    set_address({name}, p)", f"    bound[{name}] = p"]
 
 
 def _torch_head(xs: list[str], checks: list[str]) -> str:
