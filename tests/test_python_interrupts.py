@@ -75,7 +75,7 @@ def test_python_interrupts_profile_switch_is_redone_after_an_interrupt(torch: Fa
     original = ctx.set_optimization_profile_async
 
     def interrupted(index: int, stream: int) -> bool:
-        ok = original(index, stream)
+        original(index, stream)
         ctx.set_optimization_profile_async = original
         raise KeyboardInterrupt
 
