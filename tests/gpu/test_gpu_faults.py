@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _gpu_stress import usable_backend
 
 import trt_runtime
 from trt_runtime import EngineError
@@ -23,13 +24,12 @@ CYCLES = 10_000
 WARMUP = 1_000
 
 
-def _backend(name: str) -> Any:
-    status = trt_runtime.backend_status().get(name)
-    if status is None:
-        pytest.skip(f"the {name!r} backend is not installed")
-    if not status:
-        pytest.skip(f"the {name!r} backend cannot run here: {status.reason}")
-    return trt_runtime.get_backend(name)
+def _mlp(backend_name: str, engines: Any) -> tuple[Any, Any, Any, Any]:
+    """torch, the backend, the ``mlp_fp16`` engine built and a CUDA input of it."""
+    torch = pytest.importorskip("torch")
+    backend = usable_backend(backend_name)
+    built = engines("mlp_fp16")
+    return torch, backend, built, torch.from_numpy(built.random_inputs()[0]).cuda()
 
 
 def _rss() -> int:
@@ -49,11 +49,8 @@ def _device_used() -> int:
 def test_gpu_faults_close_while_threads_call(
     backend_name: str, engines: Any, report_measurement: Any
 ) -> None:
-    torch = pytest.importorskip("torch")
-    backend = _backend(backend_name)
-    built = engines("mlp_fp16")
+    _, backend, built, x = _mlp(backend_name, engines)
     engine = trt_runtime.load(built.plan, backend, name="mlp_fp16", contexts=1)
-    x = torch.from_numpy(built.random_inputs()[0]).cuda()
     calls = [0] * 8
     outcomes: list[str] = []
     started = threading.Barrier(9)
@@ -119,10 +116,7 @@ def test_gpu_faults_forked_child_gets_an_engine_error(engines: Any, python_backe
 def test_gpu_faults_load_call_close_cycles_keep_memory_flat(
     backend_name: str, engines: Any, report_measurement: Any
 ) -> None:
-    torch = pytest.importorskip("torch")
-    backend = _backend(backend_name)
-    built = engines("mlp_fp16")
-    x = torch.from_numpy(built.random_inputs()[0]).cuda()
+    torch, backend, built, x = _mlp(backend_name, engines)
     marks: dict[int, tuple[int, int]] = {}
     for cycle in range(1, CYCLES + 1):
         engine = trt_runtime.load(built.plan, backend, name="mlp_fp16")
