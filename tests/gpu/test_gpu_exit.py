@@ -1,6 +1,7 @@
 """The exit matrix on the GPU host: each scenario of trt_runtime.testing.exit_scenarios in a
 process of its own exits 0, finishes its checked work and writes no error line to stderr
-(the same table ``tools/gpu_exit_matrix.py`` runs). docs/reliability.md, "Ending cleanly"."""
+(the same table ``tools/gpu_exit_matrix.py`` runs). docs/reliability.md, "Ending cleanly, and
+the caller's device"."""
 
 from __future__ import annotations
 
