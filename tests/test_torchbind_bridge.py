@@ -272,6 +272,7 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypa
     caller = _OrderedStream(log, "caller", 11)
     side = _OrderedStream(log, "lane", 22)
     current = {"id": 11}
+    interrupt = {"after_switch": False}
 
     class Cuda(_Cuda):
         Event = staticmethod(lambda: _OrderedEvent(log))
@@ -287,6 +288,9 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypa
         def _cuda_setStream(stream_id: int, device_index: int, device_type: int) -> None:
             log.append(("set_stream", stream_id))
             current["id"] = stream_id
+            if interrupt["after_switch"] and stream_id == 22:  # a Ctrl-C just after the switch
+                interrupt["after_switch"] = False
+                raise KeyboardInterrupt
 
     class Torch(_TorchStandIn):
         cuda = Cuda()
@@ -318,6 +322,10 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypa
     with pytest.raises(RuntimeError, match="op failed"):
         bridge.execute_on(lane, failing, [], None, 0)
     assert current["id"] == 11  # the caller's stream is current again
+    interrupt["after_switch"] = True
+    with pytest.raises(KeyboardInterrupt):
+        bridge.execute_on(lane, op, [], None, 0)
+    assert current["id"] == 11  # switched back even so
 
 
 class _FakeCudart:

@@ -333,8 +333,9 @@ class TorchBridge:
             with self.torch.cuda.stream(stream):
                 results = op(tensors, native)
         else:
-            set_stream(stream_id=lane.stream_id, device_index=lane.device_index, device_type=lane.device_type)
-            try:
+            try:  # (the switch inside: an interrupt right after it still switches back)
+                set_stream(stream_id=lane.stream_id, device_index=lane.device_index,
+                           device_type=lane.device_type)
                 results = op(tensors, native)
             finally:
                 set_stream(stream_id=caller.stream_id, device_index=caller.device_index,
