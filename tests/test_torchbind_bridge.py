@@ -401,6 +401,8 @@ def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(mon
     gc.collect()
     assert cudart.destroyed == [] and (pool.free(2), pool.free(0)) == (2, 1)
     assert pool.made == {2: 2, 0: 1}
+    pool.forget()  # (what a forked child does: the parent's streams are not its own)
+    assert (pool.free(2), pool.free(0), pool.made) == (0, 0, {})
 
 
 def test_torchbind_bridge_private_streams_failing_create_is_an_engine_error(monkeypatch) -> None:

@@ -14,6 +14,7 @@ ever had owners alive at once, and destroys none.
 from __future__ import annotations
 
 import collections
+import os
 import weakref
 from typing import Any
 
@@ -66,6 +67,14 @@ class StreamPool:
     def _give_back(self, index: int, handle: int) -> None:
         self._free.setdefault(index, collections.deque()).append(handle)
 
+    def forget(self) -> None:
+        """Drop every free stream (in a forked child: they are the parent's)."""
+        self._free = {}
+        self.made = {}
+
 
 #: The process's pool (CUDA streams are per process).
 STREAMS = StreamPool()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=STREAMS.forget)
