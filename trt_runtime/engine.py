@@ -487,7 +487,8 @@ class EngineBase(GraphHooks, abc.ABC):
         self._exclusive_owner = None
         self._pool.orphan(
             f"engine {self.name!r} was loaded in process {parent}, before this process was forked "
-            "from it; CUDA does not cross fork(): load the engine again in this process"
+            "from it; CUDA does not cross fork(): start workers with the 'spawn' or 'forkserver' "
+            "method (multiprocessing.set_start_method) and load the engine again in them"
         )
         self._after_fork()
 
