@@ -4,8 +4,9 @@ CUDA does not cross ``fork()``: a child's copy of a CUDA context, stream or Tens
 is unusable, and releasing it there touches the parent's driver state. So in a forked child
 every engine the parent had is *orphaned* (:meth:`EngineBase._orphan_after_fork
 <trt_runtime.engine.EngineBase._orphan_after_fork>`): it reads as closed, a call or a change
-raises :class:`~trt_runtime.EngineError` saying to load the engine again in the child, and
-its native objects are kept, never released, in the child.
+raises :class:`~trt_runtime.EngineError` saying to start workers with ``spawn`` or
+``forkserver`` and load the engine there, and its native objects are kept, never released,
+in the child.
 """
 
 from __future__ import annotations
