@@ -138,3 +138,33 @@ def test_exit_teardown_hook_holds_open_engines_and_skips_closed_ones() -> None:
         print(held >= 3, time.monotonic() - t0 < 1.0)
     """)
     assert out == "True True"
+
+
+def test_exit_teardown_an_earlier_atexit_hook_of_the_program_neither_hangs_nor_fails() -> None:
+    # registered before trt_runtime was imported: it runs after the exit hook held the lanes
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import atexit
+        state = {}
+
+        def program_cleanup():
+            try:
+                state["engine"](state["x"])
+                print("called")
+            except Exception as exc:
+                print(type(exc).__name__, "exiting" in str(exc))
+            state["engine"].close()
+            print("closed", state["engine"].closed)
+
+        atexit.register(program_cleanup)
+        import numpy as np
+        import trt_runtime as trt
+        from trt_runtime import TensorSpec
+        from trt_runtime.testing.memory import AffineOutput, MemoryBackend
+
+        spec = TensorSpec("x", "float32", (2, 4), is_input=True)
+        data = MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)])
+        state["engine"], state["x"] = trt.load(data, "memory"), np.ones((2, 4), np.float32)
+        state["engine"](state["x"])
+    """)], cwd=HERE, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.split("\n")[:2] == ["EngineError True", "closed True"]

@@ -25,7 +25,7 @@ from trt_runtime import forking
 from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.hazards import warn_overlap
-from trt_runtime.lease import ContextPool
+from trt_runtime.lease import ContextPool, exiting
 from trt_runtime.outer import GraphHooks, OuterGraphs
 from trt_runtime.protocols import Backend, DeviceGuard, TensorSpec
 from trt_runtime.settings import (
@@ -471,6 +471,10 @@ class EngineBase(GraphHooks, abc.ABC):
     def close(self) -> None:
         """Release the contexts and the engine; idempotent. Calls in flight finish first;
         calls waiting for a context then raise :class:`~trt_runtime.EngineError`."""
+        if exiting():  # the exit hook holds every lane: closed, the process releases the rest
+            for lane in self._pool.lanes:
+                lane._closed = True
+            return
         with self._lock:
             if self._closed:
                 return

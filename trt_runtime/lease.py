@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from trt_runtime.errors import ContextLeaseTimeout, EngineError
 
-__all__ = ["EXIT_WAIT", "ContextPool", "Slot", "hold_lanes_at_exit"]
+__all__ = ["EXIT_WAIT", "ContextPool", "Slot", "exiting", "hold_lanes_at_exit"]
 
 T = TypeVar("T")
 
@@ -134,7 +134,10 @@ class ContextPool(Generic[T]):
         return None
 
     def _wait(self, timeout: float | None) -> Slot[T]:
-        if _EXITING.is_set():  # a daemon thread after the interpreter began to exit
+        if _EXITING.is_set():  # after the interpreter began to exit (see hold_lanes_at_exit)
+            if threading.current_thread() is threading.main_thread():  # an atexit hook of its own
+                raise EngineError(f"engine {self._engine!r}: the interpreter is exiting; engines serve no "
+                                  "more calls (atexit hooks run last-registered first)")
             _park()
         waiter = _Waiter()
         with self._lock:
@@ -273,6 +276,11 @@ EXIT_WAIT = 5.0
 
 _POOLS: weakref.WeakSet[ContextPool[Any]] = weakref.WeakSet()
 _EXITING = threading.Event()
+
+
+def exiting() -> bool:
+    """Whether :func:`hold_lanes_at_exit` ran (the interpreter is exiting)."""
+    return _EXITING.is_set()
 
 
 def _park() -> None:
