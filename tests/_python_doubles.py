@@ -368,8 +368,17 @@ def _fake_engine(batch: int = -1, backend: PythonBackend | None = None, settings
     trt_engine = _FakeTrtEngine(batch)
     if dtype != "FLOAT":
         trt_engine.tensors = {name: (dtype, *rest) for name, (_, *rest) in trt_engine.tensors.items()}
+    backend = backend or _fake_backend()
+    if "deserialize" not in vars(backend):  # further contexts of a dynamic engine deserialize it again
+        def again(source: Any, state: Any) -> _FakeTrtEngine:
+            made = _FakeTrtEngine(batch)  # the same plan: what a test set on the first too
+            made.__dict__.update({k: v for k, v in vars(trt_engine).items()
+                                  if k not in ("contexts", "configs")})
+            return made
+
+        backend.deserialize = again  # type: ignore[method-assign]
     engine = PythonEngine.__new__(PythonEngine)
-    engine._init(backend or _fake_backend(), trt_engine, _FakeState(),
+    engine._init(backend, trt_engine, _FakeState(),
                  EngineSource(b"", name="fake"), settings, runtime=runtime or _FakeRuntime(),
                  ordering=ordering)
     return engine

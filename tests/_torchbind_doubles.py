@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from trt_runtime_backends.torchbind import TorchbindBackend, runtime
-from trt_runtime_backends.torchbind.bridge import TensorInfo
+from trt_runtime_backends.torchbind.bridge import CallerDevice, TensorInfo
 from trt_runtime_backends.torchbind.library import RuntimeLibrary
 
 from trt_runtime.graphs import build_copy_nodes
@@ -475,6 +475,8 @@ class FakeBridge:
         #: (thread id, device) of each bind_thread call.
         self.bound_threads: list[tuple[int, int]] = []
         self.current = 0
+        #: Every set_device call, in order.
+        self.device_sets: list[int] = []
         self._current_streams = {i: FakeStream(f"current:{i}") for i in range(max(devices, 1))}
         self._scopes: list[FakeStream] = []
         self._side_streams = 0
@@ -538,6 +540,14 @@ class FakeBridge:
 
     def device_scope(self, index: int) -> Any:
         return contextlib.nullcontext()
+
+    def device_guard(self) -> CallerDevice:
+        return CallerDevice(lambda: self.current, self.set_device)
+
+    def set_device(self, index: int) -> None:
+        """What torch.cuda.set_device does (recorded in ``device_sets``)."""
+        self.device_sets.append(index)
+        self.current = index
 
     def bind_thread(self, index: int) -> None:
         self.bound_threads.append((threading.get_ident(), index))

@@ -281,10 +281,14 @@ def test_device_placement_contexts_are_made_on_the_engine_device(gpus: FakeGpus)
     from _python_doubles import _fake_backend, _FakeRuntime
 
     last = len(gpus.sms) - 1
+    backend = _fake_backend()
+    made: list[int] = []  # (a dynamic engine: each further context deserializes its own)
+    backend.deserialize = lambda source, state: made.append(state.index) or _FakeTrtEngine()  # type: ignore[method-assign]
     engine = PythonEngine.__new__(PythonEngine)
-    engine._init(_fake_backend(), _FakeTrtEngine(), cuda.DeviceState(last), _blob(last), None,
+    engine._init(backend, _FakeTrtEngine(), cuda.DeviceState(last), _blob(last), None,
                  runtime=_FakeRuntime())
     gpus.make_current(0)
     engine.contexts = 3
     assert engine.contexts == 3 and gpus.current() == 0  # the caller keeps its device
     assert [lane._stream.device for lane in engine._pool.lanes] == [last] * 3
+    assert made == [last, last]

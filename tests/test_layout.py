@@ -25,11 +25,7 @@ _HISTORY = {"docs/gpu-results.md"}
 _HERE = "tests/test_layout.py"
 #: Files another change rewrites at the same time; they still name ``tools/`` for three probes
 #: that moved to ``benchmarks/probes/`` (the merge updates those comments).
-_REWRITTEN_ELSEWHERE = {
-    "backends/trt_runtime_backends/python/engine.py",
-    "backends/trt_runtime_backends/python/plans.py",
-    "backends/trt_runtime_backends/torchbind/engine.py",
-}
+_REWRITTEN_ELSEWHERE: set[str] = set()
 
 
 def _tracked_text_files() -> list[Path]:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 from trt_runtime_backends.torchbind.bridge import TensorInfo, TorchBridge
+from trt_runtime_backends.torchbind.streams import StreamPool
 
 from trt_runtime.errors import EngineError
 
@@ -271,6 +272,7 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypa
     caller = _OrderedStream(log, "caller", 11)
     side = _OrderedStream(log, "lane", 22)
     current = {"id": 11}
+    interrupt = {"after_switch": False}
 
     class Cuda(_Cuda):
         Event = staticmethod(lambda: _OrderedEvent(log))
@@ -286,6 +288,9 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypa
         def _cuda_setStream(stream_id: int, device_index: int, device_type: int) -> None:
             log.append(("set_stream", stream_id))
             current["id"] = stream_id
+            if interrupt["after_switch"] and stream_id == 22:  # a Ctrl-C just after the switch
+                interrupt["after_switch"] = False
+                raise KeyboardInterrupt
 
     class Torch(_TorchStandIn):
         cuda = Cuda()
@@ -317,6 +322,10 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypa
     with pytest.raises(RuntimeError, match="op failed"):
         bridge.execute_on(lane, failing, [], None, 0)
     assert current["id"] == 11  # the caller's stream is current again
+    interrupt["after_switch"] = True
+    with pytest.raises(KeyboardInterrupt):
+        bridge.execute_on(lane, op, [], None, 0)
+    assert current["id"] == 11  # switched back even so
 
 
 class _FakeCudart:
@@ -369,6 +378,8 @@ def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(mon
     bindings.runtime = cudart  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
     monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
+    pool = StreamPool()
+    monkeypatch.setattr("trt_runtime_backends.torchbind.bridge.STREAMS", pool)
     torch = _torch_with_devices()
     bridge = TorchBridge(torch)
     stream = bridge.new_stream(2)
@@ -379,7 +390,35 @@ def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(mon
     assert lane.stream.handle == 7001
     del stream
     gc.collect()
-    assert cudart.destroyed == [7000]  # destroyed with its last reference
+    # torch may still record events on it (torch-tensorrt marks inputs used there): kept,
+    # free for the next owner on its device, never destroyed
+    assert cudart.destroyed == [] and pool.free(2) == 1 and pool.free(0) == 0
+    again = bridge.new_stream(2)
+    assert again.handle == 7000 and len(cudart.made) == 2 and pool.free(2) == 0
+    other = bridge.new_stream(0)  # another device: a new stream
+    assert other.handle == 7002 and other.device.index == 0
+    del lane, again, other
+    gc.collect()
+    assert cudart.destroyed == [] and (pool.free(2), pool.free(0)) == (2, 1)
+    assert pool.made == {2: 2, 0: 1}
+    pool.forget()  # (what a forked child does: the parent's streams are not its own)
+    assert (pool.free(2), pool.free(0), pool.made) == (0, 0, {})
+
+
+def test_torchbind_bridge_private_streams_failing_create_is_an_engine_error(monkeypatch) -> None:
+    import sys
+    import types
+
+    class Failing(_FakeCudart):
+        def cudaStreamCreateWithFlags(self, flags: int) -> tuple[int, int]:
+            return 2, 0  # cudaErrorMemoryAllocation
+
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = Failing()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", bindings.runtime)
+    with pytest.raises(EngineError, match="could not create a CUDA stream on device 1: cudaStreamCreate"):
+        StreamPool().take(_torch_with_devices(), 1)
 
 
 def test_torchbind_bridge_private_streams_without_cuda_python_use_the_high_priority_pool(monkeypatch) -> None:

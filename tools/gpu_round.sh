@@ -2,7 +2,7 @@
 #   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
 # logging to $OUT/STEP.log. Steps: env, suite, suite-python (python backend only), bench,
-# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -19,12 +19,13 @@ for step in "$@"; do
     suite-python) TRT_RUNTIME_BACKEND=python python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -k "not torchbind" 2>&1 | tee "$OUT/suite-python.log" | tail -60 ;;
     bench) python3 benchmarks/bench_all.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
     concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" ${CONC_ARGS:-} 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;
-    serve) python3 benchmarks/bench_serve.py --out "$OUT/serve" 2>&1 | tee "$OUT/serve.log" | tail -80 ;;
+    serve) python3 benchmarks/bench_serve.py --out "$OUT/serve" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log" | tail -80 ;;
     onnx) python3 benchmarks/probes/gpu_onnx_compare.py --out "$OUT/onnx" 2>&1 | tee "$OUT/onnx.log" | tail -40 ;;
     race) # under GPU load: three matmul processes (tools/gpu_burn.py, 150 s each) beside the probe
           _burns=(); for _i in 1 2 3; do python3 tools/gpu_burn.py & _burns+=($!); done; sleep 5
           python3 benchmarks/probes/gpu_torchbind_race_probe.py --out "$OUT" 2>&1 | tee "$OUT/race.log" | tail -20
           kill "${_burns[@]}" 2>/dev/null; wait "${_burns[@]}" 2>/dev/null ;;
+    exit) python3 tools/gpu_exit_matrix.py --out "$OUT/exit" --jobs 8 2>&1 | tee "$OUT/exit.log" | tail -60 ;;
     churn) python3 benchmarks/probes/gpu_graph_churn.py --out "$OUT/churn" 2>&1 | tee "$OUT/churn.log" | tail -10 ;;
     steps) python3 benchmarks/probes/gpu_step_costs.py --out "$OUT/steps" ${STEPS_ARGS:-} 2>&1 | tee "$OUT/steps.log" | tail -60 ;;
     floor) python3 benchmarks/probes/gpu_floor_probe.py --out "$OUT/floor" ${FLOOR_ARGS:-} 2>&1 | tee "$OUT/floor.log" | tail -30 ;;
@@ -37,7 +38,7 @@ for step in "$@"; do
     hang) bash tools/gpu_hang_probe.sh 2>&1 | tee "$OUT/hang.log" | tail -40 ;;
     shapes) python3 benchmarks/probes/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
-    *) echo "gpu_round: unknown step $step (env suite suite-python bench concurrency serve onnx race shapes churn steps floor graphrace layerrace gil hang pack)" ;;
+    *) echo "gpu_round: unknown step $step (env suite suite-python bench concurrency serve onnx race shapes exit churn steps floor graphrace layerrace gil hang pack)" ;;
   esac
   echo "gpu_round: step $step took $(( $(date +%s) - t0 )) s"
 done

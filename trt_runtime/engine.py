@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
+from trt_runtime import forking
 from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.hazards import warn_overlap
-from trt_runtime.lease import ContextPool
+from trt_runtime.lease import ContextPool, exiting
 from trt_runtime.outer import GraphHooks, OuterGraphs
-from trt_runtime.protocols import Backend, TensorSpec
+from trt_runtime.protocols import Backend, DeviceGuard, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
     DynamicShapesKernelSpecializationStrategy,
@@ -85,6 +86,10 @@ class EngineBase(GraphHooks, abc.ABC):
         #: What the pipeline tries first on this lane: :meth:`_call_fast`, or a function the
         #: backend put here for the calls it expects next (see :meth:`_reset_fast`).
         self._fast_entry: Any = self._call_fast
+        #: Set by a backend whose calls could leave the caller on the engine's device
+        #: (several GPUs): every call and state change runs inside it.
+        self._device_guard: DeviceGuard | None = None
+        forking.track(self)
         self.runtime_settings = RuntimeSettings.coerce(settings)
 
     # -- metadata ---------------------------------------------------------------
@@ -143,8 +148,15 @@ class EngineBase(GraphHooks, abc.ABC):
         with self._exclusive():
             self._check_open()
             lanes = list(self._pool.lanes)
-            while len(lanes) < value:
-                lanes.append(self._new_lane())
+            made: list[EngineBase] = []
+            try:
+                while len(lanes) < value:
+                    made.append(self._new_lane())
+                    lanes.append(made[-1])
+            except BaseException:  # (out of memory, say): the engine keeps the contexts it had
+                for lane in made:
+                    lane._close_lane()
+                raise
             for lane in lanes[value:]:
                 lane._close_lane()
             self._pool.resize(lanes[:value])
@@ -186,16 +198,24 @@ class EngineBase(GraphHooks, abc.ABC):
         if self._exclusive_owner == me:
             yield
             return
-        with self._lock, self._pool.all_lanes():
-            self._exclusive_owner = me
-            try:
-                yield
-            finally:
-                self._exclusive_owner = None
+        guard = self._device_guard
+        token = None if guard is None else guard.enter()
+        try:
+            with self._lock, self._pool.all_lanes():
+                self._exclusive_owner = me
+                try:
+                    yield
+                finally:
+                    self._exclusive_owner = None
+        finally:
+            if guard is not None:
+                guard.exit(token)
 
     def memory_usage(self) -> dict[str, int]:
-        """Device bytes: ``weights`` (once per engine), ``activations_per_context``,
-        ``activations_total`` (all contexts) and ``contexts``."""
+        """Device bytes: ``weights`` (once per deserialized engine: contexts that each have
+        an engine of their own, as a dynamic-shape engine's do in the python backend, count
+        them each), ``activations_per_context``, ``activations_total`` (all contexts) and
+        ``contexts``."""
         weights, per = self._memory_usage()
         n = len(self._pool)
         return {
@@ -203,7 +223,8 @@ class EngineBase(GraphHooks, abc.ABC):
         }
 
     def _memory_usage(self) -> tuple[int, int]:
-        """(weights bytes, activation bytes of one context); 0 where unknown."""
+        """(weights bytes of every deserialized engine the contexts use, activation bytes of
+        one context); 0 where unknown."""
         return 0, 0
 
     # -- settings and context -----------------------------------------------------
@@ -450,6 +471,10 @@ class EngineBase(GraphHooks, abc.ABC):
     def close(self) -> None:
         """Release the contexts and the engine; idempotent. Calls in flight finish first;
         calls waiting for a context then raise :class:`~trt_runtime.EngineError`."""
+        if exiting():  # the exit hook holds every lane: closed, the process releases the rest
+            for lane in self._pool.lanes:
+                lane._closed = True
+            return
         with self._lock:
             if self._closed:
                 return
@@ -457,6 +482,23 @@ class EngineBase(GraphHooks, abc.ABC):
                 self._pool.close()
                 for lane in reversed(self._pool.lanes):  # clones first, this engine last
                     lane._close_lane()
+
+    def _orphan_after_fork(self, parent: int) -> None:
+        """In a process forked from ``parent``: closed without releasing anything (see
+        :mod:`trt_runtime.forking`), calls and changes raise EngineError."""
+        self._closed = True
+        self._lock = threading.RLock()  # (another thread of the parent may have held it)
+        self._exclusive_owner = None
+        self._pool.orphan(
+            f"engine {self.name!r} was loaded in process {parent}, before this process was forked "
+            "from it; CUDA does not cross fork(): start workers with the 'spawn' or 'forkserver' "
+            "method (multiprocessing.set_start_method) and load the engine again in them"
+        )
+        self._after_fork()
+
+    def _after_fork(self) -> None:
+        """Backend hook, in a forked child: stop whatever would release native objects
+        there (a ``weakref.finalize``); they are never released in the child."""
 
     def _close_lane(self) -> None:
         if not self._closed:
@@ -533,49 +575,7 @@ class EngineBase(GraphHooks, abc.ABC):
         """Release this lane's engine object (after its context)."""
 
 
-def _entry(bare: bool, name: str, doc: str | None) -> Any:
-    """``execute`` (``bare=False``) and ``__call__`` (``bare=True``): one body, no call
-    between the user and the pipeline (a call is a few µs; a wrapper would be a tenth)."""
+from trt_runtime.calls import make_entry  # noqa: E402 - needs EngineBase defined
 
-    def entry(
-        self: EngineBase, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
-        profile: int | None = None,
-    ) -> Any:
-        pool = self._pool
-        # ContextPool.acquire/give_back inlined for their uncontended case: this thread's
-        # lane of its previous call, if it is free.
-        try:
-            slot = pool._local.slot  # (an attribute read: cheaper than getattr with a default)
-        except AttributeError:
-            slot = None
-        if slot is None:  # this thread's first call on this engine
-            slot = pool.lease(self._lease_timeout)
-            try:
-                slot.lane._thread_start()
-            except BaseException:
-                pool.give_back(slot)
-                raise
-        elif not slot.lock.acquire(False):
-            slot = pool.lease(self._lease_timeout)
-        lane = slot.lane
-        try:
-            result = lane._fast_entry(inputs, stream, outputs) if profile is None else None
-            if result is None:
-                result = lane._call(inputs, stream, outputs, profile)
-        finally:
-            if pool._waiters:  # (close() holds every lane: no call is in flight then)
-                pool.give_back(slot)
-            else:
-                slot.lock.release()
-        if bare:
-            return result[0] if len(result) == 1 else tuple(result)
-        return result
-
-    entry.__doc__ = doc
-    entry.__name__ = name
-    entry.__qualname__ = f"EngineBase.{name}"
-    return entry
-
-
-EngineBase.execute = _entry(False, "execute", EngineBase.execute.__doc__)  # type: ignore[method-assign]
-EngineBase.__call__ = _entry(True, "__call__", EngineBase.__call__.__doc__)  # type: ignore[method-assign]
+EngineBase.execute = make_entry(False, "execute", EngineBase.execute.__doc__)  # type: ignore[method-assign]
+EngineBase.__call__ = make_entry(True, "__call__", EngineBase.__call__.__doc__)  # type: ignore[method-assign]

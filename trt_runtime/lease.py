@@ -13,8 +13,10 @@ non-blocking lock acquire and release per call.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from trt_runtime.errors import ContextLeaseTimeout, EngineError
 
-__all__ = ["ContextPool", "Slot"]
+__all__ = ["EXIT_WAIT", "ContextPool", "Slot", "exiting", "hold_lanes_at_exit"]
 
 T = TypeVar("T")
 
@@ -77,7 +79,9 @@ class ContextPool(Generic[T]):
     every call).
     """
 
-    __slots__ = ("_engine", "_local", "_lock", "_slots", "_waiters", "closed")
+    __slots__ = (
+        "__weakref__", "_closed_message", "_engine", "_local", "_lock", "_slots", "_waiters", "closed",
+    )
 
     def __init__(self, engine: str, lanes: Sequence[T]) -> None:
         self._engine = engine
@@ -87,6 +91,8 @@ class ContextPool(Generic[T]):
         #: ``slot``: the slot this thread leased last.
         self._local = threading.local()
         self.closed = False
+        self._closed_message = ""
+        _POOLS.add(self)
 
     @property
     def lanes(self) -> tuple[T, ...]:
@@ -128,10 +134,15 @@ class ContextPool(Generic[T]):
         return None
 
     def _wait(self, timeout: float | None) -> Slot[T]:
+        if _EXITING.is_set():  # after the interpreter began to exit (see hold_lanes_at_exit)
+            if threading.current_thread() is threading.main_thread():  # an atexit hook of its own
+                raise EngineError(f"engine {self._engine!r}: the interpreter is exiting; engines serve no "
+                                  "more calls (atexit hooks run last-registered first)")
+            _park()
         waiter = _Waiter()
         with self._lock:
             if self.closed:
-                raise EngineError(f"engine {self._engine!r} is closed")
+                raise EngineError(self._closed_message or f"engine {self._engine!r} is closed")
             if not self._waiters:  # released since the failed tries
                 slot = self._take_any()
                 if slot is not None:
@@ -139,6 +150,13 @@ class ContextPool(Generic[T]):
             self._waiters.append(waiter)
         deadline = None if timeout is None else waiter.since + timeout
         while True:
+            if _EXITING.is_set():
+                with self._lock:
+                    if waiter.slot is None:
+                        self._waiters.remove(waiter)
+                if waiter.slot is not None and waiter.slot is not _CLOSED:
+                    waiter.slot.lock.release()  # handed over meanwhile: for the exit hook
+                _park()
             wait = FAIR_AFTER if deadline is None else min(FAIR_AFTER, deadline - time.monotonic())
             if waiter.lock.acquire(timeout=max(wait, 0.0)) or waiter.slot is not None:
                 break
@@ -183,7 +201,7 @@ class ContextPool(Generic[T]):
         FAIR_AFTER.)"""
         if self.closed:
             return
-        if not self._waiters:
+        if not self._waiters or _EXITING.is_set():  # (at exit the lane goes to the exit hook)
             slot.lock.release()
             return
         with self._lock:
@@ -226,6 +244,18 @@ class ContextPool(Generic[T]):
             fresh.append(slot)
         self._slots = fresh
 
+    def orphan(self, message: str) -> None:
+        """In a forked child: closed, every lane taken for good (with locks of its own: the
+        parent's threads may have held the inherited ones), and ``message`` the error of
+        every later acquire."""
+        self._lock = threading.Lock()
+        self._waiters = deque()
+        for slot in self._slots:
+            slot.lock = threading.Lock()
+            slot.lock.acquire()
+        self._closed_message = message
+        self.closed = True
+
     def close(self) -> None:
         """Wake every waiter with an error; later acquires fail. Leased lanes stay with
         their holders (and are kept when given back); free lanes are taken for good."""
@@ -238,3 +268,53 @@ class ContextPool(Generic[T]):
 
 
 _CLOSED: Any = object()
+
+
+# -- interpreter exit -----------------------------------------------------------------------
+#: Seconds the exit hook waits for the calls in flight (then it lets the process end anyway).
+EXIT_WAIT = 5.0
+
+_POOLS: weakref.WeakSet[ContextPool[Any]] = weakref.WeakSet()
+_EXITING = threading.Event()
+
+
+def exiting() -> bool:
+    """Whether :func:`hold_lanes_at_exit` ran (the interpreter is exiting)."""
+    return _EXITING.is_set()
+
+
+def _park() -> None:
+    """Block this thread for good, in a lock wait that holds no native frame of TensorRT,
+    CUDA or torch."""
+    threading.Event().wait()
+
+
+def hold_lanes_at_exit(timeout: float = EXIT_WAIT) -> int:
+    """Lease every lane of every engine for good, so that no call is inside native code when
+    the interpreter finalizes: registered with :mod:`atexit`, which runs after the non-daemon
+    threads were joined and while daemon threads still run.
+
+    A daemon thread inside a call finishes it (waited for ``timeout`` seconds in all); its
+    next call, like any call or engine change after, blocks for good in a lock wait. (CPython
+    ends a daemon thread that comes back from a native call during finalization by unwinding
+    its stack; through the C++ frames of TensorRT or torch that is ``std::terminate``: the
+    process aborted after its work was done.) Returns the number of lanes held."""
+    if _EXITING.is_set():  # held already
+        return 0
+    _EXITING.set()
+    deadline = time.monotonic() + timeout
+    held = 0
+    for pool in list(_POOLS):
+        if pool.closed:  # its lanes are taken for good already
+            continue
+        for slot in list(pool._slots):
+            if slot.lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                held += 1
+    return held
+
+
+# weakref.finalize registers its own exit hook with its first finalizer: make that happen now,
+# so that this hook, registered after it, runs before it (atexit runs hooks last-in first-out)
+# and no finalizer runs while a daemon thread is still calling.
+weakref.finalize(_EXITING, int).atexit = False
+atexit.register(hold_lanes_at_exit)

@@ -33,9 +33,11 @@ def load(
     the engine runs on the device its container names (``device_id``), or the current
     device for a raw plan. The container is validated before any byte reaches TensorRT.
 
-    ``contexts``: how many execution contexts of the one deserialized engine serve
-    concurrent callers (a call leases a free one; needs the backend's
-    ``supports_multiple_contexts`` when above 1); ``lease_timeout``: seconds a call waits
+    ``contexts``: how many execution contexts serve concurrent callers (a call leases a
+    free one; needs the backend's ``supports_multiple_contexts`` when above 1); of one
+    deserialized engine, but a backend may deserialize a dynamic-shape engine once per
+    context, as TensorRT wants no two concurrent contexts on one optimization profile.
+    ``lease_timeout``: seconds a call waits
     for a free context before :class:`~trt_runtime.ContextLeaseTimeout` (``None``: no
     limit). Both stay settable on the engine. Several contexts let calls overlap on the
     GPU, which some engines do not survive (TensorRT-RTX 1.6.1 on an H100 gave a conv net

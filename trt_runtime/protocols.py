@@ -25,6 +25,7 @@ __all__ = [
     "Availability",
     "Backend",
     "BackendCapabilities",
+    "DeviceGuard",
     "Engine",
     "EngineSource",
     "RuntimeCacheHandle",
@@ -60,8 +61,7 @@ class BackendCapabilities:
     #: The runtime's own CUDA-graph wrap (:class:`~trt_runtime.graphs.OuterGraph`).
     supports_outer_cuda_graph: bool = False
     #: ``trt_runtime.load(..., contexts=N)`` / ``engine.contexts = N``: N execution contexts
-    #: of one deserialized engine serve concurrent callers (its engines implement the
-    #: ``EngineBase._clone_lane`` hook).
+    #: serve concurrent callers (its engines implement the ``EngineBase._clone_lane`` hook).
     supports_multiple_contexts: bool = False
     #: ``deserialize`` into a cache that already has entries keeps them (merges).
     cache_deserialize_merges: bool = False
@@ -160,6 +160,24 @@ class EngineSource:
     format: str = "plan"  # "plan", "TR01", "TR02", "pte"
     bindings: tuple[TensorSpec, ...] = ()
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class DeviceGuard(Protocol):
+    """Keeps the calling thread's current CUDA device and context as the caller had them.
+
+    An engine whose backend sets one (``EngineBase._device_guard``) has every call and every
+    change of its state (settings, contexts, outer graph, static inputs, ``close()``) run
+    between :meth:`enter` and :meth:`exit` in the calling thread. A backend sets one only
+    where it is needed (several GPUs visible): a call costs two method calls more.
+    """
+
+    def enter(self) -> object:
+        """Before the work: make the engine's device current if need be; a token for :meth:`exit`."""
+        ...
+
+    def exit(self, token: object) -> None:
+        """After the work (also after an error): give the caller its device and context back."""
+        ...
 
 
 @runtime_checkable

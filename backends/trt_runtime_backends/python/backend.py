@@ -214,7 +214,6 @@ class PythonBackend:
         availability = self.is_available()
         if not availability:
             raise BackendUnavailableError(availability.reason)
-        trt, flavour = self._load_trt()
         index = cuda.resolve_device(device, source.device_id, source.name)
         state = cuda.get_device(index)
         data = source.data
@@ -222,24 +221,32 @@ class PythonBackend:
             raise EngineError(f"engine {source.name!r}: the plan is empty (0 bytes)")
         # The engine's device for the load, whatever the caller's is; the caller's back after.
         with state.scope():
-            runtime = self.runtime(index)
-            mark = self._logger.mark()
-            try:
-                trt_engine = runtime.deserialize_cuda_engine(data)
-            except Exception as exc:
-                raise EngineError(
-                    f"engine {source.name!r}: TensorRT failed to deserialize it: {exc}"
-                    + _suffix(self._logger.errors_since(mark))
-                ) from exc
-            if trt_engine is None:
-                messages = self._logger.errors_since(mark)
-                detail = "; ".join(messages) if messages else "TensorRT logged no error"
-                raise EngineError(
-                    f"engine {source.name!r} could not be deserialized by {flavour} {trt.__version__} "
-                    f"on device {index} (sm {state.compute_capability}): {detail}"
-                )
+            trt_engine = self.deserialize(source, state)
             _log.debug("loaded engine %r on device %d", source.name, index)
             return PythonEngine._create(self, trt_engine, state, source, settings)
+
+    def deserialize(self, source: EngineSource, state: Any) -> Any:
+        """A new ``ICudaEngine`` of ``source`` on ``state``'s device (current in the caller);
+        :class:`EngineError` with TensorRT's messages when it fails."""
+        trt, flavour = self._load_trt()
+        index = state.index
+        runtime = self.runtime(index)
+        mark = self._logger.mark()
+        try:
+            trt_engine = runtime.deserialize_cuda_engine(source.data)
+        except Exception as exc:
+            raise EngineError(
+                f"engine {source.name!r}: TensorRT failed to deserialize it: {exc}"
+                + _suffix(self._logger.errors_since(mark))
+            ) from exc
+        if trt_engine is None:
+            messages = self._logger.errors_since(mark)
+            detail = "; ".join(messages) if messages else "TensorRT logged no error"
+            raise EngineError(
+                f"engine {source.name!r} could not be deserialized by {flavour} {trt.__version__} "
+                f"on device {index} (sm {state.compute_capability}): {detail}"
+            )
+        return trt_engine
 
     def __repr__(self) -> str:
         return f"<PythonBackend flavour={self._flavour or 'not loaded'}>"

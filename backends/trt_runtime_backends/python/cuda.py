@@ -11,6 +11,7 @@ from trt_runtime.errors import BackendError, EngineError
 from trt_runtime.formats import resolve_device as _placement
 
 __all__ = [
+    "CallerDevice",
     "close_quietly",
     "DeviceState",
     "check",
@@ -102,6 +103,7 @@ class DeviceState:
         self.index = index
         self.device = _core_device(index)
         self._context = 0  # the primary context's handle, once this device was made current
+        self._primary: Any = None  # that context as cuda-python's CUcontext
         # A device attribute: no context is needed, so none is created for a cache key.
         cc = self.device.compute_capability
         self.compute_capability = f"{cc[0]}.{cc[1]}"
@@ -120,11 +122,19 @@ class DeviceState:
             return
         self.device.set_current()
         if not self._context:
-            self._context = int(_check_driver(driver.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+            self._primary = _check_driver(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            self._context = int(self._primary)
         try:
             yield self
         finally:
             _check_driver(driver.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
+
+    def primary_context(self) -> Any:
+        """This device's primary context (a ``CUcontext``), made current once to learn it."""
+        if self._primary is None:
+            with self.scope():
+                pass
+        return self._primary
 
     def create_stream(self, blocking: bool = False) -> Any:
         """A new cuda.core stream on this device (whatever device is current), owned by the
@@ -142,6 +152,34 @@ class DeviceState:
 
         On the hot path: the caller has made this device current (:meth:`activate`)."""
         return self.device.allocate(max(int(nbytes), 1), stream=stream)
+
+
+class CallerDevice:
+    """The :class:`~trt_runtime.protocols.DeviceGuard` of an engine when several GPUs are
+    visible: the engine's primary context is made current for a call only when another one
+    (or none) is, and the caller's is given back after, so the calling thread's current
+    device (runtime API) and context (driver API) are as it had them. One
+    ``cuCtxGetCurrent`` per call when the caller is on the engine's device already."""
+
+    __slots__ = ("_get", "_ours", "_ours_handle", "_set")
+
+    def __init__(self, state: DeviceState, driver: Any = None) -> None:
+        driver = _driver() if driver is None else driver
+        self._get = driver.cuCtxGetCurrent
+        self._set = driver.cuCtxSetCurrent
+        self._ours = state.primary_context()
+        self._ours_handle = int(self._ours)
+
+    def enter(self) -> Any:
+        err, previous = self._get()
+        if int(err) == 0 and int(previous) == self._ours_handle:
+            return None
+        _check_driver(self._set(self._ours), "cuCtxSetCurrent")
+        return previous if int(err) == 0 else None
+
+    def exit(self, token: Any) -> None:
+        if token is not None:
+            _check_driver(self._set(token), "cuCtxSetCurrent")
 
 
 def get_device(index: int) -> DeviceState:

@@ -54,7 +54,7 @@ __all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
 #: input shapes (``update_device_memory_size_for_shapes`` + ``set_device_memory``, as
 #: TensorRT-RTX's sample does). False (default): one buffer of ``device_memory_size_v2``
 #: bytes, the most any profile and shape needs, handed over at creation and after a profile
-#: switch, so alternating among shapes sets only the shapes (tools/gpu_shape_switch_probe.py
+#: switch, so alternating among shapes sets only the shapes (benchmarks/probes/gpu_shape_switch_probe.py
 #: measures the calls skipped and checks the results without them). Read at context creation.
 MEMORY_PER_SHAPE = False
 
@@ -116,8 +116,11 @@ class PythonEngine(EngineBase):
         self._profile: int | None = None
         self._rt = _cudart() if runtime is None else runtime
         self._res = Resources(self._rt)
-        # An engine that is never closed still drops its context before its ICudaEngine.
+        # An engine that is never closed still drops its context before its ICudaEngine;
+        # not at interpreter exit, though: daemon threads may still be calling it then, and
+        # the program's tensors outlive the atexit hooks. The process's end releases it all.
         self._finalizer = weakref.finalize(self, finalize, self._res)
+        self._finalizer.atexit = False
         mode = stream_order.DEFAULT_MODE if ordering is None else ordering
         # A blocking stream is ordered with the legacy default stream by CUDA itself.
         blocking = stream_order.StreamOrder.blocking(mode)
@@ -148,6 +151,8 @@ class PythonEngine(EngineBase):
         )
         self._binding = OutputBinding(self._contract, self._out, self._rt, state, self._stream)
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings)
+        if self._multi_device:  # the caller's device and context are given back after each call
+            self._device_guard = cuda.CallerDevice(state)
 
     # -- metadata ------------------------------------------------------------------------
     @property
@@ -294,7 +299,8 @@ class PythonEngine(EngineBase):
         trt = self._trt
         clock = time.perf_counter
         t0 = clock()
-        self._state.activate()
+        if self._device_guard is None:  # (with one, the engine's context is current already)
+            self._state.activate()
         config = None
         native = None
         user_managed = None
@@ -409,15 +415,28 @@ class PythonEngine(EngineBase):
         spare, self._spare_stream = self._spare_stream, None
         cuda.close_quietly(spare)
 
+    def _after_fork(self) -> None:
+        self._finalizer.detach()  # its CUDA and TensorRT objects belong to the parent
+
     # -- lanes ---------------------------------------------------------------------------------
     def _clone_lane(self) -> PythonEngine:
-        """Another execution context of the same ``ICudaEngine``: its own stream, events,
-        USER_MANAGED activation memory, bindings, fast paths and outer graphs."""
+        """Another execution context: its own stream, events, USER_MANAGED activation
+        memory, bindings, fast paths and outer graphs; of the same ``ICudaEngine``, unless
+        the engine has dynamic input shapes: then of an ``ICudaEngine`` of its own.
+
+        TensorRT's rule (``NvInferRuntime.h``): "If the engine supports dynamic shapes, each
+        execution context in concurrent use must use a separate optimization profile." A
+        profile covers its own range of shapes, so a lane pinned to one would refuse the
+        others; a lane with its own deserialized engine has every profile to itself (what
+        Triton's TensorRT backend does per instance), at the cost of the weights once more
+        (:meth:`memory_usage` counts them)."""
         backend, trt_engine, state, source, runtime, ordering = self._made_with
         lane = PythonEngine.__new__(PythonEngine)
         # The lane's streams and events belong to the engine's device; the caller's
         # current device is given back after (``load(..., contexts=N)`` leaves it alone).
         with state.scope():
+            if any(spec.is_dynamic for spec in self._inputs):
+                trt_engine = backend.deserialize(source, state)
             lane._init(backend, trt_engine, state, source, self._settings, runtime, ordering)
         lane._profile = self._profile
         lane._output_allocator = self._output_allocator
@@ -438,7 +457,10 @@ class PythonEngine(EngineBase):
              if lane._res.context is not None and lane._res.context.device_memory is not None),  # type: ignore[attr-defined]
             default=int(getattr(trt_engine, "device_memory_size_v2", 0) or 0),
         )
-        weights = int(getattr(trt_engine, "streamable_weights_size", 0) or 0) or len(self._made_with[3].data)
+        # Every distinct ICudaEngine of the lanes holds the weights once (see _clone_lane).
+        engines = {id(e): e for e in (lane._trt_engine for lane in self._lanes) if e is not None}  # type: ignore[attr-defined]
+        size = len(self._made_with[3].data)
+        weights = sum(int(getattr(e, "streamable_weights_size", 0) or 0) or size for e in engines.values())
         return weights, per
 
     # -- execution -----------------------------------------------------------------------------
@@ -482,8 +504,10 @@ class PythonEngine(EngineBase):
 
     def _activate_thread(self) -> None:
         """A new thread has no current CUDA context until something makes one current;
-        TensorRT's profile switch and cuda.core's allocations need it."""
-        self._state.activate()
+        TensorRT's profile switch and cuda.core's allocations need it. With several GPUs the
+        device guard makes it current for each call instead (and gives the caller's back)."""
+        if self._device_guard is None:
+            self._state.activate()
         self._threads.ready = True
 
     def _set_device(self) -> None:
@@ -522,13 +546,16 @@ class PythonEngine(EngineBase):
         if host is not None:
             self._binding.stage_inputs(host, ptrs, ours)
         bound = ctx.bound
+        ctx.bound_ptrs = ()  # records forgotten before TensorRT is told (see plans._bind)
         for io, ptr in zip(self._in, ptrs, strict=False):
             if bound.get(io.name) != ptr:
+                bound[io.name] = 0
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
         results, out_ptrs = self._binding.bind_outputs(ctx, kind, outputs, inspection.checked)
         for io, ptr in zip(self._out, out_ptrs, strict=False):
             if ptr and bound.get(io.name) != ptr:
+                bound[io.name] = 0
                 trt_context.set_tensor_address(io.name, ptr)
                 bound[io.name] = ptr
         ctx.bound_ptrs = (*ptrs, *out_ptrs)

@@ -204,10 +204,12 @@ def prepare_state(lane: Any, shape_key: tuple[Any, int],
     if ctx.shape_key != shape_key and not restore_shapes(lane, ctx, shape_key, dynamic_dims, out_shapes):
         return False
     if ctx.bound_ptrs != ptrs:
+        ctx.bound_ptrs = ()  # (records forgotten before TensorRT is told: see plans._bind)
         trt_context = ctx.trt_context
         bound = ctx.bound
         for name, ptr in zip(lane._io_names, ptrs, strict=True):
             if bound.get(name) != ptr:
+                bound[name] = 0
                 trt_context.set_tensor_address(name, ptr)
                 bound[name] = ptr
     ctx.shape_key = shape_key

@@ -260,11 +260,12 @@ def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
     if not slot.outputs:
         lane._outer_graphs.alloc_outputs(lane, slot, ctx.out_shapes)
     bound = ctx.bound
+    ctx.bound_ptrs = ()  # records forgotten before TensorRT is told (see plans._bind)
     for name, ptr in zip(lane._io_names, (*slot.in_ptrs, *slot.out_ptrs), strict=True):
         if bound.get(name) != ptr:
+            bound[name] = 0
             trt_context.set_tensor_address(name, ptr)
             bound[name] = ptr
-    ctx.bound_ptrs = ()
 
 
 def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:

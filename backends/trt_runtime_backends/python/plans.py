@@ -2,7 +2,7 @@
 
 A repeat call is only a few µs of Python on top of TensorRT's enqueue, and on a busy
 host each attribute read and each function call of it shows (measured step by step
-with ``tools/gpu_step_costs.py`` on an H100 host: 3 to 5 µs over the raw loops, spread
+with ``benchmarks/probes/gpu_step_costs.py`` on an H100 host: 3 to 5 µs over the raw loops, spread
 over some thirty small steps). So once the full path has validated a call, the lane
 keeps a *plan* for it: a function made for that call's arity (the number of inputs and
 outputs) whose constants (the arrays or dtypes and shapes seen, the device, the
@@ -210,9 +210,10 @@ def _indent(lines: list[str]) -> str:
 
 
 def _bind(var: str, name: str) -> list[str]:
-    """Bind ``var``'s address to tensor ``name`` unless the context has it already."""
-    return [f"p = {var}.data_ptr()", f"if bound_get({name}) != p:", f"    set_address({name}, p)",
-            f"    bound[{name}] = p", "    ctx.bound_ptrs = ()"]
+    """Bind ``var``'s address to tensor ``name`` unless the context has it already (the
+    record forgotten before TensorRT is told: an interrupt in between leaves it unbound)."""
+    return [f"p = {var}.data_ptr()", f"if bound_get({name}) != p:", "    ctx.bound_ptrs = ()",
+            f"    bound[{name}] = 0", f"    set_address({name}, p)", f"    bound[{name}] = p"]
 
 
 def _torch_head(xs: list[str], checks: list[str]) -> str:

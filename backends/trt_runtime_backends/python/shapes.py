@@ -249,9 +249,13 @@ def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
 
 
 def select_profile(lane: Any, ctx: Any, profile: int) -> None:
-    """Switch the context in use to optimization ``profile`` (its addresses must be set again)."""
+    """Switch the context in use to optimization ``profile`` (its addresses must be set again).
+
+    What the context records is forgotten first: a ``KeyboardInterrupt`` between TensorRT's
+    switch and the record leaves a lane whose next call switches and binds again."""
+    ctx.profile = -1
+    ctx.bound.clear()
+    ctx.bound_ptrs = ()
     if not _switch_profile(lane, ctx, ctx.trt_context, profile):
         raise EngineError(f"engine {lane.name!r}: could not select optimization profile {profile}")
     ctx.profile = profile
-    ctx.bound.clear()
-    ctx.bound_ptrs = ()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,11 +16,33 @@ from trt_runtime.contract import stream_handle
 from trt_runtime.errors import EngineError
 from trt_runtime.graphs import CopyNodes, build_copy_nodes
 
-__all__ = ["LaneStream", "TensorInfo", "TorchBridge"]
+from .streams import STREAMS
+
+__all__ = ["CallerDevice", "LaneStream", "TensorInfo", "TorchBridge"]
 
 #: DLPack device types of CUDA memory (kDLCUDA, kDLCUDAManaged).
 _KDLCUDA = 2
 _KDLCUDA_MANAGED = 13
+
+
+class CallerDevice:
+    """Gives the calling thread its current device back after a call or a state change of an
+    engine, whatever torch or torch-tensorrt switched to on the way (its multi-device mode,
+    a stream scope on another device, a graph capture): one device query before, one
+    after, and a switch only where it changed."""
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, get: Callable[[], int], set_device: Callable[[int], Any]) -> None:
+        self._get = get
+        self._set = set_device
+
+    def enter(self) -> int:
+        return self._get()
+
+    def exit(self, token: object) -> None:
+        if isinstance(token, int) and self._get() != token:
+            self._set(token)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,6 +161,14 @@ class TorchBridge:
         when torch has it; torch.cuda is initialized by then, engines exist)."""
         raw = getattr(getattr(self.torch, "_C", None), "_cuda_getDevice", None)
         return raw if callable(raw) else self.current_device  # type: ignore[no-any-return]
+
+    def device_guard(self) -> CallerDevice:
+        """The engines' :class:`~trt_runtime.protocols.DeviceGuard` with several GPUs."""
+        torch_c = getattr(self.torch, "_C", None)
+        setter = getattr(torch_c, "_cuda_setDevice", None)
+        if not callable(setter):
+            setter = self.torch.cuda.set_device
+        return CallerDevice(self.current_device_fn(), setter)
 
     def device_properties(self, index: int) -> tuple[int, int, str]:
         """``(major, minor, name)`` of CUDA device ``index``."""
@@ -304,8 +333,9 @@ class TorchBridge:
             with self.torch.cuda.stream(stream):
                 results = op(tensors, native)
         else:
-            set_stream(stream_id=lane.stream_id, device_index=lane.device_index, device_type=lane.device_type)
-            try:
+            try:  # (the switch inside: an interrupt right after it still switches back)
+                set_stream(stream_id=lane.stream_id, device_index=lane.device_index,
+                           device_type=lane.device_type)
                 results = op(tensors, native)
             finally:
                 set_stream(stream_id=caller.stream_id, device_index=caller.device_index,
@@ -330,10 +360,12 @@ class TorchBridge:
         H100: 16 caller threads and 8 contexts, a capture then failed and left the CUDA
         context unusable). With cuda-python installed the stream is made with
         ``cudaStreamCreateWithFlags(cudaStreamNonBlocking)`` and wrapped in an
-        ``ExternalStream`` (destroyed when that object goes); without it, a stream of torch's
-        high-priority pool, which callers' default-priority streams do not share."""
+        ``ExternalStream``; when that object goes, the stream goes back to a process-wide pool
+        for the next lane, never destroyed (:mod:`.streams` says why); without cuda-python, a
+        stream of torch's high-priority pool, which callers' default-priority streams do not
+        share."""
         torch = self.torch
-        made = _create_stream(torch, index)
+        made = STREAMS.take(torch, index)
         if made is None:
             return torch.cuda.Stream(device=index, priority=-1)
         return made
@@ -466,33 +498,6 @@ class TorchBridge:
 
     def execute(self, inputs: list[Any], engine: Any) -> list[Any]:
         return self.execute_op()(inputs, engine)
-
-
-def _create_stream(torch: Any, index: int) -> Any:
-    """A dedicated non-blocking stream on device ``index`` as a torch ``ExternalStream``
-    (cuda-python's runtime); ``None`` when cuda-python is not installed."""
-    try:
-        from cuda.bindings import runtime as rt
-    except ImportError:
-        return None
-    with torch.cuda.device(index):
-        err, handle = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
-    if int(err):
-        raise EngineError(
-            f"could not create a CUDA stream on device {index}: cudaStreamCreateWithFlags returned {err}"
-        )
-    stream = torch.cuda.ExternalStream(int(handle), device=torch.device("cuda", index))
-    # Destroyed when the lane lets go of it; not at interpreter exit, where CUDA and torch
-    # may already be torn down (a destroy then crashed a process on the H100).
-    weakref.finalize(stream, _destroy_stream, rt, handle).atexit = False
-    return stream
-
-
-def _destroy_stream(rt: Any, handle: Any) -> None:
-    try:
-        rt.cudaStreamDestroy(handle)  # pending work still completes
-    except Exception:  # a dying process; nothing to report to
-        pass
 
 
 def _with_runtime(graph: Any, method: str) -> tuple[Callable[[], Any], Any] | None:

@@ -139,6 +139,8 @@ class TorchbindEngine(EngineBase):
         #: How many times ``update_runtime_settings`` was called (diagnostics, tests).
         self.native_updates = 0
         super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
+        if not self._single_device:  # the caller's device is given back after each call
+            self._device_guard = bridge.device_guard()
 
     def _select_profiles(self, name: str, inputs: Sequence[TensorSpec]) -> list[TensorSpec]:
         """Let torch-tensorrt pick the optimization profile per call (2.14+); before it
@@ -418,7 +420,7 @@ class TorchbindEngine(EngineBase):
 
         torch-tensorrt's op keeps the caller's stream of the call in the engine object; called
         from threads on different streams while the GPU is busy it returned wrong outputs
-        (H100, 2026-11-24, ``tools/gpu_torchbind_race_probe.py``: 6,238 of 8,000 from 16
+        (H100, 2026-11-24, ``benchmarks/probes/gpu_torchbind_race_probe.py``: 6,238 of 8,000 from 16
         threads on their own streams under a GPU load; 0 with every call on one stream). So
         the op only ever sees one stream per lane; the outputs are marked used on the caller's
         stream, so the allocator does not hand their memory out again before it is done.

@@ -107,8 +107,9 @@ class GraphOps:
             made = self.bridge.copy_nodes(slot.graph, ins, outs, self.device)
             if made is None:
                 return None
-            if not self.copying:  # destroyed with this lane if nothing released them before
-                weakref.finalize(self, _destroy_nodes, self.copying)
+            if not self.copying:  # destroyed with this lane if nothing released them before,
+                # but not at interpreter exit, where a daemon thread may still replay them
+                weakref.finalize(self, _destroy_nodes, self.copying).atexit = False
             self.copying[key] = made
         return made
 

@@ -1,0 +1,80 @@
+"""The dedicated CUDA streams of torchbind lanes and outer graphs, never destroyed.
+
+torch-tensorrt's ``execute_engine`` marks every input tensor as used on the stream it runs
+on (``CUDACachingAllocator::recordStream``): a lane's stream, or the capture stream of its
+outer graphs. When such a tensor is freed, torch's caching allocator records an event on
+that stream, however long after the call, interpreter teardown included. A destroyed
+stream then fails the record ("invalid resource handle" thrown from a tensor's destructor:
+the process aborts), so a stream torch may have recorded on must live as long as the
+process. :class:`StreamPool` keeps them: a stream whose owner is gone goes back to the pool
+of its device and is handed to the next owner, so a process holds as many streams as it
+ever had owners alive at once, and destroys none.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import weakref
+from typing import Any
+
+from trt_runtime.errors import EngineError
+
+__all__ = ["STREAMS", "StreamPool"]
+
+
+class StreamPool:
+    """Raw non-blocking stream handles per device, free for the next owner.
+
+    Thread-safe without a lock (deque appends and pops are atomic), so a garbage-collector
+    finalizer that gives a stream back can run in any thread, even inside :meth:`take`.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[int, collections.deque[int]] = {}
+        #: Streams this pool made, per device (they all live until the process ends).
+        self.made: dict[int, int] = {}
+
+    def free(self, index: int) -> int:
+        """How many streams of device ``index`` wait for an owner."""
+        return len(self._free.get(index, ()))
+
+    def take(self, torch: Any, index: int) -> Any:
+        """A dedicated non-blocking stream on device ``index`` as a torch ``ExternalStream``
+        (a free one, else a new one), back in the pool when that object is collected;
+        ``None`` when cuda-python is not installed."""
+        try:
+            from cuda.bindings import runtime as rt
+        except ImportError:
+            return None
+        try:
+            handle = self._free.setdefault(index, collections.deque()).pop()
+        except IndexError:
+            with torch.cuda.device(index):
+                err, made = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+            if int(err):
+                raise EngineError(
+                    f"could not create a CUDA stream on device {index}: "
+                    f"cudaStreamCreateWithFlags returned {err}"
+                ) from None
+            handle = int(made)
+            self.made[index] = self.made.get(index, 0) + 1
+        stream = torch.cuda.ExternalStream(handle, device=torch.device("cuda", index))
+        # Not at exit: nothing is left to hand it to, and the process ends the stream.
+        weakref.finalize(stream, self._give_back, index, handle).atexit = False
+        return stream
+
+    def _give_back(self, index: int, handle: int) -> None:
+        self._free.setdefault(index, collections.deque()).append(handle)
+
+    def forget(self) -> None:
+        """Drop every free stream (in a forked child: they are the parent's)."""
+        self._free = {}
+        self.made = {}
+
+
+#: The process's pool (CUDA streams are per process).
+STREAMS = StreamPool()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=STREAMS.forget)

@@ -1,0 +1,102 @@
+"""The python backend's contexts by TensorRT's rule: for an engine with dynamic input shapes,
+contexts in concurrent use never share an optimization profile, so each further context
+gets an ICudaEngine of its own (deserialized from the same plan); a static engine's share
+one. memory_usage() counts the weights of every engine."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from _python_doubles import _fake_engine, _FakeTrtEngine
+
+from trt_runtime import EngineError, EngineSource
+
+pytestmark = pytest.mark.filterwarnings("ignore::trt_runtime.ContextOverlapWarning")
+
+
+def _deserializing(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[_FakeTrtEngine]:
+    """Make the engine's backend deserialize fake engines like the first, from a plan of
+    1,000 bytes; return them."""
+    plan = EngineSource(b"P" * 1000, name="fake")
+    engine._made_with = (*engine._made_with[:3], plan, *engine._made_with[4:])
+    made: list[_FakeTrtEngine] = []
+    first = engine.trt_engine
+
+    def deserialize(source: EngineSource, state: Any) -> _FakeTrtEngine:
+        made.append(_FakeTrtEngine(-1 if first.num_optimization_profiles > 1 else 8))
+        return made[-1]
+
+    monkeypatch.setattr(engine.backend, "deserialize", deserialize)
+    return made
+
+
+def test_python_lanes_dynamic_engine_gives_each_context_its_own_engine(monkeypatch: pytest.MonkeyPatch
+                                                                       ) -> None:
+    engine = _fake_engine()  # dynamic batch, two profiles
+    made = _deserializing(engine, monkeypatch)
+    engine.contexts = 3
+    lanes = engine._lanes
+    assert len(made) == 2 and [lane.trt_engine for lane in lanes[1:]] == made
+    assert len({id(lane.trt_engine) for lane in lanes}) == 3
+    usage = engine.memory_usage()
+    assert usage["weights"] == 3 * 1000 and usage["contexts"] == 3
+    # every lane's calls create contexts on its own engine only
+    x = np.ones((2, 4), np.float32)
+    barrier = threading.Barrier(3)
+
+    def call() -> None:
+        barrier.wait()
+        for _ in range(5):
+            engine.execute(x)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for lane in lanes:
+        if lane.has_context:
+            assert lane._context.trt_context in lane.trt_engine.contexts
+    assert sum(len(e.contexts) for e in made) + len(engine.trt_engine.contexts) >= 1
+    assert all(len(e.contexts) <= 1 for e in made)  # one context per engine
+    engine.contexts = 1  # the other engines go with their lanes
+    assert engine.memory_usage()["weights"] == 1000
+    engine.close()
+
+
+def test_python_lanes_static_engine_shares_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _fake_engine(batch=8)  # static shapes, one profile
+    made = _deserializing(engine, monkeypatch)
+    engine.contexts = 3
+    assert made == [] and {id(lane.trt_engine) for lane in engine._lanes} == {id(engine.trt_engine)}
+    assert engine.memory_usage()["weights"] == 1000
+    engine.close()
+
+
+def test_python_lanes_failed_deserialize_keeps_the_contexts_it_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _fake_engine()
+    made = _deserializing(engine, monkeypatch)
+    working = engine.backend.deserialize
+    clones: list[Any] = []
+    original_clone = type(engine)._clone_lane
+
+    def clone(self: Any) -> Any:
+        clones.append(original_clone(self))
+        return clones[-1]
+
+    monkeypatch.setattr(type(engine), "_clone_lane", clone)
+
+    def failing_second(source: EngineSource, state: Any) -> Any:
+        if made:
+            raise EngineError("engine 'fake': TensorRT failed to deserialize it: out of memory")
+        return working(source, state)
+
+    monkeypatch.setattr(engine.backend, "deserialize", failing_second)
+    with pytest.raises(EngineError, match="out of memory"):
+        engine.contexts = 3
+    assert engine.contexts == 1 and len(clones) == 1 and clones[0].closed  # nothing left half-made
+    np.testing.assert_array_equal(engine.execute(np.ones((2, 4), np.float32))[0].shape, (2, 4))
+    engine.close()
