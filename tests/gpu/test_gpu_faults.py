@@ -20,8 +20,10 @@ from trt_runtime import EngineError
 
 pytestmark = pytest.mark.gpu
 
-CYCLES = 10_000
-WARMUP = 1_000
+#: The issue's figure is 10,000; TRT_RUNTIME_FAULT_CYCLES runs fewer where a round's time is short
+#: (the report names the count run). Warm-up is a tenth of them.
+CYCLES = int(os.environ.get("TRT_RUNTIME_FAULT_CYCLES", "10000"))
+WARMUP = max(1, CYCLES // 10)
 
 
 def _mlp(backend_name: str, engines: Any) -> tuple[Any, Any, Any, Any]:
