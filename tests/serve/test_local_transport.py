@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from trt_runtime.errors import RequestError
 from trt_runtime.serve.local.engine_process import _connection
-from trt_runtime.serve.local.front import EnginePool
+from trt_runtime.serve.local.front import EngineLost, EnginePool
 from trt_runtime.serve.local.transport import NO_SLOT, Slab, decode_arrays, encode_arrays
 
 
@@ -260,3 +261,41 @@ def test_transport_requests_of_a_lost_engine_run_again_on_another() -> None:
         slab.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_transport_request_sent_as_a_connection_breaks_goes_to_another_engine(loop: str) -> None:
+    """The transport sees the engine process gone a loop step before the link's reader wakes;
+    a request picked in that step must not be written to the dead connection (uvloop raised,
+    and the client got 500)."""
+    run = asyncio.run if loop == "asyncio" else pytest.importorskip("uvloop").run
+
+    async def main() -> None:
+        where = _short_dir()
+        batchers = [_Doubler(), _Doubler()]
+        servers = [await asyncio.start_unix_server(functools.partial(_connection, batcher=b),
+                                                   path=os.fspath(where / f"e{i}.sock"))
+                   for i, b in enumerate(batchers)]
+        slab = Slab.create(where / "slab", slots=8, slot_bytes=256)
+        pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        servers[0].close()
+        pool.links[0]._writer.transport.abort()  # type: ignore[union-attr]  # engine process 0 died
+        await asyncio.sleep(0)  # the connection is closed; the link's reader has not woken yet
+        assert pool.links[0].up.is_set() and pool.links[0].outstanding == pool.links[1].outstanding
+        x = np.full((1, 4), 3, np.float32)
+        y, _rows = await pool.infer((x,))  # runs in this step: the tie would pick link 0
+        np.testing.assert_array_equal(y, x * 2)
+        assert batchers[0].seen == 0 and batchers[1].seen == 1
+        pool.links[1]._writer.transport.abort()  # type: ignore[union-attr]
+        await asyncio.sleep(0)
+        with pytest.raises(EngineLost, match=r"e1\.sock went away") as info:  # a link sent to directly
+            await pool.links[1].infer((x,))
+        assert info.value.status == 503 and batchers[1].seen == 1
+        assert sorted(slab._free) == list(range(8))
+        await pool.close()
+        servers[1].close()
+        slab.close()
+
+    run(main())

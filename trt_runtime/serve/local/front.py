@@ -4,9 +4,10 @@ The app (:func:`~trt_runtime.serve.http.make_app`) decodes and checks requests o
 process's event loop and calls :meth:`EnginePool.infer`, which writes the arrays into
 this front's :class:`~trt_runtime.serve.local.transport.Slab` and sends a small frame to
 the engine process with the fewest requests outstanding; the answer comes back on the same
-connection. A lost engine process fails its requests in flight with 503 and is dialled
-again until its successor listens. SIGTERM: stop accepting, finish in-flight requests (at
-most ``drain_s``), exit 0; SIGINT is ignored (the supervisor turns Ctrl-C into SIGTERM).
+connection. The requests in flight to an engine process that died run once more on
+another (or on its successor), and the link dials again until the successor listens.
+SIGTERM: stop accepting, finish in-flight requests (at most ``drain_s``), exit 0; SIGINT
+is ignored (the supervisor turns Ctrl-C into SIGTERM).
 """
 
 from __future__ import annotations
@@ -80,6 +81,15 @@ class EngineLink:
         if self._writer is not None:
             self._writer.close()
 
+    def usable(self) -> bool:
+        """Whether a request may go here now. A connection whose transport already saw it break
+        (the engine process died) marks the link down at once: :meth:`_run` wakes to do so only a
+        loop step or two later, and uvloop refuses a write on such a connection."""
+        writer = self._writer
+        if writer is not None and writer.is_closing():
+            self.up.clear()
+        return self.up.is_set()
+
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
         writer, loop = self._writer, self._loop
         if writer is None or loop is None or not self.up.is_set():
@@ -95,7 +105,12 @@ class EngineLink:
         self._pending[rid] = (future, slot)
         self.outstanding += 1
         try:
-            transport.write_frame(writer, rid, slot, 0, description, inline)
+            try:
+                transport.write_frame(writer, rid, slot, 0, description, inline)
+            except (RuntimeError, OSError):  # uvloop raises on a closed connection: fail over as if lost
+                self._pending.pop(rid, None)
+                slab.give(slot)
+                raise EngineLost(f"engine process at {self.path.name} went away", 503) from None
             return await future
         finally:
             self.outstanding -= 1
@@ -190,7 +205,7 @@ class EnginePool:
     def _least_busy(self) -> EngineLink | None:
         best = None
         for link in self.links:
-            if link.up.is_set() and (best is None or link.outstanding < best.outstanding):
+            if link.usable() and (best is None or link.outstanding < best.outstanding):
                 best = link
         return best
 
