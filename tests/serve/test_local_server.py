@@ -164,15 +164,20 @@ def test_local_two_engine_processes_share_the_load_and_one_may_die(tmp_path: Pat
     try:
         assert len(srv.doc["pids"]["engines"]) == 2
 
-        def one(i: int) -> bool:
+        def wrong(i: int) -> tuple[int, int, bytes] | None:
+            """``None`` for a right answer, else what came back (shown when the test fails)."""
             x = np.full((1, 4), i / 4, np.float32)
             status, body, _ = post(srv.url + "/", npy(x), "application/x-npy")
-            return status == 200 and np.array_equal(load_npy(body), reference(x))
+            if status == 200 and np.array_equal(load_npy(body), reference(x)):
+                return None
+            return i, status, body[:300]
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            assert all(pool.map(one, range(200)))
+            failed = [f for f in pool.map(wrong, range(200)) if f]
+            assert not failed, failed
             os.kill(srv.doc["pids"]["engines"][1], signal.SIGKILL)
-            assert all(pool.map(one, range(200)))  # the other engine process answers meanwhile
+            failed = [f for f in pool.map(wrong, range(200)) if f]
+            assert not failed, failed  # the other engine process answers meanwhile
         srv.wait_ready(True, 60)
     finally:
         code = srv.stop()
