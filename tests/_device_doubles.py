@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FakeGpus"]
+__all__ = ["FakeDriver", "FakeGpus"]
 
 
 class _Ok(int):
@@ -142,3 +142,19 @@ class _Driver:
         ctx = int(ctx)
         self._gpus.make_current(None if ctx == 0 else ctx - 1)
         return (_OK,)
+
+
+class FakeDriver:
+    """``cuda.bindings.driver``'s current context (an int handle; 0: none), with each set recorded."""
+
+    def __init__(self, current: int) -> None:
+        self.current = current
+        self.sets: list[int] = []
+
+    def cuCtxGetCurrent(self) -> tuple[int, int]:
+        return 0, self.current
+
+    def cuCtxSetCurrent(self, ctx: int) -> tuple[int]:
+        self.sets.append(int(ctx))
+        self.current = int(ctx)
+        return (0,)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _device_doubles import FakeDriver
 from _python_doubles import _fake_engine
 from _torchbind_doubles import cuda, make_backend, source
 from trt_runtime_backends.python.cuda import CallerDevice
@@ -125,20 +126,6 @@ def test_caller_device_engines_without_a_guard_run_unchanged(guarded: Any) -> No
 
 
 # -- the python backend's guard: driver contexts -----------------------------------------------
-class FakeDriver:
-    """``cuda.bindings.driver``'s current context (an int handle; 0: none), with each set recorded."""
-
-    def __init__(self, current: int) -> None:
-        self.current = current
-        self.sets: list[int] = []
-
-    def cuCtxGetCurrent(self) -> tuple[int, int]:
-        return 0, self.current
-
-    def cuCtxSetCurrent(self, ctx: int) -> tuple[int]:
-        self.sets.append(int(ctx))
-        self.current = int(ctx)
-        return (0,)
 
 
 class PrimaryState:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _device_doubles import FakeDriver
 from _python_doubles import (
     _CAI,
     FakeTorch,
@@ -319,27 +320,11 @@ def test_python_backend_cache_handle_materializes_once() -> None:
         IRuntimeCacheHandle().ensure_materialized(object())
 
 
-class _FakeDriver:
-    """cuCtxGetCurrent / cuCtxSetCurrent of one thread, recording every switch."""
-
-    def __init__(self, current: int) -> None:
-        self.current = current
-        self.switches: list[int] = []
-
-    def cuCtxGetCurrent(self) -> tuple[int, int]:
-        return 0, self.current
-
-    def cuCtxSetCurrent(self, context: int) -> tuple[int]:
-        self.switches.append(int(context))
-        self.current = int(context)
-        return (0,)
-
-
 def test_python_backend_cache_handle_serializes_in_the_context_it_was_made_in() -> None:
     """TensorRT-RTX serializes a runtime cache only with a CUDA context current; a save from a
     thread with none (an engine process's main thread after the engine gave its context back)
     makes the cache's own context current for the call and gives the thread its own back."""
-    driver = _FakeDriver(current=0xA)
+    driver = FakeDriver(0xA)
     handle = IRuntimeCacheHandle(driver=driver)
     native = handle.ensure_materialized(_FakeConfig())
     seen: list[int] = []
@@ -354,11 +339,11 @@ def test_python_backend_cache_handle_serializes_in_the_context_it_was_made_in() 
     handle.deserialize(b"abc")
     assert handle.serialize() == b"nativeabc"
     assert seen == [0xA] and driver.current == 0
-    assert driver.switches == [0xA, 0, 0xA, 0]  # made current for the load and the save, given back
-    driver.switches.clear()
+    assert driver.sets == [0xA, 0, 0xA, 0]  # made current for the load and the save, given back
+    driver.sets.clear()
     driver.current = 0xA  # already current: no switch at all
     handle.serialize()
-    assert driver.switches == []
+    assert driver.sets == []
 
 
 # -- the execution path with doubles for TensorRT and the CUDA runtime -----------------------------
