@@ -2,12 +2,12 @@
 #   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
 # logging to $OUT/STEP.log. Steps: env, suite, suite-python (python backend only), bench,
-# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, apart from the suite; TRT_RUNTIME_FAULT_CYCLES), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-_gpu_suite_args=(-m gpu tests/gpu tests/test_cli.py tests/test_formats_pte.py tests/test_executorch_interop.py
+_gpu_suite_args=(-m "gpu and not soak" tests/gpu tests/test_cli.py tests/test_formats_pte.py tests/test_executorch_interop.py
                  -rfEs -q -p no:cacheprovider --timeout 300)
 for step in "$@"; do
   t0=$(date +%s)
@@ -16,6 +16,7 @@ for step in "$@"; do
            python3 -c "import sys, torch, tensorrt_rtx as t; print(sys.version.split()[0], 'torch', torch.__version__, 'tensorrt_rtx', t.__version__)";
            python3 -c "import torch_tensorrt as tt; print('torch_tensorrt', tt.__version__)" 2>&1 | tail -1; } 2>&1 | tee "$OUT/env.log" ;;
     suite) python3 -m pytest "${_gpu_suite_args[@]}" -n 4 --junitxml "$OUT/junit.xml" 2>&1 | tee "$OUT/suite.log" | tail -60 ;;
+    soak) python3 -m pytest -m soak tests/gpu -rfEs -q -p no:cacheprovider --timeout 1800 2>&1 | tee "$OUT/soak.log" | tail -30 ;;
     suite-python) TRT_RUNTIME_BACKEND=python python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -k "not torchbind" 2>&1 | tee "$OUT/suite-python.log" | tail -60 ;;
     bench) python3 benchmarks/bench_all.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
     concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" ${CONC_ARGS:-} 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;
@@ -38,7 +39,7 @@ for step in "$@"; do
     hang) bash tools/gpu_hang_probe.sh 2>&1 | tee "$OUT/hang.log" | tail -40 ;;
     shapes) python3 benchmarks/probes/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
-    *) echo "gpu_round: unknown step $step (env suite suite-python bench concurrency serve onnx race shapes exit churn steps floor graphrace layerrace gil hang pack)" ;;
+    *) echo "gpu_round: unknown step $step (env suite soak suite-python bench concurrency serve onnx race shapes exit churn steps floor graphrace layerrace gil hang pack)" ;;
   esac
   echo "gpu_round: step $step took $(( $(date +%s) - t0 )) s"
 done

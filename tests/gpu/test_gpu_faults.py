@@ -114,6 +114,7 @@ def test_gpu_faults_forked_child_gets_an_engine_error(engines: Any, python_backe
     engine.close()
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("backend_name", ["python", "torchbind"])
 def test_gpu_faults_load_call_close_cycles_keep_memory_flat(
     backend_name: str, engines: Any, report_measurement: Any
