@@ -29,7 +29,7 @@ def _model_with_external_weights(folder: Path) -> tuple[Path, np.ndarray]:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    folder.mkdir()
+    (folder / "weights").mkdir(parents=True)  # onnx 1.23 refuses to make the folder itself
     path = folder / "model.onnx"
     onnx.save_model(model, path, save_as_external_data=True, location="weights/w.bin", size_threshold=0)
     assert (folder / "weights" / "w.bin").stat().st_size == weights.nbytes
