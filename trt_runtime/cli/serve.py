@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.cli.engine_files import FORCE_HELP, engine_file_backend
+from trt_runtime.cli.io_options import LOG_LEVELS
 from trt_runtime.cli.output import CliError, Output, UsageError
 from trt_runtime.cli.run import settings_overrides
 
@@ -58,6 +59,8 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
     p.add_argument("--runtime-cache", metavar="PATH", type=Path, default=None,
                    help="runtime cache file (default: one per node and GPU model in the user cache)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
+                   help="TensorRT's messages, and with --ray Ray's own, shown on stderr (default: warning)")
     ray = p.add_argument_group("Ray Serve (--ray)")
     ray.add_argument("--ray", action="store_true", help="deploy on Ray Serve instead (clusters)")
     ray.add_argument("--address", metavar="ADDR", default=None,

@@ -9,6 +9,7 @@ shut down; a joined cluster keeps running.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -46,7 +47,12 @@ def serve_ray(args: argparse.Namespace, out: Output, options: Any, name: str) ->
     started = not ray.is_initialized() and args.address is None
     try:
         # "local": always a new Ray here, never the last cluster this machine ran (Ray's default).
-        ray.init(address=args.address or "local", log_to_driver=False)
+        # Ray's start and stop chatter stays off the user's screen unless --log-level info/verbose.
+        quiet = getattr(args, "log_level", "warning") not in ("info", "verbose")
+        if quiet:
+            logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        ray.init(address=args.address or "local", log_to_driver=not quiet,
+                 logging_level=logging.WARNING if quiet else logging.DEBUG)
         serve.start(http_options={"host": args.host, "port": args.port})
         out.info(f"deploying {args.file.name}: {replicas} replica(s), max batch {args.max_batch}, "
                  f"queue delay {args.max_queue_delay_us} µs")
