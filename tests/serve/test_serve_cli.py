@@ -60,7 +60,7 @@ def test_serve_cli_prints_the_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> 
     assert proc.returncode == 0, err[-2000:]
     assert "stopped" in err
     for chatter in ("Started a local Ray instance", "Connecting to existing Serve app", "Deleting app"):
-        assert chatter not in err, f"Ray's own {chatter!r} reached the user's screen at the default --log-level"
+        assert chatter not in err, f"Ray's {chatter!r} reached the screen at the default --log-level"
     with socket.socket() as sock:
         assert sock.connect_ex((HOST, PORT_CLI)) != 0, "the HTTP proxy outlived the command"
     assert (tmp_path / "cache.bin").stat().st_size > 0  # the replica saved its runtime cache

@@ -54,9 +54,26 @@ def cluster() -> Any:
         "pair": serve.run(build_app(pair_engine(), options, cpus_per_replica=0, name="Pair"),
                           name="pair", route_prefix="/pair"),
     }
+    _wait_for_routes("/single", "/pair")
     yield handles
     serve.shutdown()
     ray.shutdown()
+
+
+def _wait_for_routes(*prefixes: str, timeout_s: float = 60.0) -> None:
+    """``serve.run`` returns once the replicas are up; the HTTP proxy learns the routes a moment
+    later (seconds on a loaded machine), and a request before that gets Ray's 404."""
+    end = time.monotonic() + timeout_s
+    routes: Any = {}
+    while time.monotonic() < end:
+        try:
+            routes = get_json(f"{BASE}/-/routes")
+        except OSError:
+            routes = {}
+        if all(prefix in routes for prefix in prefixes):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Ray's proxy routes {routes} lack {prefixes} after {timeout_s} s")
 
 
 def _calls(handle: Any) -> int:
