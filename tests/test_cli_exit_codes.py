@@ -19,7 +19,6 @@ from trt_runtime import TensorSpec
 from trt_runtime.cli.parser import COMMANDS
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
-SERVE_REPLACED = pytest.mark.xfail(strict=False, reason="serve front being replaced")
 
 
 @pytest.fixture
@@ -80,10 +79,10 @@ TABLE = [
     _row(2, "bench", "{affine.mem}", "--shapes", "x:9x4", says=OUTSIDE),
     _row(2, "bench", "{affine.mem}", "--load-inputs", "{big.npz}", says=OUTSIDE),
     *_bad_engine_files("bench"),
-    _row(2, "serve", "{affine.mem}", "--max-batch", "0", says="--max-batch", marks=SERVE_REPLACED),
-    _row(2, "serve", "{affine.mem}", "--port", "70000", says="--port", marks=SERVE_REPLACED),
+    _row(2, "serve", "{affine.mem}", "--max-batch", "0", says="--max-batch"),
+    _row(2, "serve", "{affine.mem}", "--port", "70000", says="--port"),
     _row(1, "serve", "{missing.plan}", says="no such file"),
-    _row(1, "serve", "{empty.plan}", says="is empty (0 bytes)", marks=SERVE_REPLACED),
+    _row(1, "serve", "{empty.plan}", says="is empty (0 bytes)"),
     _row(2, "check-contexts", "{affine.mem}", "--contexts", "1", says="--contexts must be >= 2"),
     _row(2, "check-contexts", "{affine.mem}", "--rounds", "0", says="--rounds must be >= 1"),
     _row(2, "check-contexts", "{affine.mem}", "--seed", "-1", says="argument --seed: expected an integer"),
