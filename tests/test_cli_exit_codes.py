@@ -20,7 +20,6 @@ from trt_runtime.cli.parser import COMMANDS
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
 
-
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
     """An engine of the memory backend, and the bad files the table hands the commands."""
