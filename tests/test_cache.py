@@ -223,6 +223,23 @@ def test_cache_rejected_bytes_warn() -> None:
         cache.ensure_materialized(None, backend=backend)
 
 
+def test_cache_bytes_a_handle_refuses_with_an_error_warn_and_the_engine_goes_on() -> None:
+    """The python backend's handle raises CacheError naming TensorRT-RTX's reason: the cache
+    starts empty with a warning that carries the reason, as for a handle that returns False."""
+
+    class Refusing(FakeHandle):
+        def deserialize(self, data: bytes) -> bool:  # type: ignore[override]
+            raise CacheError(f"TensorRT-RTX rejected {len(data)} bytes of runtime cache: fingerprint")
+
+    backend = FakeBackend()
+    backend.create_cache_handle = Refusing  # type: ignore[method-assign]
+    cache = RuntimeCache()
+    cache.load_bytes(b"another GPU's cache")
+    with pytest.warns(CacheWarning, match=r"rejected .*19 bytes.*fingerprint\); it starts empty"):
+        native = cache.ensure_materialized(None, backend=backend)
+    assert native is not None and cache.has_cache()
+
+
 # -- streams and framing --------------------------------------------------------------------
 def test_cache_stream_round_trip() -> None:
     cache = RuntimeCache()

@@ -101,9 +101,19 @@ class _State:
         return True
 
     def deserialize(self, data: bytes, origin: str) -> None:
-        if self.handle.deserialize(data) is False:
+        # A handle says no by returning False or by raising CacheError (the python backend's
+        # names TensorRT-RTX's reason); either way the cache starts empty and the engine runs:
+        # a cache is an optimization, never a reason not to serve (a cache file that another
+        # GPU of the same model wrote was refused this way on a 2xH100 host).
+        reason = ""
+        try:
+            accepted = self.handle.deserialize(data) is not False
+        except CacheError as exc:
+            accepted, reason = False, f" ({exc})"
+        if not accepted:
             warnings.warn(
-                f"the backend rejected the runtime cache from {origin} ({len(data)} bytes); it starts empty",
+                f"the backend rejected the runtime cache from {origin} ({len(data)} bytes){reason}; "
+                "it starts empty",
                 CacheWarning,
                 stacklevel=4,
             )
