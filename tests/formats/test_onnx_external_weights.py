@@ -13,29 +13,10 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tensorrt_rtx", reason="building engines needs tensorrt-rtx")
-onnx = pytest.importorskip("onnx", reason="making ONNX models needs onnx")
+pytest.importorskip("onnx", reason="making ONNX models needs onnx")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from trt_runtime.onnx_build import build_onnx  # noqa: E402
-
-
-def _matmul(folder: Path, weights: np.ndarray, *, external: bool) -> Path:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-        [numpy_helper.from_array(weights, "w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    (folder / "weights").mkdir(parents=True)
-    path = folder / "model.onnx"
-    if external:
-        onnx.save_model(model, path, save_as_external_data=True, location="weights/w.bin", size_threshold=0)
-    else:
-        onnx.save_model(model, path)
-    return path
+from trt_runtime.onnx_build import build_onnx
+from trt_runtime.testing.onnx_models import matmul_model_file as _matmul
 
 
 def _digest(plan: bytes) -> str:

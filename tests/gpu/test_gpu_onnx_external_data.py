@@ -11,27 +11,15 @@ import pytest
 
 import trt_runtime as trt
 
-onnx = pytest.importorskip("onnx", reason="needs onnx: pip install 'trt-runtime[onnx]'")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+pytest.importorskip("onnx", reason="needs onnx: pip install -c constraints.txt -e '.[onnx]'")
 
 from trt_runtime.onnx_build import build_onnx  # noqa: E402
+from trt_runtime.testing.onnx_models import matmul_model_file  # noqa: E402
 
 
 def _model_with_external_weights(folder: Path) -> tuple[Path, np.ndarray]:
-    rng = np.random.default_rng(3)
-    weights = rng.standard_normal((8, 4)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-        [numpy_helper.from_array(weights, "w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    (folder / "weights").mkdir(parents=True)  # onnx 1.23 refuses to make the folder itself
-    path = folder / "model.onnx"
-    onnx.save_model(model, path, save_as_external_data=True, location="weights/w.bin", size_threshold=0)
+    weights = np.random.default_rng(3).standard_normal((8, 4)).astype(np.float32)
+    path = matmul_model_file(folder, weights)
     assert (folder / "weights" / "w.bin").stat().st_size == weights.nbytes
     return path, weights
 

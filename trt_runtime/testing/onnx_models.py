@@ -15,7 +15,7 @@ from typing import Any
 from trt_runtime.extras import install_hint
 from trt_runtime.shapes import ShapeRange
 
-__all__ = ["OnnxModel", "conv_model", "mlp_model", "unsupported_model"]
+__all__ = ["OnnxModel", "conv_model", "matmul_model_file", "mlp_model", "unsupported_model"]
 
 OPSET = 17
 
@@ -155,3 +155,32 @@ def unsupported_model(ops: tuple[str, ...] = ("NoSuchOp",)) -> OnnxModel:
         raise NotImplementedError("this model exists to be refused")
 
     return OnnxModel("unsupported", data, {}, reference)
+
+
+def matmul_model_file(folder: Any, weights: Any, *, external: bool = True) -> Any:
+    """``folder/model.onnx``: ``y = x @ w`` for ``x`` of shape ``(2, rows of w)``, with ``w``'s
+    bytes in ``folder/weights/w.bin`` as external data (``external``) or inline. Returns the path.
+
+    The tests of external weights build it both ways: the same weights must make the same
+    engine, whichever way the parser was given them.
+    """
+    from pathlib import Path
+
+    onnx, helper, tp, numpy_helper = _onnx()
+    rows, cols = weights.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+        [helper.make_tensor_value_info("x", tp.FLOAT, [2, rows])],
+        [helper.make_tensor_value_info("y", tp.FLOAT, [2, cols])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    folder = Path(folder)
+    (folder / "weights").mkdir(parents=True)  # onnx 1.23 will not make the folder itself
+    path = folder / "model.onnx"
+    if external:
+        onnx.save_model(model, path, save_as_external_data=True, location="weights/w.bin", size_threshold=0)
+    else:
+        onnx.save_model(model, path)
+    return path
