@@ -13,8 +13,8 @@ import trt_runtime as trt
 
 pytest.importorskip("onnx", reason="needs onnx: pip install -c constraints.txt -e '.[onnx]'")
 
-from trt_runtime.onnx_build import build_onnx  # noqa: E402
-from trt_runtime.testing.onnx_models import matmul_model_file  # noqa: E402
+from trt_runtime.onnx_build import build_onnx
+from trt_runtime.testing.onnx_models import matmul_model_file
 
 
 def _model_with_external_weights(folder: Path) -> tuple[Path, np.ndarray]:
