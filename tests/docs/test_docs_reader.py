@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trt_runtime.cli.parser import COMMANDS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: A historical log of GPU runs, kept as it was written.
 HISTORICAL = {"gpu-results.md"}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROBES = ROOT / "benchmarks" / "probes"
 TOOLS = ROOT / "tools"
 #: A ``tools/`` or ``benchmarks/probes/`` path as code and docs write it.
@@ -22,7 +22,7 @@ NAMED_PATH = re.compile(r"\b((?:tools|benchmarks/probes)/[\w.]+\.(?:py|sh|md))")
 #: The GPU results are a log: older entries name the probes run then, some since deleted.
 _HISTORY = {"docs/gpu-results.md"}
 #: This file names made-up paths to test the pattern.
-_HERE = "tests/test_layout.py"
+_HERE = "tests/core/test_layout.py"
 #: Files another change rewrites at the same time; they still name ``tools/`` for three probes
 #: that moved to ``benchmarks/probes/`` (the merge updates those comments).
 _REWRITTEN_ELSEWHERE: set[str] = set()

@@ -16,7 +16,7 @@ import trt_runtime_backends
 import trt_runtime
 from trt_runtime.protocols import BackendCapabilities
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(trt_runtime.__file__).resolve().parent
 
 

@@ -268,7 +268,7 @@ def test_formats_pte_bad_delegate_blob_is_rejected() -> None:
 
 def test_formats_pte_executorch_deserializer_agrees(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # ExecuTorch's own deserializer (without torch, see tests/_executorch_schema.py);
-    # tests/test_executorch_interop.py checks every field.
+    # tests/formats/test_executorch_interop.py checks every field.
     et = _executorch_schema.load_or_skip()
     path = tmp_path / "model.pte"
     to_pte(ENGINE, BINDINGS, path, device_id=1)

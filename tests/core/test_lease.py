@@ -28,7 +28,7 @@ from trt_runtime import (
 from trt_runtime.lease import FAIR_AFTER, ContextPool
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
-#: The python backend's doubles report TensorRT-RTX 1.6.1, whose contexts warn (tests/test_hazards.py).
+#: The python backend's doubles report TensorRT-RTX 1.6.1, whose contexts warn (tests/core/test_hazards.py).
 pytestmark = pytest.mark.filterwarnings("ignore::trt_runtime.ContextOverlapWarning")
 
 AFFINE = MemoryBackend.build_engine(
@@ -189,7 +189,7 @@ def test_lease_python_contexts_are_lanes_of_their_own_trt_engines(torch: FakeTor
     engine = _fake_engine()
     engine.contexts = 3
     assert engine.contexts == 3 and len({id(lane) for lane in engine._lanes}) == 3
-    # dynamic shapes: an ICudaEngine per context (tests/test_python_lanes.py)
+    # dynamic shapes: an ICudaEngine per context (tests/backends/python/test_python_lanes.py)
     assert len({id(lane.trt_engine) for lane in engine._lanes}) == 3
     streams = {lane.stream.handle for lane in engine._lanes}
     assert len(streams) == 3  # a stream per context
@@ -408,7 +408,7 @@ def test_lease_writing_a_backend_describes_the_pool_as_it_is() -> None:
 
     from trt_runtime.lease import FAIR_AFTER
 
-    page = (Path(__file__).resolve().parent.parent / "docs" / "writing-a-backend.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "writing-a-backend.md").read_text()
     step = page.split("**Give the lane back**")[0].split("**Lease an execution context**")[1]
     lease = " ".join(step.split())
     assert "popleft" not in lease

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent / "typecheck"
+HERE = Path(__file__).resolve().parents[1] / "typecheck"
 SCRIPTS = ("user_script.py", "bad_script.py", "torch_script.py")
 
 

@@ -159,7 +159,7 @@ def test_conformance_concurrency_kit_passes_the_unbroken_engine(pytester):
 
 @pytest.mark.parametrize("case", ["many-contexts-eager", "many-contexts-outer"])
 def test_conformance_concurrency_many_contexts_skip_names_the_capability(pytester, case):
-    pytester.syspathinsert(Path(__file__).parent)
+    pytester.syspathinsert(Path(__file__).resolve().parents[1])
     pytester.makepyfile(
         test_skips="""
 import pytest

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the benchmarks package lives next to tests/, not in site-packages
     sys.path.insert(0, str(ROOT))
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\w*)\s*$")
 _MARK = re.compile(r"^\s*<!--\s*(?P<kind>gpu|skip|ci|setup):\s*(?P<text>.*?)\s*-->\s*$")

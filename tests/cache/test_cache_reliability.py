@@ -25,7 +25,7 @@ from trt_runtime import CacheError, CacheLockTimeout, CacheWarning, LostUpdateWa
 from trt_runtime.cache import STALE_TEMP_SECONDS, decode, encode, storage
 from trt_runtime.contexts import runtime_cache
 
-WORKER = Path(__file__).with_name("_cache_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "_cache_worker.py"
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:

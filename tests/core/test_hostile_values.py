@@ -21,7 +21,7 @@ import trt_runtime
 from trt_runtime import RuntimeCache, RuntimeSettings, SettingsError, TrtRuntimeError, errors
 from trt_runtime.cli import main as cli_main
 
-DOCS = Path(__file__).parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 class BytesPath(os.PathLike):  # type: ignore[type-arg]

@@ -23,7 +23,7 @@ from trt_runtime import FormatError, TensorSpec
 from trt_runtime.executorch import read_program, to_pte
 from trt_runtime.formats import describe, parse_tr01, read_engine_source
 
-FIXTURES = Path(__file__).parent / "fixtures" / "executorch"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "executorch"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
 ENGINE = bytes(range(256)) * 3
 PROFILE = (((1, 4), (4, 4), (8, 4)),)

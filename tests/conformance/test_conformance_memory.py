@@ -228,7 +228,7 @@ def broken_backend(name: str, table: dict | None = None) -> MemoryBackend:
 
 def _run_kit(pytester, broken: str, select: str, module: str = "test_conformance_memory"):
     """Run the kit's tests matching ``select`` against ``module.broken_backend(broken)``."""
-    pytester.syspathinsert(Path(__file__).parent)
+    pytester.syspathinsert(Path(__file__).resolve().parents[1])
     pytester.makepyfile(
         test_broken=f"""
 import pytest
