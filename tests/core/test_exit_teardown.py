@@ -55,7 +55,7 @@ def test_exit_teardown_python_engine_collected_before_exit_still_releases() -> N
 def test_exit_teardown_torchbind_copy_nodes_left_alone_at_exit() -> None:
     out = _run("""
         import gc, weakref
-        from backends.torchbind.test_torchbind_outer_graph import dyn, nodes_engine
+        from _torchbind_graphs import dyn, nodes_engine
         engine, bridge, rt = nodes_engine("copy")
         engine.execute(dyn(2, 2.0))  # builds the copy nodes
         weakref.finalize._exitfunc()

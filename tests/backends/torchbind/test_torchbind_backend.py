@@ -1,7 +1,8 @@
 """The torchbind backend on the CPU, against doubles of torch and torch-tensorrt's runtime
 (tests/_torchbind_doubles.py): discovery, the serialized-info layout, capabilities by
 version, settings and contexts, runtime caches and IO metadata. The device contract is in
-tests/backends/torchbind/test_torchbind_contract.py, the outer CUDA graph in tests/backends/torchbind/test_torchbind_outer_graph.py.
+test_torchbind_contract.py, the outer CUDA graph in test_torchbind_outer_graph.py and
+test_torchbind_replay_plans.py (this folder).
 """
 
 from __future__ import annotations
