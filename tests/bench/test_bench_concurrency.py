@@ -12,13 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the benchmarks package lives next to tests/, not in site-packages
-    sys.path.insert(0, str(ROOT))
+from benchmarks import bench_concurrency
+from benchmarks.concurrency_grid import Row, estimate_seconds, evaluate_targets, grid
+from trt_runtime.testing.memory import MemoryEngine
 
-from benchmarks import bench_concurrency  # noqa: E402
-from benchmarks.concurrency_grid import Row, estimate_seconds, evaluate_targets, grid  # noqa: E402
-from trt_runtime.testing.memory import MemoryEngine  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 FIELDS = {
     "backend",

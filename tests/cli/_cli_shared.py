@@ -1,8 +1,6 @@
-"""What the command-line tests share: the runner, the --force flag and the one-line error check."""
+"""What the command-line tests share: the --force flag, the one-line error check and the GPU reason."""
 
 from __future__ import annotations
-
-from _cli_runner import run_cli
 
 from trt_runtime.cli.engine_files import backend_reason
 
@@ -11,10 +9,7 @@ from trt_runtime.cli.engine_files import backend_reason
 FORCE = "--force"
 
 
-_run = run_cli
-
-
-def _one_error_line(err: str) -> str:
+def one_error_line(err: str) -> str:
     lines = [ln for ln in err.splitlines()
              if ln.strip() and not ln.startswith(("usage:", "trt-runtime: warning: "))]
     assert len(lines) == 1, err
@@ -23,5 +18,5 @@ def _one_error_line(err: str) -> str:
     return lines[0]
 
 
-def _gpu_reason() -> str:
+def gpu_reason() -> str:
     return backend_reason(None)

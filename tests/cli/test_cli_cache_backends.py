@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _cli_shared import FORCE, _one_error_line, _run
+from _cli_runner import run_cli as _run
+from _cli_shared import FORCE, one_error_line
 
 from trt_runtime import Availability
 from trt_runtime.testing.memory import MemoryBackend
@@ -74,7 +75,7 @@ def test_cli_cache_clear_needs_confirmation(
     keep.write_text("not ours")
     monkeypatch.setattr(sys, "stdin", _FakeStdin(tty=False))
     code, _, err = _run(capsys, "cache", "clear")
-    assert code == 1 and "pass --yes" in _one_error_line(err)
+    assert code == 1 and "pass --yes" in one_error_line(err)
     assert entry.exists()
     monkeypatch.setattr(sys, "stdin", _FakeStdin(tty=True))
     monkeypatch.setattr("builtins.input", lambda prompt: "n")

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _cli_shared import _gpu_reason, _one_error_line, _run
+from _cli_runner import run_cli as _run
+from _cli_shared import gpu_reason, one_error_line
 
 from trt_runtime import TensorSpec, cli
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
@@ -25,7 +26,7 @@ def test_cli_demo_without_gpu_builds_writes_inspects_and_explains(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     pytest.importorskip("tensorrt_rtx", reason="the demo builds with tensorrt-rtx")
-    reason = _gpu_reason()
+    reason = gpu_reason()
     if not reason:
         pytest.skip("a backend can run here; the GPU path is test_cli_demo_gpu_runs_cold_and_warm")
     code, out, err = _run(capsys, "demo", "--out", tmp_path)
@@ -46,7 +47,7 @@ def test_cli_demo_json_reports_files_and_gpu_status(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     pytest.importorskip("tensorrt_rtx", reason="the demo builds with tensorrt-rtx")
-    if not _gpu_reason():
+    if not gpu_reason():
         pytest.skip("a backend can run here; the GPU path is test_cli_demo_gpu_runs_cold_and_warm")
     code, out, err = _run(capsys, "--json", "demo", "--out", tmp_path)
     assert code == 0, err
@@ -94,12 +95,12 @@ def test_cli_demo_run_part_with_the_memory_backend(
                         lambda outdir, progress: (wrong, {"onnx": None, "why": "test"}))
     code, _, err = _run(capsys, "demo", "--out", tmp_path / "again", "--backend", "memory")
     assert code == 1
-    assert "do not match the numpy reference" in _one_error_line(err)
+    assert "do not match the numpy reference" in one_error_line(err)
 
 
 @pytest.mark.gpu
 def test_cli_demo_gpu_runs_cold_and_warm(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    reason = _gpu_reason()
+    reason = gpu_reason()
     if reason:
         pytest.skip(f"no CUDA GPU: {reason}")
     code, out, err = _run(capsys, "--json", "demo", "--out", tmp_path)
@@ -136,13 +137,13 @@ def test_cli_entry_point_demo_and_errors(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert Path(doc["files"]["plan"]).is_file() and Path(doc["files"]["tr01"]).is_file()
-    assert doc["gpu"]["ran"] is (not _gpu_reason())
+    assert doc["gpu"]["ran"] is (not gpu_reason())
     done = _script_run("inspect", tmp_path / "missing.plan")
     assert done.returncode == 1 and done.stdout == ""
-    assert _one_error_line(done.stderr).endswith(str(tmp_path / "missing.plan"))
+    assert one_error_line(done.stderr).endswith(str(tmp_path / "missing.plan"))
     done = _script_run("--quiet", "nope")
     assert done.returncode == 2
-    _one_error_line(done.stderr)
+    one_error_line(done.stderr)
 
 
 def test_cli_runs_as_python_dash_m() -> None:

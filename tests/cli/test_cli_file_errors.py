@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from _cli_shared import _one_error_line, _run
+from _cli_runner import run_cli as _run
+from _cli_shared import one_error_line
 
 from trt_runtime import cli
 
@@ -18,7 +19,7 @@ def test_cli_missing_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str],
     missing = tmp_path / "nope.plan"
     code, out, err = _run(capsys, "inspect", missing)
     assert code == 1 and out == ""
-    assert str(missing) in _one_error_line(err)
+    assert str(missing) in one_error_line(err)
 
 
 def test_cli_malformed_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -26,7 +27,7 @@ def test_cli_malformed_file_is_one_line_exit_1(capsys: pytest.CaptureFixture[str
     bad.write_bytes(b"vtrt" + bytes(6))
     code, out, err = _run(capsys, "--json", "inspect", bad)
     assert code == 1
-    assert "too small" in _one_error_line(err)
+    assert "too small" in one_error_line(err)
     assert "too small" in json.loads(out)["error"]["message"]
 
 
@@ -50,7 +51,7 @@ def test_cli_usage_errors_exit_2(
     (tmp_path / "x.plan").write_bytes(b"\0" * 128)
     code, _, err = _run(capsys, *argv)
     assert code == 2
-    assert needle in _one_error_line(err)
+    assert needle in one_error_line(err)
 
 
 def test_cli_debug_shows_traceback(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -77,7 +78,7 @@ def test_cli_unknown_magic_is_refused(
 ) -> None:
     code, out, err = _run(capsys, *(["--json"] if json_mode else []), command, random_file)
     assert code == 1
-    line = _one_error_line(err)
+    line = one_error_line(err)
     if json_mode:
         assert json.loads(out) == {"error": {"message": line.removeprefix("trt-runtime: error: "),
                                              "exit_code": 1, "kind": "failure"}}
@@ -94,9 +95,9 @@ def test_cli_unknown_magic_is_refused_before_any_backend(
 ) -> None:
     # 'memory' runs here: the refusal comes from the magic, not from a missing GPU.
     code, _, err = _run(capsys, "run", random_file, "--backend", "memory")
-    assert code == 1 and "is not an engine file" in _one_error_line(err)
+    assert code == 1 and "is not an engine file" in one_error_line(err)
     code, _, err = _run(capsys, "bench", random_file, "--backend", "all")
-    assert code == 1 and "is not an engine file" in _one_error_line(err)
+    assert code == 1 and "is not an engine file" in one_error_line(err)
     with pytest.raises(cli.CliError, match="is not an engine file"):
         cli.inspect_file(random_file, load=False)
 
@@ -133,7 +134,7 @@ def test_cli_force_passes_unknown_magic_on_to_the_backend(
     code, _, err = _run(capsys, command, random_file, "--force", "--backend", "memory")
     assert code == 1
     assert "reading it as a plan of unknown flavour (--force)" in err
-    line = _one_error_line(err)  # now the backend's own refusal
+    line = one_error_line(err)  # now the backend's own refusal
     assert "is not an engine file" not in line and "memory" in line.lower()
 
 
@@ -153,5 +154,5 @@ def test_cli_files_the_format_checks_explain(
     for command in ("inspect", "run", "bench"):
         code, _, err = _run(capsys, command, bad, "--backend", "memory")
         assert code == 1
-        line = _one_error_line(err)
+        line = one_error_line(err)
         assert needle in line and "is not an engine file" not in line

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _cli_shared import FORCE, _gpu_reason, _run
+from _cli_runner import run_cli as _run
+from _cli_shared import FORCE, gpu_reason
 
 from trt_runtime.cli.demo import write_pte
 
@@ -18,7 +19,7 @@ from trt_runtime.cli.demo import write_pte
 def test_cli_inspect_plan_shows_container_and_why_bindings_are_missing(
     capsys: pytest.CaptureFixture[str], engine_files: dict[str, Path]
 ) -> None:
-    if not _gpu_reason():
+    if not gpu_reason():
         pytest.skip("a backend can run here: the plan's bindings are listed from the engine")
     code, out, err = _run(capsys, "--json", "inspect", engine_files["plan"])
     assert code == 0, err

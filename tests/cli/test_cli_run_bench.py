@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _cli_shared import FORCE, _gpu_reason, _one_error_line, _run
+from _cli_runner import run_cli as _run
+from _cli_shared import FORCE, gpu_reason, one_error_line
 
 from trt_runtime import bench
 from trt_runtime.testing.memory import MemoryBackend
@@ -68,7 +69,7 @@ def test_cli_run_missing_capability_is_one_line(
     code, _, err = _run(capsys, "run", memory_engine, FORCE, "--backend", "nographs",
                         "--cuda-graph-strategy", "whole_graph_capture")
     assert code == 1
-    assert "does not support cuda_graph_strategy" in _one_error_line(err)
+    assert "does not support cuda_graph_strategy" in one_error_line(err)
 
 
 def test_cli_run_rejects_unknown_input_name(
@@ -78,7 +79,7 @@ def test_cli_run_rejects_unknown_input_name(
     code, _, err = _run(capsys, "run", memory_engine, FORCE, "--backend", "memory",
                         "--input", f"z={tmp_path / 'z.npy'}", "--output-dir", tmp_path)
     assert code == 2
-    assert "'z'" in _one_error_line(err) and "['x']" in err
+    assert "'z'" in one_error_line(err) and "['x']" in err
 
 
 # -- bench ----------------------------------------------------------------------------
@@ -112,11 +113,11 @@ def test_cli_bench_all_skips_backends_that_cannot_load(
                           "--iterations", "2")
     assert code == 0, err
     assert "memory" in [r["label"] for r in json.loads(out)["results"]]
-    if _gpu_reason():  # only 'memory' can run here, and it cannot load a TensorRT plan
+    if gpu_reason():  # only 'memory' can run here, and it cannot load a TensorRT plan
         code, out, err = _run(capsys, "bench", engine_files["plan"], "--backend", "all")
         assert code == 1
         assert "skipped the 'memory' backend" in out
-        assert "no available backend could load" in _one_error_line(err)
+        assert "no available backend could load" in one_error_line(err)
 
 
 def test_cli_bench_plot(capsys: pytest.CaptureFixture[str], memory_engine: Path, tmp_path: Path) -> None:
@@ -127,7 +128,7 @@ def test_cli_bench_plot(capsys: pytest.CaptureFixture[str], memory_engine: Path,
         import matplotlib  # noqa: F401
     except ImportError:
         assert code == 1
-        assert "-e '.[plot]'" in _one_error_line(err)
+        assert "-e '.[plot]'" in one_error_line(err)
         return
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -240,7 +240,6 @@ def test_python_backend_describes_cuda_array_interface() -> None:
     assert describe_device_array(_CAI((2,), "<i8"))[2] == "int64"
 
 
-
 def test_python_backend_device_array_exports_cai_and_dlpack() -> None:
     from trt_runtime_backends.python import arrays
 
@@ -284,7 +283,6 @@ def test_python_backend_device_array_dlpack_layout_is_consumable() -> None:
 
 
 # -- the runtime cache handle ---------------------------------------------------------------------
-
 
 
 def test_python_backend_cache_handle_materializes_once() -> None:

@@ -38,8 +38,6 @@ from trt_runtime import (
 # -- the execution path with doubles for TensorRT and the CUDA runtime -----------------------------
 
 
-
-
 def test_python_backend_engine_metadata_from_tensorrt() -> None:
     engine = _fake_engine()
     assert engine.inputs == (

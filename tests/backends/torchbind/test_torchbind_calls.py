@@ -87,8 +87,6 @@ class TestFakeTorchbind211Conformance(_FakeTorchbindConformance):
     version = "2.11.0"
 
 
-
-
 def test_torchbind_profiles_selected_automatically_on_2_14() -> None:
     backend, bridge = make_backend("2.14.0")
     engine = backend.load_engine(source(bindings=(TWO_PROFILES, DYNAMIC_Y)))
