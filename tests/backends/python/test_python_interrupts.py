@@ -9,12 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _python_doubles import FakeTorch, _fake_engine, _trt_calls, fake_torch_fixture
-
-
-@pytest.fixture
-def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
-    return fake_torch_fixture(monkeypatch)
+from _python_doubles import FakeTorch, _fake_engine, _trt_calls
 
 
 def _interrupt_next_address(engine: Any, name: str) -> None:

@@ -4,7 +4,6 @@ memory and the device made current once per thread."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
@@ -22,13 +21,6 @@ from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime import InputError
 
 # -- the natural call path (engine(x) with torch tensors) and the device contract ------------------
-
-
-@pytest.fixture
-def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
-    fake = FakeTorch()
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    return fake
 
 
 def test_python_backend_natural_call_remembers_shapes_not_tensors(torch: FakeTorch) -> None:

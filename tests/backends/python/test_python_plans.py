@@ -13,18 +13,12 @@ from _python_doubles import (
     _FakeBuffer,
     _trt_calls,
     count_lookups,
-    fake_torch_fixture,
 )
 from trt_runtime_backends.python import plans
 from trt_runtime_backends.python.arrays import DeviceArray
 
 import trt_runtime.slabs
 from trt_runtime import InputError
-
-
-@pytest.fixture
-def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
-    return fake_torch_fixture(monkeypatch)
 
 
 def _kinds(engine: Any) -> list[str]:

@@ -11,15 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _python_doubles import FakeTorch, _FakeContext, _user_managed_engine, fake_torch_fixture
+from _python_doubles import FakeTorch, _FakeContext, _user_managed_engine
 from trt_runtime_backends.python import shapes
 
 from trt_runtime import ContextOverlapWarning
-
-
-@pytest.fixture
-def torch(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
-    return fake_torch_fixture(monkeypatch)
 
 
 @pytest.fixture
