@@ -6,14 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from _torchbind_doubles import (
-    DYNAMIC_X,
-    DYNAMIC_Y,
-    FakeNodeRuntime,
-    FakeTensor,
-    make_backend,
-    source,
-)
+from _torchbind_doubles import DYNAMIC_X, DYNAMIC_Y, make_backend, source
+from _torchbind_fakes import FakeNodeRuntime, FakeTensor
 from trt_runtime_backends.torchbind import graphs as graphs_module
 
 from trt_runtime.settings import RuntimeSettings

@@ -15,15 +15,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from _torchbind_doubles import (
-    LIB,
-    RELEASES,
-    FakeBridge,
-    FakeOps,
-    inputs,
-    make_backend,
-    source,
-)
+from _torchbind_doubles import LIB, FakeBridge, inputs, make_backend, source
+from _torchbind_fakes import RELEASES, FakeOps
 from trt_runtime_backends.torchbind import (
     SerializedLayout,
     TorchbindBackend,

@@ -9,18 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _torchbind_doubles import (
-    DYNAMIC_X,
-    DYNAMIC_Y,
-    TWO_PROFILES,
-    FakeTensor,
-    X,
-    Y,
-    cuda,
-    inputs,
-    make_backend,
-    source,
-)
+from _torchbind_doubles import DYNAMIC_X, DYNAMIC_Y, TWO_PROFILES, X, Y, cuda, inputs, make_backend, source
+from _torchbind_fakes import FakeTensor
 from trt_runtime_backends.torchbind import TorchbindBackend
 from trt_runtime_backends.torchbind.bindings import io_from_source
 

@@ -9,18 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _torchbind_doubles import (
-    OUT,
-    FakeCudaArray,
-    FakeStream,
-    FakeTensor,
-    X,
-    Y,
-    cuda,
-    inputs,
-    make_backend,
-    source,
-)
+from _torchbind_doubles import OUT, X, Y, cuda, inputs, make_backend, source
+from _torchbind_fakes import FakeCudaArray, FakeStream, FakeTensor
 
 from trt_runtime.errors import EngineError, InputError
 from trt_runtime.protocols import TensorSpec

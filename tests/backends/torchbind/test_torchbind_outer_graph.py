@@ -10,14 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _torchbind_doubles import (
-    FakeStream,
-    FakeTensor,
-    cuda,
-    inputs,
-    make_backend,
-    source,
-)
+from _torchbind_doubles import cuda, inputs, make_backend, source
+from _torchbind_fakes import FakeStream, FakeTensor
 from _torchbind_graphs import WARMUP, dyn, dynamic_engine
 
 from trt_runtime.contexts import enable_cudagraphs, runtime_config

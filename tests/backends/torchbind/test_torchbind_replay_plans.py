@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _torchbind_doubles import FakeBridge, FakeNodeRuntime, FakeTensor
+from _torchbind_doubles import FakeBridge
+from _torchbind_fakes import FakeNodeRuntime, FakeTensor
 from _torchbind_graphs import dyn, dynamic_engine, nodes_engine
 
 from trt_runtime.contexts import enable_cudagraphs
