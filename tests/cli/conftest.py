@@ -1,5 +1,6 @@
 """Engine files the command-line tests run the commands on: a real dynamic engine (plan, TR01,
-.pte), a memory-backend engine, a file of random bytes and a private cache directory."""
+.pte; built once per session, as several modules use it), a memory-backend engine, a file of
+random bytes and a private cache directory."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from trt_runtime.cli.demo import write_pte
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built_dynamic() -> Any:
     """A real TensorRT-RTX engine with a dynamic batch, built on the CPU."""
     pytest.importorskip("tensorrt_rtx", reason="building engines needs tensorrt-rtx")
@@ -25,7 +26,7 @@ def built_dynamic() -> Any:
     return builders.build_dynamic(width=8)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine_files(tmp_path_factory: pytest.TempPathFactory, built_dynamic: Any) -> dict[str, Path]:
     """The dynamic engine as a raw plan and a TR01 blob."""
     from trt_runtime.formats import write_plan, write_tr01
@@ -38,7 +39,7 @@ def engine_files(tmp_path_factory: pytest.TempPathFactory, built_dynamic: Any) -
     return {"plan": plan, "tr01": tr01}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pte_file(tmp_path_factory: pytest.TempPathFactory, built_dynamic: Any) -> Path:
     """The dynamic engine as a single-delegate .pte program."""
     target = tmp_path_factory.mktemp("pte") / "dyn.pte"

@@ -160,7 +160,7 @@ def torch() -> Any:
     return pytest.importorskip("torch", reason="torch is not installed on this GPU host")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_plans(python_backend: Any) -> dict[bool, Any]:
     """The tiny engine (``y = 2x + 1``, 8x16 fp16) built with and without
     BuilderFlag.REQUIRE_USER_ALLOCATION (what makes a TensorRT-RTX context capturable)."""
