@@ -45,16 +45,16 @@ def typecheck(session: nox.Session) -> None:
     """mypy over the core and the backends; mypy --strict and pyright over a user's script."""
     _install(session, "test")
     session.run("mypy", *session.posargs)
-    session.run("python", "-m", "pytest", "-q", "tests/test_user_types.py")
+    session.run("python", "-m", "pytest", "-q", "tests/docs/test_user_types.py")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors (broken links and anchors too), and
-    run every code block of the README and docs/ (tests/test_docs.py)."""
+    run every code block of the README and docs/ (tests/docs/test_docs.py)."""
     _install(session, "docs,test")  # docs: mkdocs, mkdocstrings and ruff (it formats signatures)
     session.run("mkdocs", "build", "--strict", *session.posargs)
-    session.run("python", "-m", "pytest", "-q", "tests/test_docs.py")
+    session.run("python", "-m", "pytest", "-q", "tests/docs/test_docs.py")
 
 
 @nox.session

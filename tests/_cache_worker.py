@@ -1,7 +1,7 @@
 """Fakes for the runtime cache tests, and a worker script for the multi-process ones.
 
-Imported by tests/test_cache*.py (the fake backend and handle), and run as
-``python tests/_cache_worker.py MODE ...`` by tests/test_cache_reliability.py.
+Imported by tests/cache/test_cache*.py (the fake backend and handle), and run as
+``python tests/_cache_worker.py MODE ...`` by tests/cache/test_cache_reliability.py.
 """
 
 from __future__ import annotations

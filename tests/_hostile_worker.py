@@ -1,4 +1,4 @@
-"""Workers and helpers for tests/test_hostile_*.py (workers importable by spawned children)."""
+"""Workers and helpers for tests/core/test_hostile_*.py (workers importable by spawned children)."""
 
 from __future__ import annotations
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+# The helper modules shared by every folder (``_python_doubles``, ``_cli_runner``, ...) live in
+# tests/ and are imported by name; pytest's default import mode puts only each test file's own
+# folder on sys.path, so tests/ goes there once for all of them.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 # pytest-xdist starts its workers with COLUMNS=80 (and LINES=24); a plain run has neither, and
 # the CLI draws its tables 120 wide when stdout is no terminal and COLUMNS is unset. Tests see
@@ -18,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 #: Test folders whose modules start a Ray of their own (fixed ports, one Ray at a time): under
 #: ``pytest -n auto --dist loadgroup`` they run on one worker, one after the other.
-_ONE_RAY_AT_A_TIME = (ROOT / "tests" / "serve",)
+_ONE_RAY_AT_A_TIME = (TESTS / "serve",)
 _SOURCES = {"trt_runtime": ROOT / "trt_runtime",
             "trt_runtime_backends": ROOT / "backends" / "trt_runtime_backends"}
 

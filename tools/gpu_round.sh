@@ -7,7 +7,7 @@
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-_gpu_suite_args=(-m "gpu and not soak" tests/gpu tests/test_cli.py tests/test_formats_pte.py tests/test_executorch_interop.py
+_gpu_suite_args=(-m "gpu and not soak" tests/gpu tests/cli/test_cli_demo.py tests/formats/test_formats_pte.py tests/formats/test_executorch_interop.py
                  -rfEs -q -p no:cacheprovider --timeout 300)
 for step in "$@"; do
   t0=$(date +%s)

@@ -1,5 +1,6 @@
 """GPU test setup: skip with a visible reason without a CUDA GPU or TensorRT-RTX, and build
-the engines these tests use once per session, on the GPU host, with trt_runtime.builders."""
+the engines these tests use once per session, on the GPU host, with trt_runtime.builders; the
+torchbind backend, torch and the tiny engines its GPU tests (test_gpu_torchbind*.py) share."""
 
 from __future__ import annotations
 
@@ -136,5 +137,64 @@ def load(python_backend: Any, engines: EngineFactory) -> Any:
         return engine
 
     yield _load
+    for engine in opened:
+        engine.close()
+
+
+# -- the torchbind backend's GPU tests (test_gpu_torchbind*.py) --------------------------------
+@pytest.fixture(scope="session")
+def torchbind_backend() -> Any:
+    """The ``torchbind`` backend through its entry point; skips with the reason it cannot run."""
+    from trt_runtime import backend_status, get_backend
+
+    status = backend_status().get("torchbind")
+    if status is None:
+        pytest.skip("the torchbind backend is not installed (entry point missing)")
+    if not status:
+        pytest.skip(f"the torchbind backend cannot run here: {status.reason}")
+    return get_backend("torchbind")
+
+
+@pytest.fixture(scope="session")
+def torch() -> Any:
+    return pytest.importorskip("torch", reason="torch is not installed on this GPU host")
+
+
+@pytest.fixture(scope="session")
+def tiny_plans(python_backend: Any) -> dict[bool, Any]:
+    """The tiny engine (``y = 2x + 1``, 8x16 fp16) built with and without
+    BuilderFlag.REQUIRE_USER_ALLOCATION (what makes a TensorRT-RTX context capturable)."""
+    import functools
+
+    from trt_runtime import builders
+
+    original = builders._build
+    plans = {}
+    try:
+        for flag in (True, False):
+            builders._build = functools.partial(original, require_user_allocation=flag)  # type: ignore[assignment]
+            plans[flag] = builders.build_tiny(16, 8, "float16", logger=python_backend.logger)
+    finally:
+        builders._build = original  # type: ignore[assignment]
+    return plans
+
+
+@pytest.fixture
+def open_torchbind(torchbind_backend: Any, engines: Any, tiny_plans: dict[bool, Any]) -> Any:
+    """``open_torchbind(name, **kwargs) -> (engine, built)`` for conftest's engines plus
+    ``tiny`` and ``tiny_uncapturable``; closed after the test."""
+    from trt_runtime import EngineSource
+
+    opened: list[Any] = []
+
+    def _open(name: str, **kwargs: Any) -> tuple[Any, Any]:
+        # torch-tensorrt creates default (STATIC) contexts, which TensorRT-RTX refuses for
+        # engines built with REQUIRE_USER_ALLOCATION: both names use the default build.
+        built = {"tiny": tiny_plans[False], "tiny_uncapturable": tiny_plans[False]}.get(name) or engines(name)
+        engine = torchbind_backend.load_engine(EngineSource(built.plan, name=name), **kwargs)
+        opened.append(engine)
+        return engine, built
+
+    yield _open
     for engine in opened:
         engine.close()

@@ -2,7 +2,7 @@
 the API's format errors, and what the CLI leaves behind.
 
 On a CPU the same behaviour is proven with the memory backend alone
-(tests/test_cli_behaviour.py); here the default order has a backend that runs, so these
+(tests/cli/test_cli_behaviour.py); here the default order has a backend that runs, so these
 check that a ``.mem`` file still goes to ``memory``, a plan to ``python``, and that a
 bad file is refused before any backend sees it.
 """

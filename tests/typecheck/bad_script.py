@@ -1,4 +1,4 @@
-"""Misuses the type checkers must reject (tests/test_user_types.py counts one error per line
+"""Misuses the type checkers must reject (tests/docs/test_user_types.py counts one error per line
 marked ``# error``)."""
 
 from __future__ import annotations

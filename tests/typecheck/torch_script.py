@@ -1,4 +1,4 @@
-"""A torch user's call, typed: torch in, ``torch.Tensor`` out (tests/test_user_types.py; needs torch)."""
+"""A torch user's call, typed: torch in, ``torch.Tensor`` out (tests/docs/test_user_types.py; needs torch)."""
 
 from __future__ import annotations
 

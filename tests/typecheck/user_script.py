@@ -1,4 +1,4 @@
-"""A user's script written from the README and docs; type-checked by tests/test_user_types.py.
+"""A user's script written from the README and docs; type-checked by tests/docs/test_user_types.py.
 
 It is never run (it needs an engine file and a GPU); `mypy --strict` and pyright must
 report 0 errors on it after the README's install.

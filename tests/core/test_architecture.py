@@ -1,0 +1,220 @@
+"""Rules of the architecture checked on the source: no import cycle among trt_runtime's
+modules, the core never imports a backend, each package lives in a folder named as it is
+imported, modules stay under 600 lines, and docs/backends.md's capability table matches
+:class:`BackendCapabilities`."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import trt_runtime_backends
+
+import trt_runtime
+from trt_runtime.protocols import BackendCapabilities
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = Path(trt_runtime.__file__).resolve().parent
+
+
+BACKENDS = ROOT / "backends" / "trt_runtime_backends"
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports at module level (``TYPE_CHECKING``
+    blocks included: type checkers follow them; imports inside functions are lazy and
+    left out)."""
+    files = {_module_name(p, package): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        nodes = list(tree.body)
+        while nodes:
+            node = nodes.pop()
+            if isinstance(node, ast.If | ast.Try):
+                nodes.extend(ast.iter_child_nodes(node))
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in files)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parent, base]).rstrip(".")
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    if sub in files:
+                        edges.add(sub)
+                    elif base in files:
+                        edges.add(base)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_architecture_no_import_cycle_among_trt_runtime_modules() -> None:
+    graph = _import_graph()
+    assert "trt_runtime.protocols" in graph and graph["trt_runtime.engine"], "the graph was read"
+    assert _cycles(graph) == []
+
+
+def test_architecture_no_import_cycle_among_backend_modules() -> None:
+    """Read by folder (``backends/trt_runtime_backends``), the backends' imports resolve: the
+    graph has its edges, and no cycle."""
+    graph = _import_graph(BACKENDS)
+    assert "trt_runtime_backends.python.backend" in graph["trt_runtime_backends.python"]
+    assert "trt_runtime_backends.torchbind.engine" in graph["trt_runtime_backends.torchbind"]
+    assert _cycles(graph) == []
+
+
+def test_architecture_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_architecture_core_never_imports_a_backend() -> None:
+    offenders = [
+        str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+        if re.search(r"^\s*(from|import) trt_runtime_backends", p.read_text(encoding="utf-8"), re.M)
+    ]
+    assert offenders == []
+
+
+def _pyproject() -> dict[str, object]:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def test_architecture_package_folders_are_named_as_imported() -> None:
+    """Each installed package's folder ends in its import name, so a reader (or a tool that
+    follows imports from a checkout) finds ``trt_runtime_backends.python`` at
+    ``backends/trt_runtime_backends/python``."""
+    setuptools = _pyproject()["tool"]["setuptools"]  # type: ignore[index]
+    package_dir: dict[str, str] = setuptools["package-dir"]
+    assert package_dir, "pyproject names the package folders"
+    for name, folder in package_dir.items():
+        assert Path(folder).name == name, f"package {name!r} lives in {folder!r}"
+        assert (ROOT / folder / "__init__.py").is_file(), folder
+    for name in setuptools["packages"]:
+        top, *rest = name.split(".")
+        assert (ROOT / package_dir[top] / Path(*rest) / "__init__.py").is_file(), name
+
+
+def test_architecture_installed_backends_resolve_to_their_folder() -> None:
+    """What imports as ``trt_runtime_backends`` is the checkout's ``backends/trt_runtime_backends``
+    (the strict editable install links to it), and mypy finds it there by folder."""
+    installed = Path(trt_runtime_backends.__file__).resolve().parent
+    if not installed.is_relative_to(ROOT):
+        pytest.skip(f"trt_runtime_backends is installed from {installed}, not from this checkout")
+    assert installed == ROOT / "backends" / "trt_runtime_backends"
+    mypy = _pyproject()["tool"]["mypy"]  # type: ignore[index]
+    assert (ROOT / mypy["mypy_path"] / "trt_runtime_backends" / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize("folder", ["trt_runtime", "backends"])
+def test_architecture_no_module_over_600_lines(folder: str) -> None:
+    long = {
+        str(p.relative_to(ROOT)): n for p in (ROOT / folder).rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600
+    }
+    assert long == {}
+
+
+def _documented_flags() -> dict[str, str]:
+    """The rows of the capability table in docs/backends.md: flag -> description."""
+    text = (ROOT / "docs" / "backends.md").read_text(encoding="utf-8")
+    return dict(re.findall(r"^\|\s*`(\w+)`\s*\|\s*(.+?)\s*\|\s*$", text, re.M))
+
+
+def test_architecture_docs_capability_table_matches_backend_capabilities() -> None:
+    fields = [f.name for f in dataclasses.fields(BackendCapabilities) if f.name != "notes"]
+    documented = _documented_flags()
+    assert list(documented) == fields, "docs/backends.md's capability table must list every flag, in order"
+    assert all(documented.values())
+
+
+_TEMPLATE = (
+    "execute", "__call__", "runtime_settings", "outer_graph", "contexts", "static_inputs", "close",
+    "_run_outer", "_drop_graphs",  # the core's outer-graph manager, not hooks
+)
+
+
+def _engine_classes() -> list[type]:
+    from trt_runtime_backends.python.engine import PythonEngine
+    from trt_runtime_backends.torchbind.engine import TorchbindEngine
+
+    from trt_runtime.testing.memory import MemoryEngine
+
+    return [PythonEngine, TorchbindEngine, MemoryEngine]
+
+
+@pytest.mark.parametrize("cls", _engine_classes(), ids=lambda c: c.__name__)
+def test_architecture_no_engine_overrides_the_call_template(cls: type) -> None:
+    from trt_runtime.engine import EngineBase
+
+    overridden = [
+        name for name in _TEMPLATE
+        for klass in cls.__mro__[: cls.__mro__.index(EngineBase)]
+        if name in vars(klass)
+    ]
+    assert overridden == []
+
+
+def test_architecture_memory_backend_implements_the_documented_hooks() -> None:
+    """docs/writing-a-backend.md names the hooks the memory backend implements: exactly those."""
+    from trt_runtime.engine import EngineBase
+    from trt_runtime.outer import GraphHooks
+    from trt_runtime.testing.memory import MemoryEngine
+
+    text = (ROOT / "docs" / "writing-a-backend.md").read_text(encoding="utf-8")
+    proof = text[text.index("## The proof"):]
+    documented = set(re.findall(r"`(_\w+)`", proof))
+    hooks = {
+        n for n in (*vars(EngineBase), *vars(GraphHooks))
+        if n.startswith("_") and not n.startswith("__") and n not in ("_abc_impl", "_no_graphs")
+    }
+    implemented = {name for name in vars(MemoryEngine) if name in hooks}
+    assert implemented == documented
