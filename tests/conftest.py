@@ -24,9 +24,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
 
-#: Test folders whose modules start a Ray of their own (fixed ports, one Ray at a time): under
-#: ``pytest -n auto --dist loadgroup`` they run on one worker, one after the other.
-_ONE_RAY_AT_A_TIME = (TESTS / "serve",)
 _SOURCES = {"trt_runtime": ROOT / "trt_runtime",
             "trt_runtime_backends": ROOT / "backends" / "trt_runtime_backends"}
 
@@ -65,10 +62,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if any(item.path.is_relative_to(folder) for folder in _ONE_RAY_AT_A_TIME):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-        elif item.path.name == "test_docs.py" and "site" in getattr(item, "fixturenames", ()):
-            # The built site (about 20 s of mkdocs) is a module fixture: built once, on one worker.
-            item.add_marker(pytest.mark.xdist_group("docs-site"))
+# xdist groups (``--dist loadgroup``) are module or test marks (``xdist_group``): the Ray modules of
+# tests/serve and the docs-site tests carry them. xdist reads them while collecting, before any
+# conftest hook could add them: marks added in pytest_collection_modifyitems were never seen.

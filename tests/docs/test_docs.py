@@ -191,6 +191,7 @@ def _inventory(site: Path) -> set[str]:
     return {line.split(" ", 1)[0] for line in zlib.decompress(body).decode().splitlines()}
 
 
+@pytest.mark.xdist_group("docs-site")  # the site fixture builds once, on one worker
 def test_docs_site_builds_strict_with_cross_references_resolved(site: Path) -> None:
     api = (site / "api" / "index.html").read_text()
     raw_roles = re.findall(r":(?:class|func|meth|mod|attr|exc|data|obj):`", api)
@@ -200,6 +201,7 @@ def test_docs_site_builds_strict_with_cross_references_resolved(site: Path) -> N
         assert f'href="#{target}"' in api, target
 
 
+@pytest.mark.xdist_group("docs-site")  # the site fixture builds once, on one worker
 def test_docs_every_public_name_has_an_api_entry(site: Path) -> None:
     import importlib
 

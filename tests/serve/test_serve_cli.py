@@ -15,7 +15,8 @@ import pytest
 from _serve_support import HOST, PORT_CLI, load_npy, npy, post, reference, require_serve, single_engine
 
 require_serve()
-pytestmark = pytest.mark.slow
+# One Ray at a time on this machine: under xdist these modules share one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 def _read_until(proc: subprocess.Popen[str], marker: str, deadline_s: float) -> str:

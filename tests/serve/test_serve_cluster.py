@@ -30,7 +30,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 
 from trt_runtime.serve import ServeOptions, build_app  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# One Ray at a time on this machine: under xdist these modules share one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 NODE = {"num_cpus": 1, "node_ip_address": HOST, "object_store_memory": 80 * 1024 * 1024}
 
 

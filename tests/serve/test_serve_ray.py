@@ -36,7 +36,8 @@ import ray  # noqa: E402
 from trt_runtime import EngineError, RequestError  # noqa: E402
 from trt_runtime.serve import EngineServer, ServeOptions, build_app  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# One Ray at a time on this machine: under xdist these modules share one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 BASE = f"http://{HOST}:{PORT_SINGLE}"
 MAX_BODY = 4096
 
