@@ -30,7 +30,8 @@ def tests(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """GPU suite: needs an NVIDIA GPU, TensorRT-RTX and cuda-python."""
     _install(session, "rtx,cuda,cli,test")
-    session.run("python", "-m", "pytest", "-m", "gpu", "tests/gpu", *session.posargs)
+    # The soak tests (10,000 load/call/close cycles per backend) run apart: -m soak.
+    session.run("python", "-m", "pytest", "-m", "gpu and not soak", "tests/gpu", *session.posargs)
 
 
 @nox.session
