@@ -209,33 +209,30 @@ def test_cache_backend_without_runtime_cache_capability() -> None:
         RuntimeCache().ensure_materialized(None, backend=FakeBackend(runtime_cache=False))
 
 
-def test_cache_rejected_bytes_warn() -> None:
-    class Rejecting(FakeHandle):
-        def deserialize(self, data: bytes) -> bool:  # type: ignore[override]
-            super().deserialize(data)
-            return False  # what IRuntimeCache.deserialize says about garbage
+class _Rejecting(FakeHandle):
+    def deserialize(self, data: bytes) -> bool:  # type: ignore[override]
+        super().deserialize(data)
+        return False  # what IRuntimeCache.deserialize says about garbage
 
+
+class _Refusing(FakeHandle):
+    def deserialize(self, data: bytes) -> bool:  # type: ignore[override]
+        # the python backend's handle: an error naming TensorRT-RTX's reason
+        raise CacheError(f"TensorRT-RTX rejected {len(data)} bytes of runtime cache: fingerprint")
+
+
+@pytest.mark.parametrize(("handle", "match"), [
+    (_Rejecting, r"rejected .*19 bytes\); it starts empty"),
+    (_Refusing, r"rejected .*19 bytes.*fingerprint\); it starts empty"),
+])
+def test_cache_rejected_bytes_warn_and_the_cache_starts_empty(handle: type, match: str) -> None:
+    """A handle that says no (False, or a CacheError with the reason) costs a warning, never the
+    engine: the cache starts empty (another GPU's cache file was refused so on a 2xH100 host)."""
     backend = FakeBackend()
-    backend.create_cache_handle = Rejecting  # type: ignore[method-assign]
-    cache = RuntimeCache()
-    cache.load_bytes(b"garbage")
-    with pytest.warns(CacheWarning, match="rejected"):
-        cache.ensure_materialized(None, backend=backend)
-
-
-def test_cache_bytes_a_handle_refuses_with_an_error_warn_and_the_engine_goes_on() -> None:
-    """The python backend's handle raises CacheError naming TensorRT-RTX's reason: the cache
-    starts empty with a warning that carries the reason, as for a handle that returns False."""
-
-    class Refusing(FakeHandle):
-        def deserialize(self, data: bytes) -> bool:  # type: ignore[override]
-            raise CacheError(f"TensorRT-RTX rejected {len(data)} bytes of runtime cache: fingerprint")
-
-    backend = FakeBackend()
-    backend.create_cache_handle = Refusing  # type: ignore[method-assign]
+    backend.create_cache_handle = handle  # type: ignore[method-assign]
     cache = RuntimeCache()
     cache.load_bytes(b"another GPU's cache")
-    with pytest.warns(CacheWarning, match=r"rejected .*19 bytes.*fingerprint\); it starts empty"):
+    with pytest.warns(CacheWarning, match=match):
         native = cache.ensure_materialized(None, backend=backend)
     assert native is not None and cache.has_cache()
 

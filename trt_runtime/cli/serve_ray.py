@@ -48,7 +48,7 @@ def serve_ray(args: argparse.Namespace, out: Output, options: Any, name: str) ->
     try:
         # "local": always a new Ray here, never the last cluster this machine ran (Ray's default).
         # Ray's start and stop chatter stays off the user's screen unless --log-level info/verbose.
-        quiet = getattr(args, "log_level", "warning") not in ("info", "verbose")
+        quiet = args.log_level not in ("info", "verbose")
         if quiet:
             logging.getLogger("ray.serve").setLevel(logging.WARNING)
         ray.init(address=args.address or "local", log_to_driver=not quiet,
