@@ -47,14 +47,18 @@ def test_python_backend_settings_round_trip_through_live_runtime_config(load, py
 # -- runtime caches ------------------------------------------------------------------------------
 
 
-def _count_deserialize(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def _count_deserialize(monkeypatch: pytest.MonkeyPatch, cache: RuntimeCache) -> list[int]:
+    """The sizes of the bytes loaded into ``cache``'s native handle, as they are loaded. The
+    class is patched, so only calls on that cache's handle are kept: under ``pytest -n`` the
+    worker's other engines and caches live in the same process."""
     from trt_runtime_backends.python.cache import IRuntimeCacheHandle
 
     calls: list[int] = []
     original = IRuntimeCacheHandle.deserialize
 
     def spy(self: Any, data: bytes) -> None:
-        calls.append(len(data))
+        if self is cache._state.handle:
+            calls.append(len(data))
         original(self, data)
 
     monkeypatch.setattr(IRuntimeCacheHandle, "deserialize", spy)
@@ -70,8 +74,8 @@ def test_python_backend_pending_bytes_drained_once_into_live_cache(load, monkeyp
     payload = bytes(first.serialize())
     assert payload
 
-    calls = _count_deserialize(monkeypatch)
     second = RuntimeCache()
+    calls = _count_deserialize(monkeypatch, second)
     second.load_bytes(payload)
     engine.runtime_settings = engine.runtime_settings.merge(runtime_cache=second)
     other = load("mlp_fp16", settings=engine.runtime_settings)
@@ -107,8 +111,8 @@ def test_python_backend_ensure_materialized_from_32_threads(load, python_backend
     engine.execute(x)
     payload = bytes(engine.runtime_settings.runtime_cache.serialize())
 
-    calls = _count_deserialize(monkeypatch)
     shared = RuntimeCache()
+    calls = _count_deserialize(monkeypatch, shared)
     shared.load_bytes(payload)
     key = python_backend.cache_key(engine.device)
     created: list[int] = []

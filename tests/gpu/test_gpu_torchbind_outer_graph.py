@@ -36,87 +36,49 @@ def test_gpu_torchbind_outer_graph_equals_eager(
     assert engine.native_context_creations in (None, 1)  # None: before 2.13
 
 
-class _RuntimeSpy:
-    """cuda-python's runtime module as the copy nodes see it, counting the calls of a replay."""
-
-    def __init__(self, rt: Any) -> None:
-        self._rt = rt
-        self.counts: dict[str, int] = {}
-        self.lock = __import__("threading").Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._rt, name)
-        if not name.startswith("cudaGraph"):
-            return target
-
-        def counted(*args: Any) -> Any:
-            with self.lock:
-                self.counts[name] = self.counts.get(name, 0) + 1
-            return target(*args)
-
-        return counted
-
-
 @pytest.mark.parametrize("mode", ["copy", "view"])
 @pytest.mark.parametrize("threads", [1, 4])
 def test_gpu_torchbind_outer_replays_through_copy_nodes(
-    open_torchbind: Any, torch: Any, monkeypatch: pytest.MonkeyPatch, threads: int, mode: str
+    open_torchbind: Any, torch: Any, threads: int, mode: str
 ) -> None:
     """A replay copies through memcpy nodes around torch's kept graph (the bridge's
     ``copy_nodes``): per call one address update per input (and per output in "copy" mode)
     whose address changed since the last call, and one launch of the built graph, from any
     thread, and neither the graph launcher's copy nor its launch. Outputs equal eager ones;
     "copy" outputs are new tensors that later replays leave alone. A call given the static
-    input itself launches torch's graph."""
+    input itself launches torch's graph.
+
+    Only this engine is counted (tests/_replay_spy.py wraps its lanes' bridge, not the
+    class: under ``pytest -n`` other tests' engines live in the same process); the threads
+    run on the engine's device (a new thread starts on device 0) and their errors fail the
+    test by name instead of as a short count."""
     import threading
 
-    from trt_runtime_backends.torchbind.bridge import TorchBridge
+    from _replay_spy import ReplaySpy
 
     from trt_runtime import enable_cudagraphs
 
-    spies: list[_RuntimeSpy] = []
-    made_nodes = TorchBridge.copy_nodes
-
-    def spied_nodes(self: Any, graph: Any, ins: Any, outs: Any, index: int) -> Any:
-        made = made_nodes(self, graph, ins, outs, index)
-        assert made is not None, "this torch and cuda-python give copy nodes"
-        spies.append(_RuntimeSpy(made.rt))
-        made.rt = spies[-1]  # what the nodes are pointed and launched through
-        return made
-
-    plain = {"launch": 0, "copy": 0}
-    made_launcher = TorchBridge.graph_launcher
-
-    def counting(graph: Any) -> Any:
-        launch, copy = made_launcher(graph)
-
-        def counted_launch(stream: int) -> None:
-            plain["launch"] += 1
-            launch(stream)
-
-        def counted_copy(dst: int, src: int, nbytes: int, stream: int) -> Any:
-            plain["copy"] += 1
-            return copy(dst, src, nbytes, stream)
-
-        return counted_launch, counted_copy
-
-    monkeypatch.setattr(TorchBridge, "copy_nodes", spied_nodes)
-    monkeypatch.setattr(TorchBridge, "graph_launcher", staticmethod(counting))
     engine, built = open_torchbind("mlp_fp16")
+    spy = ReplaySpy(engine)
     xs = [tiny_input(torch, built, seed=seed) for seed in range(4)]
     eager = [engine(x).clone() for x in xs]
     results: dict[int, list[Any]] = {}
+    errors: list[BaseException] = []
     with enable_cudagraphs(engine, outer=mode):
         engine(xs[0])  # the capture
 
         def body(index: int) -> None:
-            results[index] = []
-            for x, want in zip(xs, eager, strict=True):
-                y = engine(x)
-                if mode == "view" and threads == 1:  # the static output, until the next replay
-                    assert_same(torch, y, want)
-                results[index].append(y)
-            torch.cuda.current_stream().synchronize()
+            try:
+                torch.cuda.set_device(engine.device)
+                results[index] = []
+                for x, want in zip(xs, eager, strict=True):
+                    y = engine(x)
+                    if mode == "view" and threads == 1:  # the static output, until the next replay
+                        assert_same(torch, y, want)
+                    results[index].append(y)
+                torch.cuda.current_stream().synchronize()
+            except BaseException as exc:  # raised below, in the test's thread
+                errors.append(exc)
 
         workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
         for worker in workers:
@@ -124,16 +86,18 @@ def test_gpu_torchbind_outer_replays_through_copy_nodes(
         for worker in workers:
             worker.join()
         torch.cuda.synchronize()
-        (spy,) = spies
+        if errors:
+            raise errors[0]
+        (nodes,) = spy.nodes
         replays = threads * len(xs)
-        assert spy.counts.get("cudaGraphLaunch") == replays
+        assert nodes.counts.get("cudaGraphLaunch") == replays
         per_call = 2 if mode == "copy" else 1
-        updates = spy.counts.get("cudaGraphExecMemcpyNodeSetParams1D", 0)
+        updates = nodes.counts.get("cudaGraphExecMemcpyNodeSetParams1D", 0)
         if threads == 1:  # each call's input differs from the last one's (and outputs are kept)
             assert updates == replays * per_call
         else:  # two threads may call with the same input one after the other: not set again
             assert replays * (per_call - 1) < updates <= replays * per_call
-        assert plain == {"launch": 0, "copy": 0}
+        assert spy.plain == {"launch": 0, "copy": 0}
         if mode == "copy":
             for index in range(threads):
                 for got, want in zip(results[index], eager, strict=True):
@@ -141,7 +105,7 @@ def test_gpu_torchbind_outer_replays_through_copy_nodes(
         (static,) = engine.static_inputs(tuple(xs[0].shape))
         static.copy_(xs[1])
         assert_same(torch, engine(static), eager[1])
-        assert plain == {"launch": 1, "copy": 0} and spy.counts["cudaGraphLaunch"] == replays
+        assert spy.plain == {"launch": 1, "copy": 0} and nodes.counts["cudaGraphLaunch"] == replays
 
 
 def _needs_strategies(engine_or_backend: Any) -> None:

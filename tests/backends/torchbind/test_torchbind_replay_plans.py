@@ -307,3 +307,40 @@ def test_torchbind_outer_graph_copy_nodes_released_before_their_graph() -> None:
     del engine
     gc.collect()
     assert rt.execs == {} and rt.graphs == {}
+
+
+def test_torchbind_replay_spy_counts_only_its_engine() -> None:
+    """tests/_replay_spy.py (what the GPU copy-node test counts with), installed on one engine,
+    sees that engine's copy nodes, node launches, address updates and plain launches only:
+    not those of another engine of the same bridge (one TorchBridge serves every engine of a
+    process) that captures and replays meanwhile. The GPU test patched the bridge's class
+    instead, which counted both: under ``pytest -n`` another engine of its worker could add
+    copy nodes or launches to its counts."""
+    from _replay_spy import ReplaySpy
+    from _torchbind_doubles import DYNAMIC_X, DYNAMIC_Y, make_backend, source
+    from _torchbind_graphs import EAGER
+
+    backend, bridge = make_backend("2.14.0")
+    rt = bridge.node_runtime = FakeNodeRuntime(bridge)
+    bridge.launcher_factory = lambda graph: (lambda stream: graph.replay())
+    ours, other = (backend.load_engine(source(bindings=(DYNAMIC_X, DYNAMIC_Y)), settings=EAGER)
+                   for _ in range(2))
+    spy = ReplaySpy(ours)
+    for engine in (other, ours):
+        engine.outer_graph = "copy"
+        engine.execute(dyn(2, 1.0))  # the capture
+    xs = [dyn(2, value) for value in (2.0, 3.0, 4.0)]  # kept: each at an address of its own
+    for x in xs:
+        for engine in (other, ours, other):
+            np.testing.assert_array_equal(engine.execute(x)[0].array, 2 * x.array)
+    (static,) = other.static_inputs((2, 4))
+    static.array[...] = 5.0
+    other.execute(static)  # the other engine's plain launch
+    assert rt.named("cudaGraphLaunch") == 9 and rt.named("cudaGraphInstantiate") == 2
+    (nodes,) = spy.nodes
+    assert nodes.counts == {"cudaGraphExecMemcpyNodeSetParams1D": 6, "cudaGraphLaunch": 3}
+    assert spy.plain == {"launch": 0, "copy": 0}
+    (static,) = ours.static_inputs((2, 4))
+    static.array[...] = 5.0
+    np.testing.assert_array_equal(ours.execute(static)[0].array, np.full((2, 4), 10.0, np.float32))
+    assert spy.plain == {"launch": 1, "copy": 0} and nodes.counts["cudaGraphLaunch"] == 3
