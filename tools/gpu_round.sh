@@ -1,7 +1,9 @@
 # Source on the GPU host, after the staged stack's install.sh (see ../shared/gpu/stage.sh):
 #   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
-# logging to $OUT/STEP.log. Steps: env, suite, suite-python (python backend only), bench,
+# logging to $OUT/STEP.log. Steps: env, suite (cut at SUITE_LIMIT s, default 520, each test at most 120 s; its
+# last lines name the failed tests, tools/gpu_suite_summary.py), suite3 (the suite three times, each a fresh pytest
+# cut at SUITE3_LIMIT s, default 180: per run its counts and failed tests, then the total wall time), suite-python (python backend only), bench,
 # concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, apart from the suite; TRT_RUNTIME_FAULT_CYCLES), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
@@ -9,13 +11,29 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 _gpu_suite_args=(-m "gpu and not soak" tests/gpu tests/cli/test_cli_demo.py tests/formats/test_formats_pte.py tests/formats/test_executorch_interop.py
                  -rfEs -q -p no:cacheprovider --timeout 300)
+# One run of the GPU suite (steps suite, suite3): LIMIT LOG JUNIT. At LIMIT s pytest gets SIGINT, so it still
+# prints its summary and writes the junit XML (KILL 30 s later); each test at most 120 s; -vv (with the -q above:
+# one line per test) so that a run killed before its summary still names its failed tests in LOG.
+_gpu_suite_once() {
+  timeout -s INT -k 30 "$1" python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -vv --timeout 120 --junitxml "$3" > "$2" 2>&1
+  local rc=$?
+  [ "$rc" -eq 124 ] && echo "gpu_round: the suite was cut at $1 s" | tee -a "$2"
+  return "$rc"
+}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
     env) { date -u; nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv;
            python3 -c "import sys, torch, tensorrt_rtx as t; print(sys.version.split()[0], 'torch', torch.__version__, 'tensorrt_rtx', t.__version__)";
            python3 -c "import torch_tensorrt as tt; print('torch_tensorrt', tt.__version__)" 2>&1 | tail -1; } 2>&1 | tee "$OUT/env.log" ;;
-    suite) python3 -m pytest "${_gpu_suite_args[@]}" -n 4 --junitxml "$OUT/junit.xml" 2>&1 | tee "$OUT/suite.log" | tail -60 ;;
+    suite) _gpu_suite_once "${SUITE_LIMIT:-520}" "$OUT/suite.log" "$OUT/junit.xml"; tail -60 "$OUT/suite.log"
+           python3 tools/gpu_suite_summary.py "$OUT/suite.log" --label suite ;;
+    suite3) _t3=$(date +%s)
+            for _n in 1 2 3; do
+              _gpu_suite_once "${SUITE3_LIMIT:-180}" "$OUT/suite3-$_n.log" "$OUT/junit3-$_n.xml"
+              python3 tools/gpu_suite_summary.py "$OUT/suite3-$_n.log" --label "run $_n"
+            done 2>&1 | tee "$OUT/suite3.log"
+            echo "suite3: 3 runs in $(( $(date +%s) - _t3 )) s" | tee -a "$OUT/suite3.log" ;;
     soak) python3 -m pytest -m soak tests/gpu -rfEs -q -p no:cacheprovider --timeout 1800 2>&1 | tee "$OUT/soak.log" | tail -30 ;;
     suite-python) TRT_RUNTIME_BACKEND=python python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -k "not torchbind" 2>&1 | tee "$OUT/suite-python.log" | tail -60 ;;
     bench) python3 benchmarks/bench_all.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
@@ -39,7 +57,7 @@ for step in "$@"; do
     hang) bash tools/gpu_hang_probe.sh 2>&1 | tee "$OUT/hang.log" | tail -40 ;;
     shapes) python3 benchmarks/probes/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
-    *) echo "gpu_round: unknown step $step (env suite soak suite-python bench concurrency serve onnx race shapes exit churn steps floor graphrace layerrace gil hang pack)" ;;
+    *) echo "gpu_round: unknown step $step (env suite suite3 soak suite-python bench concurrency serve onnx race shapes exit churn steps floor graphrace layerrace gil hang pack)" ;;
   esac
   echo "gpu_round: step $step took $(( $(date +%s) - t0 )) s"
 done
