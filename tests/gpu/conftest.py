@@ -5,7 +5,8 @@ torchbind backend, torch and the tiny engines its GPU tests (test_gpu_torchbind*
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = gpu_skip_reason() or ""
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """Each GPU test's cyclic garbage (engines dropped unclosed, their buffers, graphs and
+    streams) is finalized in that test's teardown, never by a collection a later test of the
+    same xdist worker happens to trigger: its finalizers would then run inside that test's
+    window (its threads, captures and counts), and an exception they raise would be reported
+    as that test's failure (PytestUnraisableExceptionWarning is an error here, pyproject.toml)."""
+    yield
+    gc.collect()
 
 
 #: Measurements GPU tests want shown in the run's output (see pytest_terminal_summary).
