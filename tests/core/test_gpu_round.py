@@ -18,18 +18,18 @@ _HEAD = """\
 created: 4/4 workers
 4 workers [6 items]
 
-[gw0] [ 16%] PASSED tests/gpu/test_gpu_a.py::test_one
-[gw1] [ 33%] FAILED tests/gpu/test_gpu_t.py::test_replays[4-view]
-[gw2] [ 50%] SKIPPED tests/gpu/test_gpu_a.py::test_two
-[gw3] [ 66%] ERROR tests/gpu/test_gpu_b.py::test_three
+[gw0] [ 16%] PASSED suite/test_a.py::test_one
+[gw1] [ 33%] FAILED suite/test_t.py::test_replays[4-view]
+[gw2] [ 50%] SKIPPED suite/test_a.py::test_two
+[gw3] [ 66%] ERROR suite/test_b.py::test_three
 """
 _TAIL = """\
-[gw0] [ 83%] PASSED tests/gpu/test_gpu_a.py::test_four
-[gw1] [100%] PASSED tests/gpu/test_gpu_a.py::test_five
+[gw0] [ 83%] PASSED suite/test_a.py::test_four
+[gw1] [100%] PASSED suite/test_a.py::test_five
 =========================== short test summary info ============================
-FAILED tests/gpu/test_gpu_t.py::test_replays[4-view] - assert 15 == 16
-ERROR tests/gpu/test_gpu_b.py::test_three - RuntimeError: CUDA error
-ERROR tests/gpu/test_gpu_c.py - ImportError: no module
+FAILED suite/test_t.py::test_replays[4-view] - assert 15 == 16
+ERROR suite/test_b.py::test_three - RuntimeError: CUDA error
+ERROR suite/test_c.py - ImportError: no module
 ===== 3 passed, 1 failed, 1 skipped, 2 errors in 152.31s (0:02:32) =====
 """
 
@@ -53,9 +53,9 @@ def test_gpu_round_script_parses_and_names_its_steps() -> None:
 def test_gpu_round_summary_of_a_complete_run(tmp_path: Path) -> None:
     assert _summary(tmp_path, _HEAD + _TAIL, "run 2") == [
         "run 2: 3 passed, 1 failed, 2 errors",
-        "  FAILED tests/gpu/test_gpu_t.py::test_replays[4-view]",
-        "  ERROR tests/gpu/test_gpu_b.py::test_three",
-        "  ERROR tests/gpu/test_gpu_c.py",
+        "  FAILED suite/test_t.py::test_replays[4-view]",
+        "  ERROR suite/test_b.py::test_three",
+        "  ERROR suite/test_c.py",
     ]
 
 
@@ -63,8 +63,8 @@ def test_gpu_round_summary_of_a_run_cut_short(tmp_path: Path) -> None:
     """Killed before its summary: counted from the per-test lines, and said so."""
     assert _summary(tmp_path, _HEAD, "suite") == [
         "suite: 1 passed, 1 failed, 1 errors (cut short: no closing line, counted from the per-test lines)",
-        "  FAILED tests/gpu/test_gpu_t.py::test_replays[4-view]",
-        "  ERROR tests/gpu/test_gpu_b.py::test_three",
+        "  FAILED suite/test_t.py::test_replays[4-view]",
+        "  ERROR suite/test_b.py::test_three",
     ]
     assert _summary(tmp_path, "", "run 3") == [
         "run 3: 0 passed, 0 failed, 0 errors (cut short: no closing line, counted from the per-test lines)"]
