@@ -1,7 +1,8 @@
 # Source on the GPU host, after the staged stack's install.sh (see ../shared/gpu/stage.sh):
 #   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
-# logging to $OUT/STEP.log. Steps: env, suite (cut at SUITE_LIMIT s, default 520, each test at most 120 s; its
+# logging to $OUT/STEP.log. Steps: env, suite (SUITE_WORKERS xdist workers, default 8; cut at SUITE_LIMIT s, default 520;
+# a test past 120 s has its stacks dumped and its worker killed, so a native hang is named too; its
 # last lines name the failed tests, tools/gpu_suite_summary.py), suite3 (the suite three times, each a fresh pytest
 # cut at SUITE3_LIMIT s, default 180: per run its counts and failed tests, then the total wall time), suite-python (python backend only), bench,
 # concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, apart from the suite; TRT_RUNTIME_FAULT_CYCLES), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
@@ -15,7 +16,7 @@ _gpu_suite_args=(-m "gpu and not soak" tests/gpu tests/cli/test_cli_demo.py test
 # prints its summary and writes the junit XML (KILL 30 s later); each test at most 120 s; -vv (with the -q above:
 # one line per test) so that a run killed before its summary still names its failed tests in LOG.
 _gpu_suite_once() {
-  timeout -s INT -k 30 "$1" python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -vv --timeout 120 --junitxml "$3" > "$2" 2>&1
+  timeout -s INT -k 30 "$1" python3 -m pytest "${_gpu_suite_args[@]}" -n "${SUITE_WORKERS:-8}" -vv --timeout 120 --timeout-method thread --junitxml "$3" > "$2" 2>&1
   local rc=$?
   [ "$rc" -eq 124 ] && echo "gpu_round: the suite was cut at $1 s" | tee -a "$2"
   return "$rc"
