@@ -346,6 +346,9 @@ _ERROR_LINE = re.compile(
     re.IGNORECASE,
 )
 
+#: A line of stderr from the exit hook (its report, or the lanes it could not hold).
+_HOOK_LINE = re.compile(r"trt_runtime( exit hook|: at interpreter exit)")
+
 
 def error_lines(stderr: str) -> list[str]:
     """The lines of ``stderr`` that report an error, an exception or a crash."""
@@ -368,8 +371,9 @@ def run_scenario(scenario: Scenario, work: str | os.PathLike[str], timeout: floa
     (``env``: variables set for that process on top of this one's).
 
     Returns a JSON-able record: ``name``, ``passed``, ``exit_code`` (None on timeout),
-    ``wall_s``, ``done`` (the scenario printed :data:`DONE`), ``error_lines`` and the last
-    lines of ``stderr_tail`` and ``stdout_tail``.
+    ``wall_s``, ``done`` (the scenario printed :data:`DONE`), ``error_lines``, ``hook_lines``
+    (what the exit hook of :mod:`trt_runtime.lease` wrote), the first lines of stderr
+    (``stderr_head``) and the last of ``stderr_tail`` and ``stdout_tail``.
     """
     child_env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1", **(env or {}))
     child_env[WORK_ENV] = str(work)
@@ -393,6 +397,8 @@ def run_scenario(scenario: Scenario, work: str | os.PathLike[str], timeout: floa
         "wall_s": round(wall, 2),
         "done": done,
         "error_lines": errors[-20:],
+        "hook_lines": [line for line in err.splitlines() if _HOOK_LINE.match(line)],
+        "stderr_head": err.splitlines()[:8],
         "stderr_tail": err.splitlines()[-15:],
         "stdout_tail": out.splitlines()[-15:],
     }
