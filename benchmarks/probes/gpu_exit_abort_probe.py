@@ -18,10 +18,13 @@ lanes it held and how long it waited. The variants differ in one thing each:
 * ``torchbind-sync``: the loop calls ``torch.cuda.synchronize()`` after each call, a native
   call that releases the GIL outside any lane (the exit hook cannot wait for it);
 * ``torchbind-no-hook``: the exit hook unregistered (what a call in flight at
-  finalization does without it).
+  finalization does without it);
+* ``torchbind-blocking-hook``: the exit hook as it was before a call's lane was handed to
+  it (a blocking acquire of each lane's lock, which a thread calling in a loop may win
+  back every time until ``EXIT_WAIT`` runs out).
 
 Prints per variant the exit codes, the exit hook's reports and the first distinct error
-lines of stderr; writes ``exit_abort_probe.json`` to ``--out``. ``--smoke`` runs two
+lines of stderr; writes ``exit_abort_probe.json`` to ``--out``. ``--smoke`` runs three
 variants with the test backend ``memory`` (no GPU, no torch).
 """
 
@@ -54,13 +57,24 @@ from trt_runtime.testing.exit_scenarios import (
 )
 
 #: The daemon thread's loop over ``MODEL``'s ``BATCHES`` (prologue: B, MODEL, BATCHES,
-#: STRATEGY, SYNC, HOOK); the variants that are not the matrix's own script.
+#: STRATEGY, SYNC, HOOK); the variants that are not the matrix's own script. HOOK: the
+#: runtime's exit hook (``hand-over``), none, or a ``blocking`` one as it was before the
+#: hand-over (registered where the runtime's is, before torch is imported).
 _LOOP = """
-    import threading
-    if not HOOK:
-        import atexit
-        from trt_runtime.lease import hold_lanes_at_exit
-        atexit.unregister(hold_lanes_at_exit)
+    import atexit, sys, threading, time
+    from trt_runtime import lease
+    if HOOK != "hand-over":
+        atexit.unregister(lease.hold_lanes_at_exit)
+    if HOOK == "blocking":  # the hook before the hand-over: each lane's lock, raced by its callers
+        def blocking_hook(timeout=lease.EXIT_WAIT):
+            start = time.monotonic()
+            lease._EXITING.set()
+            pools = [p for p in list(lease._POOLS) if not p.closed]
+            slots = [s for p in pools for s in p._slots]
+            held = sum(s.lock.acquire(timeout=max(start + timeout - time.monotonic(), 0.0)) for s in slots)
+            print(f"trt_runtime exit hook: held {held} of {len(slots)} lane(s) of {len(pools)} engine(s) "
+                  f"in {time.monotonic() - start:.3f} s", file=sys.stderr, flush=True)
+        atexit.register(blocking_hook)
     from trt_runtime import RuntimeSettings
     settings = RuntimeSettings(dynamic_shapes_kernel_specialization_strategy=STRATEGY) if STRATEGY else None
     e = w.load(B, model=MODEL, settings=settings)
@@ -95,7 +109,7 @@ class Variant:
 
 
 def _loop(name: str, backend: str, model: str = "mlp", batches: tuple[int, ...] = (8,), strategy: str = "",
-          sync: bool = False, hook: bool = True) -> Scenario:
+          sync: bool = False, hook: str = "hand-over") -> Scenario:
     prologue = (f"B, MODEL, BATCHES = {backend!r}, {model!r}, {batches!r}\n"
                 f"STRATEGY, SYNC, HOOK = {strategy!r}, {sync!r}, {hook!r}\n")
     return Scenario(name, prologue + textwrap.dedent(_LOOP), (backend,))
@@ -115,14 +129,17 @@ def gpu_variants() -> list[Variant]:
             name = f"{backend}-dynamic-{strategy}"
             variants.append(Variant(name, _loop(name, backend, "dynamic", DYNAMIC_BATCHES, strategy)))
     variants.append(Variant("torchbind-sync", _loop("torchbind-sync", "torchbind", sync=True)))
-    variants.append(Variant("torchbind-no-hook", _loop("torchbind-no-hook", "torchbind", hook=False)))
+    for hook in ("none", "blocking"):
+        name = f"torchbind-{hook.replace('none', 'no')}-hook"
+        variants.append(Variant(name, _loop(name, "torchbind", hook=hook)))
     return variants
 
 
 def smoke_variants() -> list[Variant]:
-    """Two variants over the test backend ``memory`` (a CPU, no torch)."""
+    """Three variants over the test backend ``memory`` (a CPU, no torch)."""
     return [Variant("memory-loop", _loop("memory-loop", "memory")),
-            Variant("memory-no-hook", _loop("memory-no-hook", "memory", hook=False))]
+            Variant("memory-no-hook", _loop("memory-no-hook", "memory", hook="none")),
+            Variant("memory-blocking-hook", _loop("memory-blocking-hook", "memory", hook="blocking"))]
 
 
 def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -32,11 +32,12 @@ def test_exit_abort_probe_smoke_reports_the_exit_hook_per_process(probe: ModuleT
     assert probe.main(["--smoke", "--n", "2", "--jobs", "2", "--out", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "exit_abort_probe.json").read_text())
     rows = {row["variant"]: row for row in summary["variants"]}
-    loop, unhooked = rows["memory-loop"], rows["memory-no-hook"]
+    loop, unhooked, blocking = rows["memory-loop"], rows["memory-no-hook"], rows["memory-blocking-hook"]
     assert (loop["runs"], loop["passed"], loop["exit_codes"]) == (2, 2, {"0": 2})
     assert (loop["hook_reports"], loop["hook_held_all"], loop["hook_gave_up"]) == (2, 2, 0)
     assert loop["hook_wait_max_s"] < 1.0
     assert (unhooked["passed"], unhooked["hook_reports"]) == (2, 0)  # the hook was unregistered
+    assert (blocking["passed"], blocking["hook_reports"]) == (2, 2)  # the old hook's own report
 
 
 def test_exit_abort_probe_variants_isolate_one_thing_each(probe: ModuleType) -> None:
@@ -51,9 +52,10 @@ def test_exit_abort_probe_variants_isolate_one_thing_each(probe: ModuleType) -> 
     for strategy in ("lazy", "eager", "none"):
         source = variants[f"torchbind-dynamic-{strategy}"].scenario.source()
         assert "'torchbind', 'dynamic', (2, 5, 8, 20)" in source
-        assert f"STRATEGY, SYNC, HOOK = {strategy!r}, False, True" in source
-    assert "'', True, True" in variants["torchbind-sync"].scenario.source()
-    assert "'', False, False" in variants["torchbind-no-hook"].scenario.source()
+        assert f"STRATEGY, SYNC, HOOK = {strategy!r}, False, 'hand-over'" in source
+    assert "'', True, 'hand-over'" in variants["torchbind-sync"].scenario.source()
+    assert "'', False, 'none'" in variants["torchbind-no-hook"].scenario.source()
+    assert "'', False, 'blocking'" in variants["torchbind-blocking-hook"].scenario.source()
     for variant in variants.values():
         ast.parse(variant.scenario.source())
 
