@@ -10,8 +10,8 @@ process of its own (:func:`trt_runtime.testing.exit_scenarios.run_scenario`), ``
 a time. Every process runs with ``TRT_RUNTIME_EXIT_REPORT=1``: the exit hook prints how many
 lanes it held and how long it waited. The variants differ in one thing each:
 
-* ``<backend>-scenario`` / ``-1gpu``: the matrix's script, all GPUs visible / only GPU 0
-  (``CUDA_VISIBLE_DEVICES=0``: no device guard, no torch-tensorrt multi-device path);
+* ``<backend>-scenario``: the matrix's script, all GPUs visible; ``torchbind-scenario-1gpu``:
+  only GPU 0 (``CUDA_VISIBLE_DEVICES=0``: no device guard, no torch-tensorrt multi-device path);
 * ``<backend>-dynamic-<strategy>``: the loop over the dynamic engine's batches
   (``DYNAMIC_BATCHES``) with ``dynamic_shapes_kernel_specialization_strategy`` lazy (the
   default: specialized kernels compiled on TensorRT-RTX's background threads), eager or none;
@@ -21,7 +21,9 @@ lanes it held and how long it waited. The variants differ in one thing each:
   finalization does without it);
 * ``torchbind-blocking-hook``: the exit hook as it was before a call's lane was handed to
   it (a blocking acquire of each lane's lock, which a thread calling in a loop may win
-  back every time until ``EXIT_WAIT`` runs out).
+  back every time until ``EXIT_WAIT`` runs out);
+* ``torchbind-last-hook``: the exit hook registered again after torch and torch-tensorrt
+  were imported, so it runs before their atexit hooks instead of after them.
 
 Prints per variant the exit codes, the exit hook's reports and the first distinct error
 lines of stderr; writes ``exit_abort_probe.json`` to ``--out``. ``--smoke`` runs three
@@ -58,8 +60,9 @@ from trt_runtime.testing.exit_scenarios import (
 
 #: The daemon thread's loop over ``MODEL``'s ``BATCHES`` (prologue: B, MODEL, BATCHES,
 #: STRATEGY, SYNC, HOOK); the variants that are not the matrix's own script. HOOK: the
-#: runtime's exit hook (``hand-over``), none, or a ``blocking`` one as it was before the
-#: hand-over (registered where the runtime's is, before torch is imported).
+#: runtime's exit hook (``hand-over``; ``last``: registered again after the backend's
+#: imports), none, or a ``blocking`` one as it was before the hand-over (registered where
+#: the runtime's is, before torch is imported).
 _LOOP = """
     import atexit, sys, threading, time
     from trt_runtime import lease
@@ -78,6 +81,8 @@ _LOOP = """
     from trt_runtime import RuntimeSettings
     settings = RuntimeSettings(dynamic_shapes_kernel_specialization_strategy=STRATEGY) if STRATEGY else None
     e = w.load(B, model=MODEL, settings=settings)
+    if HOOK == "last":  # after the backend's imports: it runs before their atexit hooks
+        atexit.register(lease.hold_lanes_at_exit)
     xs = [w.host(MODEL, b) if B == "memory" else w.cuda(MODEL, b) for b in BATCHES]
     if SYNC:
         import torch
@@ -120,16 +125,16 @@ def gpu_variants() -> list[Variant]:
     table = {s.name: s for s in SCENARIOS}
     one_gpu = (("CUDA_VISIBLE_DEVICES", "0"),)
     variants: list[Variant] = []
-    for backend in ("torchbind", "python"):
-        scenario = table[f"{backend}-daemon-thread-calling-at-exit"]
-        variants.append(Variant(f"{backend}-scenario", scenario))
-        variants.append(Variant(f"{backend}-scenario-1gpu", scenario, one_gpu))
+    scenario = table["torchbind-daemon-thread-calling-at-exit"]
+    variants.append(Variant("torchbind-scenario", scenario))
+    variants.append(Variant("torchbind-scenario-1gpu", scenario, one_gpu))
+    variants.append(Variant("python-scenario", table["python-daemon-thread-calling-at-exit"]))
     for backend, strategies in (("torchbind", ("lazy", "eager", "none")), ("python", ("lazy",))):
         for strategy in strategies:
             name = f"{backend}-dynamic-{strategy}"
             variants.append(Variant(name, _loop(name, backend, "dynamic", DYNAMIC_BATCHES, strategy)))
     variants.append(Variant("torchbind-sync", _loop("torchbind-sync", "torchbind", sync=True)))
-    for hook in ("none", "blocking"):
+    for hook in ("none", "blocking", "last"):
         name = f"torchbind-{hook.replace('none', 'no')}-hook"
         variants.append(Variant(name, _loop(name, "torchbind", hook=hook)))
     return variants

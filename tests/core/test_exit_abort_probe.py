@@ -44,11 +44,10 @@ def test_exit_abort_probe_variants_isolate_one_thing_each(probe: ModuleType) -> 
     variants = {v.name: v for v in probe.gpu_variants()}
     table = {s.name: s for s in SCENARIOS}
     for backend in ("torchbind", "python"):
-        matrix = table[f"{backend}-daemon-thread-calling-at-exit"]
-        assert variants[f"{backend}-scenario"].scenario is matrix
-        assert variants[f"{backend}-scenario-1gpu"].scenario is matrix
-        assert dict(variants[f"{backend}-scenario-1gpu"].env) == {"CUDA_VISIBLE_DEVICES": "0"}
+        assert variants[f"{backend}-scenario"].scenario is table[f"{backend}-daemon-thread-calling-at-exit"]
         assert variants[f"{backend}-scenario"].env == ()
+    assert variants["torchbind-scenario-1gpu"].scenario is table["torchbind-daemon-thread-calling-at-exit"]
+    assert dict(variants["torchbind-scenario-1gpu"].env) == {"CUDA_VISIBLE_DEVICES": "0"}
     for strategy in ("lazy", "eager", "none"):
         source = variants[f"torchbind-dynamic-{strategy}"].scenario.source()
         assert "'torchbind', 'dynamic', (2, 5, 8, 20)" in source
@@ -56,6 +55,8 @@ def test_exit_abort_probe_variants_isolate_one_thing_each(probe: ModuleType) -> 
     assert "'', True, 'hand-over'" in variants["torchbind-sync"].scenario.source()
     assert "'', False, 'none'" in variants["torchbind-no-hook"].scenario.source()
     assert "'', False, 'blocking'" in variants["torchbind-blocking-hook"].scenario.source()
+    assert "'', False, 'last'" in variants["torchbind-last-hook"].scenario.source()
+    assert len(variants) == 11
     for variant in variants.values():
         ast.parse(variant.scenario.source())
 
