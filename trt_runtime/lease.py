@@ -14,6 +14,8 @@ non-blocking lock acquire and release per call.
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import threading
 import time
 import weakref
@@ -24,7 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from trt_runtime.errors import ContextLeaseTimeout, EngineError
 
-__all__ = ["EXIT_WAIT", "ContextPool", "Slot", "exiting", "hold_lanes_at_exit"]
+__all__ = ["EXIT_REPORT_ENV", "EXIT_WAIT", "ContextPool", "Slot", "exiting", "hold_lanes_at_exit"]
 
 T = TypeVar("T")
 
@@ -55,13 +57,15 @@ class _Waiter:
 class Slot(Generic[T]):
     """One lane and the lock held while it is leased (``acquire(False)``: atomic, no wait)."""
 
-    __slots__ = ("claimed", "lane", "lock")
+    __slots__ = ("claimed", "held_at_exit", "lane", "lock")
 
     def __init__(self, lane: T) -> None:
         self.lane = lane
         self.lock = threading.Lock()
         #: Whether a thread has taken it as its own (new threads look for unclaimed lanes first).
         self.claimed = False
+        #: Given back at exit to the exit hook, its lock still held (see :func:`hold_lanes_at_exit`).
+        self.held_at_exit = False
 
 
 class ContextPool(Generic[T]):
@@ -201,7 +205,10 @@ class ContextPool(Generic[T]):
         FAIR_AFTER.)"""
         if self.closed:
             return
-        if not self._waiters or _EXITING.is_set():  # (at exit the lane goes to the exit hook)
+        if _EXITING.is_set():  # handed to the exit hook, locked: the caller's next call parks
+            slot.held_at_exit = True
+            return
+        if not self._waiters:
             slot.lock.release()
             return
         with self._lock:
@@ -294,23 +301,72 @@ def hold_lanes_at_exit(timeout: float = EXIT_WAIT) -> int:
     the interpreter finalizes: registered with :mod:`atexit`, which runs after the non-daemon
     threads were joined and while daemon threads still run.
 
-    A daemon thread inside a call finishes it (waited for ``timeout`` seconds in all); its
-    next call, like any call or engine change after, blocks for good in a lock wait. (CPython
+    A daemon thread inside a call finishes it (waited for ``timeout`` seconds in all) and
+    hands its lane to this hook as it gives it back (the hook is a waiter of every pool, so
+    the call's release goes through :meth:`ContextPool.give_back`: a thread calling in a
+    loop cannot take its lane again before the hook, whatever the scheduler does); its next
+    call, like any call or engine change after, blocks for good in a lock wait. (CPython
     ends a daemon thread that comes back from a native call during finalization by unwinding
     its stack; through the C++ frames of TensorRT or torch that is ``std::terminate``: the
-    process aborted after its work was done.) Returns the number of lanes held."""
+    process aborted after its work was done.) Lanes still in a call after ``timeout`` are
+    named on stderr. With :data:`EXIT_REPORT_ENV` set, one line on stderr says how many
+    lanes were held and how long that took. Returns the number of lanes held."""
     if _EXITING.is_set():  # held already
         return 0
+    start = time.monotonic()
     _EXITING.set()
-    deadline = time.monotonic() + timeout
-    held = 0
-    for pool in list(_POOLS):
-        if pool.closed:  # its lanes are taken for good already
-            continue
-        for slot in list(pool._slots):
-            if slot.lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-                held += 1
+    pools = [pool for pool in list(_POOLS) if not pool.closed]  # a closed pool's lanes are taken
+    for pool in pools:
+        with pool._lock:
+            pool._waiters.append(_EXIT_WAITER)
+    deadline = start + timeout
+    held = total = 0
+    missed: list[str] = []
+    for pool in pools:
+        slots = list(pool._slots)
+        total += len(slots)
+        missing = sum(not _hold(slot, deadline) for slot in slots)
+        held += len(slots) - missing
+        if missing:
+            missed.append(f"{pool._engine!r} ({missing} of {len(slots)})")
+    waited = time.monotonic() - start
+    if missed:
+        print(f"trt_runtime: at interpreter exit, lanes still in a call after {waited:.1f} s: "
+              f"{', '.join(missed)}; a daemon thread that returns from such a call while the "
+              "interpreter finalizes makes the process abort", file=sys.stderr, flush=True)
+    if os.environ.get(EXIT_REPORT_ENV):
+        print(f"trt_runtime exit hook: held {held} of {total} lane(s) of {len(pools)} engine(s) "
+              f"in {waited:.3f} s", file=sys.stderr, flush=True)
     return held
+
+
+def _hold(slot: Slot[Any], deadline: float) -> bool:
+    """Take ``slot`` for good: its lock, or its hand-over by :meth:`ContextPool.give_back`."""
+    while not slot.held_at_exit:
+        left = deadline - time.monotonic()
+        # short waits: a hand-over keeps the lock taken, so only the flag shows it
+        if slot.lock.acquire(timeout=min(max(left, 0.0), 0.005)):
+            return True
+        if left <= 0:
+            return slot.held_at_exit
+    return True
+
+
+#: The environment variable that makes :func:`hold_lanes_at_exit` report on stderr.
+EXIT_REPORT_ENV = "TRT_RUNTIME_EXIT_REPORT"
+
+
+class _ExitWaiter(_Waiter):
+    """The exit hook's place among every pool's waiters: it makes a call's release go through
+    :meth:`ContextPool.give_back`, which keeps the lane for the hook (never woken)."""
+
+    __slots__ = ()
+
+    def wake(self, slot: Any) -> None:
+        pass
+
+
+_EXIT_WAITER = _ExitWaiter()
 
 
 # weakref.finalize registers its own exit hook with its first finalizer: make that happen now,

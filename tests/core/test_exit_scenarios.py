@@ -10,22 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trt_runtime import TensorSpec
-from trt_runtime.testing.exit_scenarios import SCENARIOS, Scenario, error_lines, run_scenario, skip_reason
-from trt_runtime.testing.memory import AffineOutput, MemoryBackend
+from trt_runtime.testing.exit_scenarios import (
+    SCENARIOS,
+    Scenario,
+    error_lines,
+    prepare_memory,
+    run_scenario,
+    skip_reason,
+)
 
 
 @pytest.fixture
 def memory_work(tmp_path: Path) -> Path:
     """A work folder as ``prepare`` leaves it, with a ``memory`` engine as the MLP."""
-    spec = TensorSpec("x", "float32", (8, 4), is_input=True)
-    (tmp_path / "mlp.plan").write_bytes(
-        MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)], name="mlp"))
-    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
-    np.save(tmp_path / "mlp_x8.npy", x)
-    np.save(tmp_path / "mlp_y8.npy", x.astype(np.float64) * 2 + 1)
-    (tmp_path / "tolerance.txt").write_text("1e-6 1e-6")
-    return tmp_path
+    return prepare_memory(tmp_path)
 
 
 def _scenario(body: str) -> Scenario:

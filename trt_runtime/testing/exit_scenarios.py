@@ -21,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +346,9 @@ _ERROR_LINE = re.compile(
     re.IGNORECASE,
 )
 
+#: A line of stderr from the exit hook (its report, or the lanes it could not hold).
+_HOOK_LINE = re.compile(r"trt_runtime( exit hook|: at interpreter exit)")
+
 
 def error_lines(stderr: str) -> list[str]:
     """The lines of ``stderr`` that report an error, an exception or a crash."""
@@ -362,18 +365,21 @@ def skip_reason(scenario: Scenario, gpus: int, backends: Collection[str]) -> str
     return None
 
 
-def run_scenario(scenario: Scenario, work: str | os.PathLike[str], timeout: float = 300.0) -> dict[str, Any]:
-    """Run ``scenario`` in a fresh ``python -c`` process over the engines in ``work``.
+def run_scenario(scenario: Scenario, work: str | os.PathLike[str], timeout: float = 300.0,
+                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run ``scenario`` in a fresh ``python -c`` process over the engines in ``work``
+    (``env``: variables set for that process on top of this one's).
 
     Returns a JSON-able record: ``name``, ``passed``, ``exit_code`` (None on timeout),
-    ``wall_s``, ``done`` (the scenario printed :data:`DONE`), ``error_lines`` and the last
-    lines of ``stderr_tail`` and ``stdout_tail``.
+    ``wall_s``, ``done`` (the scenario printed :data:`DONE`), ``error_lines``, ``hook_lines``
+    (what the exit hook of :mod:`trt_runtime.lease` wrote), the first lines of stderr
+    (``stderr_head``) and the last of ``stderr_tail`` and ``stdout_tail``.
     """
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
-    env[WORK_ENV] = str(work)
+    child_env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1", **(env or {}))
+    child_env[WORK_ENV] = str(work)
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", scenario.source()], env=env, capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", scenario.source()], env=child_env, capture_output=True,
                               text=True, timeout=timeout)
         code: int | None = proc.returncode
         out, err = proc.stdout, proc.stderr
@@ -391,6 +397,8 @@ def run_scenario(scenario: Scenario, work: str | os.PathLike[str], timeout: floa
         "wall_s": round(wall, 2),
         "done": done,
         "error_lines": errors[-20:],
+        "hook_lines": [line for line in err.splitlines() if _HOOK_LINE.match(line)],
+        "stderr_head": err.splitlines()[:8],
         "stderr_tail": err.splitlines()[-15:],
         "stdout_tail": out.splitlines()[-15:],
     }
@@ -430,4 +438,24 @@ def prepare(work: str | os.PathLike[str], logger: Any = None) -> Path:
             (x,) = built.random_inputs(batch=batch, seed=batch)
             np.save(folder / f"{name}_x{batch}.npy", x)
             np.save(folder / f"{name}_y{batch}.npy", built.reference(x)[0])
+    return folder
+
+
+def prepare_memory(work: str | os.PathLike[str]) -> Path:
+    """A work folder as :func:`prepare` leaves it, on a CPU: the test backend ``memory``'s
+    ``y = 2x + 1`` as the MLP (``mlp.plan``, batch 8, width 4), its input and reference."""
+    import numpy as np
+
+    from trt_runtime import TensorSpec
+    from trt_runtime.testing.memory import AffineOutput, MemoryBackend
+
+    folder = Path(work)
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = TensorSpec("x", "float32", (8, 4), is_input=True)
+    (folder / "mlp.plan").write_bytes(
+        MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)], name="mlp"))
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
+    np.save(folder / "mlp_x8.npy", x)
+    np.save(folder / "mlp_y8.npy", x.astype(np.float64) * 2 + 1)
+    (folder / "tolerance.txt").write_text("1e-6 1e-6")
     return folder
