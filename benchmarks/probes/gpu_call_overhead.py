@@ -281,7 +281,7 @@ def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
     ours = engine._order.ours
     graph = slot.graph
     pool = engine._pool
-    local_slot = pool._local.slot
+    local_slot = pool.local.slot
     lock = local_slot.lock
 
     def lease_pair() -> None:

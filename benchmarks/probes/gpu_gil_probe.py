@@ -241,7 +241,7 @@ def probe(key: str, torch: Any, args: Any, counts: list[int]) -> dict[str, Any]:
                     torch.cuda.set_stream(stream)
                     engine.execute(x, outputs=[y], stream=stream)
                     engine.execute(x, outputs=[y], stream=stream)
-                    lane = engine._pool._local.slot.lane
+                    lane = engine._pool.local.slot.lane
                     box["plan"] = lane._fast_entry
                     box["trt"] = lane._res.context.trt_context.execute_async_v3
 
