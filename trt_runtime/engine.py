@@ -184,6 +184,14 @@ class EngineBase(abc.ABC):
     def _lanes(self) -> tuple[Lane, ...]:
         return self._pool.lanes
 
+    def _set_device_guard(self, guard: DeviceGuard | None) -> None:
+        """Run every call and change inside ``guard`` from now on (every lane, and lanes
+        made later); for a backend that knows only after construction (and tests)."""
+        with self._exclusive():
+            self._device_guard = guard
+            for lane in self._pool.lanes:
+                lane.device_guard = guard
+
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
         """Hold every lane (calls in flight finish first); re-entrant in one thread."""

@@ -113,9 +113,11 @@ class GraphOps(Protocol):
 class LaneOps(Protocol):
     """The backend's side of one lane: what it keeps and does per execution context.
 
-    ``graphs``: the lane's :class:`GraphOps` (``None``: the backend has no outer graph)."""
+    A backend's class may subclass it explicitly to keep the defaults below (each says
+    what it does); :meth:`create_context`, :meth:`destroy_context` and :meth:`run` have
+    none. ``graphs``: the lane's :class:`GraphOps` (``None``: no outer graph)."""
 
-    graphs: GraphOps | None
+    graphs: GraphOps | None = None
 
     def create_context(self, settings: RuntimeSettings, cache: Any) -> Any:
         """Create an execution context for ``settings`` on the engine's device.
@@ -129,45 +131,44 @@ class LaneOps(Protocol):
         """Release ``context`` (the lane's work is done)."""
         ...
 
-    def validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Any:
-        """Check count, kind, dtype, shape, device and profile of ``inputs`` before any
-        context exists (raise :class:`~trt_runtime.InputError`, with the shared checks of
-        :mod:`trt_runtime.contract`); return what :meth:`run` takes as ``call``."""
-        ...
-
-    def validate_outputs(self, context: Any, outputs: Sequence[Any], call: Any) -> None:
-        """Check preallocated ``outputs`` (count, dtype, device, contiguity; shapes where
-        ``call`` or the lane's ``context``, ``None`` before the first, tell them) before any
-        work; checks that need output shapes from the context stay in :meth:`run`."""
-        ...
-
     def run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         """Run a validated ``call`` eagerly (bind, enqueue, outputs)."""
         ...
 
+    def validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Any:
+        """Check count, kind, dtype, shape, device and profile of ``inputs`` before any
+        context exists (raise :class:`~trt_runtime.InputError`, with the shared checks of
+        :mod:`trt_runtime.contract`); return what :meth:`run` takes as ``call`` (default:
+        the inputs as given)."""
+        return inputs
+
+    def validate_outputs(self, context: Any, outputs: Sequence[Any], call: Any) -> None:
+        """Check preallocated ``outputs`` (count, dtype, device, contiguity; shapes where
+        ``call`` or the lane's ``context``, ``None`` before the first, tell them) before any
+        work; checks that need output shapes from the context stay in :meth:`run`
+        (default: none here)."""
+
     def call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
                   ) -> list[Any] | None:
         """The fast path for a call like one validated before: its results, or ``None`` for
-        the general path. It must not raise for bad input. The pipeline calls
-        :attr:`Lane.fast_entry`, which is this method unless the backend put a more specific
-        function there (:meth:`Lane.switch_fast`)."""
-        ...
+        the general path (default: always). It must not raise for bad input. The pipeline
+        calls :attr:`Lane.fast_entry`, which is this method unless the backend put a more
+        specific function there (:meth:`Lane.switch_fast`)."""
+        return None
 
     def thread_start(self) -> None:
-        """Before the first call a thread makes on this lane's engine: per-thread setup."""
-        ...
+        """Before the first call a thread makes on this lane's engine: per-thread setup,
+        such as making the engine's device current (default: nothing)."""
 
     def sync(self) -> None:
-        """Wait for the work this lane queued."""
-        ...
+        """Wait for the work this lane queued (default: nothing to wait for)."""
 
     def release(self) -> None:
-        """Release what the lane holds (after its context; the lane is closing)."""
-        ...
+        """Release what the lane holds, after its context (default: nothing)."""
 
     def after_fork(self) -> None:
-        """In a forked child: stop whatever would release native objects there."""
-        ...
+        """In a forked child: stop whatever would release native objects there, such as a
+        ``weakref.finalize`` (default: nothing)."""
 
 
 class Lane:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime.cache.key import CacheKey
 from trt_runtime.engine import EngineBase
-from trt_runtime.lane import GraphOps, Lane
+from trt_runtime.lane import GraphOps, Lane, LaneOps
 from trt_runtime.outer import GraphSlot, default_graph_results
 from trt_runtime.errors import CacheError, EngineError, InputError
 from trt_runtime.extras import install_hint
@@ -188,10 +188,11 @@ class MemoryGraph:
     destroyed: bool = False
 
 
-class MemoryLane:
+class MemoryLane(LaneOps):
     """One lane of a :class:`MemoryEngine`: its :class:`~trt_runtime.lane.LaneOps` and, for
     the simulated outer CUDA graph, its :class:`~trt_runtime.lane.GraphOps` (``graphs`` is
-    itself). It keeps nothing of its own: no device, no stream."""
+    itself). It keeps nothing of its own (no device, no stream: nothing to wait for or
+    release) and has no fast path: every call is checked."""
 
     def __init__(self, engine: MemoryEngine, lane: Lane) -> None:
         self.engine = engine
@@ -232,22 +233,6 @@ class MemoryLane:
 
     def run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         return self.finish(context, call, self.engine.compute(call), outputs)
-
-    def call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
-                  ) -> list[Any] | None:
-        return None  # no fast path: every call is checked
-
-    def thread_start(self) -> None:
-        pass
-
-    def sync(self) -> None:
-        pass  # numpy work is done when it returns
-
-    def release(self) -> None:
-        pass
-
-    def after_fork(self) -> None:
-        pass
 
     def finish(self, context: Any, inputs: Sequence[Any], results: list[Any], outputs: Any) -> list[Any]:
         """Count the run, record its kernels, and write ``outputs=`` if given."""
