@@ -25,7 +25,8 @@ from trt_runtime.settings import (
 
 from .bindings import io_from_source, io_from_tensorrt, merge_container_flags
 from .cache import TorchbindCacheHandle
-from .engine import TorchbindEngine, translate_errors
+from .bridge import translate_errors
+from .engine import TorchbindEngine
 from .library import INSTALL_HINT, find_runtime_library
 from .runtime import TorchbindRuntime, load_runtime
 
