@@ -312,8 +312,8 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     from cuda.bindings import runtime as rt
 
     ns: dict[str, Any] = {"e": engine, "o": outer, "x": x, "y": y, "s": s, "own": engine.stream,
-                          "ctx": engine._res.context, "rt": rt}
-    keep = _raw_side(ns, torch, built, workload, [x], [y], engine._res.context)
+                          "ctx": engine._lanes[0].ops._res.context, "rt": rt}
+    keep = _raw_side(ns, torch, built, workload, [x], [y], engine._lanes[0].ops._res.context)
     launch = rt.cudaGraphLaunch
     graph = ns["tg_exec"]
     views = [y]  # the raw graph writes the y the raw context was bound to (_raw_side)

@@ -88,13 +88,13 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         copying(x)
         copying(x)
     torch.cuda.synchronize()
-    ctx = engine._res.context
+    ctx = engine._lanes[0].ops._res.context
     slot = next(iter(outer._outer_graphs.shortcuts.values()))
     n = len(xs)
     ns: dict[str, Any] = {
         "e": engine, "o": outer, "x": xs[0], "y": ys[0], "xs": xs, "ys": ys, "ss": statics,
-        "s": engine.stream, "fp": engine._fast_paths, "tc": ctx.trt_context, "ours": engine._order.ours,
-        "order": engine._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
+        "s": engine.stream, "fp": engine._lanes[0].ops._fast_paths, "tc": ctx.trt_context, "ours": engine._lanes[0].ops._order.ours,
+        "order": engine._lanes[0].ops._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
         "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._outer_graphs,
         "graph": slot.graph, "orders": outer._order, "rt": outer._graphs.rt, "n": n,
         "it": iter(range(1 << 62)), "next": next, "ptr": ys[0].data_ptr(), "shape0": tuple(ys[0].shape),
@@ -107,9 +107,9 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         if name.endswith("_int"):
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         ns[name] = fn
-    ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(engine._order.ours),
-              graph_i=int(slot.graph), ours_t=outer._graphs.rt.cudaStream_t(engine._order.ours))
-    fast = engine._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
+    ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(engine._lanes[0].ops._order.ours),
+              graph_i=int(slot.graph), ours_t=outer._graphs.rt.cudaStream_t(engine._lanes[0].ops._order.ours))
+    fast = engine._lanes[0].ops._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
     ns["f"] = fast
     keep = _raw_side(ns, torch, built, workload, xs, ys, ctx)
     from trt_runtime_backends.python.graphs import torch_results
@@ -173,7 +173,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     if n > 1:  # cycling shapes
         # the pre-bound call's shape switch taken apart: each (x, y) pair's plan, and the
         # state change its plan makes (prepare_state: restore_shapes, then addresses)
-        fps = [engine._fast_paths.prebound[(id(x), id(y))] for x, y in zip(xs, ys, strict=True)]
+        fps = [engine._lanes[0].ops._fast_paths.prebound[(id(x), id(y))] for x, y in zip(xs, ys, strict=True)]
         prepare = fast_path.prepare_state
         ns.update(fps=fps, preps=[
             functools.partial(prepare, engine, f.shape_key, f.dynamic_dims, f.out_shapes, f.ptrs) for f in fps

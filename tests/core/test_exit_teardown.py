@@ -27,7 +27,7 @@ def test_exit_teardown_python_engine_left_alone_at_exit() -> None:
         from _python_doubles import _fake_engine
         engine = _fake_engine()
         engine.execute(np.ones((2, 4), np.float32))
-        context, rt = engine._context, engine._rt
+        context, rt = engine._lanes[0].context, engine._rt
         weakref.finalize._exitfunc()  # what atexit runs
         del engine
         gc.collect()
@@ -43,7 +43,7 @@ def test_exit_teardown_python_engine_collected_before_exit_still_releases() -> N
         from _python_doubles import _fake_engine
         engine = _fake_engine()
         engine.execute(np.ones((2, 4), np.float32))
-        context, rt = engine._context, engine._rt
+        context, rt = engine._lanes[0].context, engine._rt
         del engine
         gc.collect()
         weakref.finalize._exitfunc()

@@ -250,13 +250,13 @@ def test_lease_close_while_calls_are_in_flight(torch: FakeTorch) -> None:
     x = torch.cuda_tensor((2, 4))
     engine(x)
     release = threading.Event()
-    original = engine._fast_entry
+    original = engine._lanes[0].fast_entry
 
     def slow(*args: Any) -> Any:
         release.wait(5)
         return original(*args)
 
-    engine._fast_entry = slow
+    engine._lanes[0].fast_entry = slow
     results: dict[int, Any] = {}
 
     def caller(i: int) -> None:
