@@ -100,12 +100,12 @@ class EngineBase(abc.ABC):
 
     @property
     def has_data_dependent_outputs(self) -> bool:
-        return any(o.data_dependent for o in self._outputs)
+        return any(o.data_dependent for o in self.outputs)
 
     @property
     def data_dependent_outputs(self) -> list[str]:
         """Names of outputs whose shapes are only known after execution."""
-        return [o.name for o in self._outputs if o.data_dependent]
+        return [o.name for o in self.outputs if o.data_dependent]
 
     @property
     def device(self) -> int:
@@ -495,7 +495,7 @@ class EngineBase(abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        io = ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in (*self._inputs, *self._outputs))
+        io = ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in (*self.inputs, *self.outputs))
         return f"<{type(self).__name__} {self.name!r} backend={self._backend.name!r} [{io}]>"
 
     # -- what a backend implements ------------------------------------------------------

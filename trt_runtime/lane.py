@@ -15,99 +15,44 @@ lane (``EngineBase._exclusive``) and apply to each through its methods.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trt_runtime.errors import EngineError, TrtRuntimeError
-from trt_runtime.outer import GraphSlot, OuterGraphs
+from trt_runtime.outer import GraphOps, OuterGraphs
 
 if TYPE_CHECKING:
-    from trt_runtime.engine import EngineBase
+    from trt_runtime.cache import RuntimeCache
     from trt_runtime.graphs import OuterGraph
-    from trt_runtime.protocols import DeviceGuard
+    from trt_runtime.protocols import DeviceGuard, TensorSpec
     from trt_runtime.settings import RuntimeSettings
 
-__all__ = ["FastEntry", "GraphOps", "Lane", "LaneOps"]
+__all__ = ["FastEntry", "GraphOps", "Lane", "LaneOps", "LaneOwner"]
 
 #: What the pipeline calls first on a lane: ``(inputs, stream, outputs) -> results or None``.
 FastEntry = Callable[[tuple[Any, ...], Any, "Sequence[Any] | None"], "list[Any] | None"]
 
 
-class GraphOps(Protocol):
-    """The backend's side of one lane's outer CUDA graphs, called by
-    :class:`~trt_runtime.outer.OuterGraphs`. ``stream`` below is the token
-    :meth:`graph_enter` returned (the backend's own stream, for instance)."""
+class LaneOwner(Protocol):
+    """What a lane reads of the engine it belongs to (:class:`~trt_runtime.EngineBase`)."""
 
-    def graph_call(self, call: Any) -> tuple[tuple[Any, int], Sequence[Any], Sequence[int], Hashable | None]:
-        """``(key, sources, addresses, shortcut)`` of a validated ``call``: ``key`` is
-        ``(input shapes as tuples of ints, profile index)``, ``sources`` what :meth:`copy`
-        copies from, ``addresses`` their device addresses (-1 for host memory), ``shortcut``
-        the key of :attr:`OuterGraphs.shortcuts` for the backend's replay fast path (or ``None``)."""
-        ...
+    name: str
 
-    def alloc_static(self, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
-        """A new static buffer of ``shape`` for tensor ``spec``, and its device address."""
-        ...
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
 
-    def bind_static(self, context: Any, slot: GraphSlot) -> None:
-        """Before a slot's warm-up: set the context's shapes and profile for ``slot.key`` and
-        the addresses of its static buffers; where the runtime writes into memory it is
-        given, allocate the static outputs (:meth:`OuterGraphs.alloc_outputs`). Raise
-        :class:`~trt_runtime.CapabilityError` for a context that cannot be captured."""
-        ...
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
 
-    def enqueue(self, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:
-        """Run the engine once on ``slot``'s static buffers on ``stream``; return the outputs
-        where the runtime allocates them (they become the static outputs when captured)."""
-        ...
+    @property
+    def runtime_settings(self) -> RuntimeSettings: ...
 
-    def warm_up(self, context: Any, slot: GraphSlot, stream: Any) -> None:
-        """The eager run before a capture (one :meth:`enqueue` on ``stream``, typically)."""
-        ...
+    @property
+    def outer_graph(self) -> OuterGraph | None: ...
 
-    def capture(self, fn: Callable[[Any], list[Any] | None], stream: Any, slot: GraphSlot
-                ) -> tuple[Any, list[Any] | None]:
-        """Capture ``fn(capture_stream)`` (``slot``'s enqueue) on a stream of the backend's
-        (never the legacy default stream), ordered after ``stream``; return the graph and
-        what ``fn`` returned."""
-        ...
+    def _resolve_cache(self, settings: RuntimeSettings) -> RuntimeCache | None: ...
 
-    def launch(self, graph: Any, stream: Any) -> None:
-        """Replay ``graph`` on ``stream``."""
-        ...
-
-    def copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
-        """Copy ``nbytes`` from ``src`` (a source of :meth:`graph_call`, or a static output)
-        into ``dst`` (a static input, or an ``outputs=`` array) on ``stream``."""
-        ...
-
-    def destroy_graph(self, graph: Any) -> None:
-        """Release a captured graph (its slot is gone; the lane's work is done)."""
-        ...
-
-    def graph_enter(self, stream: Any, call: Any) -> Any:
-        """Order the lane's graph work after the caller's ``stream``; return the token the
-        other methods get as ``stream``."""
-        ...
-
-    def graph_exit(self, stream: Any) -> None:
-        """Order the caller's stream after the lane's graph work (also after a failure)."""
-        ...
-
-    def graph_capturable(self) -> bool:
-        """Whether calls go through the outer graph now (else they run eagerly)."""
-        ...
-
-    def input_views(self, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
-        """``static_inputs()``'s answer for ``slot``."""
-        ...
-
-    def graph_results(self, context: Any, slot: GraphSlot, call: Any, outputs: Sequence[Any] | None,
-                      view: bool, stream: Any) -> list[Any]:
-        """The call's outputs from the static outputs: written into ``outputs=`` (returned
-        as given), the static outputs themselves (``view``), or new buffers
-        (:func:`~trt_runtime.outer.default_graph_results` does all three with :meth:`copy`)."""
-        ...
+    def _check_call_capabilities(self, outputs: Sequence[Any] | None, profile: int | None) -> None: ...
 
 
 class LaneOps(Protocol):
@@ -178,11 +123,11 @@ class Lane:
     ``ops`` is the backend's :class:`LaneOps` for it."""
 
     __slots__ = (
-        "closed", "context", "creations", "device_guard", "engine", "fast_entry", "graph_captures", "ops",
-        "outer_graph", "outer_graphs", "settings",
+        "closed", "context", "creations", "device_guard", "engine", "fast_entry", "ops", "outer_graph",
+        "outer_graphs", "settings",
     )
 
-    def __init__(self, engine: EngineBase, make_ops: Callable[[Lane], LaneOps],
+    def __init__(self, engine: LaneOwner, make_ops: Callable[[Lane], LaneOps],
                  device_guard: DeviceGuard | None = None) -> None:
         self.engine = engine
         #: The execution context (the backend's object); ``None`` until a call needs one.
@@ -192,14 +137,17 @@ class Lane:
         #: The settings the next context is made with (the engine's, applied by :meth:`apply_settings`).
         self.settings: RuntimeSettings = engine.runtime_settings
         self.outer_graph: OuterGraph | None = engine.outer_graph
-        self.graph_captures = 0
         self.closed = False
         #: Set where calls could leave the caller on the engine's device: every call runs in it.
         self.device_guard = device_guard
         self.ops = make_ops(self)
         graphs = self.ops.graphs
         #: The core's outer-graph manager of this lane (``None`` for a backend without graphs).
-        self.outer_graphs: OuterGraphs | None = None if graphs is None else OuterGraphs(self, graphs)
+        self.outer_graphs: OuterGraphs | None = None
+        if graphs is not None:
+            self.outer_graphs = OuterGraphs(graphs, engine.inputs, engine.outputs, self.ops.sync)
+            if self.outer_graph is not None:
+                self.outer_graphs.cache.max_graphs = self.outer_graph.max_graphs
         #: What the pipeline calls first (see :meth:`reset_fast` and :meth:`switch_fast`).
         self.fast_entry: FastEntry = self.ops.call_fast
 
@@ -220,9 +168,10 @@ class Lane:
         context = self.context
         if context is None:
             context = self.ensure_context()
+        graph = self.outer_graph
         outer = self.outer_graphs
-        if self.outer_graph is not None and outer is not None:
-            return outer.run(context, call, stream, outputs)
+        if graph is not None and outer is not None and outer.ops.graph_capturable():
+            return outer.run(context, call, stream, outputs, outputs is None and graph.outputs == "view")
         return ops.run(context, call, stream, outputs)
 
     # -- the context ------------------------------------------------------------------------
@@ -270,12 +219,19 @@ class Lane:
         self.outer_graph = graph
         self.ops.sync()
         self.drop_graphs()
+        if graph is not None and self.outer_graphs is not None:
+            self.outer_graphs.cache.max_graphs = graph.max_graphs
 
     def drop_graphs(self) -> None:
         """Release this lane's outer graphs (the caller made sure its work is done)."""
         self.reset_fast()
         if self.outer_graphs is not None:
             self.outer_graphs.drop()
+
+    @property
+    def graph_captures(self) -> int:
+        """How many outer graphs this lane captured (a replay is not a capture)."""
+        return 0 if self.outer_graphs is None else self.outer_graphs.captures
 
     # -- the fast entry -------------------------------------------------------------------------
     def reset_fast(self) -> None:

@@ -4,7 +4,7 @@ static buffers and the rules of capture, replay, re-capture and release.
 Under :attr:`EngineBase.outer_graph <trt_runtime.EngineBase.outer_graph>` each lane (one
 execution context) keeps an :class:`OuterGraphs`: a :class:`~trt_runtime.graphs.GraphCache`
 of :class:`GraphSlot`\\ s by ``(input shapes, profile)``. A slot holds static input buffers
-(allocated through the lane's :class:`~trt_runtime.lane.GraphOps` ``alloc_static``, also by ``engine.static_inputs()``
+(allocated through the lane's :class:`GraphOps` ``alloc_static``, also by ``engine.static_inputs()``
 before any capture), static output buffers and, from its first call on, the captured graph.
 
 A call (:meth:`OuterGraphs.run`):
@@ -39,7 +39,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trt_runtime.contract import numel
 from trt_runtime.dtypes import itemsize
@@ -47,9 +47,9 @@ from trt_runtime.errors import CapabilityError
 from trt_runtime.graphs import GraphCache
 
 if TYPE_CHECKING:
-    from trt_runtime.lane import GraphOps, Lane
+    from trt_runtime.protocols import TensorSpec
 
-__all__ = ["CAPTURE_LOCK", "SHORTCUTS", "GraphSlot", "OuterGraphs", "default_graph_results"]
+__all__ = ["CAPTURE_LOCK", "SHORTCUTS", "GraphOps", "GraphSlot", "OuterGraphs", "default_graph_results"]
 
 #: Serializes outer-graph captures in the whole process, for every backend: TensorRT-RTX
 #: 1.6.1 crashed (segfault, H100, 2026-11-24) when two contexts of one engine captured at
@@ -94,6 +94,83 @@ class GraphSlot:
         self.plan: Any = None
 
 
+class GraphOps(Protocol):
+    """The backend's side of one lane's outer CUDA graphs, called by
+    :class:`~trt_runtime.outer.OuterGraphs`. ``stream`` below is the token
+    :meth:`graph_enter` returned (the backend's own stream, for instance)."""
+
+    def graph_call(self, call: Any) -> tuple[tuple[Any, int], Sequence[Any], Sequence[int], Hashable | None]:
+        """``(key, sources, addresses, shortcut)`` of a validated ``call``: ``key`` is
+        ``(input shapes as tuples of ints, profile index)``, ``sources`` what :meth:`copy`
+        copies from, ``addresses`` their device addresses (-1 for host memory), ``shortcut``
+        the key of :attr:`OuterGraphs.shortcuts` for the backend's replay fast path (or ``None``)."""
+        ...
+
+    def alloc_static(self, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
+        """A new static buffer of ``shape`` for tensor ``spec``, and its device address."""
+        ...
+
+    def bind_static(self, context: Any, slot: GraphSlot) -> None:
+        """Before a slot's warm-up: set the context's shapes and profile for ``slot.key`` and
+        the addresses of its static buffers; where the runtime writes into memory it is
+        given, allocate the static outputs (:meth:`OuterGraphs.alloc_outputs`). Raise
+        :class:`~trt_runtime.CapabilityError` for a context that cannot be captured."""
+        ...
+
+    def enqueue(self, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:
+        """Run the engine once on ``slot``'s static buffers on ``stream``; return the outputs
+        where the runtime allocates them (they become the static outputs when captured)."""
+        ...
+
+    def warm_up(self, context: Any, slot: GraphSlot, stream: Any) -> None:
+        """The eager run before a capture (one :meth:`enqueue` on ``stream``, typically)."""
+        ...
+
+    def capture(self, fn: Callable[[Any], list[Any] | None], stream: Any, slot: GraphSlot
+                ) -> tuple[Any, list[Any] | None]:
+        """Capture ``fn(capture_stream)`` (``slot``'s enqueue) on a stream of the backend's
+        (never the legacy default stream), ordered after ``stream``; return the graph and
+        what ``fn`` returned."""
+        ...
+
+    def launch(self, graph: Any, stream: Any) -> None:
+        """Replay ``graph`` on ``stream``."""
+        ...
+
+    def copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
+        """Copy ``nbytes`` from ``src`` (a source of :meth:`graph_call`, or a static output)
+        into ``dst`` (a static input, or an ``outputs=`` array) on ``stream``."""
+        ...
+
+    def destroy_graph(self, graph: Any) -> None:
+        """Release a captured graph (its slot is gone; the lane's work is done)."""
+        ...
+
+    def graph_enter(self, stream: Any, call: Any) -> Any:
+        """Order the lane's graph work after the caller's ``stream``; return the token the
+        other methods get as ``stream``."""
+        ...
+
+    def graph_exit(self, stream: Any) -> None:
+        """Order the caller's stream after the lane's graph work (also after a failure)."""
+        ...
+
+    def graph_capturable(self) -> bool:
+        """Whether calls go through the outer graph now (else they run eagerly)."""
+        ...
+
+    def input_views(self, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
+        """``static_inputs()``'s answer for ``slot``."""
+        ...
+
+    def graph_results(self, context: Any, slot: GraphSlot, call: Any, outputs: Sequence[Any] | None,
+                      view: bool, stream: Any) -> list[Any]:
+        """The call's outputs from the static outputs: written into ``outputs=`` (returned
+        as given), the static outputs themselves (``view``), or new buffers
+        (:func:`~trt_runtime.outer.default_graph_results` does all three with :meth:`copy`)."""
+        ...
+
+
 def _static_buffers(ops: GraphOps, specs: Sequence[Any], shapes: Sequence[Sequence[int]]
                     ) -> tuple[list[Any], tuple[int, ...], tuple[int, ...]]:
     buffers, ptrs, sizes = [], [], []
@@ -122,19 +199,26 @@ def _without_collector(capture: Callable[..., Any], *args: Any) -> Any:
 
 class OuterGraphs:
     """The outer graphs of one lane (see the module docstring), whose backend side is
-    ``ops``. Not thread-safe: the lane is leased by one call at a time."""
+    ``ops``; ``inputs``/``outputs`` are the engine's tensors, ``sync`` waits for the lane's
+    work. Not thread-safe: the lane is leased by one call at a time. Its lane sets
+    ``cache.max_graphs`` from the wrap in force."""
 
-    __slots__ = ("_released", "cache", "lane", "ops", "refused", "shortcuts")
+    __slots__ = ("_released", "cache", "captures", "inputs", "ops", "outputs", "refused", "shortcuts", "sync")
 
-    def __init__(self, lane: Lane, ops: GraphOps) -> None:
-        self.lane = lane
+    def __init__(self, ops: GraphOps, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 sync: Callable[[], None]) -> None:
         self.ops = ops
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.sync = sync
         #: Slots by (input shapes, profile), bounded (``OuterGraph.max_graphs``).
         self.cache: GraphCache[tuple[Any, int], GraphSlot] = GraphCache(self._on_release)
         #: Captured slots by the backend's shortcut key (its replay fast path).
         self.shortcuts: dict[Hashable, GraphSlot] = {}
         #: The CapabilityError of a capture that could not be made, until the graphs go.
         self.refused: CapabilityError | None = None
+        #: Graphs captured, ever (``engine.graph_captures``).
+        self.captures = 0
         self._released: list[GraphSlot] = []
 
     def __len__(self) -> int:
@@ -146,7 +230,7 @@ class OuterGraphs:
         there is none."""
         slot = self.cache.peek(key)
         if slot is None:
-            inputs, ptrs, sizes = _static_buffers(self.ops, self.lane.engine.inputs, key[0])
+            inputs, ptrs, sizes = _static_buffers(self.ops, self.inputs, key[0])
             slot = GraphSlot(key, inputs, ptrs, sizes)
             self._keep(slot)
         return slot
@@ -154,7 +238,7 @@ class OuterGraphs:
     def alloc_outputs(self, slot: GraphSlot, shapes: Sequence[Sequence[int]]) -> None:
         """Allocate ``slot``'s static outputs of ``shapes`` (through ``alloc_static``), for a
         backend whose runtime writes into memory it is given (from ``bind_static``)."""
-        slot.outputs, slot.out_ptrs, slot.out_nbytes = _static_buffers(self.ops, self.lane.engine.outputs, shapes)
+        slot.outputs, slot.out_ptrs, slot.out_nbytes = _static_buffers(self.ops, self.outputs, shapes)
         slot.out_shapes = [tuple(int(d) for d in s) for s in shapes]
 
     def static_inputs(self, key: tuple[Any, int], as_torch: bool | None) -> list[Any]:
@@ -163,22 +247,18 @@ class OuterGraphs:
 
     def _keep(self, slot: GraphSlot) -> None:
         cache = self.cache
-        outer = self.lane.outer_graph
-        if outer is not None:
-            cache.max_graphs = outer.max_graphs
         if len(cache) >= cache.max_graphs:
-            self.lane.ops.sync()  # no replay of the graph evicted below is still in flight
+            self.sync()  # no replay of the graph evicted below is still in flight
         cache.add(slot.key, slot, captured=False)
         self._release()
 
     # -- one call -------------------------------------------------------------------------------
-    def run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
-        """One validated call under the outer graph: replay its slot's graph, or capture it
-        (the eager warm-up run is then this call's result)."""
+    def run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None, view: bool
+            ) -> list[Any]:
+        """One validated call under the outer graph (the lane checked ``graph_capturable``):
+        replay its slot's graph, or capture it (the eager warm-up run is then this call's
+        result); ``view``: hand the static outputs over as they are."""
         ops = self.ops
-        lane = self.lane
-        if not ops.graph_capturable():
-            return lane.ops.run(context, call, stream, outputs)
         key, sources, addresses, shortcut = ops.graph_call(call)
         # Ordered first: static buffers made now are made on the call's stream.
         token = ops.graph_enter(stream, call)
@@ -196,8 +276,6 @@ class OuterGraphs:
                 self._capture(context, slot, token)
             else:
                 ops.launch(slot.graph, token)
-            outer = lane.outer_graph
-            view = outputs is None and outer is not None and outer.outputs == "view"
             results = ops.graph_results(context, slot, call, outputs, view, token)
         finally:
             ops.graph_exit(token)
@@ -227,7 +305,7 @@ class OuterGraphs:
         if made is not None and not slot.outputs:
             slot.outputs = list(made)
         self.cache.captures += 1
-        self.lane.graph_captures += 1
+        self.captures += 1
 
     # -- release ------------------------------------------------------------------------------
     def drop(self) -> None:

@@ -10,37 +10,23 @@ each lane applies through its methods.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.contract import TensorInfo, read_specs
-from trt_runtime_backends.python.lane import MEMORY_PER_SHAPE, PythonLane
-from trt_runtime_backends.python.shapes import SHAPE_CONTEXTS
+from trt_runtime_backends.python.graphs import PythonGraphs
+from trt_runtime_backends.python.lane import MEMORY_PER_SHAPE, PythonLane, Shared
 
 from trt_runtime.contract import ShapeChecker
 from trt_runtime.engine import EngineBase
 from trt_runtime.lane import Lane
-from trt_runtime.protocols import EngineSource
+from trt_runtime.protocols import EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from trt_runtime_backends.python.execution_context import ExecutionContext
 
 __all__ = ["MEMORY_PER_SHAPE", "PythonEngine"]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Loaded:
-    """What a load gave: the backend, the first ``ICudaEngine``, the device, the plan, the
-    CUDA runtime (``cuda.bindings.runtime``, or a test double) and the stream-ordering mode."""
-
-    backend: Any
-    trt_engine: Any
-    state: cuda.DeviceState
-    source: EngineSource
-    runtime: Any
-    ordering: str
 
 
 class PythonEngine(EngineBase):
@@ -80,21 +66,18 @@ class PythonEngine(EngineBase):
         # ``ordering`` one of stream_order.MODES (default: stream_order.DEFAULT_MODE).
         from trt_runtime_backends.python import stream_order
 
-        self._loaded = _Loaded(
-            backend, trt_engine, state, source, _cudart() if runtime is None else runtime,
-            stream_order.DEFAULT_MODE if ordering is None else ordering,
-        )
-        self._multi_device = cuda.device_count() > 1 if runtime is None else False
         inputs, outputs = read_specs(backend.tensorrt, trt_engine)
-        self._in = [TensorInfo(s, i) for i, s in enumerate(inputs)]
-        self._out = [TensorInfo(s, i) for i, s in enumerate(outputs)]
-        self._checker = ShapeChecker(source.name, inputs, max(1, int(trt_engine.num_optimization_profiles)))
-        self._profile: int | None = None
-        self._output_allocator = "auto"
-        self._shape_context_limit = SHAPE_CONTEXTS
+        multi_device = cuda.device_count() > 1 if runtime is None else False
+        #: What the lanes share (the load, the tensors, this backend's settings).
+        self._shared = Shared(
+            backend, trt_engine, state, source, _cudart() if runtime is None else runtime,
+            stream_order.DEFAULT_MODE if ordering is None else ordering, multi_device,
+            [TensorInfo(s, i) for i, s in enumerate(inputs)], [TensorInfo(s, i) for i, s in enumerate(outputs)],
+            ShapeChecker(source.name, inputs, max(1, int(trt_engine.num_optimization_profiles))),
+        )
         # With several GPUs, the caller's device and context are given back after each call.
         super().__init__(backend, name=source.name, inputs=inputs, outputs=outputs, settings=settings,
-                         device_guard=cuda.CallerDevice(state) if self._multi_device else None)
+                         device_guard=cuda.CallerDevice(state) if multi_device else None)
 
     def _new_ops(self, lane: Lane) -> PythonLane:
         """A lane over the same ``ICudaEngine``, unless the engine has dynamic input shapes
@@ -106,16 +89,16 @@ class PythonEngine(EngineBase):
         others; a lane with its own deserialized engine has every profile to itself (what
         Triton's TensorRT backend does per instance), at the cost of the weights once more
         (:meth:`memory_usage` counts them)."""
-        loaded = self._loaded
+        shared = self._shared
         if "_pool" not in vars(self):  # the first lane, made by EngineBase.__init__ (the load's scope)
-            return PythonLane(self, lane, loaded.trt_engine)
+            return PythonLane(shared, lane, shared.trt_engine, PythonGraphs)
         # The lane's streams and events belong to the engine's device; the caller's
         # current device is given back after (``load(..., contexts=N)`` leaves it alone).
-        with loaded.state.scope():
-            trt_engine = loaded.trt_engine
+        with shared.state.scope():
+            trt_engine = shared.trt_engine
             if any(spec.is_dynamic for spec in self._inputs):
-                trt_engine = loaded.backend.deserialize(loaded.source, loaded.state)
-            return PythonLane(self, lane, trt_engine)
+                trt_engine = shared.backend.deserialize(shared.source, shared.state)
+            return PythonLane(shared, lane, trt_engine, PythonGraphs)
 
     def _lane_ops(self) -> list[PythonLane]:
         return [lane.ops for lane in self._pool.lanes]  # type: ignore[misc]
@@ -127,17 +110,17 @@ class PythonEngine(EngineBase):
     @property
     def _rt(self) -> Any:
         """The CUDA runtime the lanes call (``cuda.bindings.runtime``, or a test double)."""
-        return self._loaded.runtime
+        return self._shared.runtime
 
     @property
     def _state(self) -> cuda.DeviceState:
-        return self._loaded.state
+        return self._shared.state
 
     # -- metadata ------------------------------------------------------------------------
     @property
     def device(self) -> int:
         """The CUDA device id the engine runs on."""
-        return self._loaded.state.index
+        return self._shared.state.index
 
     @property
     def stream(self) -> Any:
@@ -175,15 +158,15 @@ class PythonEngine(EngineBase):
         """``"auto"`` (default): only data-dependent outputs go through an
         ``IOutputAllocator``; ``"always"``: every output does (TensorRT asks the allocator
         for memory and reports each shape). Changing it drops the execution context."""
-        return self._output_allocator
+        return self._shared.output_allocator
 
     @output_allocator.setter
     def output_allocator(self, value: str) -> None:
         if value not in ("auto", "always"):
             raise ValueError(f"output_allocator must be one of 'auto', 'always'; got {value!r}")
         with self._exclusive():
-            if value != self._output_allocator:
-                self._output_allocator = value
+            if value != self._shared.output_allocator:
+                self._shared.output_allocator = value
                 for lane in self._pool.lanes:
                     lane.drop_context()
 
@@ -193,14 +176,14 @@ class PythonEngine(EngineBase):
         (default :data:`.shapes.SHAPE_CONTEXTS`): a change to shapes one of them holds costs no
         TensorRT call. ``1``: one context that changes its shapes. Changing it drops the
         execution contexts. See :mod:`.shapes`."""
-        return self._shape_context_limit
+        return self._shared.shape_contexts
 
     @shape_contexts.setter
     def shape_contexts(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"shape_contexts must be an int >= 1; got {value!r}")
         with self._exclusive():
-            self._shape_context_limit = value
+            self._shared.shape_contexts = value
             for ops in self._lane_ops():
                 ops.apply_shape_contexts(value)
 
@@ -220,30 +203,31 @@ class PythonEngine(EngineBase):
 
     @property
     def num_profiles(self) -> int:
-        return self._checker.num_profiles
+        return self._shared.checker.num_profiles
 
     @property
     def profile(self) -> int | None:
         """The optimization profile used by :meth:`execute`; ``None`` picks the first whose
         ranges contain every input shape."""
-        return self._profile
+        return self._shared.profile
 
     @profile.setter
     def profile(self, value: int | None) -> None:
         if value is not None:
-            self._checker.check_profile_index(value)
+            self._shared.checker.check_profile_index(value)
         with self._exclusive():
-            self._profile = value
+            self._shared.profile = value
             for ops in self._lane_ops():
                 ops.forget_calls()
 
     @property
-    def _shape_checker(self) -> ShapeChecker:
-        return self._checker
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        """The outputs (one a lane found data-dependent on a first run says so from then on)."""
+        return self._shared.outputs
 
-    def outputs_learned(self) -> None:
-        """A lane found an output data-dependent (its spec in ``_out`` says so now)."""
-        self._outputs = tuple(o.spec for o in self._out)
+    @property
+    def _shape_checker(self) -> ShapeChecker:
+        return self._shared.checker
 
     def _memory_usage(self) -> tuple[int, int]:
         lanes = self._lane_ops()
@@ -257,7 +241,7 @@ class PythonEngine(EngineBase):
         )
         # Every distinct ICudaEngine of the lanes holds the weights once (see _new_ops).
         engines = {id(e): e for e in (ops.trt_engine for ops in lanes) if e is not None}
-        size = len(self._loaded.source.data)
+        size = len(self._shared.source.data)
         weights = sum(int(getattr(e, "streamable_weights_size", 0) or 0) or size for e in engines.values())
         return weights, per
 

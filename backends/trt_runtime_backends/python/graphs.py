@@ -68,15 +68,15 @@ class PythonGraphs(GraphOps):
 
     __slots__ = ("caller", "capture_stream", "copying", "d2d", "ops", "res", "rt", "spare", "state")
 
-    def __init__(self, ops: PythonLane, rt: Any, state: Any, res: Any) -> None:
+    def __init__(self, ops: PythonLane) -> None:
         #: The lane's ops (its context, stream, bindings and ordering).
         self.ops = ops
-        self.rt = rt
+        rt = self.rt = ops._rt
         self.d2d = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
         #: The engine's ``cuda.DeviceState`` (the capture stream is made on it) and the
         #: finalizer's resources (which destroy the graphs of an engine never closed).
-        self.state = state
-        self.res = res
+        self.state = ops._state
+        self.res = ops._res
         self.capture_stream: Any = None
         #: The caller's stream handle of the call in flight (``None``: no event needed).
         self.caller: int | None = None

@@ -9,7 +9,7 @@ CUDA graphs the core's :class:`~trt_runtime.outer.OuterGraphs` keeps),
 :class:`.stream_order.StreamOrder` (ordering with the caller's stream) and
 :class:`.shapes.ShapeContexts` (a context per recent input-shape signature); and its own
 CUDA stream, events and execution contexts, over the engine's ``ICudaEngine`` (or one of
-its own, for an engine with dynamic shapes: see :meth:`.engine.PythonEngine._new_ops`).
+its own, for an engine with dynamic shapes: see :meth:`.engine.PythonEngine._new_ops`), and what they share (:class:`Shared`).
 The core's :class:`~trt_runtime.lane.Lane` (``self.lane``) keeps the context handle, the
 settings, the outer graphs and the fast entry.
 """
@@ -19,8 +19,9 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trt_runtime_backends.python import cuda, stream_order
 from trt_runtime_backends.python.arrays import DeviceArray
@@ -34,22 +35,20 @@ from trt_runtime_backends.python.execution_context import (
     trt_enum,
 )
 from trt_runtime_backends.python.fast_path import FastPaths
-from trt_runtime_backends.python.graphs import PythonGraphs
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
-from trt_runtime_backends.python.shapes import ShapeContexts, apply_shapes
+from trt_runtime_backends.python.shapes import SHAPE_CONTEXTS, ShapeContexts, apply_shapes
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker
 from trt_runtime.errors import EngineError
-from trt_runtime.lane import Lane, LaneOps
-from trt_runtime.protocols import TensorSpec
+from trt_runtime.lane import GraphOps, Lane, LaneOps
+from trt_runtime.outer import OuterGraphs
+from trt_runtime.protocols import EngineSource, TensorSpec
 from trt_runtime.settings import CudaGraphStrategy, RuntimeSettings
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
 
-    from trt_runtime_backends.python.engine import PythonEngine
-
-__all__ = ["MEMORY_PER_SHAPE", "PythonLane"]
+__all__ = ["MEMORY_PER_SHAPE", "LaneGraphs", "PythonLane", "Shared"]
 
 #: Whether a USER_MANAGED context's scratch memory is sized again after every change of
 #: input shapes (``update_device_memory_size_for_shapes`` + ``set_device_memory``, as
@@ -60,40 +59,87 @@ __all__ = ["MEMORY_PER_SHAPE", "PythonLane"]
 MEMORY_PER_SHAPE = False
 
 
+@dataclasses.dataclass
+class Shared:
+    """What the lanes of one :class:`~.engine.PythonEngine` share: what the load gave (the
+    backend, the first ``ICudaEngine``, the device, the plan, the CUDA runtime, the
+    stream-ordering mode), the tensors and their checks, and this backend's settings, which
+    the engine changes (every lane held) and the lanes read."""
+
+    backend: Any
+    trt_engine: Any
+    state: cuda.DeviceState
+    source: EngineSource
+    runtime: Any  # cuda.bindings.runtime, or a test double
+    ordering: str
+    multi_device: bool
+    ins: list[TensorInfo]
+    outs: list[TensorInfo]  # an output found data-dependent stays so, for every lane
+    checker: ShapeChecker
+    profile: int | None = None
+    output_allocator: str = "auto"
+    shape_contexts: int = SHAPE_CONTEXTS
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(o.spec for o in self.outs)
+
+
+class LaneGraphs(GraphOps, Protocol):
+    """What a lane asks of its outer graphs' side (:class:`.graphs.PythonGraphs`) besides the
+    core's :class:`~trt_runtime.lane.GraphOps`."""
+
+    def replay_torch(self, inputs: tuple[Any, ...], stream: Any, graphs: OuterGraphs) -> list[Any] | None:
+        """A replay of CUDA torch inputs of shapes captured before; ``None``: the general path."""
+        ...
+
+    def drop_spare(self) -> None:
+        """Destroy the executable graph kept for an update (the context goes)."""
+        ...
+
+    def close(self) -> None:
+        """Release what is left (the lane closes, after its graphs were dropped)."""
+        ...
+
+
 class PythonLane(LaneOps):
     """One execution context's side of the python backend: stream, events, bindings,
     caches and outer graphs over an ``ICudaEngine``. Made by the engine for each lane.
     Not thread-safe: a lane is leased by one call at a time."""
 
-    def __init__(self, engine: PythonEngine, lane: Lane, trt_engine: Any) -> None:
-        loaded = engine._loaded
-        backend = loaded.backend
-        self.engine = engine
+    def __init__(self, shared: Shared, lane: Lane, trt_engine: Any,
+                 make_graphs: Callable[[PythonLane], LaneGraphs]) -> None:
+        backend = shared.backend
+        self.shared = shared
         self.lane = lane
-        self.name = engine.name
+        self.name = shared.name
         self._trt = backend.tensorrt
         self._flavour = backend.flavour
         self._logger = backend.logger
         self._trt_engine = trt_engine
-        state = self._state = loaded.state
+        state = self._state = shared.state
         self._device = state.index
-        self._multi_device = engine._multi_device
+        self._multi_device = shared.multi_device
         #: Threads in which the engine's device context was made current (see validate_inputs).
         self._threads = threading.local()
         # (shared with the engine and its other lanes: an output found data-dependent stays so)
-        self._in: list[TensorInfo] = engine._in
-        self._out: list[TensorInfo] = engine._out
+        self._in: list[TensorInfo] = shared.ins
+        self._out: list[TensorInfo] = shared.outs
         self._n_in = len(self._in)
         self._in_names = tuple(io.name for io in self._in)
         self._io_names = tuple(io.name for io in (*self._in, *self._out))
-        self._rt = loaded.runtime
+        self._rt = shared.runtime
         self._res = Resources(self._rt)
         # A lane that is never closed still drops its context before its ICudaEngine;
         # not at interpreter exit, though: daemon threads may still be calling it then, and
         # the program's tensors outlive the atexit hooks. The process's end releases it all.
         self._finalizer = weakref.finalize(self, finalize, self._res)
         self._finalizer.atexit = False
-        mode = loaded.ordering
+        mode = shared.ordering
         # A blocking stream is ordered with the legacy default stream by CUDA itself.
         blocking = stream_order.StreamOrder.blocking(mode)
         self._stream = state.create_stream(blocking=True) if blocking else state.create_stream()
@@ -113,13 +159,13 @@ class PythonLane(LaneOps):
         self._res.order = self._order
         self._fast_paths = FastPaths()
         self._shape_contexts = ShapeContexts()
-        self._shape_contexts.limit = engine.shape_contexts
-        self.graphs: PythonGraphs = PythonGraphs(self, self._rt, state, self._res)
+        self._shape_contexts.limit = shared.shape_contexts
+        self.graphs: LaneGraphs = make_graphs(self)
         self._cache_key: Any = None
         #: Seconds the last context creation took, by step (``PythonEngine.context_timings``).
         self.context_timings: dict[str, float] = {}
         self._contract = Contract(
-            engine.name, self._in, engine._shape_checker, self._device, self._multi_device, self._torch,
+            shared.name, self._in, shared.checker, self._device, self._multi_device, self._torch,
         )
         self._binding = OutputBinding(self._contract, self._out, self._rt, state, self._stream)
 
@@ -204,8 +250,8 @@ class PythonLane(LaneOps):
             t_config = t_cache = clock()
             if cache is not None:
                 if self._cache_key is None:
-                    self._cache_key = self.engine.backend.cache_key(self._device)
-                native = cache.ensure_materialized(config, backend=self.engine.backend, key=self._cache_key)
+                    self._cache_key = self.shared.backend.cache_key(self._device)
+                native = cache.ensure_materialized(config, backend=self.shared.backend, key=self._cache_key)
                 config.set_runtime_cache(native)
                 t_cache = clock()
             trt_context = self._trt_engine.create_execution_context(config)
@@ -225,8 +271,8 @@ class PythonLane(LaneOps):
         ctx = ExecutionContext(trt_context, config, native)
         if user_managed is not None:
             self._provide_device_memory(ctx)
-        always = self.engine.output_allocator == "always"
-        for spec in self.engine.outputs:
+        always = self.shared.output_allocator == "always"
+        for spec in self.shared.outputs:
             if spec.data_dependent or always:
                 self._attach_allocator(ctx, spec.name)
         self._res.context = ctx
@@ -321,7 +367,7 @@ class PythonLane(LaneOps):
         if not hasattr(self._threads, "ready"):
             self._activate_thread()
         return self._contract.inspect(
-            inputs, self.engine.profile if profile is None else profile, remember=profile is None
+            inputs, self.shared.profile if profile is None else profile, remember=profile is None
         )
 
     def validate_outputs(self, context: Any, outputs: Sequence[Any], call: Any) -> None:
@@ -424,7 +470,6 @@ class PythonLane(LaneOps):
     def _mark_data_dependent(self, io: TensorInfo) -> None:
         spec = io.spec
         io.spec = TensorSpec(spec.name, spec.dtype, spec.shape, False, data_dependent=True)
-        self.engine.outputs_learned()
 
 
 def _detail(messages: list[str]) -> str:

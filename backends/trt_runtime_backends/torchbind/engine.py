@@ -34,16 +34,12 @@ from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CapabilityError
 from trt_runtime.lane import Lane
 from trt_runtime.protocols import Backend, TensorSpec
-from trt_runtime.settings import (
-    CudaGraphStrategy,
-    DynamicShapesKernelSpecializationStrategy,
-    RuntimeSettings,
-    SettingsLike,
-)
+from trt_runtime.settings import SettingsLike
 
 from .bridge import translate_errors
-from .contract import Call, Contract
-from .lane import NativeState, TorchbindLane
+from .contract import Contract
+from .graphs import TorchbindGraphs
+from .lane import Features, NativeState, Shared, TorchbindLane
 
 if TYPE_CHECKING:
     from .runtime import TorchbindRuntime
@@ -52,22 +48,11 @@ __all__ = ["NativeState", "TorchbindEngine", "translate_errors"]
 
 logger = logging.getLogger("trt_runtime.torchbind")
 
-_LAZY = DynamicShapesKernelSpecializationStrategy.LAZY
-
-
-@dataclasses.dataclass(frozen=True)
-class _Features:
-    """What this torch-tensorrt's engine objects can do (read once, at load)."""
-
-    can_update: bool  # update_runtime_settings (settings per context)
-    lazy_context: bool  # a lazily built IExecutionContext it counts (2.13+)
-    switches_profiles: bool  # per-call optimization-profile selection (2.14+)
-
-
 class TorchbindEngine(EngineBase):
     """An engine run by torch-tensorrt's C++ runtime; outputs follow the kind of the inputs.
     Each lane (:class:`.lane.TorchbindLane`) holds a ``torch.classes.tensorrt.Engine`` of
-    its own; the engine keeps what they share (the contract, the runtime, the notes logged)."""
+    its own; what they share (the contract, the runtime, the notes logged) is a
+    :class:`.lane.Shared`."""
 
     def __init__(
         self,
@@ -82,46 +67,24 @@ class TorchbindEngine(EngineBase):
         settings: SettingsLike = None,
         make_native: Callable[[], Any] | None = None,
     ) -> None:
-        self.runtime = runtime
-        self._device = device
         #: Builds another torch.classes.tensorrt.Engine of the same bytes (a new lane).
         self._make_native = make_native
         bridge = runtime.bridge
-        switches = self._select_profiles(name, native, inputs)
-        self._features = _Features(
+        switches = _select_profiles(runtime, name, native, inputs)
+        if not switches and any(len(s.profiles) > 1 for s in inputs):
+            inputs = [dataclasses.replace(s, profiles=s.profiles[:1]) for s in inputs]
+        features = Features(
             can_update=runtime.has_runtime_settings and bridge.has_method(native, "update_runtime_settings"),
             lazy_context=bridge.has_method(native, "num_execution_contexts_created"),
             switches_profiles=switches,
         )
-        if not switches and any(len(s.profiles) > 1 for s in inputs):
-            inputs = [dataclasses.replace(s, profiles=s.profiles[:1]) for s in inputs]
-        self._contract = Contract(name, inputs, outputs, device, bridge)
-        #: What was logged once for this engine ("staged", "strategy", "lazy").
-        self._said: set[str] = set()
-        #: How many times ``update_runtime_settings`` was called (diagnostics, tests).
-        self.native_updates = 0
+        self._shared = Shared(backend, runtime, device, name, tuple(inputs), tuple(outputs),
+                              Contract(name, inputs, outputs, device, bridge), features)
         self._first_native = native  # (the first lane's, handed over in _new_ops)
         super().__init__(
             backend, name=name, inputs=inputs, outputs=outputs, settings=settings,
             device_guard=None if bridge.device_count() == 1 else bridge.device_guard(),
         )
-
-    def _select_profiles(self, name: str, native: Any, inputs: Sequence[TensorSpec]) -> bool:
-        """Let torch-tensorrt pick the optimization profile per call (2.14+): whether it
-        can; before it could, only profile 0 is ever active, so only its ranges are
-        advertised."""
-        if not any(len(s.profiles) > 1 for s in inputs):
-            return False
-        runtime = self.runtime
-        if runtime.bridge.has_method(native, "set_active_profile"):
-            with translate_errors(name, "enabling optimization-profile selection"):
-                native._auto_select_profiles = True
-            return True
-        logger.info(
-            "engine %r: %s %s cannot switch optimization profiles; only profile 0 is used",
-            name, runtime.library.distribution, runtime.library.version,
-        )
-        return False
 
     def _new_ops(self, lane: Lane) -> TorchbindLane:
         """A lane with the load's ``torch.classes.tensorrt.Engine`` (the first), else another
@@ -132,15 +95,25 @@ class TorchbindEngine(EngineBase):
             if self._make_native is None:
                 raise CapabilityError(f"engine {self.name!r} was not loaded by the backend; it cannot be cloned")
             native = self._make_native()
-            if self._features.switches_profiles:
+            if self._shared.features.switches_profiles:
                 with translate_errors(self.name, "enabling optimization-profile selection"):
                     native._auto_select_profiles = True
-        return TorchbindLane(self, lane, native)
+        return TorchbindLane(self._shared, lane, native, TorchbindGraphs)
 
     @property
     def device(self) -> int:
         """The CUDA device the engine runs on."""
-        return self._device
+        return self._shared.device
+
+    @property
+    def runtime(self) -> TorchbindRuntime:
+        """The torch-tensorrt runtime the engine runs on."""
+        return self._shared.runtime
+
+    @property
+    def native_updates(self) -> int:
+        """How many times ``update_runtime_settings`` was called (diagnostics, tests)."""
+        return self._shared.native_updates
 
     # -- what torch-tensorrt sees ---------------------------------------------------------
     @property
@@ -152,13 +125,13 @@ class TorchbindEngine(EngineBase):
     def native_context_creations(self) -> int | None:
         """torch-tensorrt's own count of ``IExecutionContext`` creations (2.13+), else None."""
         native = self.native
-        if native is None or not self._features.lazy_context:
+        if native is None or not self._shared.features.lazy_context:
             return None
         return int(native.num_execution_contexts_created())
 
     @property
     def _shape_checker(self) -> Any:
-        return self._contract.shapes
+        return self._shared.contract.shapes
 
     def _first_lane(self) -> TorchbindLane:
         return self._lanes[0].ops  # type: ignore[return-value]
@@ -167,45 +140,19 @@ class TorchbindEngine(EngineBase):
         # torch-tensorrt reports neither; each lane holds a whole copy of the engine.
         return 0, 0
 
-    # -- what every lane shares --------------------------------------------------------------
-    def log_staging(self, call: Call) -> None:
-        """Log once per engine that host inputs are staged on the device."""
-        if "staged" not in self._said:
-            self._said.add("staged")
-            names = ", ".join(repr(self._inputs[i].name) for i in call.host)
-            logger.info(
-                "engine %r: host input(s) %s copied to cuda:%d on the caller's stream "
-                "(pass CUDA tensors to stay zero-copy)", self.name, names, self._device,
-            )
 
-    def graph_capturable(self, settings: RuntimeSettings) -> bool:
-        """Whether calls of a lane with ``settings`` go through the outer graph.
-
-        With TensorRT-RTX's own capture on (``cuda_graph_strategy``) they run eagerly with
-        it instead: torch-tensorrt turns its engine's strategy off for good when it meets
-        an outer capture.
-        """
-        if settings.cuda_graph_strategy is CudaGraphStrategy.DISABLED:
-            if (
-                "lazy" not in self._said
-                and any(s.is_dynamic for s in self._inputs)
-                and settings.dynamic_shapes_kernel_specialization_strategy is _LAZY
-            ):
-                self._said.add("lazy")
-                logger.info(
-                    "engine %r: dynamic input shapes with dynamic_shapes_kernel_specialization_strategy="
-                    "'lazy': each outer graph keeps the kernels TensorRT-RTX ran when it was captured "
-                    "(shape-specialized kernels compiled later are not picked up; torch-tensorrt's own "
-                    "wrapper refuses this combination); 'eager' compiles them before the capture",
-                    self.name,
-                )
-            return True
-        if "strategy" not in self._said:
-            self._said.add("strategy")
-            logger.warning(
-                "engine %r: cuda_graph_strategy=%r is TensorRT-RTX's own CUDA graph capture, which "
-                "torch-tensorrt cannot run inside an outer graph; calls run eagerly with it "
-                "(enable_cudagraphs(engine, outer=True) sets 'disabled')",
-                self.name, str(settings.cuda_graph_strategy),
-            )
+def _select_profiles(runtime: TorchbindRuntime, name: str, native: Any, inputs: Sequence[TensorSpec]) -> bool:
+    """Let torch-tensorrt pick the optimization profile per call (2.14+): whether it
+    can; before it could, only profile 0 is ever active, so only its ranges are
+    advertised."""
+    if not any(len(s.profiles) > 1 for s in inputs):
         return False
+    if runtime.bridge.has_method(native, "set_active_profile"):
+        with translate_errors(name, "enabling optimization-profile selection"):
+            native._auto_select_profiles = True
+        return True
+    logger.info(
+        "engine %r: %s %s cannot switch optimization profiles; only profile 0 is used",
+        name, runtime.library.distribution, runtime.library.version,
+    )
+    return False

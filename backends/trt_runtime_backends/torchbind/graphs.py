@@ -45,16 +45,13 @@ from trt_runtime.outer import GraphSlot
 from trt_runtime.slabs import slab_pools
 
 from .bridge import translate_errors
+from .lane import CURRENT
 
 if TYPE_CHECKING:
-    from .bridge import TorchBridge
     from .contract import Call
     from .lane import TorchbindLane
 
-__all__ = ["CURRENT", "WARMUP_RUNS", "TorchbindGraphs"]
-
-#: ``TorchbindLane.last_stream`` value meaning "torch's current stream on the engine's device".
-CURRENT = object()
+__all__ = ["WARMUP_RUNS", "TorchbindGraphs"]
 
 #: Eager runs on the side stream before a capture: the first compiles TensorRT-RTX's
 #: kernels for the shapes, the second settles what the first allocated.
@@ -77,11 +74,11 @@ class TorchbindGraphs(GraphOps):
     __slots__ = ("bridge", "caller_stream", "copying", "device", "eager", "last", "last_raw",
                  "ops", "scope", "side")
 
-    def __init__(self, ops: TorchbindLane, device: int, bridge: TorchBridge) -> None:
+    def __init__(self, ops: TorchbindLane) -> None:
         #: The lane's ops (the engine's ``execute_engine``, its stream bookkeeping).
         self.ops = ops
-        self.device = device
-        self.bridge = bridge
+        self.device = ops.shared.device
+        self.bridge = ops.shared.runtime.bridge
         #: The graphs' copies as nodes (:meth:`copy_nodes`), by ``id(graph)``.
         self.copying: dict[int, CopyNodes] = {}
         self.side: Any = None  # the capture stream, made at the first capture
@@ -285,12 +282,12 @@ class TorchbindGraphs(GraphOps):
 
     # -- GraphOps: what the core's OuterGraphs asks -------------------------------------------
     def graph_call(self, call: Any) -> tuple[Any, Sequence[Any], Sequence[int], Any]:
-        engine = self.ops.engine
+        shared = self.ops.shared
         if call.host:
-            engine.log_staging(call)
+            shared.log_staging(call)
         host = call.host
         addresses = [-1 if i in host else t.data_ptr() for i, t in enumerate(call.tensors)]
-        key = (call.shapes, engine._shape_checker.select(call.shapes, None))
+        key = (call.shapes, shared.contract.shapes.select(call.shapes, None))
         return key, call.tensors, addresses, call.shapes
 
     def graph_enter(self, stream: Any, call: Call) -> Any:
@@ -320,7 +317,7 @@ class TorchbindGraphs(GraphOps):
             scope.__exit__(None, None, None)
 
     def graph_capturable(self) -> bool:
-        return self.ops.engine.graph_capturable(self.ops.lane.settings)
+        return self.ops.shared.graph_capturable(self.ops.lane.settings)
 
     def alloc_static(self, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
         tensor = self.bridge.zeros(shape, spec.dtype, self.device)
@@ -389,7 +386,7 @@ class TorchbindGraphs(GraphOps):
         """Replay the new graph into NaN-filled outputs once: an output it did not write
         means TensorRT-RTX enqueued nothing under capture (waits for the side stream)."""
         bridge = self.bridge
-        names = [o.name for o in self.ops.engine.outputs]
+        names = [o.name for o in self.ops.shared.outputs]
         with bridge.stream_scope(side):
             poisoned = [bridge.poison(o) for o in outputs]
             bridge.replay(graph)
@@ -428,7 +425,7 @@ class TorchbindGraphs(GraphOps):
             if outputs is not None:
                 views = call.views
                 assert views is not None
-                self.ops.engine._contract.check_results(slot.outputs, views)
+                self.ops.shared.contract.check_results(slot.outputs, views)
                 for dst, src in zip(views, slot.outputs, strict=True):
                     bridge.copy_(dst, src)
                 if call.kind == KIND_HOST and not self.caller_stream:  # host inputs promise ready results

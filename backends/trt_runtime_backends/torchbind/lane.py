@@ -11,28 +11,125 @@ here once, from the engine.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trt_runtime.contract import KIND_HOST
 from trt_runtime.errors import CacheError, CapabilityError, EngineError, TrtRuntimeError
-from trt_runtime.lane import Lane, LaneOps
-from trt_runtime.settings import RuntimeSettings
+from trt_runtime.lane import GraphOps, Lane, LaneOps
+from trt_runtime.outer import GraphSlot
+from trt_runtime.protocols import Backend, TensorSpec
+from trt_runtime.settings import (
+    CudaGraphStrategy,
+    DynamicShapesKernelSpecializationStrategy,
+    RuntimeSettings,
+)
 
-from .contract import Call
-from .graphs import CURRENT, TorchbindGraphs
 from .bridge import translate_errors
+from .contract import Call, Contract
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
 
-    from .engine import TorchbindEngine
+    from .runtime import TorchbindRuntime
 
-__all__ = ["NativeState", "TorchbindLane"]
+__all__ = ["CURRENT", "Features", "LaneGraphs", "NativeState", "Shared", "TorchbindLane"]
+
+logger = logging.getLogger("trt_runtime.torchbind")
 
 #: Per thread: whether a CUDA context was made current in it (see TorchBridge.bind_thread).
 _THREAD = threading.local()
+_LAZY = DynamicShapesKernelSpecializationStrategy.LAZY
+
+#: ``TorchbindLane.last_stream`` value meaning "torch's current stream on the engine's device".
+CURRENT = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """What this torch-tensorrt's engine objects can do (read once, at load)."""
+
+    can_update: bool  # update_runtime_settings (settings per context)
+    lazy_context: bool  # a lazily built IExecutionContext it counts (2.13+)
+    switches_profiles: bool  # per-call optimization-profile selection (2.14+)
+
+
+@dataclasses.dataclass
+class Shared:
+    """What the lanes of one :class:`~.engine.TorchbindEngine` share: the backend and
+    runtime, the device, the tensors and their contract, what torch-tensorrt can do, and
+    what was logged once or counted for the engine."""
+
+    backend: Backend
+    runtime: TorchbindRuntime
+    device: int
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    contract: Contract
+    features: Features
+    #: What was logged once for the engine ("staged", "strategy", "lazy").
+    said: set[str] = dataclasses.field(default_factory=set)
+    #: How many times ``update_runtime_settings`` was called, by every lane.
+    native_updates: int = 0
+
+    def log_staging(self, call: Call) -> None:
+        """Log once per engine that host inputs are staged on the device."""
+        if "staged" not in self.said:
+            self.said.add("staged")
+            names = ", ".join(repr(self.inputs[i].name) for i in call.host)
+            logger.info(
+                "engine %r: host input(s) %s copied to cuda:%d on the caller's stream "
+                "(pass CUDA tensors to stay zero-copy)", self.name, names, self.device,
+            )
+
+    def graph_capturable(self, settings: RuntimeSettings) -> bool:
+        """Whether calls of a lane with ``settings`` go through the outer graph.
+
+        With TensorRT-RTX's own capture on (``cuda_graph_strategy``) they run eagerly with
+        it instead: torch-tensorrt turns its engine's strategy off for good when it meets
+        an outer capture.
+        """
+        if settings.cuda_graph_strategy is CudaGraphStrategy.DISABLED:
+            if (
+                "lazy" not in self.said
+                and any(s.is_dynamic for s in self.inputs)
+                and settings.dynamic_shapes_kernel_specialization_strategy is _LAZY
+            ):
+                self.said.add("lazy")
+                logger.info(
+                    "engine %r: dynamic input shapes with dynamic_shapes_kernel_specialization_strategy="
+                    "'lazy': each outer graph keeps the kernels TensorRT-RTX ran when it was captured "
+                    "(shape-specialized kernels compiled later are not picked up; torch-tensorrt's own "
+                    "wrapper refuses this combination); 'eager' compiles them before the capture",
+                    self.name,
+                )
+            return True
+        if "strategy" not in self.said:
+            self.said.add("strategy")
+            logger.warning(
+                "engine %r: cuda_graph_strategy=%r is TensorRT-RTX's own CUDA graph capture, which "
+                "torch-tensorrt cannot run inside an outer graph; calls run eagerly with it "
+                "(enable_cudagraphs(engine, outer=True) sets 'disabled')",
+                self.name, str(settings.cuda_graph_strategy),
+            )
+        return False
+
+
+class LaneGraphs(GraphOps, Protocol):
+    """What a lane asks of its outer graphs' side (:class:`.graphs.TorchbindGraphs`) besides
+    the core's :class:`~trt_runtime.lane.GraphOps`."""
+
+    def replay_plan(self, slot: GraphSlot, shapes: tuple[Any, ...], view: bool
+                    ) -> Callable[[tuple[Any, ...], Any, Any], list[Any] | None]:
+        """The replay fast path of ``slot``, captured for torch inputs of ``shapes``."""
+        ...
+
+    def streams(self) -> tuple[Any, ...]:
+        """The streams the graphs ran on."""
+        ...
 
 
 @dataclasses.dataclass
@@ -48,42 +145,42 @@ class NativeState:
 class TorchbindLane(LaneOps):
     """One lane: its ``torch.classes.tensorrt.Engine`` (``native``), streams and outer graphs."""
 
-    def __init__(self, engine: TorchbindEngine, lane: Lane, native: Any) -> None:
-        self.engine = engine
+    def __init__(self, shared: Shared, lane: Lane, native: Any,
+                 make_graphs: Callable[[TorchbindLane], LaneGraphs]) -> None:
+        self.shared = shared
         self.lane = lane
-        self.name = engine.name
+        self.name = shared.name
         #: The ``torch.classes.tensorrt.Engine`` of this lane (None once released).
         self.native = native
-        runtime = engine.runtime
-        bridge = self._bridge = runtime.bridge
-        self._device = engine.device
+        bridge = self._bridge = shared.runtime.bridge
+        self._device = shared.device
         # What the hot path reads (see _fast): all of it fixed for the engine's life.
         self._op = bridge.execute_op()
         self._tensor_type = bridge.tensor_type
-        self._torch_dtypes = tuple(bridge.torch_dtype(s.dtype) for s in engine.inputs)
-        self._good_shapes = engine._contract.good_shapes
-        self._n_in = len(engine.inputs)
-        self._n_out = len(engine.outputs)
+        self._torch_dtypes = tuple(bridge.torch_dtype(s.dtype) for s in shared.inputs)
+        self._good_shapes = shared.contract.good_shapes
+        self._n_in = len(shared.inputs)
+        self._n_out = len(shared.outputs)
         self._single_device = bridge.device_count() == 1
         self._get_device = bridge.current_device_fn()
         self.last_stream: Any = None
         #: The one stream every execute_engine call of this lane runs on (see _call_op).
         self._lane_stream: Any = None
         self._serial = 0
-        self.graphs: TorchbindGraphs = TorchbindGraphs(self, engine.device, bridge)
+        self.graphs: LaneGraphs = make_graphs(self)
 
     # -- the context ------------------------------------------------------------------------
     def create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> NativeState:
-        engine = self.engine
+        shared = self.shared
         handle = None
         if cache is not None:
             # The key of this engine's device: a cache never serves two GPU models. One that
             # cannot be read gets no stale check, as in RuntimeCache.bind.
             try:
-                key = engine.backend.cache_key(self._device)
+                key = shared.backend.cache_key(self._device)
             except Exception:
                 key = None
-            handle = cache.ensure_materialized(engine, backend=engine.backend, key=key)
+            handle = cache.ensure_materialized(self, backend=shared.backend, key=key)
             bridge = self._bridge
             native_handle = bridge.qualified_name(handle).endswith("RuntimeCacheHandle") or (
                 bridge.has_method(handle, "has_cache") and bridge.has_method(handle, "deserialize")
@@ -95,16 +192,16 @@ class TorchbindLane(LaneOps):
                 )
         state = NativeState(serial=self._serial, settings=settings, cache_handle=handle)
         self._serial += 1
-        features = engine._features
+        features = shared.features
         if features.can_update:
             ds, cg = settings.to_codes()
             with translate_errors(self.name, "update_runtime_settings"):
                 self.native.update_runtime_settings(ds, cg, handle)
-            engine.native_updates += 1
+            shared.native_updates += 1
             state.applied = True
         elif settings != RuntimeSettings():
             # The backend claimed the capability but this engine object lacks the method.
-            library = engine.runtime.library
+            library = shared.runtime.library
             raise CapabilityError(
                 f"engine {self.name!r}: torch.classes.tensorrt.Engine has no update_runtime_settings "
                 f"in {library.distribution} {library.version}; torch-tensorrt-rtx >= 2.13 adds it"
@@ -124,7 +221,7 @@ class TorchbindLane(LaneOps):
                 self.native.set_active_profile(0)
 
     def destroy_context(self, context: Any) -> None:
-        if self.native is not None and self.engine._features.lazy_context:
+        if self.native is not None and self.shared.features.lazy_context:
             # Invalidates torch-tensorrt's IExecutionContext (rebuilt lazily at the next
             # execute); this engine never enables profiling, so nothing else changes.
             with translate_errors(self.name, "dropping the execution context"):
@@ -149,10 +246,10 @@ class TorchbindLane(LaneOps):
             _THREAD.bound = True
 
     def validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Call:
-        return self.engine._contract.inspect(inputs)
+        return self.shared.contract.inspect(inputs)
 
     def validate_outputs(self, context: Any, outputs: Sequence[Any], call: Call) -> None:
-        call.views = self.engine._contract.check_outputs(outputs, call.shapes)
+        call.views = self.shared.contract.check_outputs(outputs, call.shapes)
 
     def run(self, context: Any, call: Call, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
         return self._run_call(call, stream, outputs, call.views)
@@ -233,11 +330,11 @@ class TorchbindLane(LaneOps):
         """Run ``call`` on the current stream and hand the results over in the kind the
         contract says."""
         bridge = self._bridge
-        engine = self.engine
-        contract = engine._contract
+        shared = self.shared
+        contract = shared.contract
         tensors = call.tensors
         if call.host:
-            engine.log_staging(call)
+            shared.log_staging(call)
             tensors = list(tensors)
             for i in call.host:
                 tensors[i] = bridge.to_device(tensors[i], self._device)
@@ -245,7 +342,7 @@ class TorchbindLane(LaneOps):
         if len(results) != self._n_out:
             raise EngineError(
                 f"engine {self.name!r}: torch-tensorrt returned {len(results)} output(s); "
-                f"expected {self._n_out} {[o.name for o in engine.outputs]}"
+                f"expected {self._n_out} {[o.name for o in shared.outputs]}"
             )
         if contract.learns_output_shapes:
             contract.learn(call.shapes, results)

@@ -5,7 +5,6 @@ one. memory_usage() counts the weights of every engine."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Any
 
@@ -22,7 +21,7 @@ def _deserializing(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[_FakeTr
     """Make the engine's backend deserialize fake engines like the first, from a plan of
     1,000 bytes; return them."""
     plan = EngineSource(b"P" * 1000, name="fake")
-    engine._loaded = dataclasses.replace(engine._loaded, source=plan)
+    engine._shared.source = plan
     made: list[_FakeTrtEngine] = []
     first = engine.trt_engine
 
