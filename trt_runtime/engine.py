@@ -184,8 +184,9 @@ class EngineBase(abc.ABC):
 
     def _set_device_guard(self, guard: DeviceGuard | None) -> None:
         """Run every call and change inside ``guard`` from now on (every lane, and lanes
-        made later); for a backend that knows only after construction (and tests)."""
-        with self._exclusive():
+        made later); for a backend that knows only after construction (and tests). Every
+        lane is held meanwhile, outside any guard."""
+        with self._lock, self._pool.all_lanes():
             self._device_guard = guard
             for lane in self._pool.lanes:
                 lane.device_guard = guard
