@@ -290,8 +290,8 @@ def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
 
     ops: dict[str, Callable[[], Any]] = {
         "engine(s) whole": functools.partial(engine, arg),
-        "replay_torch": functools.partial(engine._lanes[0].ops.graphs.replay_torch, engine, (arg,), None, outer),
-        "_call_fast": functools.partial(engine._lanes[0].ops.call_fast, (arg,), None, None),
+        "replay_torch": functools.partial(engine._lanes[0].ops.graphs.replay_torch, (arg,), None, outer),
+        "call_fast": functools.partial(engine._lanes[0].ops.call_fast, (arg,), None, None),
         "plan": functools.partial(slot.plan, (arg,), None, None),
         "cache.touch": functools.partial(outer.cache.touch, slot.key),
         "order.follow(None)": functools.partial(engine._lanes[0].ops._order.follow, None),
@@ -319,7 +319,7 @@ def prebound_parts(engine: Any, raw: Raw, x: Any, y: Any, torch: Any, rounds: in
     ops: dict[str, Callable[[], Any]] = {
         "partial(execute, x, outputs=, stream=)": functools.partial(execute, x, outputs=ys, stream=s),
         "execute(x, outputs=ys, stream=s)": lambda: execute(x, outputs=ys, stream=s),
-        "_call_fast": functools.partial(engine._lanes[0].ops.call_fast, (x,), s, ys),
+        "call_fast": functools.partial(engine._lanes[0].ops.call_fast, (x,), s, ys),
         "call_prebound": functools.partial(fast.call_prebound, engine, (x,), ys, s),
         "our context execute_async_v3(ours)": functools.partial(run, ours),
         "our context execute_async_v3(raw stream)": functools.partial(run, raw.handle),

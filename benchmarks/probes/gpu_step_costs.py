@@ -108,7 +108,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         ns[name] = fn
     ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(engine._lanes[0].ops._order.ours),
-              graph_i=int(slot.graph), ours_t=outer._graphs.rt.cudaStream_t(engine._lanes[0].ops._order.ours))
+              graph_i=int(slot.graph), ours_t=outer._lanes[0].ops.graphs.rt.cudaStream_t(engine._lanes[0].ops._order.ours))
     fast = engine._lanes[0].ops._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
     ns["f"] = fast
     keep = _raw_side(ns, torch, built, workload, xs, ys, ctx)

@@ -335,7 +335,7 @@ def test_outer_graphs_capture_lock_is_the_cores_one_lock(monkeypatch: pytest.Mon
 
 
 def test_outer_graphs_slot_kept_when_binding_dropped_the_graphs() -> None:
-    # The python backend grows a context's memory in _bind_static, which drops every graph
+    # The python backend grows a context's memory in bind_static, which drops every graph
     # (they hold the old address): the slot being captured must stay in the cache.
     class _GrowsOps(_Ops):
         def bind_static(self, context: Any, slot: Any) -> None:

@@ -313,7 +313,8 @@ def test_outer_graph_static_inputs_skip_the_copy(open_engine) -> None:
         (static,) = engine.static_inputs(tuple(x.shape), as_torch=True)
         static.copy_(x)
         _assert_same(torch, engine(static), want)  # capture
-        spy = engine._rt = engine._lanes[0].ops.graphs.rt = _Spy(engine._rt)
+        ops = engine._lanes[0].ops
+        spy = ops._rt = ops.graphs.rt = _Spy(ops._rt)
         for _ in range(3):
             _assert_same(torch, engine(static), want)
         assert spy.named("cudaMemcpyAsync") == []  # nothing copied in or out
@@ -368,7 +369,8 @@ def test_outer_graph_orders_with_the_callers_stream(open_engine, mode) -> None:
 def test_outer_graph_never_captures_on_the_legacy_stream(open_engine) -> None:
     torch = _torch()
     engine, built = open_engine("tiny")
-    spy = engine._rt = _Spy(engine._rt)
+    ops = engine._lanes[0].ops
+    spy = ops._rt = _Spy(ops._rt)
     x = _inputs(torch, built, None, 6)
     engine(x)
     engine(x)
@@ -467,7 +469,8 @@ def test_outer_graph_copy_mode_copies_through_graph_nodes(open_engine, name: str
         engine(xs[0])  # the capture
         (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
         assert int(slot.graph) in engine._lanes[0].ops.graphs.copying, "the copying graph was built"
-        spy = engine._rt = engine._lanes[0].ops.graphs.rt = _Spy(engine._rt)
+        ops = engine._lanes[0].ops
+        spy = ops._rt = ops.graphs.rt = _Spy(ops._rt)
         slot.plan = None  # made again, through the spy
         results = []
         for _ in range(2):

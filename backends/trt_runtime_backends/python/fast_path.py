@@ -17,11 +17,11 @@ profile changes or the engine closes:
 
 :class:`FastPaths`, a part of each ``PythonEngine`` lane, owns both caches. Each entry
 carries its *plan* (:mod:`.plans`), the function that runs such a call; the last plan
-used is the lane's current one (``EngineBase._fast_entry``), which the core pipeline calls
+used is the lane's current one (``Lane.fast_entry``), which the core pipeline calls
 first: a thread that repeats its call goes from ``engine(x)`` straight into it. A plan
-that does not take a call hands it to the lane's ``_call_fast``, which looks the call up
+that does not take a call hands it to the lane's ``call_fast``, which looks the call up
 here (:func:`shape_key` for natural calls, shared with the outer graphs' replay) and
-switches plans (``EngineBase._switch_fast``).
+switches plans (``Lane.switch_fast``).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class FastPaths:
 
     def forget(self) -> None:
         """Drop every remembered call (the context, profile or engine changed); the lane's
-        current plan goes too (``EngineBase._reset_fast``)."""
+        current plan goes too (``Lane.reset_fast``)."""
         self.prebound.clear()
         self.natural.clear()
 

@@ -87,7 +87,7 @@ _TORCH_HEAD = """\
 
 # ... then, for other inputs (of another shape; other arrays, for a pre-bound call), the
 # plan of those from ``table`` (keyed as the lane's lookup keys it) when there is one: no
-# way round ``_call_fast`` on every call of a dynamic engine fed shapes in turn.
+# way round ``call_fast`` on every call of a dynamic engine fed shapes in turn.
 # (``core.fast_entry``, the lane's, is this plan: no name for it here, a closure on itself is a
 # reference cycle.)
 _SWITCH = """\

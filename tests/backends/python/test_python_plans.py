@@ -60,7 +60,7 @@ def test_plans_switch_between_shapes_and_decline_what_they_do_not_take(torch: Fa
 def test_plans_natural_switch_shapes_plan_to_plan(torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shapes in turn (a dynamic engine's usual load): each natural plan hands a call of
     another shape seen before straight to that shape's plan, not through the table lookup
-    of ``_call_fast``; a shape never seen goes the full way."""
+    of ``call_fast``; a shape never seen goes the full way."""
     from trt_runtime_backends.python.fast_path import FastPaths
 
     looked_up = count_lookups(monkeypatch, FastPaths, "call_natural")
@@ -103,7 +103,7 @@ def test_plans_prebound_checks_identity_pointer_and_shape(torch: FakeTorch) -> N
 
 def test_plans_prebound_switch_arrays_plan_to_plan(torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pre-bound calls with arrays of several shapes in turn: each plan hands a call with
-    other arrays remembered before straight to their plan (no lookup in ``_call_fast``),
+    other arrays remembered before straight to their plan (no lookup in ``call_fast``),
     which sets its shapes; arrays never seen go the full way."""
     from trt_runtime_backends.python.fast_path import FastPaths
 

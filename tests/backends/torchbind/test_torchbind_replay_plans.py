@@ -105,7 +105,7 @@ def test_torchbind_outer_graph_replay_plans_switch_shapes_plan_to_plan() -> None
 
 def test_torchbind_thread_start_binds_the_thread_before_a_plan_runs() -> None:
     """A thread's first call may go straight to a replay plan (no call_fast): the core's
-    _thread_start binds torch's device for that thread first."""
+    thread_start binds torch's device for that thread first."""
     import threading
 
     from trt_runtime_backends.torchbind import lane as engine_module
