@@ -68,6 +68,8 @@ class EngineBase(abc.ABC):
     ) -> None:
         self.name = name
         self._backend = backend
+        #: The backend's capabilities, read once (a backend's do not change after a load).
+        self._caps = backend.capabilities
         self._inputs = tuple(inputs)
         self._outputs = tuple(outputs)
         #: Serializes administrative changes (not calls: those lease a lane).
@@ -437,7 +439,7 @@ class EngineBase(abc.ABC):
 
     def _check_call_capabilities(self, outputs: Sequence[Any] | None, profile: int | None) -> None:
         """``outputs=`` and ``profile=`` need their capabilities."""
-        caps = self._backend.capabilities
+        caps = self._caps
         if outputs is not None and not caps.supports_preallocated_outputs:
             caps.require("supports_preallocated_outputs", self._backend.name)
         if profile is not None and not caps.supports_profile_selection:

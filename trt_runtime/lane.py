@@ -92,6 +92,7 @@ class LaneOps(Protocol):
         ``call`` or the lane's ``context``, ``None`` before the first, tell them) before any
         work; checks that need output shapes from the context stay in :meth:`run`
         (default: none here)."""
+        return None
 
     def call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
                   ) -> list[Any] | None:
@@ -104,16 +105,20 @@ class LaneOps(Protocol):
     def thread_start(self) -> None:
         """Before the first call a thread makes on this lane's engine: per-thread setup,
         such as making the engine's device current (default: nothing)."""
+        return None
 
     def sync(self) -> None:
         """Wait for the work this lane queued (default: nothing to wait for)."""
+        return None
 
     def release(self) -> None:
         """Release what the lane holds, after its context (default: nothing)."""
+        return None
 
     def after_fork(self) -> None:
         """In a forked child: stop whatever would release native objects there, such as a
         ``weakref.finalize`` (default: nothing)."""
+        return None
 
 
 class Lane:

@@ -42,13 +42,13 @@ Writes ``floor_probe.json`` to ``--out``.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 import threading
+from pathlib import Path
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool  # noqa: E402
+import _gpu_tool
 from gpu_step_costs import _raw_side, raw_graph, timed_then
 
 
@@ -342,7 +342,8 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     for i, (name, plan) in enumerate(ablated.items()):
         ns[f"plan{i}"] = plan
         stmts[f"ablate: {name}"] = f"plan{i}(ss, None, None)"
-    ns.update(ss=(s,), pool=outer._pool, lk=threading.Lock(), key=slot.key, cache=lane.lane.outer_graphs.cache,
+    cache = lane.lane.outer_graphs.cache
+    ns.update(ss=(s,), pool=outer._pool, lk=threading.Lock(), key=slot.key, cache=cache,
               raw=torch._C._cuda_getCurrentRawStream, dev=device, s0=s.shape, d0=s.dtype)
     stmts.update({
         "piece: pool.local.slot": "pool.local.slot",

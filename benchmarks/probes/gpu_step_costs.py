@@ -17,17 +17,17 @@ Writes ``step_costs.json`` to ``--out`` (default ``$OUT`` or ``.``).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 import functools
 import operator
 import statistics
+import sys
 import timeit
+from pathlib import Path
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool  # noqa: E402
+import _gpu_tool
 
 
 def time_statements(statements: dict[str, str], ns: dict[str, Any], sync: Any, repeats: int, number: int
@@ -88,15 +88,16 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         copying(x)
         copying(x)
     torch.cuda.synchronize()
-    ctx = engine._lanes[0].ops._res.context
-    slot = next(iter(outer._outer_graphs.shortcuts.values()))
+    ops = engine._lanes[0].ops
+    ctx = ops._res.context
+    slot = next(iter(outer._lanes[0].outer_graphs.shortcuts.values()))
     n = len(xs)
     ns: dict[str, Any] = {
         "e": engine, "o": outer, "x": xs[0], "y": ys[0], "xs": xs, "ys": ys, "ss": statics,
-        "s": engine.stream, "fp": engine._lanes[0].ops._fast_paths, "tc": ctx.trt_context, "ours": engine._lanes[0].ops._order.ours,
-        "order": engine._lanes[0].ops._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
-        "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._outer_graphs,
-        "graph": slot.graph, "orders": outer._order, "rt": outer._graphs.rt, "n": n,
+        "s": engine.stream, "fp": ops._fast_paths, "tc": ctx.trt_context, "ours": ops._order.ours,
+        "order": ops._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
+        "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._lanes[0].outer_graphs,
+        "graph": slot.graph, "orders": outer._lanes[0].ops._order, "rt": outer._lanes[0].ops.graphs.rt, "n": n,
         "it": iter(range(1 << 62)), "next": next, "ptr": ys[0].data_ptr(), "shape0": tuple(ys[0].shape),
     }
     import ctypes
@@ -107,23 +108,24 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         if name.endswith("_int"):
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         ns[name] = fn
-    ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(engine._lanes[0].ops._order.ours),
-              graph_i=int(slot.graph), ours_t=outer._lanes[0].ops.graphs.rt.cudaStream_t(engine._lanes[0].ops._order.ours))
+    ours = engine._lanes[0].ops._order.ours
+    ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(ours),
+              graph_i=int(slot.graph), ours_t=outer._lanes[0].ops.graphs.rt.cudaStream_t(ours))
     fast = engine._lanes[0].ops._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
     ns["f"] = fast
     keep = _raw_side(ns, torch, built, workload, xs, ys, ctx)
     from trt_runtime_backends.python.graphs import torch_results
 
-    cslot = copying._outer_graphs.shortcuts[(xs[0].shape,)]
+    cslot = copying._lanes[0].outer_graphs.shortcuts[(xs[0].shape,)]
     from cuda.bindings import driver
 
     cmemcpy = ctypes.CDLL("libcuda.so.1").cuMemcpyDtoDAsync_v2
     cmemcpy.restype = ctypes.c_int
     cmemcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-    rt = copying._graphs.rt
+    rt = copying._lanes[0].ops.graphs.rt
     (cstatic,) = copying.static_inputs(tuple(xs[0].shape), as_torch=True)
     ns.update(c=copying, cslot=cslot, cours=copying._order.ours, torch_results=torch_results, torch=torch,
-              cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._graphs.d2d, dr=driver,
+              cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._lanes[0].ops.graphs.d2d, dr=driver,
               dflt=rt.cudaMemcpyKind.cudaMemcpyDefault, cstream=driver.CUstream(copying._order.ours),
               cmemcpy=cmemcpy, cstatic=cstatic)
     stmts = {
@@ -149,7 +151,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "nat: dtype+device+contig": "x.dtype; x.get_device(); x.is_contiguous()",
         # outer replay
         "outer: o(s)": "o(ss[0])",
-        "outer: replay_torch": "o._graphs.replay_torch(o, (ss[0],), None, outer_graphs)",
+        "outer: replay_torch": "o._lanes[0].ops.graphs.replay_torch((ss[0],), None, outer_graphs)",
         "outer: plan": "outer_graphs.shortcuts[(ss[0].shape,)].plan((ss[0],), None, None)",
         "outer: cudaGraphLaunch": "rt.cudaGraphLaunch(graph, ours)",
         "outer: cudaGraphLaunch(stream_t)": "rt.cudaGraphLaunch(graph, ours_t)",

@@ -26,8 +26,8 @@ from trt_runtime import (
     RuntimeSettings,
     StaleCacheWarning,
 )
-from trt_runtime.lane import Lane, LaneOps
 from trt_runtime.cache import HEADER_SIZE, MAGIC, decode, default_cache_dir, default_cache_path, encode
+from trt_runtime.lane import Lane, LaneOps
 
 
 def _handle(backend: FakeBackend) -> FakeHandle:

@@ -51,8 +51,9 @@ def _engine() -> _Engine:
 def test_lane_out_of_memory_at_context_creation_names_the_engine_and_the_next_call_tries_again() -> None:
     engine = _engine()
     engine.fail.append(MemoryError("cudaMalloc: out of memory"))
-    with pytest.raises(EngineError, match=r"engine 'lanes': creating an execution context failed "
-                                          r"\(MemoryError: cudaMalloc: out of memory\); the next call tries again"):
+    said = (r"engine 'lanes': creating an execution context failed "
+            r"\(MemoryError: cudaMalloc: out of memory\); the next call tries again")
+    with pytest.raises(EngineError, match=said):
         engine(X)
     (lane,) = engine._lanes
     assert lane.context is None and lane.creations == 0 and not engine.has_context()
@@ -62,7 +63,7 @@ def test_lane_out_of_memory_at_context_creation_names_the_engine_and_the_next_ca
 
 def test_lane_backend_errors_from_context_creation_pass_unchanged() -> None:
     engine = _engine()
-    refused = CacheError("engine 'lanes': the runtime cache gave object, not the memory backend's native cache")
+    refused = CacheError("engine 'lanes': the runtime cache gave object, not the memory backend's cache")
     engine.fail.append(refused)
     with pytest.raises(CacheError) as raised:
         engine(X)

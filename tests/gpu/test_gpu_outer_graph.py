@@ -392,7 +392,8 @@ def test_outer_graph_engine_built_without_user_allocation(open_engine, report_me
     engine, built = open_engine("tiny_uncapturable")
     x = _inputs(torch, built, None, 7)
     want = engine(x).clone()
-    capturable = bool(engine._lanes[0].context.trt_context.is_stream_capturable(int(torch.cuda.Stream().cuda_stream)))
+    trt_context = engine._lanes[0].context.trt_context
+    capturable = bool(trt_context.is_stream_capturable(int(torch.cuda.Stream().cuda_stream)))
     report_measurement("is_stream_capturable without REQUIRE_USER_ALLOCATION (tiny)", str(capturable))
     with enable_cudagraphs(engine, outer=True):
         if capturable:

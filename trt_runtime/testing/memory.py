@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime.cache.key import CacheKey
 from trt_runtime.engine import EngineBase
-from trt_runtime.lane import GraphOps, Lane, LaneOps
-from trt_runtime.outer import GraphSlot, default_graph_results
 from trt_runtime.errors import CacheError, EngineError, InputError
 from trt_runtime.extras import install_hint
+from trt_runtime.lane import GraphOps, Lane, LaneOps
+from trt_runtime.outer import GraphSlot, default_graph_results
 from trt_runtime.protocols import Availability, BackendCapabilities, EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings, SettingsLike
 from trt_runtime.testing.memory_format import ENGINE_MAGIC, AffineOutput, build_engine, parse_engine
@@ -297,7 +297,8 @@ class MemoryLane(LaneOps):
         return MemoryGraph(fn, context), None
 
     def launch(self, graph: MemoryGraph, stream: Any) -> None:
-        if graph.destroyed or graph.context is not self.lane.context:  # the core drops graphs with their context
+        # (the core drops graphs with their context)
+        if graph.destroyed or graph.context is not self.lane.context:
             raise EngineError(
                 f"engine {self.engine.name!r}: an outer graph outlived the context it was captured in"
             )

@@ -72,7 +72,8 @@ class PythonEngine(EngineBase):
         self._shared = Shared(
             backend, trt_engine, state, source, _cudart() if runtime is None else runtime,
             stream_order.DEFAULT_MODE if ordering is None else ordering, multi_device,
-            [TensorInfo(s, i) for i, s in enumerate(inputs)], [TensorInfo(s, i) for i, s in enumerate(outputs)],
+            [TensorInfo(s, i) for i, s in enumerate(inputs)],
+            [TensorInfo(s, i) for i, s in enumerate(outputs)],
             ShapeChecker(source.name, inputs, max(1, int(trt_engine.num_optimization_profiles))),
         )
         # With several GPUs, the caller's device and context are given back after each call.

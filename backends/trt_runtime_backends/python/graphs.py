@@ -29,7 +29,7 @@ address) are dropped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
@@ -85,6 +85,11 @@ class PythonGraphs(GraphOps):
         #: ``(executable graph, the context it was captured with)``: the last graph released
         #: while its context lived on, kept for the next capture to update in place.
         self.spare: tuple[Any, Any] | None = None
+
+    def _outer(self) -> OuterGraphs:
+        outer = self.ops.lane.outer_graphs
+        assert outer is not None  # (these are its ops)
+        return outer
 
     def close(self) -> None:
         """Close the capture stream (the lane closes, after its graphs were dropped and
@@ -146,12 +151,12 @@ class PythonGraphs(GraphOps):
         caller = lane._order.caller(stream, call.kind == KIND_TORCH)
         if caller is not None:
             lane._order.before(caller)
-        lane.graphs.caller = caller
+        self.caller = caller
         return lane._stream_handle
 
     def graph_exit(self, stream: Any) -> None:
         lane = self.ops
-        caller = lane.graphs.caller
+        caller = self.caller
         if caller is not None:
             lane._order.after(caller)
 
@@ -166,7 +171,6 @@ class PythonGraphs(GraphOps):
 
     def input_views(self, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
         """``DeviceArray``\\ s, or torch views (through DLPack) when ``as_torch``."""
-        lane = self.ops
         if not as_torch:
             return list(slot.inputs)
         if slot.input_views is None:
@@ -187,7 +191,7 @@ class PythonGraphs(GraphOps):
             )
         trt_context = ctx.trt_context
         capturable = getattr(trt_context, "is_stream_capturable", None)
-        if capturable is not None and not capturable(lane.graphs.capture_handle()):
+        if capturable is not None and not capturable(self.capture_handle()):
             raise CapabilityError(
                 f"engine {lane.name!r}: TensorRT says its execution context cannot be captured into a "
                 "CUDA graph (IExecutionContext.is_stream_capturable returned False). TensorRT-RTX captures "
@@ -197,7 +201,7 @@ class PythonGraphs(GraphOps):
                 "outer graph wrap, or with cuda_graph_strategy='whole_graph_capture'"
             )
         if not slot.outputs:
-            lane.lane.outer_graphs.alloc_outputs(slot, ctx.out_shapes)
+            self._outer().alloc_outputs(slot, ctx.out_shapes)
         bound = ctx.bound
         ctx.bound_ptrs = ()  # records forgotten before TensorRT is told (see plans._bind)
         for name, ptr in zip(lane._io_names, (*slot.in_ptrs, *slot.out_ptrs), strict=True):
@@ -226,10 +230,11 @@ class PythonGraphs(GraphOps):
         lane = self.ops
         rt = lane._rt
         cuda.check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        capture_stream = lane.graphs.capture_handle()
+        capture_stream = self.capture_handle()
         mark = lane._logger.mark()
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         cuda.check(
-            rt.cudaStreamBeginCapture(capture_stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal),
+            rt.cudaStreamBeginCapture(capture_stream, mode),
             "cudaStreamBeginCapture",
         )
         ok = False
@@ -253,7 +258,7 @@ class PythonGraphs(GraphOps):
             if outer is not None:
                 copying = build_copying(lane, graph, slot, copy_out=outer.outputs == "copy")
                 if copying is not None:
-                    lane.graphs.copying[int(graph_exec)] = copying
+                    self.copying[int(graph_exec)] = copying
             return graph_exec, None
         finally:
             rt.cudaGraphDestroy(graph)  # the executable graphs do not need it (a child node is a copy)
@@ -264,14 +269,14 @@ class PythonGraphs(GraphOps):
         instantiation (the spare one is then destroyed)."""
         lane = self.ops
         rt = lane._rt
-        spare, lane.graphs.spare = lane.graphs.spare, None
+        spare, self.spare = self.spare, None
         if spare is not None:
             graph_exec, context = spare
             update = getattr(rt, "cudaGraphExecUpdate", None)
             if update is not None and context is lane.lane.context:
                 err, _ = update(graph_exec, graph)
                 if not err:
-                    lane.lane.outer_graphs.cache.updates += 1
+                    self._outer().cache.updates += 1
                     return graph_exec
             self._destroy_exec(graph_exec)
         graph_exec = cuda.check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
@@ -283,7 +288,7 @@ class PythonGraphs(GraphOps):
         profile and addresses, so the context keeps whatever it had (``shape_key`` stays true)
         and the next eager call sets only what differs."""
         lane = self.ops
-        (err,) = lane.graphs.rt.cudaGraphLaunch(graph, stream)
+        (err,) = self.rt.cudaGraphLaunch(graph, stream)
         if err:
             replay_failed(lane, err)
 
@@ -306,7 +311,7 @@ class PythonGraphs(GraphOps):
         drop_copying(lane, graph)
         context = lane.lane.context
         if context is not None and getattr(lane._rt, "cudaGraphExecUpdate", None) is not None:
-            spare, lane.graphs.spare = lane.graphs.spare, (graph, context)
+            spare, self.spare = self.spare, (graph, context)
             if spare is not None:
                 self._destroy_exec(spare[0])
             return
@@ -315,7 +320,7 @@ class PythonGraphs(GraphOps):
     def drop_spare(self) -> None:
         """Destroy the lane's spare executable graph (its context goes; the lane's work is done)."""
         lane = self.ops
-        spare, lane.graphs.spare = lane.graphs.spare, None
+        spare, self.spare = self.spare, None
         if spare is not None:
             self._destroy_exec(spare[0])
 
@@ -336,7 +341,7 @@ class PythonGraphs(GraphOps):
         ctx, inspection, ours = context, call, stream
         rt = lane._rt
         kind = inspection.kind
-        caller = lane.graphs.caller
+        caller = self.caller
         if outputs is not None:
             # checked before the launch when the lane knew the shapes, else against the graph's (a
             # replay leaves the context in whatever shapes it had)
@@ -366,6 +371,10 @@ class PythonGraphs(GraphOps):
         return results
 
 
+def _graphs(lane: PythonLane) -> PythonGraphs:
+    return cast(PythonGraphs, lane.graphs)  # (the lane's graph side, made by PythonGraphs)
+
+
 def build_copying(lane: PythonLane, graph: Any, slot: GraphSlot, copy_out: bool) -> CopyNodes | None:
     """The :class:`~trt_runtime.graphs.CopyNodes` graph of ``slot``'s captured ``graph``;
     ``None`` when the lane has seen no torch tensor (the replays through nodes take torch
@@ -383,7 +392,7 @@ def build_copying(lane: PythonLane, graph: Any, slot: GraphSlot, copy_out: bool)
 
     outs = list(zip(slot.out_ptrs, slot.out_nbytes, strict=True)) if copy_out else []
     copying = build_copy_nodes(lane._rt, graph, list(zip(slot.in_ptrs, slot.in_nbytes, strict=True)), outs,
-                               placeholder, lane.graphs.d2d)
+                               placeholder, _graphs(lane).d2d)
     if copying is not None:
         lane._res.graph_execs.append(copying.exec)
         lane._res.graphs.append(copying.graph)
@@ -392,7 +401,7 @@ def build_copying(lane: PythonLane, graph: Any, slot: GraphSlot, copy_out: bool)
 
 def drop_copying(lane: PythonLane, graph_exec: Any) -> None:
     """Destroy the :class:`~trt_runtime.graphs.CopyNodes` graph made for ``graph_exec``, if any."""
-    copying = lane.graphs.copying.pop(int(graph_exec), None)
+    copying = _graphs(lane).copying.pop(int(graph_exec), None)
     if copying is None:
         return
     for handles, handle in ((lane._res.graph_execs, copying.exec), (lane._res.graphs, copying.graph)):
@@ -420,7 +429,7 @@ def torch_results(lane: PythonLane, slot: GraphSlot, ours: int, view: bool) -> l
 def _d2d(lane: PythonLane, dst: int, src: int, nbytes: int, stream: int) -> None:
     """Copy ``nbytes`` between device addresses on ``stream`` (nothing for 0 bytes)."""
     if nbytes:
-        ops = lane.graphs
+        ops = _graphs(lane)
         (err,) = ops.rt.cudaMemcpyAsync(dst, src, nbytes, ops.d2d, stream)
         if err:
             cuda.check((err,), "cudaMemcpyAsync")

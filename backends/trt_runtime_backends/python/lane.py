@@ -9,17 +9,18 @@ CUDA graphs the core's :class:`~trt_runtime.outer.OuterGraphs` keeps),
 :class:`.stream_order.StreamOrder` (ordering with the caller's stream) and
 :class:`.shapes.ShapeContexts` (a context per recent input-shape signature); and its own
 CUDA stream, events and execution contexts, over the engine's ``ICudaEngine`` (or one of
-its own, for an engine with dynamic shapes: see :meth:`.engine.PythonEngine._new_ops`), and what they share (:class:`Shared`).
+its own, for an engine with dynamic shapes: see :meth:`.engine.PythonEngine._new_ops`),
+and what the lanes share (:class:`Shared`).
 The core's :class:`~trt_runtime.lane.Lane` (``self.lane``) keeps the context handle, the
 settings, the outer graphs and the fast entry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 

@@ -6,8 +6,8 @@ machine without torch or a GPU: the CPU tests hand the backend a bridge double.
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import importlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence

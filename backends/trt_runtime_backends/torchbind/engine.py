@@ -93,7 +93,9 @@ class TorchbindEngine(EngineBase):
         native, self._first_native = self._first_native, None
         if native is None:
             if self._make_native is None:
-                raise CapabilityError(f"engine {self.name!r} was not loaded by the backend; it cannot be cloned")
+                raise CapabilityError(
+                    f"engine {self.name!r} was not loaded by the backend; it cannot have more contexts"
+                )
             native = self._make_native()
             if self._shared.features.switches_profiles:
                 with translate_errors(self.name, "enabling optimization-profile selection"):

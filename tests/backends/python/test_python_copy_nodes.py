@@ -222,11 +222,12 @@ def test_python_outer_graph_copying_graphs_go_with_their_graphs(torch: FakeTorch
         engine(torch.cuda_tensor((2, 4)))
         (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
         copying = engine._lanes[0].ops.graphs.copying[int(slot.graph)]
-        assert copying.exec in engine._lanes[0].ops._res.graph_execs and copying.graph in engine._lanes[0].ops._res.graphs
+        res = engine._lanes[0].ops._res
+        assert copying.exec in res.graph_execs and copying.graph in res.graphs
         engine.reset_graphs()
         assert ("exec_destroy", copying.exec) in rt.calls
         assert rt.calls.count(("graph_destroy", copying.graph)) == 1
-        assert engine._lanes[0].ops.graphs.copying == {} and copying.graph not in engine._lanes[0].ops._res.graphs
+        assert engine._lanes[0].ops.graphs.copying == {} and copying.graph not in res.graphs
         engine(torch.cuda_tensor((2, 4)))  # captured again: built again
         (copying,) = engine._lanes[0].ops.graphs.copying.values()
     engine.close()

@@ -139,7 +139,8 @@ def test_python_backend_runs_on_a_non_blocking_stream_while_trt_captures(torch: 
     engine(x)
     spare = engine.stream
     assert spare is not blocking and not spare.blocking
-    assert engine._lanes[0].ops._order.ours == spare.handle and engine._lanes[0].ops._res.stream_handle == spare.handle
+    ops = engine._lanes[0].ops
+    assert ops._order.ours == spare.handle and ops._res.stream_handle == spare.handle
     assert engine._lanes[0].ops._binding.stream is spare
     engine._rt.calls.clear()
     engine(x)  # the legacy caller is now ordered with events, the work on the spare stream

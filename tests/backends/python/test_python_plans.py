@@ -133,7 +133,8 @@ def test_plans_go_when_the_context_or_profile_changes(torch: FakeTorch) -> None:
     engine(x)
     assert engine._lanes[0].fast_entry != engine._lanes[0].ops.call_fast
     engine.invalidate_context()
-    assert engine._lanes[0].fast_entry == engine._lanes[0].ops.call_fast and not engine._lanes[0].ops._fast_paths.natural
+    (lane,) = engine._lanes
+    assert lane.fast_entry == lane.ops.call_fast and not lane.ops._fast_paths.natural
     engine(x)  # a new context: the full path, then a new plan
     assert engine._lanes[0].fast_entry is engine._lanes[0].ops._fast_paths.natural[((2, 4),)].plan
     engine.profile = 0
@@ -159,7 +160,8 @@ def test_plans_replay_a_captured_slot_and_go_with_the_graphs(torch: FakeTorch) -
     engine(static)  # the static buffer itself: no copy
     assert [c[0] for c in engine._rt.calls if c[0] in ("launch", "memcpy")] == ["launch"]
     engine.reset_graphs()
-    assert slot.plan is None and slot.graph is None and engine._lanes[0].fast_entry == engine._lanes[0].ops.call_fast
+    (lane,) = engine._lanes
+    assert slot.plan is None and slot.graph is None and lane.fast_entry == lane.ops.call_fast
     engine.outer_graph = None
     assert engine(x).shape == (2, 4)
 

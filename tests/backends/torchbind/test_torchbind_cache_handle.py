@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from _torchbind_doubles import inputs, make_backend, source
-from trt_runtime_backends.torchbind import TorchbindCacheHandle, TorchbindEngine
+from trt_runtime_backends.torchbind import TorchbindCacheHandle
 
 from trt_runtime.errors import CacheError
 from trt_runtime.protocols import RuntimeCacheHandle

@@ -13,9 +13,9 @@ from _torchbind_doubles import OUT, X, Y, cuda, inputs, make_backend, source
 from _torchbind_fakes import FakeCudaArray, FakeStream, FakeTensor
 
 from trt_runtime.errors import EngineError, InputError
+from trt_runtime.lane import Lane
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.settings import RuntimeSettings
-from trt_runtime.lane import Lane
 
 SIX = np.full((2, 4), 6.0, np.float16)  # out = 2 * (x + y) for x = 1, y = 2
 DYN_X = TensorSpec("x", "float16", (-1, 4), True, (((1, 4), (4, 4), (8, 4)),))
