@@ -408,7 +408,8 @@ class EngineBase(abc.ABC):
 
     def _lease_call(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
                     profile: int | None) -> list[Any]:
-        """One call: lease a lane, its device guard, its fast entry or its general path."""
+        """One call: lease a lane, then its fast entry or its general path (a thread's first
+        call, or a call inside a device guard, through :meth:`Lane.guarded_call`)."""
         pool = self._pool
         try:
             slot: Slot[Lane] | None = pool.local.slot  # (an attribute read: cheaper than getattr)
@@ -418,18 +419,13 @@ class EngineBase(abc.ABC):
         if slot is None or not slot.lock.acquire(False):
             slot = pool.lease(self._lease_timeout)
         lane = slot.lane
-        guard = lane.device_guard
         try:
-            token = None if guard is None else guard.enter()
-            try:
-                if first:
-                    lane.ops.thread_start()
+            if first or lane.device_guard is not None:
+                result = lane.guarded_call(first, inputs, stream, outputs, profile)
+            else:
                 result = lane.fast_entry(inputs, stream, outputs) if profile is None else None
                 if result is None:
                     result = lane.call(inputs, stream, outputs, profile)
-            finally:
-                if guard is not None:
-                    guard.exit(token)
         finally:
             if pool.waiters:  # (close() holds every lane: no call is in flight then)
                 pool.give_back(slot)

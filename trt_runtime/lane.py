@@ -157,6 +157,24 @@ class Lane:
         self.fast_entry: FastEntry = self.ops.call_fast
 
     # -- the general path -------------------------------------------------------------------
+    def guarded_call(self, first: bool, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
+                     profile: int | None) -> list[Any]:
+        """One call inside the lane's device guard (if any), after the ops' ``thread_start``
+        when it is the calling thread's ``first`` on the engine: the fast entry, else
+        :meth:`call`."""
+        guard = self.device_guard
+        token = None if guard is None else guard.enter()
+        try:
+            if first:
+                self.ops.thread_start()
+            result = self.fast_entry(inputs, stream, outputs) if profile is None else None
+            if result is None:
+                result = self.call(inputs, stream, outputs, profile)
+        finally:
+            if guard is not None:
+                guard.exit(token)
+        return result
+
     def call(self, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None, profile: int | None
              ) -> list[Any]:
         """One call on this lane when its fast entry declined: validate, context, outer graph
