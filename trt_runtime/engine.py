@@ -419,6 +419,7 @@ class EngineBase(abc.ABC):
         if slot is None or not slot.lock.acquire(False):
             slot = pool.lease(self._lease_timeout)
         lane = slot.lane
+        result: list[Any] | None
         try:
             if first or lane.device_guard is not None:
                 result = lane.guarded_call(first, inputs, stream, outputs, profile)

@@ -319,7 +319,6 @@ class PythonGraphs(GraphOps):
 
     def drop_spare(self) -> None:
         """Destroy the lane's spare executable graph (its context goes; the lane's work is done)."""
-        lane = self.ops
         spare, self.spare = self.spare, None
         if spare is not None:
             self._destroy_exec(spare[0])
