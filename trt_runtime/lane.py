@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trt_runtime.errors import EngineError, TrtRuntimeError
 from trt_runtime.outer import GraphOps, OuterGraphs
+from trt_runtime.protocols import Engine
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
     from trt_runtime.graphs import OuterGraph
-    from trt_runtime.protocols import DeviceGuard, TensorSpec
+    from trt_runtime.protocols import DeviceGuard
     from trt_runtime.settings import RuntimeSettings
 
 __all__ = ["FastEntry", "GraphOps", "Lane", "LaneOps", "LaneOwner"]
@@ -33,22 +34,9 @@ __all__ = ["FastEntry", "GraphOps", "Lane", "LaneOps", "LaneOwner"]
 FastEntry = Callable[[tuple[Any, ...], Any, "Sequence[Any] | None"], "list[Any] | None"]
 
 
-class LaneOwner(Protocol):
-    """What a lane reads of the engine it belongs to (:class:`~trt_runtime.EngineBase`)."""
-
-    name: str
-
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]: ...
-
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]: ...
-
-    @property
-    def runtime_settings(self) -> RuntimeSettings: ...
-
-    @property
-    def outer_graph(self) -> OuterGraph | None: ...
+class LaneOwner(Engine, Protocol):
+    """What a lane reads of the engine it belongs to (an :class:`~trt_runtime.EngineBase`):
+    the :class:`~trt_runtime.protocols.Engine` it is, and two of its private methods."""
 
     def _resolve_cache(self, settings: RuntimeSettings) -> RuntimeCache | None: ...
 
