@@ -12,14 +12,14 @@ right output for inputs and outputs at new addresses. Writes ``copy_probe.json``
 
 from __future__ import annotations
 
-import statistics
 import sys
-import timeit
 from pathlib import Path
+import statistics
+import timeit
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool
+import _gpu_tool  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,13 +42,13 @@ Writes ``floor_probe.json`` to ``--out``.
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
+import threading
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool
+import _gpu_tool  # noqa: E402
 from gpu_step_costs import _raw_side, raw_graph, timed_then
 
 

@@ -22,15 +22,15 @@ Writes ``gil_probe.json`` to ``--out``.
 
 from __future__ import annotations
 
-import ctypes
 import sys
-import time
 from pathlib import Path
+import ctypes
+import time
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool
+import _gpu_tool  # noqa: E402
 
 
 def _driver(keep_gil: bool) -> Any:

@@ -20,16 +20,16 @@ updates counted in ``graph_stats()``. Writes ``graph_churn.json`` to ``--out``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool
+import _gpu_tool  # noqa: E402
 
 
 class NoUpdate:

@@ -39,13 +39,13 @@ for bit; ``max_rel`` is the largest difference seen. Writes ``graph_race_probe.j
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
+import threading
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool
+import _gpu_tool  # noqa: E402
 
 from trt_runtime.testing.overlap import GATE_CYCLES
 

@@ -14,15 +14,15 @@ calls, and the node form (two address updates, one launch). Writes ``keep_graph_
 
 from __future__ import annotations
 
-import statistics
 import sys
-import timeit
 from pathlib import Path
+import statistics
+import timeit
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool
+import _gpu_tool  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,17 +17,17 @@ Writes ``step_costs.json`` to ``--out`` (default ``$OUT`` or ``.``).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import functools
 import operator
 import statistics
-import sys
 import timeit
-from pathlib import Path
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool
+import _gpu_tool  # noqa: E402
 
 
 def time_statements(statements: dict[str, str], ns: dict[str, Any], sync: Any, repeats: int, number: int
@@ -97,7 +97,8 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "s": engine.stream, "fp": ops._fast_paths, "tc": ctx.trt_context, "ours": ops._order.ours,
         "order": ops._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
         "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._lanes[0].outer_graphs,
-        "graph": slot.graph, "orders": outer._lanes[0].ops._order, "rt": outer._lanes[0].ops.graphs.rt, "n": n,
+        "graph": slot.graph, "orders": outer._lanes[0].ops._order,
+        "rt": outer._lanes[0].ops.graphs.rt, "n": n,
         "it": iter(range(1 << 62)), "next": next, "ptr": ys[0].data_ptr(), "shape0": tuple(ys[0].shape),
     }
     import ctypes
