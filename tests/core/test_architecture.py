@@ -264,7 +264,6 @@ def _loaded_engines() -> list[Any]:
     for engine, args in engines:
         engine.contexts = 2
         engine(*args)
-        engine.static_inputs(*[tuple(a.shape) for a in args]) if engine.outer_graph else None
         engine.outer_graph = "copy"
         engine(*args)
         engine(*args)
