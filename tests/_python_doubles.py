@@ -512,15 +512,17 @@ def fake_torch_fixture(monkeypatch: Any) -> FakeTorch:
     return fake
 
 
-def count_lookups(monkeypatch: Any, owner: type, name: str) -> list[tuple[int, ...]]:
+def count_lookups(monkeypatch: Any, owner: type, name: str, takes_lane: bool = True) -> list[tuple[int, ...]]:
     """Record the first input's shape of every call of ``owner.name(self, lane, inputs, ...)``
-    (a lane's table lookup), still doing the lookup: the list a plan-to-plan test keeps empty."""
+    (``owner.name(self, inputs, ...)`` unless ``takes_lane``: a lane's table lookup), still
+    doing the lookup: the list a plan-to-plan test keeps empty."""
     looked_up: list[tuple[int, ...]] = []
     original = getattr(owner, name)
 
-    def counting(self: Any, lane: Any, inputs: Any, *args: Any) -> Any:
+    def counting(self: Any, *args: Any) -> Any:
+        inputs = args[1] if takes_lane else args[0]
         looked_up.append(tuple(inputs[0].shape))
-        return original(self, lane, inputs, *args)
+        return original(self, *args)
 
     monkeypatch.setattr(owner, name, counting)
     return looked_up

@@ -1,10 +1,12 @@
 """The call pipeline every backend shares: :class:`EngineBase`.
 
 :meth:`EngineBase.execute` (and ``__call__``) is the only way into a call, written once:
-lease an execution context (a *lane*, see :mod:`trt_runtime.lease`) -> the backend's fast
-path for a call it validated before -> else validate inputs and outputs, make sure the
-lane has a context, and run it under the outer CUDA graph or eagerly. A backend fills
-hooks (see docs/writing-a-backend.md); none overrides ``execute`` or ``__call__``.
+lease an execution context (a :class:`~trt_runtime.lane.Lane`, see :mod:`trt_runtime.lease`)
+-> the lane's fast entry for a call its backend validated before -> else the lane's general
+path (:meth:`Lane.call <trt_runtime.lane.Lane.call>`: validate inputs and outputs, make
+sure the lane has a context, run it under the outer CUDA graph or eagerly). A backend
+gives each lane a :class:`~trt_runtime.lane.LaneOps` (``_new_ops``; see
+docs/writing-a-backend.md); none overrides ``execute`` or ``__call__``.
 
 Settings, the outer graph and the number of contexts apply to every lane exactly once,
 with every lane leased (so in-flight calls finish first).
@@ -25,8 +27,8 @@ from trt_runtime import forking
 from trt_runtime.errors import CapabilityError, EngineError, SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.hazards import warn_overlap
-from trt_runtime.lease import ContextPool, exiting
-from trt_runtime.outer import GraphHooks, OuterGraphs
+from trt_runtime.lane import Lane, LaneOps
+from trt_runtime.lease import ContextPool, Slot, exiting
 from trt_runtime.protocols import Backend, DeviceGuard, TensorSpec
 from trt_runtime.settings import (
     CudaGraphStrategy,
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["EngineBase"]
 
 
-class EngineBase(GraphHooks, abc.ABC):
+class EngineBase(abc.ABC):
     """Base class for backend engines: owns the call pipeline and the lifecycle.
 
     Settings changes invalidate the execution context(s), created lazily on the next
@@ -62,6 +64,7 @@ class EngineBase(GraphHooks, abc.ABC):
         inputs: Sequence[TensorSpec],
         outputs: Sequence[TensorSpec],
         settings: SettingsLike = None,
+        device_guard: DeviceGuard | None = None,
     ) -> None:
         self.name = name
         self._backend = backend
@@ -72,23 +75,15 @@ class EngineBase(GraphHooks, abc.ABC):
         #: Serializes administrative changes (not calls: those lease a lane).
         self._lock = threading.RLock()
         self._exclusive_owner: int | None = None
-        self._context: Any = None
-        self._creations = 0
         self._closed = False
         self._outer_graph: OuterGraph | None = None
-        #: This lane's outer graphs (the core's manager; the backend fills GraphHooks).
-        self._outer_graphs = OuterGraphs()
-        self._graph_captures = 0
         self._settings = RuntimeSettings()
         self._lease_timeout: float | None = None
-        #: The lanes: this engine first, then clones made by :meth:`_clone_lane`.
-        self._pool: ContextPool[EngineBase] = ContextPool(name, [self])
-        #: What the pipeline tries first on this lane: :meth:`_call_fast`, or a function the
-        #: backend put here for the calls it expects next (see :meth:`_reset_fast`).
-        self._fast_entry: Any = self._call_fast
         #: Set by a backend whose calls could leave the caller on the engine's device
         #: (several GPUs): every call and state change runs inside it.
-        self._device_guard: DeviceGuard | None = None
+        self._device_guard = device_guard
+        #: The lanes, one per execution context; the first made now, others by ``contexts``.
+        self._pool: ContextPool[Lane] = ContextPool(name, [self._new_lane()])
         forking.track(self)
         self.runtime_settings = RuntimeSettings.coerce(settings)
 
@@ -107,12 +102,12 @@ class EngineBase(GraphHooks, abc.ABC):
 
     @property
     def has_data_dependent_outputs(self) -> bool:
-        return any(o.data_dependent for o in self._outputs)
+        return any(o.data_dependent for o in self.outputs)
 
     @property
     def data_dependent_outputs(self) -> list[str]:
         """Names of outputs whose shapes are only known after execution."""
-        return [o.name for o in self._outputs if o.data_dependent]
+        return [o.name for o in self.outputs if o.data_dependent]
 
     @property
     def device(self) -> int:
@@ -148,17 +143,17 @@ class EngineBase(GraphHooks, abc.ABC):
         with self._exclusive():
             self._check_open()
             lanes = list(self._pool.lanes)
-            made: list[EngineBase] = []
+            made: list[Lane] = []
             try:
                 while len(lanes) < value:
                     made.append(self._new_lane())
                     lanes.append(made[-1])
             except BaseException:  # (out of memory, say): the engine keeps the contexts it had
                 for lane in made:
-                    lane._close_lane()
+                    lane.close()
                 raise
             for lane in lanes[value:]:
-                lane._close_lane()
+                lane.close()
             self._pool.resize(lanes[:value])
         if value > 1:
             warn_overlap(self, value)  # once per engine, on builds with a known hazard
@@ -181,15 +176,22 @@ class EngineBase(GraphHooks, abc.ABC):
                 f"lease_timeout must be None or a number of seconds >= 0; got {show(value)}"
             ) from None
 
-    def _new_lane(self) -> EngineBase:
-        lane = self._clone_lane()
-        lane._settings = self._settings
-        lane._outer_graph = self._outer_graph
-        return lane
+    def _new_lane(self) -> Lane:
+        """A lane with the engine's settings and wrap, and its backend ops (``_new_ops``)."""
+        return Lane(self, self._new_ops, self._device_guard)
 
     @property
-    def _lanes(self) -> tuple[EngineBase, ...]:
+    def _lanes(self) -> tuple[Lane, ...]:
         return self._pool.lanes
+
+    def _set_device_guard(self, guard: DeviceGuard | None) -> None:
+        """Run every call and change inside ``guard`` from now on (every lane, and lanes
+        made later); for a backend that knows only after construction (and tests). Every
+        lane is held meanwhile, outside any guard."""
+        with self._lock, self._pool.all_lanes():
+            self._device_guard = guard
+            for lane in self._pool.lanes:
+                lane.device_guard = guard
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -239,9 +241,9 @@ class EngineBase(GraphHooks, abc.ABC):
         with self._exclusive():
             if settings == self._settings:
                 return
+            self._settings = settings
             for lane in self._pool.lanes:
-                lane._settings = settings
-                lane._drop_context()
+                lane.apply_settings(settings)
 
     def _check_capabilities(self, settings: RuntimeSettings) -> None:
         caps = self._backend.capabilities
@@ -258,23 +260,16 @@ class EngineBase(GraphHooks, abc.ABC):
     @property
     def context_creations(self) -> int:
         """Execution contexts created so far, by every lane."""
-        return sum(lane._creations for lane in self._pool.lanes)
+        return sum(lane.creations for lane in self._pool.lanes)
 
     def has_context(self) -> bool:
-        return any(lane._context is not None for lane in self._pool.lanes)
+        return any(lane.context is not None for lane in self._pool.lanes)
 
     def invalidate_context(self) -> None:
         """Drop the execution context(s); the next call creates a new one."""
         with self._exclusive():
             for lane in self._pool.lanes:
-                lane._drop_context()
-
-    def _drop_context(self) -> None:
-        if self._context is not None:
-            context, self._context = self._context, None
-            self._sync()
-            self._drop_graphs()  # graphs hold the context's addresses and kernels
-            self._destroy_context(context)
+                lane.drop_context()
 
     # -- the outer CUDA-graph wrap -------------------------------------------------
     @property
@@ -300,10 +295,9 @@ class EngineBase(GraphHooks, abc.ABC):
         with self._exclusive():
             if graph == self._outer_graph:
                 return
+            self._outer_graph = graph
             for lane in self._pool.lanes:
-                lane._outer_graph = graph
-                lane._sync()
-                lane._drop_graphs()
+                lane.apply_outer_graph(graph)
 
     def static_inputs(self, *shapes: Sequence[int], profile: int | None = None,
                       as_torch: bool | None = None) -> list[Any]:
@@ -331,7 +325,9 @@ class EngineBase(GraphHooks, abc.ABC):
                 checker.check_count(len(shapes), "static_inputs()")
             key = tuple(tuple(int(d) for d in shape) for shape in shapes)
             chosen = checker.select(key, self.profile if profile is None else profile)
-            return self._outer_graphs.static_inputs(self, (key, chosen), as_torch)
+            outer = self._pool.lanes[0].outer_graphs
+            assert outer is not None  # (the capability was checked above)
+            return outer.static_inputs((key, chosen), as_torch)
 
     @property
     def _shape_checker(self) -> Any:
@@ -346,7 +342,7 @@ class EngineBase(GraphHooks, abc.ABC):
     @property
     def graph_captures(self) -> int:
         """How many CUDA graphs the outer wrap has captured (a replay is not a capture)."""
-        return sum(lane._graph_captures for lane in self._pool.lanes)
+        return sum(lane.graph_captures for lane in self._pool.lanes)
 
     def graph_stats(self) -> dict[str, int]:
         """The outer graphs of every context: ``graphs`` kept, ``max_graphs`` per context,
@@ -355,7 +351,9 @@ class EngineBase(GraphHooks, abc.ABC):
         totals = {"graphs": 0, "hits": 0, "misses": 0, "captures": 0, "evictions": 0, "updates": 0}
         limit = 0
         for lane in self._pool.lanes:
-            stats = lane._outer_graphs.cache.stats()
+            if lane.outer_graphs is None:
+                continue
+            stats = lane.outer_graphs.cache.stats()
             limit = stats["max_graphs"]
             for key in totals:
                 totals[key] += stats[key]
@@ -365,13 +363,14 @@ class EngineBase(GraphHooks, abc.ABC):
         """Drop every captured graph; the next call under the outer wrap captures again."""
         with self._exclusive():
             for lane in self._pool.lanes:
-                lane._sync()
-                lane._drop_graphs()
+                lane.ops.sync()
+                lane.drop_graphs()
 
-    def _resolve_cache(self) -> RuntimeCache | None:
+    def _resolve_cache(self, settings: RuntimeSettings) -> RuntimeCache | None:
+        """The :class:`~trt_runtime.cache.RuntimeCache` of ``settings`` (a path: the shared one)."""
         from trt_runtime.cache import RuntimeCache
 
-        cache = self._settings.runtime_cache
+        cache = settings.runtime_cache
         if isinstance(cache, Path):
             return RuntimeCache.shared(cache)
         return cache
@@ -380,19 +379,12 @@ class EngineBase(GraphHooks, abc.ABC):
         """Create the execution context now if there is none (normally done by a call)."""
         with self._exclusive():
             self._check_open()
-            return self._lane_context()
+            return self._pool.lanes[0].ensure_context()
 
-    def _lane_context(self) -> Any:
-        """This lane's context, created if needed (the caller holds the lane)."""
-        if self._context is None:
-            context = self._create_context(self._settings, self._resolve_cache())
-            if context is None:
-                raise EngineError(f"engine {self.name!r}: the backend created no execution context")
-            self._context = context
-            self._creations += 1
-        return self._context
-
-    # -- the call pipeline ------------------------------------------------------------
+    # -- the call pipeline ------------------------------------------------------------------
+    # ``execute`` and ``__call__`` share one body (a call is a few µs: a wrapper between them
+    # would be a tenth). The uncontended lease is ContextPool.lease inlined: this thread's
+    # lane of its previous call, if it is free (one thread-local read, one lock acquire).
     def execute(
         self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
         profile: int | None = None,
@@ -404,64 +396,56 @@ class EngineBase(GraphHooks, abc.ABC):
         arrays to write into, returned as given (``supports_preallocated_outputs``).
         ``profile``: an optimization profile for this call (``supports_profile_selection``).
         """
-        raise NotImplementedError  # replaced below by _entry(bare=False)
+        return self._lease_call(inputs, stream, outputs, profile)
 
     def __call__(
         self, *inputs: Any, stream: Any = None, outputs: Sequence[Any] | None = None,
         profile: int | None = None,
     ) -> Any:
         """Like :meth:`execute`, but a single output is returned bare, several as a tuple."""
-        raise NotImplementedError  # replaced below by _entry(bare=True)
+        result = self._lease_call(inputs, stream, outputs, profile)
+        return result[0] if len(result) == 1 else tuple(result)
 
-    def _call(self, inputs: Sequence[Any], stream: Any, outputs: Sequence[Any] | None, profile: int | None
-              ) -> list[Any]:
-        """The general path of one call on this lane: validate, context, outer graph or eager."""
-        self._check_open()
+    def _lease_call(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
+                    profile: int | None) -> list[Any]:
+        """One call: lease a lane, then its fast entry or its general path (a thread's first
+        call, or a call inside a device guard, through :meth:`Lane.guarded_call`)."""
+        pool = self._pool
+        try:
+            slot: Slot[Lane] | None = pool.local.slot  # (an attribute read: cheaper than getattr)
+        except AttributeError:
+            slot = None
+        first = slot is None
+        if slot is None or not slot.lock.acquire(False):
+            slot = pool.lease(self._lease_timeout)
+        lane = slot.lane
+        result: list[Any] | None
+        try:
+            if first or lane.device_guard is not None:
+                result = lane.guarded_call(first, inputs, stream, outputs, profile)
+            else:
+                result = lane.fast_entry(inputs, stream, outputs) if profile is None else None
+                if result is None:
+                    result = lane.call(inputs, stream, outputs, profile)
+        finally:
+            if pool.waiters:  # (close() holds every lane: no call is in flight then)
+                pool.give_back(slot)
+            else:
+                slot.lock.release()
+        return result
+
+    def _check_call_capabilities(self, outputs: Sequence[Any] | None, profile: int | None) -> None:
+        """``outputs=`` and ``profile=`` need their capabilities."""
         caps = self._caps
         if outputs is not None and not caps.supports_preallocated_outputs:
             caps.require("supports_preallocated_outputs", self._backend.name)
         if profile is not None and not caps.supports_profile_selection:
             caps.require("supports_profile_selection", self._backend.name)
-        call = self._validate_inputs(inputs, profile)
-        if outputs is not None:
-            self._validate_outputs(outputs, call)
-        context = self._context
-        if context is None:
-            context = self._lane_context()
-        if self._outer_graph is not None:
-            return self._run_outer(context, call, stream, outputs)
-        return self._run(context, call, stream, outputs)
-
-    def _run_outer(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
-        """Run a validated ``call`` under :attr:`outer_graph` (the core's
-        :class:`~trt_runtime.outer.OuterGraphs`; not a hook)."""
-        return self._outer_graphs.run(self, context, call, stream, outputs)
-
-    def _drop_graphs(self) -> None:
-        """Release this lane's outer graphs (not a hook; the caller ran :meth:`_sync`)."""
-        self._reset_fast()
-        self._outer_graphs.drop(self)
-
-    def _switch_fast(self, plan: Any, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
-                     ) -> list[Any] | None:
-        """Make ``plan`` (a function the backend made for calls like this one) the lane's
-        :attr:`_fast_entry` and run the call through it; ``None`` (the general path) when it
-        is the entry already: it declined this very call a moment ago."""
-        if plan is self._fast_entry:
-            return None
-        self._fast_entry = plan
-        return plan(inputs, stream, outputs)  # type: ignore[no-any-return]
-
-    def _reset_fast(self) -> None:
-        """Forget the function in :attr:`_fast_entry` (the next call starts at :meth:`_call_fast`):
-        called when the context, the graphs or the outer-graph wrap change, and by a backend
-        whenever what it put there may no longer hold."""
-        self._fast_entry = self._call_fast
 
     def synchronize(self) -> None:
         """Wait for the work every context of this engine queued."""
         for lane in self._pool.lanes:
-            lane._sync()
+            lane.ops.sync()
 
     # -- lifetime -----------------------------------------------------------------
     def _check_open(self) -> None:
@@ -473,15 +457,17 @@ class EngineBase(GraphHooks, abc.ABC):
         calls waiting for a context then raise :class:`~trt_runtime.EngineError`."""
         if exiting():  # the exit hook holds every lane: closed, the process releases the rest
             for lane in self._pool.lanes:
-                lane._closed = True
+                lane.closed = True
+            self._closed = True
             return
         with self._lock:
             if self._closed:
                 return
             with self._exclusive():
                 self._pool.close()
-                for lane in reversed(self._pool.lanes):  # clones first, this engine last
-                    lane._close_lane()
+                for lane in reversed(self._pool.lanes):  # the first lane last
+                    lane.close()
+                self._closed = True
 
     def _orphan_after_fork(self, parent: int) -> None:
         """In a process forked from ``parent``: closed without releasing anything (see
@@ -494,17 +480,9 @@ class EngineBase(GraphHooks, abc.ABC):
             "from it; CUDA does not cross fork(): start workers with the 'spawn' or 'forkserver' "
             "method (multiprocessing.set_start_method) and load the engine again in them"
         )
-        self._after_fork()
-
-    def _after_fork(self) -> None:
-        """Backend hook, in a forked child: stop whatever would release native objects
-        there (a ``weakref.finalize``); they are never released in the child."""
-
-    def _close_lane(self) -> None:
-        if not self._closed:
-            self._drop_context()
-            self._closed = True
-            self._release()
+        for lane in self._pool.lanes:
+            lane.closed = True
+            lane.ops.after_fork()
 
     @property
     def closed(self) -> bool:
@@ -517,65 +495,12 @@ class EngineBase(GraphHooks, abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        io = ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in (*self._inputs, *self._outputs))
+        io = ", ".join(f"{s.name}:{s.dtype}{list(s.shape)}" for s in (*self.inputs, *self.outputs))
         return f"<{type(self).__name__} {self.name!r} backend={self._backend.name!r} [{io}]>"
 
-    # -- hooks a backend implements ------------------------------------------------
+    # -- what a backend implements ------------------------------------------------------
     @abc.abstractmethod
-    def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> Any:
-        """Create an execution context for ``settings`` on :attr:`device`.
-
-        A backend with a cache calls ``cache.ensure_materialized(config, backend=self.backend)``
-        and attaches the native cache it returns to its runtime config.
-        """
-
-    @abc.abstractmethod
-    def _destroy_context(self, context: Any) -> None:
-        """Release ``context``."""
-
-    def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> Any:
-        """Check count, kind, dtype, shape, device and profile of ``inputs`` before any
-        context exists (raise :class:`~trt_runtime.InputError`, with the shared checks of
-        :mod:`trt_runtime.contract`); return what :meth:`_run` takes as ``call``
-        (default: the inputs as given)."""
-        return inputs
-
-    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:
-        """Check preallocated ``outputs`` (count, dtype, device, contiguity; shapes where
-        ``call`` tells them) before any context exists; checks that need output shapes from
-        the context stay in :meth:`_run`."""
-
-    def _call_fast(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None
-                   ) -> list[Any] | None:
-        """The backend's fast path for a call like one it validated before (same shapes,
-        same arrays...): its results, or ``None`` to take the general path. It must not
-        raise for bad input (the general path says what is wrong). The pipeline calls
-        :attr:`_fast_entry`, which is this method unless the backend put a more specific function
-        there (one that calls this method for calls it does not take)."""
-        return None
-
-    def _thread_start(self) -> None:
-        """Called on a lane before the first call a thread makes on this engine (and
-        before that call's :attr:`_fast_entry`): per-thread setup, such as making the engine's
-        device current in that thread (default: nothing)."""
-
-    @abc.abstractmethod
-    def _run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
-        """Run a validated ``call`` eagerly (bind, enqueue, outputs)."""
-
-    def _clone_lane(self) -> EngineBase:
-        """A new lane over the same deserialized engine: its own (lazy) context, stream and
-        buffers, on the same device. Needed for ``supports_multiple_contexts``."""
-        raise CapabilityError(f"the {self._backend.name!r} backend does not support multiple_contexts")
-
-    def _sync(self) -> None:
-        """Wait for the work this lane queued (default: nothing to wait for)."""
-
-    def _release(self) -> None:
-        """Release this lane's engine object (after its context)."""
-
-
-from trt_runtime.calls import make_entry  # noqa: E402 - needs EngineBase defined
-
-EngineBase.execute = make_entry(False, "execute", EngineBase.execute.__doc__)  # type: ignore[method-assign]
-EngineBase.__call__ = make_entry(True, "__call__", EngineBase.__call__.__doc__)  # type: ignore[method-assign]
+    def _new_ops(self, lane: Lane) -> LaneOps:
+        """The backend's side of a new ``lane`` (its first at construction, others for
+        ``contexts = N``: those need ``supports_multiple_contexts``). It may raise (out of
+        memory, say): ``contexts`` then keeps the lanes it had."""

@@ -89,7 +89,7 @@ class GraphCache(Generic[K, G]):
     ``evictions`` count lookups that found a graph, lookups that did not, graphs added
     and graphs evicted; ``updates`` the captures whose executable graph the backend made
     by updating a released one in place instead of instantiating a new one (the backend
-    counts them; see :meth:`GraphHooks._capture <trt_runtime.outer.GraphHooks._capture>`).
+    counts them; see :meth:`GraphOps.capture <trt_runtime.outer.GraphOps.capture>`).
     A backend's hot path may look graphs up in its own shortcut table and report the
     replay with :meth:`touch`.
     """

@@ -84,16 +84,16 @@ class ContextPool(Generic[T]):
     """
 
     __slots__ = (
-        "__weakref__", "_closed_message", "_engine", "_local", "_lock", "_slots", "_waiters", "closed",
+        "__weakref__", "_closed_message", "_engine", "_lock", "_slots", "closed", "local", "waiters",
     )
 
     def __init__(self, engine: str, lanes: Sequence[T]) -> None:
         self._engine = engine
         self._slots: list[Slot[T]] = [Slot(lane) for lane in lanes]
-        self._waiters: deque[_Waiter] = deque()
+        self.waiters: deque[_Waiter] = deque()
         self._lock = threading.Lock()
         #: ``slot``: the slot this thread leased last.
-        self._local = threading.local()
+        self.local = threading.local()
         self.closed = False
         self._closed_message = ""
         _POOLS.add(self)
@@ -108,7 +108,7 @@ class ContextPool(Generic[T]):
     def acquire(self, timeout: float | None = None) -> T:
         """A free lane (this thread's last one if it is free); waits for one (in arrival
         order) when all are leased."""
-        slot = getattr(self._local, "slot", None)
+        slot = getattr(self.local, "slot", None)
         if slot is None or not slot.lock.acquire(False):
             slot = self.lease(timeout)
         return slot.lane  # type: ignore[no-any-return]
@@ -117,7 +117,7 @@ class ContextPool(Generic[T]):
         """Any free slot, else wait for one; the slot becomes this thread's preferred one.
         (``EngineBase.execute`` tries the preferred slot inline first.)"""
         slot = self._take(timeout)
-        self._local.slot = slot
+        self.local.slot = slot
         slot.claimed = True
         return slot
 
@@ -147,17 +147,17 @@ class ContextPool(Generic[T]):
         with self._lock:
             if self.closed:
                 raise EngineError(self._closed_message or f"engine {self._engine!r} is closed")
-            if not self._waiters:  # released since the failed tries
+            if not self.waiters:  # released since the failed tries
                 slot = self._take_any()
                 if slot is not None:
                     return slot
-            self._waiters.append(waiter)
+            self.waiters.append(waiter)
         deadline = None if timeout is None else waiter.since + timeout
         while True:
             if _EXITING.is_set():
                 with self._lock:
                     if waiter.slot is None:
-                        self._waiters.remove(waiter)
+                        self.waiters.remove(waiter)
                 if waiter.slot is not None and waiter.slot is not _CLOSED:
                     waiter.slot.lock.release()  # handed over meanwhile: for the exit hook
                 _park()
@@ -167,13 +167,13 @@ class ContextPool(Generic[T]):
             with self._lock:
                 if waiter.slot is not None:  # woken meanwhile
                     break
-                if self._waiters[0] is waiter:  # our turn: is a lane free?
+                if self.waiters[0] is waiter:  # our turn: is a lane free?
                     slot = self._take_any()
                     if slot is not None:
-                        self._waiters.popleft()
+                        self.waiters.popleft()
                         return slot
                 if deadline is not None and time.monotonic() >= deadline:
-                    self._waiters.remove(waiter)
+                    self.waiters.remove(waiter)
                     raise self._timeout(waiter, timeout)
         slot = waiter.slot
         if slot is _CLOSED:
@@ -185,7 +185,7 @@ class ContextPool(Generic[T]):
         return ContextLeaseTimeout(
             f"engine {self._engine!r}: no execution context free after {waited:.3f} s "
             f"(lease_timeout={timeout!r}); all {len(self._slots)} context(s) are leased by other "
-            f"callers ({len(self._waiters)} more waiting). Raise engine.contexts or lease_timeout"
+            f"callers ({len(self.waiters)} more waiting). Raise engine.contexts or lease_timeout"
         )
 
     def release(self, lane: T) -> None:
@@ -208,11 +208,11 @@ class ContextPool(Generic[T]):
         if _EXITING.is_set():  # handed to the exit hook, locked: the caller's next call parks
             slot.held_at_exit = True
             return
-        if not self._waiters:
+        if not self.waiters:
             slot.lock.release()
             return
         with self._lock:
-            waiters = self._waiters
+            waiters = self.waiters
             if waiters and time.monotonic() - waiters[0].since >= FAIR_AFTER:
                 waiters.popleft().wake(slot)
             else:
@@ -256,7 +256,7 @@ class ContextPool(Generic[T]):
         parent's threads may have held the inherited ones), and ``message`` the error of
         every later acquire."""
         self._lock = threading.Lock()
-        self._waiters = deque()
+        self.waiters = deque()
         for slot in self._slots:
             slot.lock = threading.Lock()
             slot.lock.acquire()
@@ -270,8 +270,8 @@ class ContextPool(Generic[T]):
             self.closed = True
             while self._take_any() is not None:
                 pass
-            while self._waiters:
-                self._waiters.popleft().wake(_CLOSED)
+            while self.waiters:
+                self.waiters.popleft().wake(_CLOSED)
 
 
 _CLOSED: Any = object()
@@ -318,7 +318,7 @@ def hold_lanes_at_exit(timeout: float = EXIT_WAIT) -> int:
     pools = [pool for pool in list(_POOLS) if not pool.closed]  # a closed pool's lanes are taken
     for pool in pools:
         with pool._lock:
-            pool._waiters.append(_EXIT_WAITER)
+            pool.waiters.append(_EXIT_WAITER)
     deadline = start + timeout
     held = total = 0
     missed: list[str] = []

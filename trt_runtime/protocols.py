@@ -61,7 +61,7 @@ class BackendCapabilities:
     #: The runtime's own CUDA-graph wrap (:class:`~trt_runtime.graphs.OuterGraph`).
     supports_outer_cuda_graph: bool = False
     #: ``trt_runtime.load(..., contexts=N)`` / ``engine.contexts = N``: N execution contexts
-    #: serve concurrent callers (its engines implement the ``EngineBase._clone_lane`` hook).
+    #: serve concurrent callers (its engines make a lane for each: ``EngineBase._new_ops``).
     supports_multiple_contexts: bool = False
     #: ``deserialize`` into a cache that already has entries keeps them (merges).
     cache_deserialize_merges: bool = False

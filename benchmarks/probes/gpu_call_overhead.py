@@ -274,14 +274,14 @@ def components(torch: Any, x: Any, rounds: int) -> dict[str, float]:
 def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
     """Microseconds of each step of the python backend's outer replay of ``engine`` (under
     ``outer="view"``, called with its static input): where the µs over a bare launch go."""
-    outer = engine._outer_graphs
+    outer = engine._lanes[0].outer_graphs
     ((key, slot),) = [(k, v) for k, v in outer.shortcuts.items()]
     (arg,) = engine.static_inputs(tuple(key[0]), as_torch=True)
-    rt = engine._graphs.rt
-    ours = engine._order.ours
+    rt = engine._lanes[0].ops.graphs.rt
+    ours = engine._lanes[0].ops._order.ours
     graph = slot.graph
     pool = engine._pool
-    local_slot = pool._local.slot
+    local_slot = pool.local.slot
     lock = local_slot.lock
 
     def lease_pair() -> None:
@@ -290,11 +290,11 @@ def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
 
     ops: dict[str, Callable[[], Any]] = {
         "engine(s) whole": functools.partial(engine, arg),
-        "replay_torch": functools.partial(engine._graphs.replay_torch, engine, (arg,), None, outer),
-        "_call_fast": functools.partial(engine._call_fast, (arg,), None, None),
+        "replay_torch": functools.partial(engine._lanes[0].ops.graphs.replay_torch, (arg,), None, outer),
+        "call_fast": functools.partial(engine._lanes[0].ops.call_fast, (arg,), None, None),
         "plan": functools.partial(slot.plan, (arg,), None, None),
         "cache.touch": functools.partial(outer.cache.touch, slot.key),
-        "order.follow(None)": functools.partial(engine._order.follow, None),
+        "order.follow(None)": functools.partial(engine._lanes[0].ops._order.follow, None),
         "cudaGraphLaunch ours": functools.partial(rt.cudaGraphLaunch, graph, ours),
         "cudaGraphLaunch ours, cudaStream_t": functools.partial(
             rt.cudaGraphLaunch, graph, rt.cudaStream_t(ours)),
@@ -309,17 +309,17 @@ def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
 def prebound_parts(engine: Any, raw: Raw, x: Any, y: Any, torch: Any, rounds: int) -> dict[str, float]:
     """Microseconds of each step of the python backend's pre-bound call of ``engine``, and
     its context's bare ``execute_async_v3`` beside the raw loop's."""
-    ours = engine._order.ours
-    trt_context = engine._res.context.trt_context
+    ours = engine._lanes[0].ops._order.ours
+    trt_context = engine._lanes[0].ops._res.context.trt_context
     s = engine.stream
     ys = [y]
-    fast = engine._fast_paths
+    fast = engine._lanes[0].ops._fast_paths
     execute = engine.execute
     run = trt_context.execute_async_v3
     ops: dict[str, Callable[[], Any]] = {
         "partial(execute, x, outputs=, stream=)": functools.partial(execute, x, outputs=ys, stream=s),
         "execute(x, outputs=ys, stream=s)": lambda: execute(x, outputs=ys, stream=s),
-        "_call_fast": functools.partial(engine._call_fast, (x,), s, ys),
+        "call_fast": functools.partial(engine._lanes[0].ops.call_fast, (x,), s, ys),
         "call_prebound": functools.partial(fast.call_prebound, engine, (x,), ys, s),
         "our context execute_async_v3(ours)": functools.partial(run, ours),
         "our context execute_async_v3(raw stream)": functools.partial(run, raw.handle),

@@ -165,7 +165,7 @@ def ablated_plans(lane: Any, slot: Any, shapes: tuple[Any, ...]) -> dict[str, An
 
     plans._compile = spy  # type: ignore[assignment]
     try:
-        plans.replay_plan(lane, slot, shapes, lane._outer_graphs)
+        plans.replay_plan(lane, slot, shapes, lane.lane.outer_graphs)
     finally:
         plans._compile = real
     sources: list[str] = []
@@ -312,8 +312,8 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     from cuda.bindings import runtime as rt
 
     ns: dict[str, Any] = {"e": engine, "o": outer, "x": x, "y": y, "s": s, "own": engine.stream,
-                          "ctx": engine._res.context, "rt": rt}
-    keep = _raw_side(ns, torch, built, workload, [x], [y], engine._res.context)
+                          "ctx": engine._lanes[0].ops._res.context, "rt": rt}
+    keep = _raw_side(ns, torch, built, workload, [x], [y], engine._lanes[0].ops._res.context)
     launch = rt.cudaGraphLaunch
     graph = ns["tg_exec"]
     views = [y]  # the raw graph writes the y the raw context was bound to (_raw_side)
@@ -336,16 +336,17 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
         "pre: minimal": "mp(x, outputs=[y], stream=own)",
         "pre: ours e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=own)",
     }
-    lane = outer._pool._local.slot.lane
-    slot = lane._outer_graphs.shortcuts[(s.shape,)]
+    lane = outer._pool.local.slot.lane.ops
+    slot = lane.lane.outer_graphs.shortcuts[(s.shape,)]
     ablated = ablated_plans(lane, slot, (s.shape,))
     for i, (name, plan) in enumerate(ablated.items()):
         ns[f"plan{i}"] = plan
         stmts[f"ablate: {name}"] = f"plan{i}(ss, None, None)"
-    ns.update(ss=(s,), pool=outer._pool, lk=threading.Lock(), key=slot.key, cache=lane._outer_graphs.cache,
+    cache = lane.lane.outer_graphs.cache
+    ns.update(ss=(s,), pool=outer._pool, lk=threading.Lock(), key=slot.key, cache=cache,
               raw=torch._C._cuda_getCurrentRawStream, dev=device, s0=s.shape, d0=s.dtype)
     stmts.update({
-        "piece: pool._local.slot": "pool._local.slot",
+        "piece: pool.local.slot": "pool.local.slot",
         "piece: lock acquire(False) + release": "lk.acquire(False); lk.release()",
         "piece: cache.touch(key)": "cache.touch(key)",
         "piece: raw_stream(device)": "raw(dev)",
@@ -364,7 +365,7 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
         "launch: our graph on 0": "rt.cudaGraphLaunch(og, 0)",
     })
     nodes = {"nodes: raw context": count_nodes(rt, ns["rc"], ours),
-             "nodes: our context": count_nodes(rt, lane._context.trt_context, ours)}
+             "nodes: our context": count_nodes(rt, lane.lane.context.trt_context, ours)}
     closers = (keep.clear, lambda: wrap.__exit__(None, None, None), outer.close, engine.close)
     return {**timed_then(stmts, ns, torch, repeats, number, *closers), **nodes}
 

@@ -58,7 +58,7 @@ def churn(key: str, torch: Any, calls: int, rounds: int) -> dict[str, Any]:
         engine = backend.load_engine(EngineSource(built.plan, name=f"{key}-{label}"))
         if label == "instantiate":
             for lane in engine._pool.lanes:
-                lane._rt = NoUpdate(lane._rt)
+                lane.ops._rt = lane.ops.graphs.rt = NoUpdate(lane.ops._rt)
         engine.outer_graph = OuterGraph(max_graphs=2) if len(xs) > 1 else True
         engines[label] = engine
     with backend.load_engine(EngineSource(built.plan, name=f"{key}-eager")) as eager:

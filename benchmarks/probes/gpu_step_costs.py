@@ -88,15 +88,17 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         copying(x)
         copying(x)
     torch.cuda.synchronize()
-    ctx = engine._res.context
-    slot = next(iter(outer._outer_graphs.shortcuts.values()))
+    ops = engine._lanes[0].ops
+    ctx = ops._res.context
+    slot = next(iter(outer._lanes[0].outer_graphs.shortcuts.values()))
     n = len(xs)
     ns: dict[str, Any] = {
         "e": engine, "o": outer, "x": xs[0], "y": ys[0], "xs": xs, "ys": ys, "ss": statics,
-        "s": engine.stream, "fp": engine._fast_paths, "tc": ctx.trt_context, "ours": engine._order.ours,
-        "order": engine._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
-        "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._outer_graphs,
-        "graph": slot.graph, "orders": outer._order, "rt": outer._graphs.rt, "n": n,
+        "s": engine.stream, "fp": ops._fast_paths, "tc": ctx.trt_context, "ours": ops._order.ours,
+        "order": ops._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
+        "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._lanes[0].outer_graphs,
+        "graph": slot.graph, "orders": outer._lanes[0].ops._order,
+        "rt": outer._lanes[0].ops.graphs.rt, "n": n,
         "it": iter(range(1 << 62)), "next": next, "ptr": ys[0].data_ptr(), "shape0": tuple(ys[0].shape),
     }
     import ctypes
@@ -107,23 +109,24 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         if name.endswith("_int"):
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         ns[name] = fn
-    ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(engine._order.ours),
-              graph_i=int(slot.graph), ours_t=outer._graphs.rt.cudaStream_t(engine._order.ours))
-    fast = engine._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
+    ours = engine._lanes[0].ops._order.ours
+    ns.update(graph_p=ctypes.c_void_p(int(slot.graph)), ours_p=ctypes.c_void_p(ours),
+              graph_i=int(slot.graph), ours_t=outer._lanes[0].ops.graphs.rt.cudaStream_t(ours))
+    fast = engine._lanes[0].ops._fast_paths.prebound[(id(xs[0]), id(ys[0]))]
     ns["f"] = fast
     keep = _raw_side(ns, torch, built, workload, xs, ys, ctx)
     from trt_runtime_backends.python.graphs import torch_results
 
-    cslot = copying._outer_graphs.shortcuts[(xs[0].shape,)]
+    cslot = copying._lanes[0].outer_graphs.shortcuts[(xs[0].shape,)]
     from cuda.bindings import driver
 
     cmemcpy = ctypes.CDLL("libcuda.so.1").cuMemcpyDtoDAsync_v2
     cmemcpy.restype = ctypes.c_int
     cmemcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-    rt = copying._graphs.rt
+    rt = copying._lanes[0].ops.graphs.rt
     (cstatic,) = copying.static_inputs(tuple(xs[0].shape), as_torch=True)
     ns.update(c=copying, cslot=cslot, cours=copying._order.ours, torch_results=torch_results, torch=torch,
-              cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._graphs.d2d, dr=driver,
+              cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._lanes[0].ops.graphs.d2d, dr=driver,
               dflt=rt.cudaMemcpyKind.cudaMemcpyDefault, cstream=driver.CUstream(copying._order.ours),
               cmemcpy=cmemcpy, cstatic=cstatic)
     stmts = {
@@ -149,7 +152,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "nat: dtype+device+contig": "x.dtype; x.get_device(); x.is_contiguous()",
         # outer replay
         "outer: o(s)": "o(ss[0])",
-        "outer: replay_torch": "o._graphs.replay_torch(o, (ss[0],), None, outer_graphs)",
+        "outer: replay_torch": "o._lanes[0].ops.graphs.replay_torch((ss[0],), None, outer_graphs)",
         "outer: plan": "outer_graphs.shortcuts[(ss[0].shape,)].plan((ss[0],), None, None)",
         "outer: cudaGraphLaunch": "rt.cudaGraphLaunch(graph, ours)",
         "outer: cudaGraphLaunch(stream_t)": "rt.cudaGraphLaunch(graph, ours_t)",
@@ -173,7 +176,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     if n > 1:  # cycling shapes
         # the pre-bound call's shape switch taken apart: each (x, y) pair's plan, and the
         # state change its plan makes (prepare_state: restore_shapes, then addresses)
-        fps = [engine._fast_paths.prebound[(id(x), id(y))] for x, y in zip(xs, ys, strict=True)]
+        fps = [engine._lanes[0].ops._fast_paths.prebound[(id(x), id(y))] for x, y in zip(xs, ys, strict=True)]
         prepare = fast_path.prepare_state
         ns.update(fps=fps, preps=[
             functools.partial(prepare, engine, f.shape_key, f.dynamic_dims, f.out_shapes, f.ptrs) for f in fps

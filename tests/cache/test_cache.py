@@ -27,6 +27,7 @@ from trt_runtime import (
     StaleCacheWarning,
 )
 from trt_runtime.cache import HEADER_SIZE, MAGIC, decode, default_cache_dir, default_cache_path, encode
+from trt_runtime.lane import Lane, LaneOps
 
 
 def _handle(backend: FakeBackend) -> FakeHandle:
@@ -516,19 +517,27 @@ def test_cache_repr_names_state(tmp_path: Path) -> None:
 
 
 # -- the engine side ----------------------------------------------------------------------------
-class _Engine(EngineBase):
-    """An engine whose context materializes the cache the way real backends do."""
+class _Ops(LaneOps):
+    """A lane whose context materializes the cache the way real backends do."""
 
-    def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> object:
-        native = None if cache is None else cache.ensure_materialized("config", backend=self.backend)
+    def __init__(self, engine: EngineBase) -> None:
+        self.engine = engine
+
+    def create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> object:
+        native = None if cache is None else cache.ensure_materialized("config", backend=self.engine.backend)
         return {"native": native}
 
-    def _destroy_context(self, context: object) -> None:
+    def destroy_context(self, context: object) -> None:
         pass
 
-    def _run(self, context: object, inputs: Sequence[object], stream: object, outputs: object = None
-             ) -> list[object]:
+    def run(self, context: object, call: object, stream: object, outputs: Sequence[object] | None
+            ) -> list[object]:
         return [context["native"]]  # type: ignore[index]
+
+
+class _Engine(EngineBase):
+    def _new_ops(self, lane: Lane) -> LaneOps:
+        return _Ops(self)
 
 
 def test_cache_engines_with_a_path_share_one_cache(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from test_conformance_memory import _run_kit as run_kit
 from test_conformance_memory import assert_kit_fails
 from test_conformance_memory import broken_backend as memory_broken_backend
 
-from trt_runtime.testing.memory import MemoryBackend, MemoryEngine
+from trt_runtime.testing.memory import MemoryBackend, MemoryEngine, MemoryLane
 
 pytest_plugins = ["pytester"]
 
@@ -21,14 +21,14 @@ pytest_plugins = ["pytester"]
 _KEPT: list[MemoryEngine] = []
 
 
-class _SharedOutput(MemoryEngine):
+class _SharedOutputLane(MemoryLane):
     """Writes every call's outputs into one buffer per shape and returns that buffer."""
 
-    def _run(self, context, inputs, stream, outputs=None):
-        results = super()._run(context, inputs, stream, outputs)
+    def run(self, context, call, stream, outputs=None):
+        results = super().run(context, call, stream, outputs)
         if outputs is not None:
             return results
-        buffers = self.__dict__.setdefault("buffers", {})
+        buffers = self.engine.__dict__.setdefault("buffers", {})
         shared = []
         for i, result in enumerate(results):
             buf = buffers.setdefault((i, result.shape, str(result.dtype)), np.empty_like(result))
@@ -37,18 +37,39 @@ class _SharedOutput(MemoryEngine):
         return shared
 
 
+class _SharedOutput(MemoryEngine):
+    lane_type = _SharedOutputLane
+
+
 class _CrossTalk(MemoryEngine):
     """Answers a call with whatever call finished last (one result slot, no lock)."""
 
     def execute(self, *inputs, stream=None, outputs=None):
-        self._validate(inputs)
-        self.last = self._compute(list(inputs))
+        self.validate(inputs)
+        self.last = self.compute(list(inputs))
         time.sleep(0.0002)
         return [r.copy() for r in self.last]
 
 
+class _TornSettingsLane(MemoryLane):
+    """Gives zeros for a while after each settings change (a torn update)."""
+
+    def _torn(self, results):
+        if getattr(self.engine, "changing", False):
+            return [np.zeros_like(r) for r in results]
+        return results
+
+    def run(self, context, call, stream, outputs=None):
+        return self._torn(super().run(context, call, stream, outputs))
+
+    def graph_results(self, context, slot, call, outputs, view, stream):
+        return self._torn(super().graph_results(context, slot, call, outputs, view, stream))
+
+
 class _TornSettings(MemoryEngine):
     """Gives zeros for a while after each settings change (a torn update)."""
+
+    lane_type = _TornSettingsLane
 
     @property
     def runtime_settings(self):
@@ -61,23 +82,12 @@ class _TornSettings(MemoryEngine):
         time.sleep(0.003)
         self.changing = False
 
-    def _torn(self, results):
-        if getattr(self, "changing", False):
-            return [np.zeros_like(r) for r in results]
-        return results
-
-    def _run(self, context, inputs, stream, outputs=None):
-        return self._torn(super()._run(context, inputs, stream, outputs))
-
-    def _run_outer(self, context, inputs, stream, outputs=None):
-        return self._torn(super()._run_outer(context, inputs, stream, outputs))
-
 
 class _CrashesOnClose(MemoryEngine):
     """Tears its state down before it stops taking calls: in-flight calls crash."""
 
     def close(self):
-        self._ops = None
+        self._affine = None
         time.sleep(0.005)
         super().close()
 

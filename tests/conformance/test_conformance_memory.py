@@ -18,7 +18,7 @@ from trt_runtime import (
 )
 from trt_runtime.testing import array_kinds
 from trt_runtime.testing.conformance import BackendConformance
-from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryEngine
+from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryEngine, MemoryLane
 
 pytest_plugins = ["pytester"]
 
@@ -140,46 +140,46 @@ class TestMemoryStaticReduced(_StaticConformance):
 # -- the kit catches broken backends -------------------------------------------------------------
 
 
-class _WrongKind(MemoryEngine):
+class _WrongKindLane(MemoryLane):
     """Right values, wrong kind: lists instead of numpy arrays."""
 
-    def _run(self, context, inputs, stream, outputs=None):
-        results = super()._run(context, inputs, stream, outputs)
+    def run(self, context, call, stream, outputs=None):
+        results = super().run(context, call, stream, outputs)
         return results if outputs is not None else [r.tolist() for r in results]
 
 
-class _IgnoresOutputs(MemoryEngine):
+class _IgnoresOutputsLane(MemoryLane):
     """Returns new arrays and leaves the ``outputs=`` arrays untouched."""
 
-    def _run(self, context, inputs, stream, outputs=None):
-        return super()._run(context, inputs, stream)
+    def run(self, context, call, stream, outputs=None):
+        return super().run(context, call, stream, None)
 
 
-class _StaleReplays(MemoryEngine):
+class _StaleReplaysLane(MemoryLane):
     """Replays a graph without copying the new inputs into its static buffers."""
 
-    def _copy(self, dst, src, nbytes, stream):
-        captured = [s for s in self._outer_graphs.cache.values() if s.graph is not None]
+    def copy(self, dst, src, nbytes, stream):
+        captured = [s for s in self.lane.outer_graphs.cache.values() if s.graph is not None]
         if not any(dst is s.inputs[0] for s in captured):
-            super()._copy(dst, src, nbytes, stream)
+            super().copy(dst, src, nbytes, stream)
 
 
-class _Recaptures(MemoryEngine):
+class _RecapturesLane(MemoryLane):
     """Captures a new graph on every call (replays nothing)."""
 
-    def _graph_call(self, call):
-        self._outer_graphs.drop(self)
-        return super()._graph_call(call)
+    def graph_call(self, call):
+        self.lane.outer_graphs.drop()
+        return super().graph_call(call)
 
 
-class _RemembersBindings(MemoryEngine):
+class _RemembersBindingsLane(MemoryLane):
     """Remembers each call's results by the identities of its arrays (a stale fast path)."""
 
-    def _run(self, context, inputs, stream, outputs=None):
-        memo = self.__dict__.setdefault("memo", {})
-        key = tuple(map(id, inputs)) + tuple(map(id, outputs or ()))
+    def run(self, context, call, stream, outputs=None):
+        memo = self.engine.__dict__.setdefault("memo", {})
+        key = tuple(map(id, call)) + tuple(map(id, outputs or ()))
         if key not in memo:
-            memo[key] = [r.copy() for r in super()._run(context, inputs, stream, outputs)]
+            memo[key] = [r.copy() for r in super().run(context, call, stream, outputs)]
         if outputs is None:
             return [r.copy() for r in memo[key]]
         for given, result in zip(outputs, memo[key], strict=True):
@@ -187,12 +187,24 @@ class _RemembersBindings(MemoryEngine):
         return list(outputs)
 
 
+def _with_lanes(lane_type: type[MemoryLane]) -> type[MemoryEngine]:
+    """A memory engine whose lanes are ``lane_type``."""
+    return type(lane_type.__name__.removesuffix("Lane"), (MemoryEngine,), {"lane_type": lane_type})
+
+
+_WrongKind = _with_lanes(_WrongKindLane)
+_IgnoresOutputs = _with_lanes(_IgnoresOutputsLane)
+_StaleReplays = _with_lanes(_StaleReplaysLane)
+_Recaptures = _with_lanes(_RecapturesLane)
+_RemembersBindings = _with_lanes(_RemembersBindingsLane)
+
+
 class _ConvertsDtype(MemoryEngine):
     """Silently converts inputs of the wrong dtype."""
 
-    def _validate(self, inputs):
+    def validate(self, inputs):
         fixed = [np.asarray(x).astype(s.dtype) for s, x in zip(self._inputs, inputs, strict=False)]
-        return super()._validate(fixed + list(inputs[len(fixed) :]))
+        return super().validate(fixed + list(inputs[len(fixed) :]))
 
 
 class _Racy(MemoryEngine):
@@ -201,10 +213,10 @@ class _Racy(MemoryEngine):
     def execute(self, *inputs, stream=None, outputs=None):
         import time
 
-        self._validate(inputs)
+        self.validate(inputs)
         self.shared = list(inputs)
         time.sleep(0.001)
-        return self._compute(self.shared)
+        return self.compute(self.shared)
 
 
 BROKEN = {
@@ -365,7 +377,7 @@ def test_conformance_memory_outer_graph_simulation():
     x, b = np.ones((2, 4), np.float32), np.arange(3, dtype=np.int32)
     with enable_cudagraphs(engine, outer="view"):
         y1, z1 = engine.execute(x, b)
-        (slot,) = engine._outer_graphs.cache.values()
+        (slot,) = engine._lanes[0].outer_graphs.cache.values()
         graph = slot.graph
         assert graph.context is engine.current_context and graph.replays == 0
         assert y1 is slot.outputs[0] and z1 is slot.outputs[1]
@@ -377,7 +389,7 @@ def test_conformance_memory_outer_graph_simulation():
         (y3, _) = engine.execute(*slot.inputs)
         np.testing.assert_allclose(y3, np.full((2, 4), 11.0))
         assert engine.current_context.captures == 1 and engine.graph_captures == 1
-    assert len(engine._outer_graphs) == 0 and graph.destroyed and engine.outer_graph is None
+    assert len(engine._lanes[0].outer_graphs) == 0 and graph.destroyed and engine.outer_graph is None
     assert engine.context_creations == 1
 
 

@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trt_runtime_backends
@@ -177,8 +178,8 @@ def test_architecture_docs_capability_table_matches_backend_capabilities() -> No
 
 
 _TEMPLATE = (
-    "execute", "__call__", "runtime_settings", "outer_graph", "contexts", "static_inputs", "close",
-    "_run_outer", "_drop_graphs",  # the core's outer-graph manager, not hooks
+    "execute", "__call__", "_lease_call", "runtime_settings", "outer_graph", "contexts", "static_inputs",
+    "close", "_new_lane", "_exclusive",
 )
 
 
@@ -203,18 +204,132 @@ def test_architecture_no_engine_overrides_the_call_template(cls: type) -> None:
     assert overridden == []
 
 
-def test_architecture_memory_backend_implements_the_documented_hooks() -> None:
-    """docs/writing-a-backend.md names the hooks the memory backend implements: exactly those."""
-    from trt_runtime.engine import EngineBase
-    from trt_runtime.outer import GraphHooks
-    from trt_runtime.testing.memory import MemoryEngine
+def test_architecture_memory_backend_implements_the_documented_lane_ops() -> None:
+    """docs/writing-a-backend.md's skeleton backend implements every LaneOps and GraphOps
+    method, and the page's table names each of them."""
+    from trt_runtime.lane import LaneOps
+    from trt_runtime.outer import GraphOps
 
     text = (ROOT / "docs" / "writing-a-backend.md").read_text(encoding="utf-8")
-    proof = text[text.index("## The proof"):]
-    documented = set(re.findall(r"`(_\w+)`", proof))
-    hooks = {
-        n for n in (*vars(EngineBase), *vars(GraphHooks))
-        if n.startswith("_") and not n.startswith("__") and n not in ("_abc_impl", "_no_graphs")
-    }
-    implemented = {name for name in vars(MemoryEngine) if name in hooks}
-    assert implemented == documented
+    table = set(re.findall(r"^\|\s*`(\w+)`", text, re.M))
+    for protocol in (LaneOps, GraphOps):
+        methods = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
+        assert methods and methods <= table, sorted(methods - table)
+
+
+def _lane_classes() -> list[tuple[type, type]]:
+    """(LaneOps class, GraphOps class) of each backend."""
+    from trt_runtime_backends.python.graphs import PythonGraphs
+    from trt_runtime_backends.python.lane import PythonLane
+    from trt_runtime_backends.torchbind.graphs import TorchbindGraphs
+    from trt_runtime_backends.torchbind.lane import TorchbindLane
+
+    from trt_runtime.testing.memory import MemoryLane
+
+    return [(PythonLane, PythonGraphs), (TorchbindLane, TorchbindGraphs), (MemoryLane, MemoryLane)]
+
+
+@pytest.mark.parametrize("ops, graphs", _lane_classes(), ids=lambda c: c.__name__)
+def test_architecture_backends_write_every_lane_method_in_their_classes(ops: type, graphs: type) -> None:
+    """Every GraphOps method, and the LaneOps methods without a default, are written in the
+    backend's own classes (none falls back to a protocol's empty body)."""
+    from trt_runtime.lane import LaneOps
+    from trt_runtime.outer import GraphOps
+
+    def written(cls: type, name: str) -> bool:
+        return any(name in vars(k) for k in cls.__mro__ if k not in (LaneOps, GraphOps, object))
+
+    required = ("create_context", "destroy_context", "run")
+    graph_methods = [n for n, v in vars(GraphOps).items() if callable(v) and not n.startswith("_")]
+    assert [n for n in required if not written(ops, n)] == []
+    assert [n for n in graph_methods if not written(graphs, n)] == []
+
+
+def _loaded_engines() -> list[Any]:
+    """An engine of each backend, loaded with the CPU doubles, after calls on two contexts
+    (and under the outer graph) so that whatever is made lazily exists."""
+    import numpy as np
+    from _python_doubles import _fake_engine
+    from _torchbind_doubles import inputs, make_backend, source
+
+    from trt_runtime.testing.memory import AffineOutput, MemoryBackend
+
+    spec = trt_runtime.TensorSpec("x", "float32", (2, 4), is_input=True)
+    memory = MemoryBackend().load_engine(trt_runtime.EngineSource(
+        MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)])))
+    python = _fake_engine(batch=8)
+    torchbind = make_backend("2.14.0")[0].load_engine(source())
+    engines = [(python, (np.ones((8, 4), np.float32),)), (torchbind, inputs()),
+               (memory, (np.ones((2, 4), np.float32),))]
+    for engine, args in engines:
+        engine.contexts = 2
+        engine(*args)
+        engine.outer_graph = "copy"
+        engine(*args)
+        engine(*args)
+    return [engine for engine, _ in engines]
+
+
+@pytest.mark.filterwarnings("ignore::trt_runtime.ContextOverlapWarning")
+def test_architecture_engines_are_small_objects_of_few_bases() -> None:
+    """An engine is one thing, not also a lane: at most 2 base classes (EngineBase and its
+    ABC) and at most 20 instance attributes, counted on a loaded engine of each backend."""
+    from trt_runtime.engine import EngineBase
+
+    for engine in _loaded_engines():
+        cls = type(engine)
+        assert len(cls.__mro__[1:-1]) <= 2 and cls.__bases__ == (EngineBase,), cls.__mro__
+        attributes = sorted(vars(engine))
+        assert len(attributes) <= 20, f"{cls.__name__}: {len(attributes)} attributes {attributes}"
+        engine.close()
+
+
+def _sources() -> list[Path]:
+    return [*PACKAGE.rglob("*.py"), *BACKENDS.rglob("*.py")]
+
+
+def test_architecture_no_method_is_grafted_onto_a_class() -> None:
+    """Methods live in the class that shows them: no class decorator but ``dataclass`` (and
+    ``runtime_checkable``), no ``setattr(cls, ...)``, no ``Class.name = function`` after a
+    class statement."""
+    offenders = []
+    for path in _sources():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for deco in node.decorator_list:
+                    target = deco.func if isinstance(deco, ast.Call) else deco
+                    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+                    if name not in ("dataclass", "runtime_checkable"):
+                        offenders.append(f"{path.name}: @{name} on {node.name}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr":
+                first = node.args[0] if node.args else None
+                if isinstance(first, ast.Name) and first.id in ("cls", "klass", *classes):
+                    offenders.append(f"{path.name}:{node.lineno}: setattr({first.id}, ...)")
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if (isinstance(target, ast.Attribute) and getattr(target.value, "id", "") in classes
+                            and isinstance(node.value, ast.Name | ast.Call | ast.Lambda | ast.Attribute)):
+                        offenders.append(f"{path.name}:{node.lineno}: {target.value.id}.{target.attr} = ...")  # type: ignore[attr-defined]
+    assert offenders == []
+
+
+def test_architecture_the_call_entry_points_are_written_in_the_engine_class() -> None:
+    """``execute`` and ``__call__`` are EngineBase's own methods, from its class body."""
+    from trt_runtime.engine import EngineBase
+
+    for name in ("execute", "__call__"):
+        code = vars(EngineBase)[name].__code__
+        assert code.co_name == name and Path(code.co_filename).name == "engine.py"
+
+
+def test_architecture_outer_graphs_and_lanes_are_typed() -> None:
+    """The objects that cross the core/backend boundary have types: no ``Any`` lane or ops."""
+    from trt_runtime import lane, outer
+
+    assert outer.OuterGraphs.__init__.__annotations__["ops"] == "GraphOps"
+    made = lane.Lane.__init__.__annotations__
+    assert made["engine"] == "LaneOwner" and made["make_ops"] == "Callable[[Lane], LaneOps]"
+    assert lane.Lane.call.__annotations__["return"] == "list[Any]"

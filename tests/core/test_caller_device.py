@@ -19,7 +19,7 @@ from trt_runtime_backends.python.engine import PythonEngine
 
 import trt_runtime as trt
 from trt_runtime import InputError, RuntimeSettings, TensorSpec, enable_cudagraphs
-from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryEngine
+from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryLane
 
 
 class RecordingGuard:
@@ -54,23 +54,15 @@ def guarded(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Record
     path.write_bytes(MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)]))
     guard = RecordingGuard()
     depths: list[int] = []
-    original_run = MemoryEngine._run
+    original_run = MemoryLane.run
 
     def run(self: Any, *args: Any) -> Any:
         depths.append(guard.depth)
         return original_run(self, *args)
 
-    monkeypatch.setattr(MemoryEngine, "_run", run)
-    original_clone = MemoryEngine._clone_lane
-
-    def clone(self: Any) -> Any:
-        lane = original_clone(self)
-        lane._device_guard = guard
-        return lane
-
-    monkeypatch.setattr(MemoryEngine, "_clone_lane", clone)
+    monkeypatch.setattr(MemoryLane, "run", run)
     engine = trt.load(path, "memory")
-    engine._device_guard = guard
+    engine._set_device_guard(guard)  # (lanes made later get it too)
     return engine, guard, depths
 
 
@@ -120,7 +112,7 @@ def test_caller_device_guard_exits_when_a_call_fails(guarded: Any) -> None:
 
 def test_caller_device_engines_without_a_guard_run_unchanged(guarded: Any) -> None:
     engine, guard, depths = guarded
-    engine._device_guard = None
+    engine._set_device_guard(None)
     np.testing.assert_array_equal(engine(np.ones((2, 4), np.float32)), np.full((2, 4), 3.0))
     assert guard.entered == 0 and depths == [0]
 
@@ -153,7 +145,7 @@ def test_caller_device_python_guard_switches_only_when_needed(caller: int, sets:
 def test_caller_device_python_engine_with_a_guard_leaves_the_thread_alone() -> None:
     driver = FakeDriver(500)
     engine: PythonEngine = _fake_engine()
-    engine._device_guard = CallerDevice(PrimaryState(700), driver=driver)  # type: ignore[arg-type]
+    engine._set_device_guard(CallerDevice(PrimaryState(700), driver=driver))  # type: ignore[arg-type]
     x = np.ones((2, 4), np.float32)
     for _ in range(3):
         engine.execute(x)

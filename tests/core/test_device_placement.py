@@ -290,5 +290,5 @@ def test_device_placement_contexts_are_made_on_the_engine_device(gpus: FakeGpus)
     gpus.make_current(0)
     engine.contexts = 3
     assert engine.contexts == 3 and gpus.current() == 0  # the caller keeps its device
-    assert [lane._stream.device for lane in engine._pool.lanes] == [last] * 3
+    assert [lane.ops._stream.device for lane in engine._pool.lanes] == [last] * 3
     assert made == [last, last]

@@ -38,8 +38,8 @@ def test_exit_hook_takes_the_lane_of_a_call_that_ends_before_the_caller_calls_ag
     pool = ContextPool("looping", ["lane"])
     slot = pool.lease()  # a daemon thread's call in flight
     hook, result = _start_hook(timeout=5.0)
-    # the end of the call, as EngineBase.execute gives the lane back (trt_runtime/calls.py) ...
-    if pool._waiters:
+    # the end of the call, as EngineBase.execute gives the lane back (EngineBase._lease_call) ...
+    if pool.waiters:
         pool.give_back(slot)
     else:
         slot.lock.release()

@@ -27,7 +27,7 @@ def test_exit_teardown_python_engine_left_alone_at_exit() -> None:
         from _python_doubles import _fake_engine
         engine = _fake_engine()
         engine.execute(np.ones((2, 4), np.float32))
-        context, rt = engine._context, engine._rt
+        context, rt = engine._lanes[0].context, engine._rt
         weakref.finalize._exitfunc()  # what atexit runs
         del engine
         gc.collect()
@@ -43,7 +43,7 @@ def test_exit_teardown_python_engine_collected_before_exit_still_releases() -> N
         from _python_doubles import _fake_engine
         engine = _fake_engine()
         engine.execute(np.ones((2, 4), np.float32))
-        context, rt = engine._context, engine._rt
+        context, rt = engine._lanes[0].context, engine._rt
         del engine
         gc.collect()
         weakref.finalize._exitfunc()
@@ -79,11 +79,11 @@ _MEMORY_ENGINE = """
     atexit.register(late_check)
     import trt_runtime as trt
     from trt_runtime import TensorSpec
-    from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryEngine
+    from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryLane
 
     spec = TensorSpec("x", "float32", (2, 4), is_input=True)
     data = MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)])
-    original = MemoryEngine._run
+    original = MemoryLane.run
 
     def slow_run(self, *args):
         state["in_call"] += 1
@@ -93,7 +93,7 @@ _MEMORY_ENGINE = """
         finally:
             state["in_call"] -= 1
 
-    MemoryEngine._run = slow_run
+    MemoryLane.run = slow_run
     engine = trt.load(data, "memory", contexts=CONTEXTS)
     x = np.ones((2, 4), np.float32)
 

@@ -78,11 +78,11 @@ def test_fork_python_engine_releases_nothing_in_the_child() -> None:
         if pid == 0:
             import gc
             before = len(rt.calls)
-            alive = engine._finalizer.alive
+            alive = engine._lanes[0].ops._finalizer.alive
             del engine
             gc.collect()
             os._exit(0 if not alive and len(rt.calls) == before else 1)
         _, status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(status), engine._finalizer.alive)
+        print(os.waitstatus_to_exitcode(status), engine._lanes[0].ops._finalizer.alive)
     """)
     assert out == "0 True"

@@ -190,8 +190,8 @@ def test_lease_python_contexts_are_lanes_of_their_own_trt_engines(torch: FakeTor
     engine.contexts = 3
     assert engine.contexts == 3 and len({id(lane) for lane in engine._lanes}) == 3
     # dynamic shapes: an ICudaEngine per context (tests/backends/python/test_python_lanes.py)
-    assert len({id(lane.trt_engine) for lane in engine._lanes}) == 3
-    streams = {lane.stream.handle for lane in engine._lanes}
+    assert len({id(lane.ops.trt_engine) for lane in engine._lanes}) == 3
+    streams = {lane.ops.stream.handle for lane in engine._lanes}
     assert len(streams) == 3  # a stream per context
     barrier = threading.Barrier(3)
     seen: list[int] = []
@@ -209,7 +209,7 @@ def test_lease_python_contexts_are_lanes_of_their_own_trt_engines(torch: FakeTor
     for t in _threads(caller, 3):
         t.join(10)
     assert sorted(seen) == [0, 1, 2]
-    assert sum(len(lane.trt_engine.contexts) for lane in engine._lanes) == engine.context_creations <= 3
+    assert sum(len(lane.ops.trt_engine.contexts) for lane in engine._lanes) == engine.context_creations <= 3
 
 
 def test_lease_settings_change_applies_to_every_context_once_and_cache_drains_once(torch: FakeTorch) -> None:
@@ -220,15 +220,15 @@ def test_lease_settings_change_applies_to_every_context_once_and_cache_drains_on
     x = torch.cuda_tensor((2, 4))
     held = [engine._pool.acquire() for _ in range(3)]  # make every lane run once
     for lane in held:
-        lane._call((x,), None, None, None)
+        lane.call((x,), None, None, None)
     for lane in held:
         engine._pool.release(lane)
     assert engine.context_creations == 3 and cache.drain_count == 1
-    natives = {lane.native_runtime_cache for lane in engine._lanes}
+    natives = {lane.context.native_cache for lane in engine._lanes}
     assert len(natives) == 1 and next(iter(natives)).loaded == [b"kernels"]  # one native cache
     engine.runtime_settings = RuntimeSettings("whole_graph_capture", runtime_cache=cache)
     assert not engine.has_context()  # every context dropped, once
-    assert all(lane.runtime_settings == engine.runtime_settings for lane in engine._lanes)
+    assert all(lane.settings == engine.runtime_settings for lane in engine._lanes)
     engine.execute(x)
     assert engine.context_creations == 4 and cache.drain_count == 1
 
@@ -238,11 +238,13 @@ def test_lease_outer_graph_and_profile_reach_every_context(torch: FakeTorch) -> 
     engine.contexts = 2
     engine.outer_graph = "view"
     engine.profile = 1
-    assert all(lane.outer_graph == engine.outer_graph and lane.profile == 1 for lane in engine._lanes)
+    assert all(lane.outer_graph == engine.outer_graph for lane in engine._lanes) and engine.profile == 1
+    first = engine._lanes[0]
     engine.contexts = 4  # new lanes start with the engine's state
-    assert all(lane.outer_graph == engine.outer_graph and lane.profile == 1 for lane in engine._lanes)
+    assert all(lane.outer_graph == engine.outer_graph for lane in engine._lanes)
+    assert {lane.ops.shared.profile for lane in engine._lanes} == {1}  # one value, the engine's
     engine.contexts = 1
-    assert engine.contexts == 1 and engine._lanes == (engine,)
+    assert engine.contexts == 1 and engine._lanes == (first,)
 
 
 def test_lease_close_while_calls_are_in_flight(torch: FakeTorch) -> None:
@@ -250,13 +252,13 @@ def test_lease_close_while_calls_are_in_flight(torch: FakeTorch) -> None:
     x = torch.cuda_tensor((2, 4))
     engine(x)
     release = threading.Event()
-    original = engine._fast_entry
+    original = engine._lanes[0].fast_entry
 
     def slow(*args: Any) -> Any:
         release.wait(5)
         return original(*args)
 
-    engine._fast_entry = slow
+    engine._lanes[0].fast_entry = slow
     results: dict[int, Any] = {}
 
     def caller(i: int) -> None:
@@ -301,11 +303,11 @@ def test_lease_torchbind_lanes_are_engines_of_the_same_bytes() -> None:
     a, b = torchbind_inputs()
     want = engine(a, b).array
     engine.contexts = 2
-    natives = {id(lane.native) for lane in engine._lanes}
-    assert len(natives) == 2 and all(lane.device == engine.device for lane in engine._lanes)
+    natives = {id(lane.ops.native) for lane in engine._lanes}
+    assert len(natives) == 2 and all(lane.ops.shared.device == engine.device for lane in engine._lanes)
     held = [engine._pool.acquire() for _ in range(2)]  # each lane runs once
     for lane in held:
-        (out,) = lane._call((a, b), None, None, None)
+        (out,) = lane.call((a, b), None, None, None)
         np.testing.assert_array_equal(out.array, want)
     for lane in held:
         engine._pool.release(lane)

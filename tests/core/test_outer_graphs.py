@@ -15,6 +15,8 @@ import pytest
 from trt_runtime import CapabilityError, OuterGraph
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import EngineError
+from trt_runtime.lane import Lane, LaneOps
+from trt_runtime.outer import OuterGraphs, default_graph_results
 from trt_runtime.protocols import BackendCapabilities, TensorSpec
 
 X = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),))
@@ -34,8 +36,94 @@ class _Graph:
         self.fn, self.context, self.destroyed = fn, context, False
 
 
+class _Ops(LaneOps):
+    """One lane's ops: y = 2 * x on numpy "device" buffers; every call is logged as
+    (method, detail) in its engine's log."""
+
+    def __init__(self, engine: _Engine, lane: Lane) -> None:
+        self.engine = engine
+        self.lane = lane
+        self.log = engine.log
+        self.graphs = self
+
+    def create_context(self, settings: Any, cache: Any) -> int:
+        self.engine.contexts_made += 1
+        return self.engine.contexts_made
+
+    def destroy_context(self, context: Any) -> None:
+        self.log.append(("destroy_context", context))
+
+    def sync(self) -> None:
+        self.log.append(("sync", None))
+
+    def run(self, context: Any, call: Any, stream: Any, outputs: Any) -> list[Any]:
+        self.log.append(("eager", None))
+        return [2 * call[0]]
+
+    # -- the graph ops --
+    def graph_call(self, call: Any) -> tuple[Any, list[Any], list[int], Any]:
+        shapes = tuple(tuple(a.shape) for a in call)
+        return (shapes, 0), list(call), [a.ctypes.data for a in call], None
+
+    def alloc_static(self, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
+        buffer = np.zeros(shape, np.float32)
+        self.log.append(("alloc", spec.name))
+        return buffer, buffer.ctypes.data
+
+    def bind_static(self, context: Any, slot: Any) -> None:
+        self.log.append(("bind", slot.key))
+        self.lane.outer_graphs.alloc_outputs(slot, slot.key[0])
+
+    def enqueue(self, context: Any, slot: Any, stream: Any) -> None:
+        self.log.append(("enqueue", stream))
+        np.multiply(slot.inputs[0], 2, out=slot.outputs[0])
+
+    def warm_up(self, context: Any, slot: Any, stream: Any) -> None:
+        self.enqueue(context, slot, stream)
+
+    def capture(self, fn: Any, stream: Any, slot: Any) -> tuple[_Graph, None]:
+        self.log.append(("capture", stream))
+        if self.engine.capture_hold is not None:
+            self.engine.capture_hold.wait(0.3)
+        if self.engine.fail_capture is not None:
+            raise self.engine.fail_capture
+        return _Graph(fn, self.lane.context), None
+
+    def launch(self, graph: _Graph, stream: Any) -> None:
+        assert not graph.destroyed and graph.context == self.lane.context
+        self.log.append(("launch", stream))
+        graph.fn("replay")
+
+    def copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
+        self.log.append(("copy", nbytes))
+        np.copyto(dst, src)
+
+    def destroy_graph(self, graph: _Graph) -> None:
+        graph.destroyed = True
+        self.log.append(("destroy_graph", graph))
+
+    def graph_enter(self, stream: Any, call: Any) -> Any:
+        self.log.append(("enter", stream))
+        return f"token:{stream}"
+
+    def graph_exit(self, stream: Any) -> None:
+        self.log.append(("exit", stream))
+
+    def graph_capturable(self) -> bool:
+        return True
+
+    def input_views(self, slot: Any, as_torch: Any) -> list[Any]:
+        return list(slot.inputs)
+
+    def graph_results(self, context: Any, slot: Any, call: Any, outputs: Any, view: bool, stream: Any
+                      ) -> list[Any]:
+        return default_graph_results(self, self.engine.outputs, slot, outputs, view, stream)
+
+
 class _Engine(EngineBase):
-    """y = 2 * x on numpy "device" buffers; every hook call is logged as (hook, detail)."""
+    """The engine of :class:`_Ops` lanes (``ops_type``)."""
+
+    ops_type: type[_Ops] = _Ops
 
     def __init__(self, log: list[tuple[str, Any]] | None = None, settings: Any = None) -> None:
         self.log: list[tuple[str, Any]] = [] if log is None else log
@@ -44,68 +132,18 @@ class _Engine(EngineBase):
         self.capture_hold: threading.Event | None = None
         super().__init__(_Backend(), name="double", inputs=[X], outputs=[Y], settings=settings)  # type: ignore[arg-type]
 
-    def _create_context(self, settings: Any, cache: Any) -> int:
-        self.contexts_made += 1
-        return self.contexts_made
+    def _new_ops(self, lane: Lane) -> Any:
+        return self.ops_type(self, lane)
 
-    def _destroy_context(self, context: Any) -> None:
-        self.log.append(("destroy_context", context))
 
-    def _sync(self) -> None:
-        self.log.append(("sync", None))
+def _ops(engine: _Engine, i: int = 0) -> Any:
+    return engine._lanes[i].ops
 
-    def _clone_lane(self) -> _Engine:
-        return _Engine(self.log)
 
-    def _run(self, context: Any, call: Any, stream: Any, outputs: Any) -> list[Any]:
-        self.log.append(("eager", None))
-        return [2 * call[0]]
-
-    # -- the graph hooks --
-    def _graph_call(self, call: Any) -> tuple[Any, list[Any], list[int], Any]:
-        shapes = tuple(tuple(a.shape) for a in call)
-        return (shapes, 0), list(call), [a.ctypes.data for a in call], None
-
-    def _alloc_static(self, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
-        buffer = np.zeros(shape, np.float32)
-        self.log.append(("alloc", spec.name))
-        return buffer, buffer.ctypes.data
-
-    def _bind_static(self, context: Any, slot: Any) -> None:
-        self.log.append(("bind", slot.key))
-        self._outer_graphs.alloc_outputs(self, slot, slot.key[0])
-
-    def _enqueue(self, context: Any, slot: Any, stream: Any) -> None:
-        self.log.append(("enqueue", stream))
-        np.multiply(slot.inputs[0], 2, out=slot.outputs[0])
-
-    def _capture(self, fn: Any, stream: Any, slot: Any) -> tuple[_Graph, None]:
-        self.log.append(("capture", stream))
-        if self.capture_hold is not None:
-            self.capture_hold.wait(0.3)
-        if self.fail_capture is not None:
-            raise self.fail_capture
-        return _Graph(fn, self._context), None
-
-    def _launch(self, graph: _Graph, stream: Any) -> None:
-        assert not graph.destroyed and graph.context == self._context
-        self.log.append(("launch", stream))
-        graph.fn("replay")
-
-    def _copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
-        self.log.append(("copy", nbytes))
-        np.copyto(dst, src)
-
-    def _destroy_graph(self, graph: _Graph) -> None:
-        graph.destroyed = True
-        self.log.append(("destroy_graph", graph))
-
-    def _graph_enter(self, stream: Any, call: Any) -> Any:
-        self.log.append(("enter", stream))
-        return f"token:{stream}"
-
-    def _graph_exit(self, stream: Any) -> None:
-        self.log.append(("exit", stream))
+def _outer(engine: _Engine, i: int = 0) -> OuterGraphs:
+    outer = engine._lanes[i].outer_graphs
+    assert outer is not None
+    return outer
 
 
 def _hooks(engine: _Engine, *names: str) -> list[str]:
@@ -141,7 +179,7 @@ def test_outer_graphs_view_returns_the_static_outputs_copy_returns_new_arrays() 
     engine.outer_graph = "view"
     (a,) = engine.execute(_x(2, 1.0))
     (b,) = engine.execute(_x(2, 2.0))
-    assert a is b and a is engine._outer_graphs.cache.peek((((2, 4),), 0)).outputs[0]
+    assert a is b and a is _outer(engine).cache.peek((((2, 4),), 0)).outputs[0]
     engine.outer_graph = "copy"
     (c,) = engine.execute(_x(2, 1.0))
     (d,) = engine.execute(_x(2, 2.0))
@@ -181,7 +219,7 @@ def test_outer_graphs_evict_the_least_recently_used_after_the_lanes_work() -> No
     engine.outer_graph = OuterGraph(max_graphs=2)
     for rows in (1, 2, 1):
         engine.execute(_x(rows))
-    (two,) = [s.graph for s in engine._outer_graphs.cache.values() if s.key[0] == ((2, 4),)]
+    (two,) = [s.graph for s in _outer(engine).cache.values() if s.key[0] == ((2, 4),)]
     engine.log.clear()
     engine.execute(_x(3))  # 2 was used least recently: it goes, after a sync
     names = _hooks(engine)
@@ -197,15 +235,15 @@ def test_outer_graphs_recaptured_after_a_settings_change() -> None:
     engine = _Engine()
     engine.outer_graph = True
     engine.execute(_x())
-    (slot,) = engine._outer_graphs.cache.values()
+    (slot,) = _outer(engine).cache.values()
     first = slot.graph
     engine.runtime_settings = {"dynamic_shapes_kernel_specialization_strategy": "eager"}
-    assert first.destroyed and len(engine._outer_graphs) == 0
+    assert first.destroyed and len(_outer(engine)) == 0
     names = _hooks(engine)
     assert names.index("sync") < names.index("destroy_graph") < names.index("destroy_context")
     engine.execute(_x())
     assert engine.graph_captures == 2 and engine.context_creations == 2
-    (slot,) = engine._outer_graphs.cache.values()
+    (slot,) = _outer(engine).cache.values()
     assert slot.graph.context == 2  # captured in the new context
     engine.reset_graphs()
     engine.execute(_x())
@@ -245,8 +283,9 @@ def test_outer_graphs_capture_lock_serializes_captures_of_two_lanes() -> None:
     guard = threading.Lock()
     arrived = threading.Event()
 
-    def capturing(lane: _Engine) -> None:
-        original = lane._capture
+    def capturing(lane: Lane) -> None:
+        ops = lane.ops
+        original = ops.capture
 
         def capture(fn: Any, stream: Any, slot: Any) -> Any:
             with guard:
@@ -260,10 +299,10 @@ def test_outer_graphs_capture_lock_serializes_captures_of_two_lanes() -> None:
                 with guard:
                     active[0] -= 1
 
-        lane._capture = capture  # type: ignore[method-assign]
+        ops.capture = capture
 
     for lane in lanes:
-        capturing(lane)  # type: ignore[arg-type]
+        capturing(lane)
     errors: list[BaseException] = []
 
     def call() -> None:
@@ -296,19 +335,22 @@ def test_outer_graphs_capture_lock_is_the_cores_one_lock(monkeypatch: pytest.Mon
 
 
 def test_outer_graphs_slot_kept_when_binding_dropped_the_graphs() -> None:
-    # The python backend grows a context's memory in _bind_static, which drops every graph
+    # The python backend grows a context's memory in bind_static, which drops every graph
     # (they hold the old address): the slot being captured must stay in the cache.
+    class _GrowsOps(_Ops):
+        def bind_static(self, context: Any, slot: Any) -> None:
+            self.sync()
+            self.lane.drop_graphs()
+            super().bind_static(context, slot)
+
     class _Grows(_Engine):
-        def _bind_static(self, context: Any, slot: Any) -> None:
-            self._sync()
-            self._drop_graphs()
-            super()._bind_static(context, slot)
+        ops_type = _GrowsOps
 
     engine = _Grows()
     engine.outer_graph = True
     engine.execute(_x(2))
     engine.execute(_x(2))
-    assert len(engine._outer_graphs) == 1 and engine.graph_captures == 1
+    assert len(_outer(engine)) == 1 and engine.graph_captures == 1
     assert _hooks(engine).count("launch") == 1
 
 
@@ -316,38 +358,10 @@ def test_outer_graphs_released_on_close() -> None:
     engine = _Engine()
     engine.outer_graph = True
     engine.execute(_x(2))
-    (slot,) = engine._outer_graphs.cache.values()
+    (slot,) = _outer(engine).cache.values()
     graph = slot.graph
     engine.close()
-    assert graph.destroyed and len(engine._outer_graphs) == 0
-
-
-def test_graph_hooks_from_binds_a_modules_functions_but_not_the_classes_own() -> None:
-    import types
-
-    import pytest
-
-    from trt_runtime.outer import GraphHooks, graph_hooks_from
-
-    module = types.SimpleNamespace(
-        launch=lambda lane, graph, stream: ("launched", lane.name, graph, stream),
-        copy=lambda lane, dst, src, nbytes, stream: ("module copy",),
-        unrelated=lambda lane: None,
-    )
-
-    @graph_hooks_from(module)
-    class Lane(GraphHooks):
-        name = "lane"
-
-        def _copy(self, dst: object, src: object, nbytes: int, stream: object) -> object:
-            return ("own copy",)
-
-    lane = Lane()
-    assert lane._launch("g", 7) == ("launched", "lane", "g", 7)
-    assert lane._copy(1, 2, 3, 4) == ("own copy",)  # the class's own hook stays
-    assert not hasattr(Lane, "_unrelated") and not hasattr(Lane, "unrelated")
-    with pytest.raises(TypeError, match="defines none of the GraphHooks"):
-        graph_hooks_from(types.SimpleNamespace(other=len))(type("Empty", (GraphHooks,), {}))
+    assert graph.destroyed and len(_outer(engine)) == 0
 
 
 def test_outer_graphs_capture_runs_with_the_garbage_collector_off() -> None:
@@ -358,13 +372,13 @@ def test_outer_graphs_capture_runs_with_the_garbage_collector_off() -> None:
 
     engine = _Engine()
     seen: list[bool] = []
-    capture = engine._capture
+    capture = _ops(engine).capture
 
     def spying(fn: Any, stream: Any, slot: Any) -> Any:
         seen.append(gc.isenabled())
         return capture(fn, stream, slot)
 
-    engine._capture = spying  # type: ignore[method-assign]
+    _ops(engine).capture = spying
     engine.outer_graph = True
     assert gc.isenabled()
     engine.execute(_x())

@@ -139,7 +139,7 @@ def test_gpu_contexts_memory_n_contexts_cost_n_activation_buffers(
         lanes = [engine._pool.acquire() for _ in range(4)]  # run every context once
         try:
             for lane in lanes:
-                lane._call((x,), None, None, None)
+                lane.call((x,), None, None, None)
         finally:
             for lane in lanes:
                 engine._pool.release(lane)
@@ -165,7 +165,7 @@ def test_gpu_contexts_are_created_on_the_engines_device(engines: Any) -> None:
     engine = backend.load_engine(EngineSource(built.plan, name="mlp_fp16"), device=0)
     try:
         engine.contexts = 2
-        assert all(lane.device == 0 for lane in engine._lanes)
+        assert all(lane.ops._device == 0 for lane in engine._lanes)
         x = torch.from_numpy(built.random_inputs(seed=2)[0]).cuda(0)
         want = built.reference(built.random_inputs(seed=2)[0])[0]
         y = engine(x)

@@ -178,8 +178,8 @@ def test_outer_graph_lru_eviction_after_the_lanes_work(open_engine, report_measu
         assert stats["updates"] <= len(batches) - 2
         # the two graphs kept, and the spare while the last capture did not consume it; each
         # kept graph has its copying graph (the copies as memcpy nodes), the spare none
-        assert len(_plain_execs(engine)) == 2 + (engine._graphs.spare is not None)
-        assert len(engine._graphs.copying) == 2
+        assert len(_plain_execs(engine)) == 2 + (engine._lanes[0].ops.graphs.spare is not None)
+        assert len(engine._lanes[0].ops.graphs.copying) == 2
         for x, want in zip(xs[-2:], eager[-2:], strict=True):  # replays of the last captures
             _assert_same(torch, engine(x), want)
         assert engine.graph_stats()["captures"] == len(batches)
@@ -206,7 +206,7 @@ def test_outer_graph_recapture_updates_the_released_graph(open_engine, name) -> 
         _assert_same(torch, engine(xs[2]), eager[2])  # captured again: the update
         assert engine.graph_stats()["updates"] == 1 and engine.graph_captures == 2
         assert _plain_execs(engine) == [first]
-        assert len(engine._graphs.copying) == 1  # its copying graph built again
+        assert len(engine._lanes[0].ops.graphs.copying) == 1  # its copying graph built again
         _assert_same(torch, engine(xs[0]), eager[0])  # replays of the updated graph
         _assert_same(torch, engine(xs[1]), eager[1])
     finally:
@@ -215,8 +215,8 @@ def test_outer_graph_recapture_updates_the_released_graph(open_engine, name) -> 
 
 def _plain_execs(engine: Any) -> list[Any]:
     """The lane's executable graphs other than the copying ones (trt_runtime.graphs.CopyNodes)."""
-    copying = {int(c.exec) for c in engine._graphs.copying.values()}
-    return [e for e in engine._res.graph_execs if int(e) not in copying]
+    copying = {int(c.exec) for c in engine._lanes[0].ops.graphs.copying.values()}
+    return [e for e in engine._lanes[0].ops._res.graph_execs if int(e) not in copying]
 
 
 class _ContextSpy:
@@ -245,7 +245,7 @@ def test_outer_graph_replay_touches_no_context_state(open_engine, mode) -> None:
     with enable_cudagraphs(engine, outer=mode):
         for x in xs:
             engine(x)  # captures
-        ctx = engine._context
+        ctx = engine._lanes[0].context
         key, spy = ctx.shape_key, _ContextSpy(ctx.trt_context)
         ctx.trt_context = spy
         try:
@@ -313,7 +313,8 @@ def test_outer_graph_static_inputs_skip_the_copy(open_engine) -> None:
         (static,) = engine.static_inputs(tuple(x.shape), as_torch=True)
         static.copy_(x)
         _assert_same(torch, engine(static), want)  # capture
-        spy = engine._rt = engine._graphs.rt = _Spy(engine._rt)
+        ops = engine._lanes[0].ops
+        spy = ops._rt = ops.graphs.rt = _Spy(ops._rt)
         for _ in range(3):
             _assert_same(torch, engine(static), want)
         assert spy.named("cudaMemcpyAsync") == []  # nothing copied in or out
@@ -368,7 +369,8 @@ def test_outer_graph_orders_with_the_callers_stream(open_engine, mode) -> None:
 def test_outer_graph_never_captures_on_the_legacy_stream(open_engine) -> None:
     torch = _torch()
     engine, built = open_engine("tiny")
-    spy = engine._rt = _Spy(engine._rt)
+    ops = engine._lanes[0].ops
+    spy = ops._rt = _Spy(ops._rt)
     x = _inputs(torch, built, None, 6)
     engine(x)
     engine(x)
@@ -379,7 +381,7 @@ def test_outer_graph_never_captures_on_the_legacy_stream(open_engine) -> None:
     begins = spy.named("cudaStreamBeginCapture")
     assert len(begins) == 1
     stream = int(begins[0][1])
-    assert stream not in _DEFAULT_STREAMS and stream != engine._stream_handle
+    assert stream not in _DEFAULT_STREAMS and stream != engine._lanes[0].ops._stream_handle
 
 
 def test_outer_graph_engine_built_without_user_allocation(open_engine, report_measurement) -> None:
@@ -390,7 +392,8 @@ def test_outer_graph_engine_built_without_user_allocation(open_engine, report_me
     engine, built = open_engine("tiny_uncapturable")
     x = _inputs(torch, built, None, 7)
     want = engine(x).clone()
-    capturable = bool(engine._context.trt_context.is_stream_capturable(int(torch.cuda.Stream().cuda_stream)))
+    trt_context = engine._lanes[0].context.trt_context
+    capturable = bool(trt_context.is_stream_capturable(int(torch.cuda.Stream().cuda_stream)))
     report_measurement("is_stream_capturable without REQUIRE_USER_ALLOCATION (tiny)", str(capturable))
     with enable_cudagraphs(engine, outer=True):
         if capturable:
@@ -408,8 +411,8 @@ def test_outer_graph_engine_with_user_allocation_is_capturable(open_engine, repo
     engine, built = open_engine("tiny")
     engine(_inputs(torch, built, None, 8))
     stream = torch.cuda.Stream()
-    capturable = bool(engine._context.trt_context.is_stream_capturable(int(stream.cuda_stream)))
-    legacy = bool(engine._context.trt_context.is_stream_capturable(0))
+    capturable = bool(engine._lanes[0].context.trt_context.is_stream_capturable(int(stream.cuda_stream)))
+    legacy = bool(engine._lanes[0].context.trt_context.is_stream_capturable(0))
     report_measurement("is_stream_capturable with REQUIRE_USER_ALLOCATION (tiny): own stream, legacy",
                        f"{capturable}, {legacy}")
     assert capturable
@@ -425,7 +428,7 @@ def test_natural_call_orders_with_torchs_current_stream(open_engine, monkeypatch
 
     monkeypatch.setattr(stream_order, "DEFAULT_MODE", ordering)
     engine, built = open_engine("dynamic")
-    assert engine._order.mode == ordering
+    assert engine._lanes[0].ops._order.mode == ordering
     side = torch.cuda.Stream()
     for batch in (8, 3, 20, 8, 3):
         x = _inputs(torch, built, batch, batch)
@@ -437,7 +440,7 @@ def test_natural_call_orders_with_torchs_current_stream(open_engine, monkeypatch
                 got = engine(late) * 1
             stream.synchronize()
             np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-2, atol=1e-2)
-    assert len(engine._fast_paths.natural) == 3  # one remembered call per input shape
+    assert len(engine._lanes[0].ops._fast_paths.natural) == 3  # one remembered call per input shape
 
 
 @pytest.mark.parametrize("ordering", ["events", "implicit"])
@@ -465,9 +468,10 @@ def test_outer_graph_copy_mode_copies_through_graph_nodes(open_engine, name: str
     eager = [engine(x).clone() for x in xs]
     with enable_cudagraphs(engine, outer=True):
         engine(xs[0])  # the capture
-        (slot,) = engine._outer_graphs.shortcuts.values()
-        assert int(slot.graph) in engine._graphs.copying, "the copying graph was built"
-        spy = engine._rt = engine._graphs.rt = _Spy(engine._rt)
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        assert int(slot.graph) in engine._lanes[0].ops.graphs.copying, "the copying graph was built"
+        ops = engine._lanes[0].ops
+        spy = ops._rt = ops.graphs.rt = _Spy(ops._rt)
         slot.plan = None  # made again, through the spy
         results = []
         for _ in range(2):

@@ -404,7 +404,7 @@ def test_python_backend_repeat_calls_with_the_same_arrays_stay_correct(load, eng
         engine.synchronize()
         _close(y.cpu().numpy(), built.reference(data)[0], built.tolerance)
         if seed:
-            assert engine._fast_paths.prebound, "a repeat call must take the fast path"
+            assert engine._lanes[0].ops._fast_paths.prebound, "a repeat call must take the fast path"
     data = built.random_inputs(seed=50)[0]
     x.set_(torch.from_numpy(data).cuda())  # same object, new storage: must be re-bound
     engine.execute(x, outputs=[y])  # torch's current stream this time

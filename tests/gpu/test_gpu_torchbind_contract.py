@@ -10,6 +10,7 @@ import pytest
 from _gpu_torchbind import assert_same, tiny_input
 
 from trt_runtime.errors import InputError
+from trt_runtime.lane import Lane
 
 pytestmark = pytest.mark.gpu
 
@@ -70,8 +71,8 @@ def test_gpu_torchbind_hot_path_taken_for_cuda_tensors(
     x = tiny_input(torch, built, seed=1)
     want = engine(x).clone()
     slow: list[Any] = []
-    original = engine._call  # the core pipeline's general path
-    monkeypatch.setattr(engine, "_call", lambda *a: slow.append(a) or original(*a))
+    original = Lane.call  # the core pipeline's general path
+    monkeypatch.setattr(Lane, "call", lambda lane, *a: slow.append(a) or original(lane, *a))
     for _ in range(5):
         assert_same(torch, engine(x), want)
     assert slow == []

@@ -10,7 +10,7 @@ It honours the whole device contract (docs/device-contract.md) for the one array
 it has, numpy: host arrays in, new numpy arrays out, dtypes never converted,
 non-contiguous arrays refused, every check before an execution context exists;
 ``outputs=`` numpy arrays written and returned as given; and a simulated outer CUDA
-graph through the core's outer-graph manager (:mod:`trt_runtime.outer`): its graph hooks
+graph through the core's outer-graph manager (:mod:`trt_runtime.outer`): its graph ops
 allocate numpy static buffers, "capture" the enqueue (a :class:`MemoryGraph` that a launch
 replays, computing from the static inputs into the static outputs) and copy with numpy.
 It has no device and no stream: ``stream=`` is accepted and ignored, and nothing is staged.
@@ -41,6 +41,8 @@ from trt_runtime.cache.key import CacheKey
 from trt_runtime.engine import EngineBase
 from trt_runtime.errors import CacheError, EngineError, InputError
 from trt_runtime.extras import install_hint
+from trt_runtime.lane import GraphOps, Lane, LaneOps
+from trt_runtime.outer import GraphSlot, default_graph_results
 from trt_runtime.protocols import Availability, BackendCapabilities, EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings, SettingsLike
 from trt_runtime.testing.memory_format import ENGINE_MAGIC, AffineOutput, build_engine, parse_engine
@@ -57,6 +59,7 @@ __all__ = [
     "MemoryContext",
     "MemoryEngine",
     "MemoryGraph",
+    "MemoryLane",
     "MemoryNativeCache",
     "MemoryRuntimeConfig",
 ]
@@ -185,8 +188,155 @@ class MemoryGraph:
     destroyed: bool = False
 
 
+class MemoryLane(LaneOps):
+    """One lane of a :class:`MemoryEngine`: its :class:`~trt_runtime.lane.LaneOps` and, for
+    the simulated outer CUDA graph, its :class:`~trt_runtime.lane.GraphOps` (``graphs`` is
+    itself). It keeps nothing of its own (no device, no stream: nothing to wait for or
+    release) and has no fast path: every call is checked."""
+
+    def __init__(self, engine: MemoryEngine, lane: Lane) -> None:
+        self.engine = engine
+        self.lane = lane
+        self.graphs: GraphOps | None = self
+
+    # -- LaneOps ---------------------------------------------------------------------------
+    def create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> MemoryContext:
+        engine = self.engine
+        config = MemoryRuntimeConfig(
+            cuda_graph_strategy=settings.cuda_graph_strategy.value,
+            dynamic_shapes_kernel_specialization_strategy=(
+                settings.dynamic_shapes_kernel_specialization_strategy.value
+            ),
+        )
+        if cache is not None:
+            # The key of this engine's device: a cache never serves two GPU models.
+            key = engine.backend.cache_key(engine.device)
+            native = cache.ensure_materialized(config, backend=engine.backend, key=key)
+            if not isinstance(native, MemoryNativeCache):
+                raise CacheError(
+                    f"engine {engine.name!r}: the runtime cache gave {type(native).__name__}, "
+                    "not the memory backend's native cache"
+                )
+            config.runtime_cache = native
+        context = MemoryContext(serial=len(engine.created_contexts), settings=settings, config=config)
+        engine.created_contexts.append(context)
+        return context
+
+    def destroy_context(self, context: Any) -> None:
+        context.destroyed = True
+
+    def validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> list[Any]:
+        return self.engine.validate(inputs)
+
+    def validate_outputs(self, context: Any, outputs: Sequence[Any], call: Any) -> None:
+        self.engine.check_outputs(call, outputs)
+
+    def run(self, context: Any, call: Any, stream: Any, outputs: Sequence[Any] | None) -> list[Any]:
+        return self.finish(context, call, self.engine.compute(call), outputs)
+
+    def finish(self, context: Any, inputs: Sequence[Any], results: list[Any], outputs: Any) -> list[Any]:
+        """Count the run, record its kernels, and write ``outputs=`` if given."""
+        self.engine.runs += 1
+        context.runs += 1
+        self.record_kernels(context, inputs)
+        if outputs is None:
+            return results
+        import numpy as np
+
+        for given, result in zip(outputs, results, strict=True):
+            np.copyto(given, result, casting="no")
+        return list(outputs)
+
+    def record_kernels(self, context: MemoryContext, arrays: Sequence[Any]) -> None:
+        native = context.config.runtime_cache
+        if native is not None:
+            engine = self.engine
+            shapes = ",".join(
+                f"{spec.name}={'x'.join(map(str, a.shape))}"
+                for spec, a in zip(engine.inputs, arrays, strict=True)
+            )
+            native.add_kernel(
+                f"{engine.name}|{shapes}|{context.config.cuda_graph_strategy}"
+                f"|{context.config.dynamic_shapes_kernel_specialization_strategy}"
+            )
+
+    # -- GraphOps: the simulated outer CUDA graph -------------------------------------------------
+    def graph_call(self, call: Any) -> tuple[Any, list[Any], list[int], None]:
+        shapes = tuple(tuple(int(d) for d in a.shape) for a in call)
+        key = (shapes, self.engine._shape_checker.select(shapes, None))
+        return key, call, [a.ctypes.data for a in call], None
+
+    def alloc_static(self, shape: tuple[int, ...], spec: TensorSpec) -> tuple[Any, int]:
+        import numpy as np
+
+        buffer = np.empty(shape, _np_dtype(spec.dtype))
+        return buffer, buffer.ctypes.data
+
+    def bind_static(self, context: Any, slot: GraphSlot) -> None:
+        engine = self.engine
+        shapes = {spec.name: shape for spec, shape in zip(engine.inputs, slot.key[0], strict=True)}
+        outer = self.lane.outer_graphs
+        assert outer is not None
+        outer.alloc_outputs(slot, [shapes[op.input] for op in engine._affine])
+
+    def enqueue(self, context: Any, slot: GraphSlot, stream: Any) -> None:
+        import numpy as np
+
+        for static, result in zip(slot.outputs, self.engine.compute(slot.inputs), strict=True):
+            np.copyto(static, result)
+        self.engine.runs += 1
+        context.runs += 1
+        self.record_kernels(context, slot.inputs)
+
+    def warm_up(self, context: Any, slot: GraphSlot, stream: Any) -> None:
+        self.enqueue(context, slot, stream)
+
+    def capture(self, fn: Callable[[Any], Any], stream: Any, slot: GraphSlot) -> tuple[MemoryGraph, None]:
+        context = self.lane.context
+        context.captures += 1
+        return MemoryGraph(fn, context), None
+
+    def launch(self, graph: MemoryGraph, stream: Any) -> None:
+        # (the core drops graphs with their context)
+        if graph.destroyed or graph.context is not self.lane.context:
+            raise EngineError(
+                f"engine {self.engine.name!r}: an outer graph outlived the context it was captured in"
+            )
+        graph.replays += 1
+        graph.run(stream)
+
+    def copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
+        import numpy as np
+
+        np.copyto(dst, src, casting="no")
+
+    def destroy_graph(self, graph: MemoryGraph) -> None:
+        graph.destroyed = True
+
+    def graph_enter(self, stream: Any, call: Any) -> Any:
+        return stream
+
+    def graph_exit(self, stream: Any) -> None:
+        pass
+
+    def graph_capturable(self) -> bool:
+        return True
+
+    def input_views(self, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
+        return list(slot.inputs)
+
+    def graph_results(self, context: Any, slot: GraphSlot, call: Any, outputs: Sequence[Any] | None,
+                      view: bool, stream: Any) -> list[Any]:
+        return default_graph_results(self, self.engine.outputs, slot, outputs, view, stream)
+
+
 class MemoryEngine(EngineBase):
-    """An engine of the memory backend: numpy arrays in, numpy arrays out."""
+    """An engine of the memory backend: numpy arrays in, numpy arrays out. Its lanes'
+    ops are :attr:`lane_type` objects (tests subclass :class:`MemoryLane` to break the
+    contract on purpose)."""
+
+    #: The class of each lane's ops.
+    lane_type: type[MemoryLane] = MemoryLane
 
     def __init__(
         self,
@@ -199,13 +349,16 @@ class MemoryEngine(EngineBase):
         device: int | None,
         settings: SettingsLike = None,
     ) -> None:
-        self._ops = tuple(ops)
+        self._affine = tuple(ops)
         self._device = device
         #: Every context this engine created, in order (destroyed ones included).
         self.created_contexts: list[MemoryContext] = []
-        #: How many times :meth:`_run` reached the numeric work (after validation).
+        #: How many times a lane reached the numeric work (after validation).
         self.runs = 0
         super().__init__(backend, name=name, inputs=inputs, outputs=outputs, settings=settings)
+
+    def _new_ops(self, lane: Lane) -> MemoryLane:
+        return self.lane_type(self, lane)
 
     @property
     def device(self) -> int:  # type: ignore[override]
@@ -219,67 +372,16 @@ class MemoryEngine(EngineBase):
 
     @property
     def current_context(self) -> MemoryContext | None:
-        return self._context  # type: ignore[no-any-return]
+        """The first lane's context."""
+        return self._lanes[0].context  # type: ignore[no-any-return]
 
-    def _create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> MemoryContext:
-        config = MemoryRuntimeConfig(
-            cuda_graph_strategy=settings.cuda_graph_strategy.value,
-            dynamic_shapes_kernel_specialization_strategy=(
-                settings.dynamic_shapes_kernel_specialization_strategy.value
-            ),
-        )
-        if cache is not None:
-            # The key of this engine's device: a cache never serves two GPU models.
-            key = self.backend.cache_key(self.device)
-            native = cache.ensure_materialized(config, backend=self.backend, key=key)
-            if not isinstance(native, MemoryNativeCache):
-                raise CacheError(
-                    f"engine {self.name!r}: the runtime cache gave {type(native).__name__}, "
-                    "not the memory backend's native cache"
-                )
-            config.runtime_cache = native
-        context = MemoryContext(serial=len(self.created_contexts), settings=settings, config=config)
-        self.created_contexts.append(context)
-        return context
-
-    def _destroy_context(self, context: Any) -> None:
-        context.destroyed = True
-
-    def _validate_inputs(self, inputs: Sequence[Any], profile: int | None) -> list[Any]:
-        return self._validate(inputs)
-
-    def _run(self, context: Any, call: Any, stream: Any, outputs: Any = None) -> list[Any]:
-        return self._finish(context, call, self._compute(call), outputs)
-
-    def _clone_lane(self) -> MemoryEngine:
-        """Another "execution context" of the same engine (the core's ``contexts=N``)."""
-        return type(self)(
-            self._backend, name=self.name, inputs=self._inputs, outputs=self._outputs,  # type: ignore[arg-type]
-            ops=self._ops, device=self._device, settings=self._settings,
-        )
-
-    def _validate_outputs(self, outputs: Sequence[Any], call: Any) -> None:
-        self._check_outputs(call, outputs)
-
-    def _finish(self, context: Any, inputs: Sequence[Any], results: list[Any], outputs: Any) -> list[Any]:
-        """Count the run, record its kernels, and write ``outputs=`` if given."""
-        self.runs += 1
-        context.runs += 1
-        self._record_kernels(context, inputs)
-        if outputs is None:
-            return results
-        import numpy as np
-
-        for given, result in zip(outputs, results, strict=True):
-            np.copyto(given, result, casting="no")
-        return list(outputs)
-
-    def _compute(self, arrays: Sequence[Any]) -> list[Any]:
+    def compute(self, arrays: Sequence[Any]) -> list[Any]:
+        """The outputs of ``arrays`` (checked inputs), as new numpy arrays."""
         import numpy as np
 
         by_name = {spec.name: arr for spec, arr in zip(self._inputs, arrays, strict=True)}
         results = []
-        for op, spec in zip(self._ops, self._outputs, strict=True):
+        for op, spec in zip(self._affine, self._outputs, strict=True):
             x = by_name[op.input]
             y = (x.astype(np.float64) * op.scale + op.bias).astype(_np_dtype(spec.dtype))
             if op.data_dependent:
@@ -287,63 +389,8 @@ class MemoryEngine(EngineBase):
             results.append(y)
         return results
 
-    # -- the simulated outer CUDA graph: the core's GraphHooks -----------------------------
-    def _graph_call(self, call: Any) -> tuple[Any, list[Any], list[int], None]:
-        shapes = tuple(tuple(int(d) for d in a.shape) for a in call)
-        key = (shapes, self._shape_checker.select(shapes, None))
-        return key, call, [a.ctypes.data for a in call], None
-
-    def _alloc_static(self, shape: tuple[int, ...], spec: TensorSpec) -> tuple[Any, int]:
-        import numpy as np
-
-        buffer = np.empty(shape, _np_dtype(spec.dtype))
-        return buffer, buffer.ctypes.data
-
-    def _bind_static(self, context: Any, slot: Any) -> None:
-        shapes = {spec.name: shape for spec, shape in zip(self._inputs, slot.key[0], strict=True)}
-        self._outer_graphs.alloc_outputs(self, slot, [shapes[op.input] for op in self._ops])
-
-    def _enqueue(self, context: Any, slot: Any, stream: Any) -> None:
-        import numpy as np
-
-        for static, result in zip(slot.outputs, self._compute(slot.inputs), strict=True):
-            np.copyto(static, result)
-        self.runs += 1
-        context.runs += 1
-        self._record_kernels(context, slot.inputs)
-
-    def _capture(self, fn: Callable[[Any], Any], stream: Any, slot: Any) -> tuple[MemoryGraph, None]:
-        context = self._context
-        context.captures += 1
-        return MemoryGraph(fn, context), None
-
-    def _launch(self, graph: MemoryGraph, stream: Any) -> None:
-        if graph.destroyed or graph.context is not self._context:  # the core drops graphs with their context
-            raise EngineError(f"engine {self.name!r}: an outer graph outlived the context it was captured in")
-        graph.replays += 1
-        graph.run(stream)
-
-    def _copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
-        import numpy as np
-
-        np.copyto(dst, src, casting="no")
-
-    def _destroy_graph(self, graph: MemoryGraph) -> None:
-        graph.destroyed = True
-
-    def _record_kernels(self, context: MemoryContext, arrays: Sequence[Any]) -> None:
-        native = context.config.runtime_cache
-        if native is not None:
-            shapes = ",".join(
-                f"{spec.name}={'x'.join(map(str, a.shape))}"
-                for spec, a in zip(self._inputs, arrays, strict=True)
-            )
-            native.add_kernel(
-                f"{self.name}|{shapes}|{context.config.cuda_graph_strategy}"
-                f"|{context.config.dynamic_shapes_kernel_specialization_strategy}"
-            )
-
-    def _validate(self, inputs: Sequence[Any]) -> list[Any]:
+    def validate(self, inputs: Sequence[Any]) -> list[Any]:
+        """Count, kind, dtype, shape and layout of ``inputs``; the arrays."""
         import numpy as np
 
         names = [s.name for s in self._inputs]
@@ -371,7 +418,7 @@ class MemoryEngine(EngineBase):
             arrays.append(value)
         return arrays
 
-    def _check_outputs(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    def check_outputs(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         """Count, kind, dtype, shape and layout of ``outputs=``, before anything runs."""
         import numpy as np
 
@@ -381,7 +428,7 @@ class MemoryEngine(EngineBase):
                 f"engine {self.name!r} has {len(names)} output(s) {names}; outputs= has {len(outputs)}"
             )
         shapes = {spec.name: tuple(a.shape) for spec, a in zip(self._inputs, inputs, strict=True)}
-        for op, spec, given in zip(self._ops, self._outputs, outputs, strict=True):
+        for op, spec, given in zip(self._affine, self._outputs, outputs, strict=True):
             where = f"output {spec.name!r} of engine {self.name!r}"
             if spec.data_dependent:
                 raise InputError(f"{where} has a data-dependent shape; it cannot be preallocated")

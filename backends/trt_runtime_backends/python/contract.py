@@ -73,7 +73,7 @@ class Inspection:
         self.torch_host = torch_host
         self.profile = profile
         #: ``outputs=`` and their addresses, once checked before any work was queued
-        #: (``PythonEngine._validate_outputs``), for the run not to check them again.
+        #: (``PythonLane.validate_outputs``), for the run not to check them again.
         self.checked: tuple[list[Any], list[int]] | None = None
 
 

@@ -17,11 +17,11 @@ profile changes or the engine closes:
 
 :class:`FastPaths`, a part of each ``PythonEngine`` lane, owns both caches. Each entry
 carries its *plan* (:mod:`.plans`), the function that runs such a call; the last plan
-used is the lane's current one (``EngineBase._fast_entry``), which the core pipeline calls
+used is the lane's current one (``Lane.fast_entry``), which the core pipeline calls
 first: a thread that repeats its call goes from ``engine(x)`` straight into it. A plan
-that does not take a call hands it to the lane's ``_call_fast``, which looks the call up
+that does not take a call hands it to the lane's ``call_fast``, which looks the call up
 here (:func:`shape_key` for natural calls, shared with the outer graphs' replay) and
-switches plans (``EngineBase._switch_fast``).
+switches plans (``Lane.switch_fast``).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class FastPaths:
 
     def forget(self) -> None:
         """Drop every remembered call (the context, profile or engine changed); the lane's
-        current plan goes too (``EngineBase._reset_fast``)."""
+        current plan goes too (``Lane.reset_fast``)."""
         self.prebound.clear()
         self.natural.clear()
 
@@ -161,7 +161,7 @@ class FastPaths:
         (which becomes the lane's current one); ``None`` when there is none, or when it is
         the plan that just declined the call (the full path then runs it)."""
         fast = self.prebound.get((*map(id, inputs), *map(id, outputs)))
-        return None if fast is None else lane._switch_fast(fast.plan, inputs, stream, outputs)
+        return None if fast is None else lane.lane.switch_fast(fast.plan, inputs, stream, outputs)
 
     def remember_prebound(self, lane: Any, ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any],
                           in_ptrs: list[int], out_ptrs: list[int], kind: int) -> None:
@@ -172,7 +172,7 @@ class FastPaths:
             ctx.bound_ptrs = fast.ptrs  # the same object: the next call's identity check holds
             fast.plan = plans.prebound_plan(lane, fast, fast.ptr_of is not _ptr_attr)
             self.prebound[fast.in_ids + fast.out_ids] = fast
-            lane._fast_entry = fast.plan
+            lane.lane.fast_entry = fast.plan
 
     # -- engine(x) with torch tensors ---------------------------------------------------------
     def remember_natural(self, lane: Any, ctx: Any, shapes: tuple[Any, ...]) -> None:
@@ -182,7 +182,7 @@ class FastPaths:
             self.natural.clear()
         entry = self.natural[shapes] = NaturalCall(lane, ctx)
         entry.plan = plans.natural_plan(lane, entry, shapes)
-        lane._fast_entry = entry.plan
+        lane.lane.fast_entry = entry.plan
 
     def call_natural(self, lane: Any, inputs: tuple[Any, ...], stream: Any) -> list[Any] | None:
         """Run a call whose inputs have the shapes of a remembered :class:`NaturalCall`
@@ -190,7 +190,7 @@ class FastPaths:
         when there is none, or when it is the plan that just declined the call."""
         key = shape_key(inputs)
         entry = None if key is None else self.natural.get(key)
-        return None if entry is None else lane._switch_fast(entry.plan, inputs, stream, None)
+        return None if entry is None else lane.lane.switch_fast(entry.plan, inputs, stream, None)
 
 
 def prepare_state(lane: Any, shape_key: tuple[Any, int],
@@ -198,7 +198,7 @@ def prepare_state(lane: Any, shape_key: tuple[Any, int],
                   ptrs: tuple[int, ...]) -> bool:
     """Put the lane's context in the state a pre-bound call was recorded in: its shapes (the
     same profile only) and its addresses. False sends the call down the full path."""
-    ctx = lane._context
+    ctx = lane.lane.context
     if ctx is None:
         return False
     if ctx.shape_key != shape_key and not restore_shapes(lane, ctx, shape_key, dynamic_dims, out_shapes):

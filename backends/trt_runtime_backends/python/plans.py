@@ -7,8 +7,8 @@ over some thirty small steps). So once the full path has validated a call, the l
 keeps a *plan* for it: a function made for that call's arity (the number of inputs and
 outputs) whose constants (the arrays or dtypes and shapes seen, the device, the
 context, the bound methods it calls) are closure variables, with nothing looked up
-twice. The core pipeline calls the lane's current plan first (``EngineBase._fast_entry``);
-a plan that does not apply hands the call to the lane's ``_call_fast``, which finds the
+twice. The core pipeline calls the lane's current plan first (``Lane.fast_entry``);
+a plan that does not apply hands the call to the lane's ``call_fast``, which finds the
 plan that does in its tables (and makes it current) or sends the call down the full
 path.
 
@@ -87,8 +87,8 @@ _TORCH_HEAD = """\
 
 # ... then, for other inputs (of another shape; other arrays, for a pre-bound call), the
 # plan of those from ``table`` (keyed as the lane's lookup keys it) when there is one: no
-# way round ``_call_fast`` on every call of a dynamic engine fed shapes in turn.
-# (``lane._fast_entry`` is this plan: no name for it here, a closure on itself is a
+# way round ``call_fast`` on every call of a dynamic engine fed shapes in turn.
+# (``core.fast_entry``, the lane's, is this plan: no name for it here, a closure on itself is a
 # reference cycle.)
 _SWITCH = """\
 {before}\
@@ -96,9 +96,9 @@ _SWITCH = """\
             other = table.get({key})
             other = None if other is None{unusable} else other.plan
 {pick}\
-            if other is None or other is lane._fast_entry:
+            if other is None or other is core.fast_entry:
                 return miss(inputs, stream, outputs)
-            lane._fast_entry = other
+            core.fast_entry = other
             return {enter}(inputs, stream, outputs)
 """
 
@@ -106,7 +106,7 @@ _SWITCH = """\
 _ENQUEUE = """\
 {caller}{run}\
         if not {trt}.execute_async_v3(run):
-            lane._execute_failed()
+            lane.execute_failed()
 {after}\
         return [{outs}]
     return plan
@@ -114,6 +114,7 @@ _ENQUEUE = """\
 
 _PREBOUND = """\
 def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, table, {consts}):
+    core = lane.lane
     def plan(inputs, stream, outputs):
         if outputs is None or len(inputs) != {n} or len(outputs) != {m}:
             return miss(inputs, stream, outputs)
@@ -122,7 +123,7 @@ def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, table, {co
 {switch}\
         if {pointers} or {shapes}:
             return miss(inputs, stream, outputs)
-        if lane._context is not ctx:
+        if core.context is not ctx:
             return None
         if (ctx.shape_key is not key or ctx.bound_ptrs is not ptrs) and not prepare():
             return None
@@ -131,11 +132,12 @@ def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, table, {co
 _NATURAL = """\
 def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, bound, empty, torch_device,
          table, {consts}):
+    core = lane.lane
     bound_get = bound.get
     def plan(inputs, stream, outputs):
 {torch_head}\
 {switch}\
-        if lane._context is not ctx:
+        if core.context is not ctx:
             return None
         if ctx.shape_key is not key and ctx.shape_key != key and not restore():
             return None
@@ -155,6 +157,7 @@ def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, 
 _REPLAY = """\
 def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, failed, results, views, plain,
          cexec, last, empty, torch_device, tensor, device, raw_stream, table, {consts}):
+    core = lane.lane
     def plan(inputs, stream, outputs):
 {torch_head}\
 {switch}\
@@ -343,8 +346,8 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             # no input in its static buffer: the slot's own plan when that is another (copying)
             to_copying=_indent([
                 f"if {' and '.join(f'src{i} != dst{i}' for i in range(n))} and (other := slot.plan) "
-                "is not None and other is not lane._fast_entry:",
-                "    lane._fast_entry = other",
+                "is not None and other is not core.fast_entry:",
+                "    core.fast_entry = other",
                 "    return other.go(inputs, stream, outputs)"]),
             # an input that is not the static buffer itself must be on the engine's device
             foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
@@ -378,7 +381,7 @@ def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
             foreign_device=_any([f"{x}.get_device() != device" for x in xs]),
             to_copying="",
             plain_way=_indent([f"if {_any([f'src{i} == dst{i}' for i in range(n)])}:",
-                               "    lane._fast_entry = plain",
+                               "    core.fast_entry = plain",
                                "    return plain.go(inputs, stream, outputs)"]),
             copies=_indent(set_in + alloc_out),
             # variant: "view" mode, the static outputs' views handed over (no output nodes)
@@ -407,7 +410,7 @@ def prebound_plan(lane: Any, fast: Any, torch_ptrs: bool) -> Plan:
     make = _compile("prebound", len(fast.in_ids), len(fast.out_ids), torch_ptrs)
     prepare = functools.partial(prepare_state, lane, fast.shape_key, fast.dynamic_dims, fast.out_shapes,
                                 fast.ptrs)
-    return make(lane, lane._call_fast, lane._order, lane._stream, lane._context, fast.shape_key, fast.ptrs,
+    return make(lane, lane.call_fast, lane._order, lane._stream, lane.lane.context, fast.shape_key, fast.ptrs,
                 prepare, fast.torch, lane._fast_paths.prebound, *fast.arrays, *fast.ptrs, *fast.shapes)
 
 
@@ -417,14 +420,14 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
     from trt_runtime_backends.python.fast_path import restore_shapes
 
     bridge = lane._torch
-    ctx = lane._context
+    ctx = lane.lane.context
     names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
     slabs = slab_pools(bridge.empty, bridge.device, out_shapes, dtypes) or ()
     make = _compile("slab" if slabs else "natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
     return make(
-        lane, lane._call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
+        lane, lane.call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
         lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
         *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes, *slabs,
     )
@@ -438,14 +441,14 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     from trt_runtime_backends.python.graphs import replay_failed, torch_results
 
     bridge = lane._torch
-    ops = lane._graphs
+    ops = lane.graphs
     views = slot.output_views  # "view" mode: handed over as they are
     make = _compile("replay", len(shapes), 0, views is not None)
     launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
     results = functools.partial(torch_results, lane, slot, view=False)
     failed = functools.partial(replay_failed, lane)
     set1d = getattr(ops.rt, "cudaGraphExecMemcpyNodeSetParams1D", None)
-    head = (lane, lane._call_fast, lane._order, lane._stream, slot, slot.graph, graphs.cache.touch, launch,
+    head = (lane, lane.call_fast, lane._order, lane._stream, slot, slot.graph, graphs.cache.touch, launch,
             copy, set1d, ops.d2d, failed, results, views)
     tail = (bridge.empty, bridge.device, bridge.tensor, lane._device, bridge.raw_stream, graphs.shortcuts,
             *bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes)

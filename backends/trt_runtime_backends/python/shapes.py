@@ -177,7 +177,7 @@ def _switch_profile(lane: Any, ctx: Any, trt_context: Any, profile: int) -> bool
     if not trt_context.set_optimization_profile_async(profile, lane._stream_handle):
         return False
     if ctx.user_managed:
-        lane._sync()
+        lane.sync()
         memory = ctx.device_memory
         if not ctx.per_shape and memory is not None:
             trt_context.set_device_memory(int(memory.handle), int(memory.size))

@@ -24,8 +24,9 @@ from trt_runtime.settings import (
 )
 
 from .bindings import io_from_source, io_from_tensorrt, merge_container_flags
+from .bridge import translate_errors
 from .cache import TorchbindCacheHandle
-from .engine import TorchbindEngine, translate_errors
+from .engine import TorchbindEngine
 from .library import INSTALL_HINT, find_runtime_library
 from .runtime import TorchbindRuntime, load_runtime
 

@@ -6,19 +6,31 @@ machine without torch or a GPU: the CPU tests hand the backend a bridge double.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trt_runtime.contract import stream_handle
-from trt_runtime.errors import EngineError
+from trt_runtime.errors import EngineError, TrtRuntimeError
 from trt_runtime.graphs import CopyNodes, build_copy_nodes
 
 from .streams import STREAMS
 
-__all__ = ["CallerDevice", "LaneStream", "TensorInfo", "TorchBridge"]
+__all__ = ["CallerDevice", "LaneStream", "TensorInfo", "TorchBridge", "translate_errors"]
+
+
+@contextlib.contextmanager
+def translate_errors(engine: str, what: str) -> Iterator[None]:
+    """Turn an exception from torch / torch-tensorrt into :class:`EngineError`."""
+    try:
+        yield
+    except TrtRuntimeError:
+        raise
+    except Exception as exc:
+        raise EngineError(f"engine {engine!r}: {what} failed in torch-tensorrt's runtime: {exc}") from exc
 
 #: DLPack device types of CUDA memory (kDLCUDA, kDLCUDAManaged).
 _KDLCUDA = 2

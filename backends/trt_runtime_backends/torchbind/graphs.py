@@ -3,9 +3,9 @@
 asks.
 
 The core keeps the graphs (per input shapes, an LRU), the static inputs, the
-first-call-eager-then-capture rule, the capture lock and the release rules; the functions
-below fill its hooks (they become methods of ``TorchbindEngine``), and
-:meth:`GraphOps.replay_plan` makes the replay fast path.
+first-call-eager-then-capture rule, the capture lock and the release rules;
+:class:`TorchbindGraphs` is a lane's :class:`~trt_runtime.lane.GraphOps`, and
+:meth:`TorchbindGraphs.replay_plan` makes the replay fast path.
 
 It follows torch-tensorrt's own cudagraphs module (``_CudaGraphsTorchTensorRTModule``):
 static input tensors owned by the engine, a warm-up on a side stream so that first-run
@@ -18,7 +18,7 @@ stream, never on the legacy default stream, ordered against the caller's stream 
 events; replays run on the caller's stream, so a call queues a graph launch and its copies
 and nothing else. Where torch keeps the captured graph (``keep_graph=True``) and cuda-python
 is there, those copies are memcpy nodes of a second graph built around it
-(:meth:`GraphOps.copy_nodes`, as the python backend does): one launch per call. When
+(:meth:`TorchbindGraphs.copy_nodes`, as the python backend does): one launch per call. When
 replays move to another stream, that stream first waits for the last one (the graphs share
 the execution context's memory).
 
@@ -40,13 +40,18 @@ from typing import TYPE_CHECKING, Any
 from trt_runtime.contract import KIND_HOST
 from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
 from trt_runtime.graphs import CopyNodes
+from trt_runtime.lane import GraphOps
 from trt_runtime.outer import GraphSlot
 from trt_runtime.slabs import slab_pools
 
-if TYPE_CHECKING:
-    from .bridge import TorchBridge
+from .bridge import translate_errors
+from .lane import CURRENT
 
-__all__ = ["WARMUP_RUNS", "GraphOps"]
+if TYPE_CHECKING:
+    from .contract import Call
+    from .lane import TorchbindLane
+
+__all__ = ["WARMUP_RUNS", "TorchbindGraphs"]
 
 #: Eager runs on the side stream before a capture: the first compiles TensorRT-RTX's
 #: kernels for the shapes, the second settles what the first allocated.
@@ -60,16 +65,20 @@ _NOT_CAPTURABLE = (
 )
 
 
-class GraphOps:
-    """The streams of one lane's outer graphs and the replay fast path. Not thread-safe:
-    the lane is leased by one call."""
+class TorchbindGraphs(GraphOps):
+    """One lane's outer graphs, the backend's side: their streams, the capture and replay
+    of ``execute_engine``, and the replay fast path. Not thread-safe: the lane is leased by
+    one call. (Static inputs are torch CUDA tensors whatever ``static_inputs(as_torch=)``
+    says: this backend has no other kind.)"""
 
-    __slots__ = ("__weakref__", "bridge", "caller_stream", "copying", "device", "eager", "last", "last_raw",
-                 "scope", "side")
+    __slots__ = ("bridge", "caller_stream", "copying", "device", "eager", "last", "last_raw",
+                 "ops", "scope", "side")
 
-    def __init__(self, device: int, bridge: TorchBridge) -> None:
-        self.device = device
-        self.bridge = bridge
+    def __init__(self, ops: TorchbindLane) -> None:
+        #: The lane's ops (the engine's ``execute_engine``, its stream bookkeeping).
+        self.ops = ops
+        self.device = ops.shared.device
+        self.bridge = ops.shared.runtime.bridge
         #: The graphs' copies as nodes (:meth:`copy_nodes`), by ``id(graph)``.
         self.copying: dict[int, CopyNodes] = {}
         self.side: Any = None  # the capture stream, made at the first capture
@@ -119,16 +128,16 @@ class GraphOps:
         if made is not None:
             made.destroy()
 
-    def replay_plan(self, lane: Any, slot: GraphSlot, shapes: tuple[Any, ...], view: bool,
-                    current: object) -> Callable[[tuple[Any, ...], Any, Any], list[Any] | None]:
+    def replay_plan(self, slot: GraphSlot, shapes: tuple[Any, ...], view: bool
+                    ) -> Callable[[tuple[Any, ...], Any, Any], list[Any] | None]:
         """The replay fast path of ``slot`` (captured for torch inputs of ``shapes``) as one
-        function, the lane's ``_fast_entry`` while its calls keep coming: it checks what the
+        function, the lane's ``fast_entry`` while its calls keep coming: it checks what the
         shortcut lookup checked (CUDA torch tensors of the engine's dtypes, contiguous, of
         these shapes, on the engine's device and current there; no ``stream=`` or
         ``outputs=``), copies each input that is not the static input itself, launches the
         graph on torch's current stream and hands the static outputs over (``view``) or
         clones of them; a call of another captured shape goes to that slot's plan, any
-        other call to ``lane._call_fast``.
+        other call to the lane's ``call_fast``.
 
         The current stream is told by its handle (torch's stream object only when it moved),
         and the graph is launched through cuda-python's ``cudaGraphLaunch`` of its executable
@@ -140,12 +149,17 @@ class GraphOps:
         nodes' addresses where they changed (the new outputs' too, made with ``empty_like``)
         and launches that graph once: about 8 µs against 16 to 20 for copy, launch and clone (H100,
         ``benchmarks/probes/gpu_keep_graph_probe.py``); an address CUDA refuses sends that call the
-        other way. ``current`` is what the lane's ``_last_stream`` is set to (torch's
-        current stream)."""
+        other way. The lane's ``last_stream`` is then :data:`CURRENT` (torch's current stream)."""
         bridge = self.bridge
-        miss = lane._call_fast
-        touch = lane._outer_graphs.cache.touch
-        shortcuts = lane._outer_graphs.shortcuts  # keyed as TorchbindEngine._torch_key keys
+        lane = self.ops
+        core = lane.lane
+        outer = core.outer_graphs
+        assert outer is not None
+        name = lane.name
+        current = CURRENT
+        miss = lane.call_fast
+        touch = outer.cache.touch
+        shortcuts = outer.shortcuts  # keyed as TorchbindLane.torch_key keys
         key = slot.key
         statics = tuple(slot.inputs)
         outputs = slot.outputs
@@ -202,9 +216,9 @@ class GraphOps:
             if not shaped:  # another shape: that shape's plan, if it has one (not round miss)
                 other = shortcuts.get((inputs[0].shape,) if n == 1 else tuple([x.shape for x in inputs]))
                 other = None if other is None or other.graph is None else other.plan
-                if other is None or other is lane._fast_entry:
+                if other is None or other is core.fast_entry:
                     return miss(inputs, stream, outs)
-                lane._fast_entry = other
+                core.fast_entry = other
                 return other.go(inputs, stream, outs)  # type: ignore[no-any-return]  # checked here
             return go(inputs, stream, outs)
 
@@ -244,27 +258,192 @@ class GraphOps:
                 if ok:
                     (err,) = launch_nodes(cexec, raw)
                     if err:
-                        raise EngineError(f"engine {lane.name!r}: replaying a CUDA graph failed: "
+                        raise EngineError(f"engine {name!r}: replaying a CUDA graph failed: "
                                           f"cudaGraphLaunch returned {err!r}")
-                    lane._last_stream = current
+                    lane.last_stream = current
                     return results
             for (static, dst, nbytes), x in zip(targets, inputs):  # noqa: B905
                 if x is not static:  # the caller may fill the static inputs itself
                     if copy is None:
                         copy_(static, x)
                     elif nbytes and (err := copy(dst, x.data_ptr(), nbytes, raw)):
-                        raise EngineError(f"engine {lane.name!r}: copying an input into its CUDA graph's "
+                        raise EngineError(f"engine {name!r}: copying an input into its CUDA graph's "
                                           f"static buffer failed: {err!r}")
             if launch is None:
                 bridge.replay(graph)
             else:
                 launch(raw)
-            lane._last_stream = current
+            lane.last_stream = current
             return list(outputs) if view else [clone(o) for o in outputs]
 
         plan.go = go  # type: ignore[attr-defined]  # where another plan's shape switch enters
         return plan
 
+
+    # -- GraphOps: what the core's OuterGraphs asks -------------------------------------------
+    def graph_call(self, call: Any) -> tuple[Any, Sequence[Any], Sequence[int], Any]:
+        shared = self.ops.shared
+        if call.host:
+            shared.log_staging(call)
+        host = call.host
+        addresses = [-1 if i in host else t.data_ptr() for i, t in enumerate(call.tensors)]
+        key = (call.shapes, shared.contract.shapes.select(call.shapes, None))
+        return key, call.tensors, addresses, call.shapes
+
+    def graph_enter(self, stream: Any, call: Call) -> Any:
+        """The caller's torch stream (``stream``, or torch's current one on the engine's
+        device), made current for the call; it waits for the graphs' last stream."""
+        bridge = self.bridge
+        ops = self.ops
+        self.caller_stream = stream is not None
+        if stream is None and (ops._single_device or ops._get_device() == self.device):
+            current = bridge.current_stream(self.device)
+            self.follow(current)
+            return current
+        with translate_errors(ops.name, "resolving the stream"):
+            current = bridge.resolve_stream(stream, self.device)
+        self.follow(current)
+        scope = bridge.stream_scope(current)
+        scope.__enter__()
+        self.scope = scope
+        return current
+
+    def graph_exit(self, stream: Any) -> None:
+        scope, self.scope = self.scope, None
+        if scope is None:
+            self.ops.last_stream = CURRENT
+        else:
+            self.ops.last_stream = stream
+            scope.__exit__(None, None, None)
+
+    def graph_capturable(self) -> bool:
+        return self.ops.shared.graph_capturable(self.ops.lane.settings)
+
+    def alloc_static(self, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
+        tensor = self.bridge.zeros(shape, spec.dtype, self.device)
+        return tensor, tensor.data_ptr()
+
+    def input_views(self, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
+        return list(slot.inputs)
+
+    def bind_static(self, context: Any, slot: GraphSlot) -> None:
+        """Nothing to bind: ``execute_engine`` takes the static inputs as its arguments and
+        allocates the outputs (the captured call's outputs become the static outputs)."""
+
+    def warm_up(self, context: Any, slot: GraphSlot, stream: Any) -> None:
+        """``WARMUP_RUNS`` eager runs on the side stream, after the caller's stream (which
+        copied the inputs in)."""
+        bridge = self.bridge
+        if self.side is None:
+            self.side = bridge.new_stream(self.device)
+        side = self.side
+        bridge.wait_stream(side, stream)  # the caller's stream copied the inputs in
+        try:
+            with bridge.stream_scope(side):
+                for _ in range(WARMUP_RUNS):
+                    self.eager = self.ops.raw_execute(slot.inputs)
+        except TrtRuntimeError:
+            raise
+        except Exception as exc:
+            raise EngineError(
+                f"engine {self.ops.name!r}: execute_engine failed in torch-tensorrt's runtime "
+                f"(warm-up before the outer CUDA graph capture): {exc}"
+            ) from exc
+
+    def enqueue(self, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:
+        """One ``execute_engine`` on the static inputs, on the current stream."""
+        return self.ops.raw_execute(slot.inputs)
+
+    def capture(self, fn: Callable[[Any], list[Any] | None], stream: Any, slot: GraphSlot
+                ) -> tuple[Any, list[Any] | None]:
+        """Capture ``fn`` on the side stream (after the warm-up there), check that the graph
+        writes its outputs, and order the caller's stream after it."""
+        bridge = self.bridge
+        side = self.side
+        name = self.ops.name
+        try:
+            graph, outputs = bridge.capture(lambda: fn(side), side)
+        except Exception as exc:
+            raise CapabilityError(
+                f"engine {name!r}: the outer CUDA graph could not capture torch-tensorrt's "
+                f"execute_engine ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
+            ) from exc
+        outputs = list(outputs)
+        eager, self.eager = self.eager, []
+        try:
+            self._verify(graph, outputs, eager, side)
+        except TrtRuntimeError:
+            raise
+        except Exception as exc:  # the replay itself failed
+            raise CapabilityError(
+                f"engine {name!r}: the outer CUDA graph captured from torch-tensorrt's "
+                f"execute_engine could not be replayed ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
+            ) from exc
+        bridge.wait_stream(stream, side)  # the caller's stream waits for the capture
+        return graph, outputs
+
+    def _verify(self, graph: Any, outputs: list[Any], eager: list[Any], side: Any) -> None:
+        """Replay the new graph into NaN-filled outputs once: an output it did not write
+        means TensorRT-RTX enqueued nothing under capture (waits for the side stream)."""
+        bridge = self.bridge
+        names = [o.name for o in self.ops.shared.outputs]
+        with bridge.stream_scope(side):
+            poisoned = [bridge.poison(o) for o in outputs]
+            bridge.replay(graph)
+            for name, out, ref, checked in zip(names, outputs, eager, poisoned, strict=True):
+                if checked and bridge.unwritten(out, ref):
+                    bridge.reset_graph(graph)
+                    raise CapabilityError(
+                        f"engine {self.ops.name!r}: the CUDA graph captured from torch-tensorrt's "
+                        f"execute_engine did not write output {name!r}: TensorRT-RTX did not enqueue "
+                        f"the engine under stream capture; {_NOT_CAPTURABLE}"
+                    )
+
+    def launch(self, graph: Any, stream: Any) -> None:
+        try:
+            self.bridge.replay(graph)
+        except Exception as exc:
+            raise self._torch_failed(exc) from exc
+
+    def copy(self, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
+        """Into a static input, on the current stream (host tensors included)."""
+        try:
+            self.bridge.copy_(dst, src)
+        except Exception as exc:
+            raise self._torch_failed(exc) from exc
+
+    def destroy_graph(self, graph: Any) -> None:
+        self.drop_nodes(graph)  # first: they run the graph's memory
+        self.bridge.reset_graph(graph)
+
+    def graph_results(self, context: Any, slot: GraphSlot, call: Any, outputs: Sequence[Any] | None,
+                      view: bool, stream: Any) -> list[Any]:
+        """Clones of the static outputs (``"copy"``), the static outputs (``"view"``), or
+        ``outputs=`` filled from them (nothing allocated); host calls get host arrays."""
+        bridge = self.bridge
+        try:
+            if outputs is not None:
+                views = call.views
+                assert views is not None
+                self.ops.shared.contract.check_results(slot.outputs, views)
+                for dst, src in zip(views, slot.outputs, strict=True):
+                    bridge.copy_(dst, src)
+                if call.kind == KIND_HOST and not self.caller_stream:  # host inputs promise ready results
+                    bridge.synchronize(stream)
+                return list(outputs)
+            if call.kind == KIND_HOST:
+                host = [bridge.to_host(r) for r in slot.outputs]  # new arrays, whatever the mode
+                return host if call.torch_host else [bridge.to_numpy(t) for t in host]
+            if view:
+                return list(slot.outputs)
+            return [bridge.clone(o) for o in slot.outputs]
+        except TrtRuntimeError:
+            raise
+        except Exception as exc:
+            raise self._torch_failed(exc) from exc
+
+    def _torch_failed(self, exc: Exception) -> EngineError:
+        return EngineError(f"engine {self.ops.name!r}: the call failed in torch: {exc}")
 
 def _destroy_nodes(copying: dict[int, CopyNodes]) -> None:
     """Destroy the copy nodes a lane still holds (it was collected without a close)."""
@@ -279,148 +458,3 @@ def _on_current(bridge: Any, graph: Any) -> Callable[[int], None]:
         bridge.replay(graph)
 
     return launch
-
-
-def _torch_failed(lane: Any, exc: Exception) -> EngineError:
-    return EngineError(f"engine {lane.name!r}: the call failed in torch: {exc}")
-
-
-# -- the core's GraphHooks (methods of TorchbindEngine) ---------------------------------------
-def graph_call(lane: Any, call: Any) -> tuple[Any, Sequence[Any], Sequence[int], Any]:
-    if call.host:
-        lane._log_staging(call)
-    host = call.host
-    addresses = [-1 if i in host else t.data_ptr() for i, t in enumerate(call.tensors)]
-    key = (call.shapes, lane._shape_checker.select(call.shapes, None))
-    return key, call.tensors, addresses, call.shapes
-
-
-def alloc_static(lane: Any, shape: tuple[int, ...], spec: Any) -> tuple[Any, int]:
-    tensor = lane._bridge.zeros(shape, spec.dtype, lane._device)
-    return tensor, tensor.data_ptr()
-
-
-def bind_static(lane: Any, context: Any, slot: GraphSlot) -> None:
-    """Nothing to bind: ``execute_engine`` takes the static inputs as its arguments and
-    allocates the outputs (the captured call's outputs become the static outputs)."""
-
-
-def warm_up(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> None:
-    """``WARMUP_RUNS`` eager runs on the side stream, after the caller's stream (which
-    copied the inputs in)."""
-    ops = lane._graphs
-    bridge = ops.bridge
-    if ops.side is None:
-        ops.side = bridge.new_stream(lane._device)
-    side = ops.side
-    bridge.wait_stream(side, stream)  # the caller's stream copied the inputs in
-    try:
-        with bridge.stream_scope(side):
-            for _ in range(WARMUP_RUNS):
-                ops.eager = lane._raw_execute(slot.inputs)
-    except TrtRuntimeError:
-        raise
-    except Exception as exc:
-        raise EngineError(
-            f"engine {lane.name!r}: execute_engine failed in torch-tensorrt's runtime "
-            f"(warm-up before the outer CUDA graph capture): {exc}"
-        ) from exc
-
-
-def enqueue(lane: Any, context: Any, slot: GraphSlot, stream: Any) -> list[Any] | None:
-    """One ``execute_engine`` on the static inputs, on the current stream."""
-    return lane._raw_execute(slot.inputs)  # type: ignore[no-any-return]
-
-
-def capture(lane: Any, fn: Callable[[Any], list[Any] | None], stream: Any, slot: GraphSlot
-            ) -> tuple[Any, list[Any] | None]:
-    """Capture ``fn`` on the side stream (after the warm-up there), check that the graph
-    writes its outputs, and order the caller's stream after it."""
-    ops = lane._graphs
-    bridge = ops.bridge
-    side = ops.side
-    try:
-        graph, outputs = bridge.capture(lambda: fn(side), side)
-    except Exception as exc:
-        raise CapabilityError(
-            f"engine {lane.name!r}: the outer CUDA graph could not capture torch-tensorrt's "
-            f"execute_engine ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
-        ) from exc
-    outputs = list(outputs)
-    eager, ops.eager = ops.eager, []
-    try:
-        _verify(lane, graph, outputs, eager, side)
-    except TrtRuntimeError:
-        raise
-    except Exception as exc:  # the replay itself failed
-        raise CapabilityError(
-            f"engine {lane.name!r}: the outer CUDA graph captured from torch-tensorrt's "
-            f"execute_engine could not be replayed ({type(exc).__name__}: {exc}); {_NOT_CAPTURABLE}"
-        ) from exc
-    bridge.wait_stream(stream, side)  # the caller's stream waits for the capture
-    return graph, outputs
-
-
-def _verify(lane: Any, graph: Any, outputs: list[Any], eager: list[Any], side: Any) -> None:
-    """Replay the new graph into NaN-filled outputs once: an output it did not write
-    means TensorRT-RTX enqueued nothing under capture (waits for the side stream)."""
-    bridge = lane._bridge
-    names = [o.name for o in lane._outputs]
-    with bridge.stream_scope(side):
-        poisoned = [bridge.poison(o) for o in outputs]
-        bridge.replay(graph)
-        for name, out, ref, checked in zip(names, outputs, eager, poisoned, strict=True):
-            if checked and bridge.unwritten(out, ref):
-                bridge.reset_graph(graph)
-                raise CapabilityError(
-                    f"engine {lane.name!r}: the CUDA graph captured from torch-tensorrt's "
-                    f"execute_engine did not write output {name!r}: TensorRT-RTX did not enqueue "
-                    f"the engine under stream capture; {_NOT_CAPTURABLE}"
-                )
-
-
-def launch(lane: Any, graph: Any, stream: Any) -> None:
-    try:
-        lane._bridge.replay(graph)
-    except Exception as exc:
-        raise _torch_failed(lane, exc) from exc
-
-
-def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
-    """Into a static input, on the current stream (host tensors included)."""
-    try:
-        lane._bridge.copy_(dst, src)
-    except Exception as exc:
-        raise _torch_failed(lane, exc) from exc
-
-
-def destroy_graph(lane: Any, graph: Any) -> None:
-    lane._graphs.drop_nodes(graph)  # first: they run the graph's memory
-    lane._bridge.reset_graph(graph)
-
-
-def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any, outputs: Sequence[Any] | None,
-                  view: bool, stream: Any) -> list[Any]:
-    """Clones of the static outputs (``"copy"``), the static outputs (``"view"``), or
-    ``outputs=`` filled from them (nothing allocated); host calls get host arrays."""
-    bridge = lane._bridge
-    try:
-        if outputs is not None:
-            views = call.views
-            assert views is not None
-            lane._contract.check_results(slot.outputs, views)
-            for dst, src in zip(views, slot.outputs, strict=True):
-                bridge.copy_(dst, src)
-            if call.kind == KIND_HOST and not lane._graphs.caller_stream:  # host inputs promise ready results
-                bridge.synchronize(stream)
-            return list(outputs)
-        if call.kind == KIND_HOST:
-            host = [bridge.to_host(r) for r in slot.outputs]  # new arrays, whatever the mode
-            return host if call.torch_host else [bridge.to_numpy(t) for t in host]
-        if view:
-            return list(slot.outputs)
-        return [bridge.clone(o) for o in slot.outputs]
-    except TrtRuntimeError:
-        raise
-    except Exception as exc:
-        raise _torch_failed(lane, exc) from exc

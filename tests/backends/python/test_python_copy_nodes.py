@@ -27,8 +27,8 @@ def test_python_outer_graph_copy_mode_copies_through_graph_nodes(torch: FakeTorc
     engine, rt = _nodes_engine()
     with enable_cudagraphs(engine, outer="copy"):
         engine(torch.cuda_tensor((2, 4)))  # the capture (the general path)
-        (slot,) = engine._outer_graphs.shortcuts.values()
-        copying = engine._graphs.copying[int(slot.graph)]
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        copying = engine._lanes[0].ops.graphs.copying[int(slot.graph)]
         added = [c for c in rt.calls if c[0] in ("add_memcpy", "add_child")]
         (node_in,), (node_out,) = copying.ins, copying.outs
         assert [c[0] for c in added] == ["add_memcpy", "add_child", "add_memcpy"]
@@ -61,8 +61,8 @@ def test_python_outer_graph_copy_mode_outputs_come_from_slabs(torch: FakeTorch) 
         x = torch.cuda_tensor((2, 4))
         engine(x)  # the capture
         engine(x)  # the plan
-        (slot,) = engine._outer_graphs.shortcuts.values()
-        copying = engine._graphs.copying[int(slot.graph)]
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        copying = engine._lanes[0].ops.graphs.copying[int(slot.graph)]
         (node_out,) = copying.outs
         torch.empty_calls.clear()
         calls = plans.SLAB_CALLS + 3
@@ -89,8 +89,8 @@ def test_python_outer_graph_copy_nodes_set_only_addresses_that_changed(torch: Fa
     with enable_cudagraphs(engine, outer="copy"):
         x = torch.cuda_tensor((2, 4))
         engine(x)  # the capture
-        (slot,) = engine._outer_graphs.shortcuts.values()
-        copying = engine._graphs.copying[int(slot.graph)]
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        copying = engine._lanes[0].ops.graphs.copying[int(slot.graph)]
         (node_in,), (node_out,) = copying.ins, copying.outs
         kept = []
         for expected in ([node_in, node_out], [node_out], [node_out]):
@@ -119,7 +119,7 @@ def test_python_outer_graph_static_input_replays_the_plain_graph(torch: FakeTorc
     with enable_cudagraphs(engine, outer="copy"):
         engine(torch.cuda_tensor((2, 4)))
         engine(torch.cuda_tensor((2, 4)))  # the plan
-        (slot,) = engine._outer_graphs.shortcuts.values()
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
         (static,) = engine.static_inputs((2, 4), as_torch=True)
         rt.calls.clear()
         engine(static)
@@ -138,21 +138,21 @@ def test_python_outer_graph_static_and_fresh_inputs_each_go_straight_to_their_pl
         engine(torch.cuda_tensor((2, 4)))
         fresh = torch.cuda_tensor((2, 4))
         engine(fresh)
-        (slot,) = engine._outer_graphs.shortcuts.values()
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
         copying = slot.plan
-        assert engine._fast_entry is copying
+        assert engine._lanes[0].fast_entry is copying
         (static,) = engine.static_inputs((2, 4), as_torch=True)
         engine(static)
-        plain = engine._fast_entry
-        assert plain is not copying and plain is not engine._call_fast
+        plain = engine._lanes[0].fast_entry
+        assert plain is not copying and plain is not engine._lanes[0].ops.call_fast
         for call in range(3):
             rt.calls.clear()
             engine(static)
-            assert engine._fast_entry is plain and rt.calls[0][:2] == ("launch", slot.graph)
+            assert engine._lanes[0].fast_entry is plain and rt.calls[0][:2] == ("launch", slot.graph)
             rt.calls.clear()
             engine(torch.cuda_tensor((2, 4)) if call % 2 else fresh)
-            assert engine._fast_entry is copying
-            assert rt.calls[-1][:2] == ("launch", engine._graphs.copying[int(slot.graph)].exec)
+            assert engine._lanes[0].fast_entry is copying
+            assert rt.calls[-1][:2] == ("launch", engine._lanes[0].ops.graphs.copying[int(slot.graph)].exec)
 
 
 def test_python_outer_graph_static_inputs_of_shapes_in_turn_switch_plain_plan_to_plain_plan(
@@ -167,7 +167,7 @@ def test_python_outer_graph_static_inputs_of_shapes_in_turn_switch_plain_plan_to
             engine(torch.cuda_tensor(shape))
             engine(torch.cuda_tensor(shape))
         statics = [engine.static_inputs(shape, as_torch=True)[0] for shape in shapes]
-        slots = [engine._outer_graphs.shortcuts[(torch.Size(shape),)] for shape in shapes]
+        slots = [engine._lanes[0].outer_graphs.shortcuts[(torch.Size(shape),)] for shape in shapes]
         copyings = [slot.plan for slot in slots]
         for static in statics:
             engine(static)
@@ -177,12 +177,12 @@ def test_python_outer_graph_static_inputs_of_shapes_in_turn_switch_plain_plan_to
             i = turn % 2
             rt.calls.clear()
             engine(statics[i])
-            assert engine._fast_entry is plains[i]
+            assert engine._lanes[0].fast_entry is plains[i]
             assert [c[:2] for c in rt.calls] == [("launch", slots[i].graph)]
         for turn in range(4):
             i = turn % 2
             engine(torch.cuda_tensor(shapes[i]))
-            assert engine._fast_entry is copyings[i]
+            assert engine._lanes[0].fast_entry is copyings[i]
         # a plan hands a call to another (a shape switch, static to fresh inputs and back)
         # past its input checks (the other's ``go``): each call checks its input once
         checked: list[Any] = []
@@ -194,7 +194,7 @@ def test_python_outer_graph_static_inputs_of_shapes_in_turn_switch_plain_plan_to
                 fresh = turn % 3 == 0
                 x = torch.cuda_tensor(shapes[i]) if fresh else statics[i]
                 engine(x)
-                assert checked == [x] and engine._fast_entry is (copyings if fresh else plains)[i]
+                assert checked == [x] and engine._lanes[0].fast_entry is (copyings if fresh else plains)[i]
                 checked.clear()
         finally:
             torch.Tensor.is_contiguous = contiguous
@@ -204,8 +204,8 @@ def test_python_outer_graph_view_mode_copies_inputs_through_a_node(torch: FakeTo
     engine, rt = _nodes_engine()
     with enable_cudagraphs(engine, outer="view"):
         first = engine(torch.cuda_tensor((2, 4)))
-        (slot,) = engine._outer_graphs.shortcuts.values()
-        copying = engine._graphs.copying[int(slot.graph)]
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        copying = engine._lanes[0].ops.graphs.copying[int(slot.graph)]
         assert len(copying.ins) == 1 and copying.outs == []
         for _ in range(2):
             rt.calls.clear()
@@ -220,17 +220,18 @@ def test_python_outer_graph_copying_graphs_go_with_their_graphs(torch: FakeTorch
     engine, rt = _nodes_engine()
     with enable_cudagraphs(engine, outer="copy"):
         engine(torch.cuda_tensor((2, 4)))
-        (slot,) = engine._outer_graphs.shortcuts.values()
-        copying = engine._graphs.copying[int(slot.graph)]
-        assert copying.exec in engine._res.graph_execs and copying.graph in engine._res.graphs
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        copying = engine._lanes[0].ops.graphs.copying[int(slot.graph)]
+        res = engine._lanes[0].ops._res
+        assert copying.exec in res.graph_execs and copying.graph in res.graphs
         engine.reset_graphs()
         assert ("exec_destroy", copying.exec) in rt.calls
         assert rt.calls.count(("graph_destroy", copying.graph)) == 1
-        assert engine._graphs.copying == {} and copying.graph not in engine._res.graphs
+        assert engine._lanes[0].ops.graphs.copying == {} and copying.graph not in res.graphs
         engine(torch.cuda_tensor((2, 4)))  # captured again: built again
-        (copying,) = engine._graphs.copying.values()
+        (copying,) = engine._lanes[0].ops.graphs.copying.values()
     engine.close()
-    assert engine._res.graph_execs == [] and engine._res.graphs == []
+    assert engine._lanes[0].ops._res.graph_execs == [] and engine._lanes[0].ops._res.graphs == []
     assert rt.calls.count(("graph_destroy", copying.graph)) == 1
 
 
@@ -243,7 +244,7 @@ def test_python_outer_graph_without_copying_graphs_copies_as_before(torch: FakeT
     engine, rt = _nodes_engine(refuse)
     with enable_cudagraphs(engine, outer="copy"):
         engine(torch.cuda_tensor((2, 4)))
-        assert engine._graphs.copying == {}
+        assert engine._lanes[0].ops.graphs.copying == {}
         (created,) = [c[1] for c in rt.calls if c[0] == "graph_create"]
         if refuse != "cudaGraphCreate":  # a graph was made: it is destroyed
             assert ("graph_destroy", created) in rt.calls
@@ -259,8 +260,8 @@ def test_python_outer_graph_refused_node_address_takes_the_plain_way(torch: Fake
     engine, rt = _nodes_engine("cudaGraphExecMemcpyNodeSetParams1D")
     with enable_cudagraphs(engine, outer="copy"):
         engine(torch.cuda_tensor((2, 4)))
-        (slot,) = engine._outer_graphs.shortcuts.values()
-        assert int(slot.graph) in engine._graphs.copying
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        assert int(slot.graph) in engine._lanes[0].ops.graphs.copying
         engine(torch.cuda_tensor((2, 4)))  # the plan
         rt.calls.clear()
         y = engine(torch.cuda_tensor((2, 4)))
@@ -273,5 +274,5 @@ def test_python_outer_graph_no_copying_graph_before_torch(torch: FakeTorch) -> N
     engine, rt = _nodes_engine()
     with enable_cudagraphs(engine, outer="copy"):
         engine(np.ones((2, 4), np.float32))
-        assert engine.graph_captures == 1 and engine._graphs.copying == {}
+        assert engine.graph_captures == 1 and engine._lanes[0].ops.graphs.copying == {}
         assert not [c for c in rt.calls if c[0] == "graph_create"]

@@ -111,7 +111,7 @@ def test_python_backend_orders_the_callers_stream_with_events() -> None:
     engine = _fake_engine()
     engine.execute(np.ones((2, 4), np.float32), stream=77)
     rt = engine._rt.calls
-    ev_in, ev_out = engine._order.event_in, engine._order.event_out
+    ev_in, ev_out = engine._lanes[0].ops._order.event_in, engine._lanes[0].ops._order.event_out
     ordering = [c for c in rt if c[0] in ("record", "wait")]
     assert ordering == [("record", ev_in, 77), ("wait", 4242, ev_in),
                         ("record", ev_out, 4242), ("wait", 77, ev_out)]
@@ -188,8 +188,8 @@ def test_python_backend_close_is_idempotent_and_final() -> None:
 def test_python_backend_unclosed_engine_releases_its_context_when_collected() -> None:
     engine = _fake_engine()
     engine.execute(np.ones((2, 4), np.float32))
-    context, rt = engine._context, engine._rt
-    events = engine._order.events()
+    context, rt = engine._lanes[0].context, engine._rt
+    events = engine._lanes[0].ops._order.events()
     del engine
     gc.collect()
     assert context.trt_context is None and context.config is None
@@ -230,7 +230,7 @@ def test_python_backend_repeat_call_takes_the_fast_path() -> None:
     assert calls == [("execute", 4242)] * 3  # nothing re-bound, nothing re-checked
     engine._rt.calls.clear()
     engine.execute(x, outputs=[y], stream=77)  # runs on the caller's stream, after ours
-    ev = engine._order.event_tail
+    ev = engine._lanes[0].ops._order.event_tail
     assert engine._rt.calls == [("record", ev, 4242), ("wait", 77, ev)]
     assert calls[-1] == ("execute", 77)
     calls.clear()
@@ -246,7 +246,7 @@ def test_python_backend_repeat_call_takes_the_fast_path() -> None:
     engine.execute(x2, outputs=[y], stream=engine.stream)  # another object: slow path again
     assert ("address", "x", x2.ptr) in calls
     engine.invalidate_context()
-    assert engine._fast_paths.prebound == {}
+    assert engine._lanes[0].ops._fast_paths.prebound == {}
     engine.execute(x2, outputs=[y], stream=engine.stream)
     assert engine.context_creations == 2
 

@@ -15,7 +15,7 @@ from _python_doubles import FakeTorch, _fake_engine, _trt_calls
 def _interrupt_next_address(engine: Any, name: str) -> None:
     """The next set_tensor_address of ``name`` on the lane's context takes effect, then the
     interrupt arrives (what a Ctrl-C between the two bytecodes does)."""
-    ctx = engine._context.trt_context
+    ctx = engine._lanes[0].context.trt_context
     original = ctx.set_tensor_address
 
     def interrupted(tensor: str, ptr: int) -> None:
@@ -66,7 +66,7 @@ def test_python_interrupts_profile_switch_is_redone_after_an_interrupt(torch: Fa
     engine = _fake_engine()  # profiles: batches 1..8 and 9..32
     small, big = torch.cuda_tensor((2, 4)), torch.cuda_tensor((16, 4))
     engine(small)
-    ctx = engine._context.trt_context
+    ctx = engine._lanes[0].context.trt_context
     original = ctx.set_optimization_profile_async
 
     def interrupted(index: int, stream: int) -> bool:

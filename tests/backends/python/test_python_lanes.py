@@ -21,7 +21,7 @@ def _deserializing(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[_FakeTr
     """Make the engine's backend deserialize fake engines like the first, from a plan of
     1,000 bytes; return them."""
     plan = EngineSource(b"P" * 1000, name="fake")
-    engine._made_with = (*engine._made_with[:3], plan, *engine._made_with[4:])
+    engine._shared.source = plan
     made: list[_FakeTrtEngine] = []
     first = engine.trt_engine
 
@@ -39,8 +39,8 @@ def test_python_lanes_dynamic_engine_gives_each_context_its_own_engine(monkeypat
     made = _deserializing(engine, monkeypatch)
     engine.contexts = 3
     lanes = engine._lanes
-    assert len(made) == 2 and [lane.trt_engine for lane in lanes[1:]] == made
-    assert len({id(lane.trt_engine) for lane in lanes}) == 3
+    assert len(made) == 2 and [lane.ops.trt_engine for lane in lanes[1:]] == made
+    assert len({id(lane.ops.trt_engine) for lane in lanes}) == 3
     usage = engine.memory_usage()
     assert usage["weights"] == 3 * 1000 and usage["contexts"] == 3
     # every lane's calls create contexts on its own engine only
@@ -58,8 +58,8 @@ def test_python_lanes_dynamic_engine_gives_each_context_its_own_engine(monkeypat
     for t in threads:
         t.join()
     for lane in lanes:
-        if lane.has_context:
-            assert lane._context.trt_context in lane.trt_engine.contexts
+        if lane.context is not None:
+            assert lane.context.trt_context in lane.ops.trt_engine.contexts
     assert sum(len(e.contexts) for e in made) + len(engine.trt_engine.contexts) >= 1
     assert all(len(e.contexts) <= 1 for e in made)  # one context per engine
     engine.contexts = 1  # the other engines go with their lanes
@@ -71,7 +71,7 @@ def test_python_lanes_static_engine_shares_its_engine(monkeypatch: pytest.Monkey
     engine = _fake_engine(batch=8)  # static shapes, one profile
     made = _deserializing(engine, monkeypatch)
     engine.contexts = 3
-    assert made == [] and {id(lane.trt_engine) for lane in engine._lanes} == {id(engine.trt_engine)}
+    assert made == [] and {id(lane.ops.trt_engine) for lane in engine._lanes} == {id(engine.trt_engine)}
     assert engine.memory_usage()["weights"] == 1000
     engine.close()
 
@@ -80,14 +80,15 @@ def test_python_lanes_failed_deserialize_keeps_the_contexts_it_has(monkeypatch: 
     engine = _fake_engine()
     made = _deserializing(engine, monkeypatch)
     working = engine.backend.deserialize
-    clones: list[Any] = []
-    original_clone = type(engine)._clone_lane
+    clones: list[Any] = []  # the lanes whose ops were made
+    original_new_ops = type(engine)._new_ops
 
-    def clone(self: Any) -> Any:
-        clones.append(original_clone(self))
-        return clones[-1]
+    def new_ops(self: Any, lane: Any) -> Any:
+        ops = original_new_ops(self, lane)
+        clones.append(lane)
+        return ops
 
-    monkeypatch.setattr(type(engine), "_clone_lane", clone)
+    monkeypatch.setattr(type(engine), "_new_ops", new_ops)
 
     def failing_second(source: EngineSource, state: Any) -> Any:
         if made:

@@ -27,7 +27,7 @@ def test_python_backend_natural_call_remembers_shapes_not_tensors(torch: FakeTor
     engine = _fake_engine()
     first = engine(torch.cuda_tensor((2, 4)))
     assert isinstance(first, torch.Tensor) and first.get_device() == 0 and first.shape == (2, 4)
-    assert list(engine._fast_paths.natural) == [((2, 4),)]
+    assert list(engine._lanes[0].ops._fast_paths.natural) == [((2, 4),)]
     calls = _trt_calls(engine)
     calls.clear()
     torch.empty_calls.clear()
@@ -41,7 +41,7 @@ def test_python_backend_natural_call_remembers_shapes_not_tensors(torch: FakeTor
     assert [c[0] for c in engine._rt.calls if c[0] in ("record", "wait")] == []  # legacy stream
     calls.clear()
     engine(torch.cuda_tensor((3, 4)))  # a new shape: the full path once
-    assert ("get_shape", "y") in calls and len(engine._fast_paths.natural) == 2
+    assert ("get_shape", "y") in calls and len(engine._lanes[0].ops._fast_paths.natural) == 2
     calls.clear()
     engine(x)  # back to (2, 4): only the shape is set again
     assert [c for c in calls if c[0] == "shape"] == [("shape", "x", (2, 4))]
@@ -55,7 +55,7 @@ def test_python_backend_natural_call_orders_other_streams_and_checks_inputs(torc
     torch.current_stream = 55  # inside torch.cuda.stream(side)
     engine._rt.calls.clear()
     engine(x)
-    ev = engine._order.event_tail  # the repeat call runs on 55, after the lane's work on ours
+    ev = engine._lanes[0].ops._order.event_tail  # the repeat call runs on 55, after the lane's work on ours
     ordering = [c for c in engine._rt.calls if c[0] in ("record", "wait")]
     assert ordering == [("record", ev, 4242), ("wait", 55, ev)]
     engine._rt.calls.clear()
@@ -81,8 +81,8 @@ def test_python_backend_fast_calls_follow_the_callers_stream(torch: FakeTorch) -
     own stream first, and _sync waits for both."""
     engine = _fake_engine()
     rt = engine._rt.calls
-    order = engine._order
-    ours = engine._stream_handle
+    order = engine._lanes[0].ops._order
+    ours = engine._lanes[0].ops._stream_handle
 
     def ordering() -> list[tuple[Any, ...]]:
         found = [c for c in rt if c[0] in ("record", "wait")]
@@ -139,8 +139,9 @@ def test_python_backend_runs_on_a_non_blocking_stream_while_trt_captures(torch: 
     engine(x)
     spare = engine.stream
     assert spare is not blocking and not spare.blocking
-    assert engine._order.ours == spare.handle and engine._res.stream_handle == spare.handle
-    assert engine._binding.stream is spare
+    ops = engine._lanes[0].ops
+    assert ops._order.ours == spare.handle and ops._res.stream_handle == spare.handle
+    assert engine._lanes[0].ops._binding.stream is spare
     engine._rt.calls.clear()
     engine(x)  # the legacy caller is now ordered with events, the work on the spare stream
     assert [c[0] for c in engine._rt.calls if c[0] in ("record", "wait")] == ["record", "wait"] * 2
@@ -149,10 +150,10 @@ def test_python_backend_runs_on_a_non_blocking_stream_while_trt_captures(torch: 
     engine._rt.calls.clear()
     engine(x)
     engine(x)
-    assert engine.stream is blocking and engine._order.skip == (0, 1)
+    assert engine.stream is blocking and engine._lanes[0].ops._order.skip == (0, 1)
     assert not [c for c in engine._rt.calls if c[0] in ("record", "wait")]
     engine.close()
-    assert engine._spare_stream is None
+    assert engine._lanes[0].ops._spare_stream is None
 
 
 def test_python_backend_events_mode_orders_the_legacy_stream_too(torch: FakeTorch) -> None:
@@ -202,24 +203,24 @@ def test_python_backend_user_managed_context_memory_fits_each_shape() -> None:
     calls = _trt_calls(engine)
     # the profile is selected explicitly, then the memory sized for the shapes
     assert [c[0] for c in calls[:4]] == ["device_memory", "profile", "shape", "memory_size"]
-    assert calls[4] == ("device_memory", engine._context.device_memory.handle, 2 * 256)
-    first = engine._context.device_memory
+    assert calls[4] == ("device_memory", engine._lanes[0].context.device_memory.handle, 2 * 256)
+    first = engine._lanes[0].context.device_memory
     engine.execute(np.ones((1, 4), np.float32))  # smaller: the same buffer
-    assert engine._context.device_memory is first
+    assert engine._lanes[0].context.device_memory is first
     engine.outer_graph = True
     engine.execute(np.ones((2, 4), np.float32))
-    assert engine.graph_captures == 1 and engine._res.graph_execs
+    assert engine.graph_captures == 1 and engine._lanes[0].ops._res.graph_execs
     engine.execute(np.ones((8, 4), np.float32))  # larger: a new buffer, the old graphs dropped
-    assert engine._context.device_memory is not first
-    assert engine.graph_captures == 2 and len(engine._res.graph_execs) == 1
+    assert engine._lanes[0].context.device_memory is not first
+    assert engine.graph_captures == 2 and len(engine._lanes[0].ops._res.graph_execs) == 1
 
 
 def test_python_backend_user_managed_memory_sized_once_for_every_shape() -> None:
     engine = _user_managed_engine()
     engine.trt_engine.device_memory_size_v2 = 4096  # the most any profile and shape needs
     engine.execute(np.ones((2, 4), np.float32))
-    memory = engine._context.device_memory
-    assert memory.size == 4096 and not engine._context.per_shape
+    memory = engine._lanes[0].context.device_memory
+    assert memory.size == 4096 and not engine._lanes[0].context.per_shape
     calls = _trt_calls(engine)
     handed = ("device_memory", memory.handle, 4096)
     # at creation, then again after the first (explicit) profile selection
@@ -233,20 +234,20 @@ def test_python_backend_user_managed_memory_sized_once_for_every_shape() -> None
     assert ("shape", "x", (8, 4)) in calls
     engine.execute(np.ones((16, 4), np.float32))  # another profile: the same buffer handed again
     assert [c for c in calls if c[0] in ("device_memory", "memory_size")] == [handed]
-    assert engine._context.device_memory is memory
+    assert engine._lanes[0].context.device_memory is memory
 
 
 def test_python_backend_user_managed_memory_per_shape_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trt_runtime_backends.python import engine as engine_module
+    from trt_runtime_backends.python import lane as lane_module
 
-    monkeypatch.setattr(engine_module, "MEMORY_PER_SHAPE", True)
+    monkeypatch.setattr(lane_module, "MEMORY_PER_SHAPE", True)
     engine = _user_managed_engine()
     engine.trt_engine.device_memory_size_v2 = 64
     engine.execute(np.ones((2, 4), np.float32))
     engine.execute(np.ones((8, 4), np.float32))
     calls = _trt_calls(engine)
-    assert engine._context.per_shape and ("memory_size",) in calls
-    assert engine._context.device_memory.size == 8 * 256  # grown to what the shapes need
+    assert engine._lanes[0].context.per_shape and ("memory_size",) in calls
+    assert engine._lanes[0].context.device_memory.size == 8 * 256  # grown to what the shapes need
 
 
 def test_python_backend_makes_its_device_current_once_per_thread() -> None:

@@ -47,7 +47,7 @@ def test_python_outer_graph_captures_once_per_shape_and_replays() -> None:
     out = engine.execute(np.ones((2, 4), np.float32))[0]
     assert isinstance(out, np.ndarray) and out.shape == (2, 4)
     calls = _trt_calls(engine)
-    capture_stream = engine._graphs.capture_stream.handle
+    capture_stream = engine._lanes[0].ops.graphs.capture_stream.handle
     assert capture_stream != 4242
     # one eager warm-up run on our stream, then the capture on the private stream
     assert [c for c in calls if c[0] == "execute"] == [("execute", 4242), ("execute", capture_stream)]
@@ -84,7 +84,7 @@ def test_python_outer_graph_host_inputs_are_copied_straight_into_static_buffers(
     rt.copies.clear()
     out = engine.execute(np.ones((2, 4), np.float32))[0]
     assert isinstance(out, np.ndarray)  # host in, host out, also in view mode
-    (slot,) = engine._outer_graphs.cache.values()
+    (slot,) = engine._lanes[0].outer_graphs.cache.values()
     assert [(k, dst) for k, dst, *_ in rt.copies] == [(H2D, slot.in_ptrs[0]), (D2H, out.ctypes.data)]
     assert rt.calls[-1] == ("sync", 4242)
 
@@ -97,7 +97,7 @@ def test_python_outer_graph_copy_mode_returns_new_arrays() -> None:
         second = engine.execute(x)[0]
     assert isinstance(first, DeviceArray) and isinstance(second, DeviceArray)
     assert first.ptr != second.ptr
-    (slot,) = engine._outer_graphs.cache.values() if engine._outer_graphs.cache else (None,)
+    (slot,) = engine._lanes[0].outer_graphs.cache.values() if engine._lanes[0].outer_graphs.cache else (None,)
     assert slot is None  # leaving the wrap dropped the graphs
     copies = [c for c in engine._rt.copies if c[0] == D2D]
     # per call: x into the static input, the static output into a new array
@@ -112,7 +112,7 @@ def test_python_outer_graph_view_mode_returns_the_static_buffers() -> None:
     first = engine.execute(_device())[0]
     second = engine.execute(_device())[0]
     assert first is second
-    (slot,) = engine._outer_graphs.cache.values()
+    (slot,) = engine._lanes[0].outer_graphs.cache.values()
     assert first is slot.outputs[0]
     assert not [c for c in engine._rt.copies if c[2] == first.ptr]  # nothing copied out
 
@@ -170,7 +170,7 @@ def test_python_outer_graph_failed_capture_ends_the_capture() -> None:
     engine = _fake_engine()
     engine.outer_graph = True
     ctx = engine.ensure_context()
-    ctx.trt_context.fail_streams.add(engine._graphs.capture_handle())
+    ctx.trt_context.fail_streams.add(engine._lanes[0].ops.graphs.capture_handle())
     with pytest.raises(EngineError, match=r"capturing execute_async_v3 into a CUDA graph failed: \[TRT\]"):
         engine.execute(_device())
     rt = engine._rt.calls
@@ -185,10 +185,10 @@ def test_python_outer_graph_dropped_on_settings_change_and_recaptured() -> None:
         engine.execute(x)
         engine.execute(x)
         assert engine.graph_captures == 1
-        (first_exec,) = engine._res.graph_execs
+        (first_exec,) = engine._lanes[0].ops._res.graph_execs
         with runtime_config(engine, dynamic_shapes_kernel_specialization_strategy="eager"):
             assert ("exec_destroy", first_exec) in engine._rt.calls
-            assert len(engine._outer_graphs.cache) == 0
+            assert len(engine._lanes[0].outer_graphs.cache) == 0
             engine.execute(x)
             engine.execute(x)
             assert engine.graph_captures == 2
@@ -205,7 +205,7 @@ def test_python_outer_graph_dropped_on_settings_change_and_recaptured() -> None:
         engine.outer_graph = "view"  # another mode: graphs dropped, context kept
         engine.execute(x)
         assert engine.graph_captures == 6 and engine.context_creations == creations
-    assert engine.outer_graph is None and engine._res.graph_execs == []
+    assert engine.outer_graph is None and engine._lanes[0].ops._res.graph_execs == []
 
 
 def test_python_outer_graph_preallocated_outputs_are_written() -> None:
@@ -215,7 +215,7 @@ def test_python_outer_graph_preallocated_outputs_are_written() -> None:
     assert engine.execute(x, outputs=[y])[0] is y
     engine._rt.copies.clear()
     assert engine.execute(x, outputs=[y])[0] is y
-    (slot,) = engine._outer_graphs.cache.values()
+    (slot,) = engine._lanes[0].outer_graphs.cache.values()
     assert (D2D, y.ptr, slot.out_ptrs[0]) in [c[:3] for c in engine._rt.copies]
     with pytest.raises(InputError, match=r"output 'y' must have shape \(2, 4\); got \(3, 4\)"):
         engine.execute(x, outputs=[_device(3)])
@@ -263,7 +263,7 @@ def test_python_outer_graph_torch_replay_shortcut(torch: FakeTorch) -> None:
     with enable_cudagraphs(engine, outer=True):
         first = engine(x)
         assert engine.graph_captures == 1 and first.get_device() == 0
-        assert engine._outer_graphs.shortcuts
+        assert engine._lanes[0].outer_graphs.shortcuts
         rt = engine._rt
         rt.calls.clear()
         again = engine(torch.cuda_tensor((2, 4)))  # another tensor of the same shape
@@ -303,15 +303,15 @@ def test_python_outer_graph_destroyed_with_the_engine() -> None:
     engine.outer_graph = True
     engine.execute(_device())
     rt = engine._rt
-    (graph_exec,) = engine._res.graph_execs
+    (graph_exec,) = engine._lanes[0].ops._res.graph_execs
     engine.close()
     assert ("exec_destroy", graph_exec) in rt.calls
-    assert engine._graphs.capture_stream is None
+    assert engine._lanes[0].ops.graphs.capture_stream is None
     collected = _fake_engine()
     collected.outer_graph = True
     collected.execute(_device())
     rt = collected._rt
-    (graph_exec,) = collected._res.graph_execs
+    (graph_exec,) = collected._lanes[0].ops._res.graph_execs
     del collected
     gc.collect()
     assert ("exec_destroy", graph_exec) in rt.calls
@@ -354,13 +354,13 @@ def test_python_outer_graph_capture_updates_the_evicted_executable_graph() -> No
     rt = engine._rt
     engine.outer_graph = OuterGraph(outputs="copy", max_graphs=1)
     engine.execute(np.ones((2, 4), np.float32))
-    (first,) = engine._res.graph_execs
+    (first,) = engine._lanes[0].ops._res.graph_execs
     rt.calls.clear()
     engine.execute(np.ones((3, 4), np.float32))  # evicts 2; its executable graph is updated
     update = [c for c in rt.calls if c[0] == "exec_update"]
     assert len(update) == 1 and update[0][1] == first
     assert _count(rt.calls, "instantiate") == 0 and _count(rt.calls, "exec_destroy") == 0
-    assert engine._res.graph_execs == [first]
+    assert engine._lanes[0].ops._res.graph_execs == [first]
     rt.calls.clear()
     engine.execute(np.ones((3, 4), np.float32))  # the replay launches the updated graph
     assert [c[1] for c in rt.calls if c[0] == "launch"] == [first]
@@ -376,14 +376,14 @@ def test_python_outer_graph_refused_update_instantiates_and_destroys_the_spare()
     rt = engine._rt
     engine.outer_graph = OuterGraph(max_graphs=1)
     engine.execute(np.ones((2, 4), np.float32))
-    (first,) = engine._res.graph_execs
+    (first,) = engine._lanes[0].ops._res.graph_execs
     rt.update_refused = True  # another topology
     rt.calls.clear()
     out = engine.execute(np.ones((3, 4), np.float32))[0]
     assert out.shape == (3, 4)
     assert _count(rt.calls, "exec_update") == 1 and ("exec_destroy", first) in rt.calls
     assert _count(rt.calls, "instantiate") == 1
-    (second,) = engine._res.graph_execs
+    (second,) = engine._lanes[0].ops._res.graph_execs
     assert second != first and engine.graph_stats()["updates"] == 0
 
 
@@ -395,24 +395,24 @@ def test_python_outer_graph_spare_goes_before_its_context() -> None:
     engine.outer_graph = True
     x = _device()
     engine.execute(x)
-    (first,) = engine._res.graph_execs
+    (first,) = engine._lanes[0].ops._res.graph_execs
     engine.reset_graphs()
-    assert engine._graphs.spare is not None and engine._res.graph_execs == [first]
+    assert engine._lanes[0].ops.graphs.spare is not None and engine._lanes[0].ops._res.graph_execs == [first]
     rt.calls.clear()
     engine.invalidate_context()
-    assert ("exec_destroy", first) in rt.calls and engine._graphs.spare is None
-    assert engine._res.graph_execs == []
+    assert ("exec_destroy", first) in rt.calls and engine._lanes[0].ops.graphs.spare is None
+    assert engine._lanes[0].ops._res.graph_execs == []
     engine.execute(x)
     assert _count(rt.calls, "exec_update") == 0 and _count(rt.calls, "instantiate") == 1
     # a spare kept from the old context is not updated by the new one's capture
     engine.reset_graphs()
-    stale = engine._graphs.spare
-    engine._graphs.spare = (stale[0], object())
+    stale = engine._lanes[0].ops.graphs.spare
+    engine._lanes[0].ops.graphs.spare = (stale[0], object())
     rt.calls.clear()
     engine.execute(x)
     assert _count(rt.calls, "exec_update") == 0 and ("exec_destroy", stale[0]) in rt.calls
     engine.close()
-    assert engine._graphs.spare is None and engine._res.graph_execs == []
+    assert engine._lanes[0].ops.graphs.spare is None and engine._lanes[0].ops._res.graph_execs == []
 
 
 def test_python_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypatch: Any) -> None:
@@ -435,18 +435,18 @@ def test_python_outer_graph_captures_hold_the_process_wide_capture_lock(monkeypa
 
 def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch, monkeypatch: Any) -> None:
     """Inputs of another shape captured before go from one replay plan straight to that
-    shape's plan (no way round ``_call_fast``), launching that shape's graph; a shape never
+    shape's plan (no way round ``call_fast``), launching that shape's graph; a shape never
     captured still goes the full way and is captured."""
-    from trt_runtime_backends.python.graphs import GraphOps
+    from trt_runtime_backends.python.graphs import PythonGraphs
 
-    looked_up = count_lookups(monkeypatch, GraphOps, "replay_torch")
+    looked_up = count_lookups(monkeypatch, PythonGraphs, "replay_torch", takes_lane=False)
     engine = _fake_engine()
     a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
     with enable_cudagraphs(engine, outer="view"):
         for x in (a, b, a, b):  # captures, then a plan made for each shape
             engine(x)
         assert engine.graph_captures == 2
-        plans = {shape: slot.plan for shape, slot in engine._outer_graphs.shortcuts.items()}
+        plans = {shape: slot.plan for shape, slot in engine._lanes[0].outer_graphs.shortcuts.items()}
         assert all(plans.values())
         looked_up.clear()
         engine._rt.calls.clear()
@@ -455,8 +455,8 @@ def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch
             assert out.shape == x.shape
         assert looked_up == []  # every switch went plan to plan
         launched = [c[1] for c in engine._rt.calls if c[0] == "launch"]
-        slots = engine._outer_graphs.shortcuts
+        slots = engine._lanes[0].outer_graphs.shortcuts
         assert launched == [slots[(x.shape,)].graph for x in (a, b, a, b, a)]
-        assert engine._fast_entry is plans[(a.shape,)]
+        assert engine._lanes[0].fast_entry is plans[(a.shape,)]
         engine(torch.cuda_tensor((5, 4)))  # a new shape: captured through the full path
         assert engine.graph_captures == 3 and looked_up == [(5, 4)]

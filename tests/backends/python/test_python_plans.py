@@ -27,10 +27,10 @@ def _kinds(engine: Any) -> list[str]:
 
 def test_plans_natural_call_becomes_the_lanes_current_plan(torch: FakeTorch) -> None:
     engine = _fake_engine()
-    assert engine._fast_entry == engine._call_fast  # nothing validated yet
+    assert engine._lanes[0].fast_entry == engine._lanes[0].ops.call_fast  # nothing validated yet
     engine(torch.cuda_tensor((2, 4)))
-    (entry,) = engine._fast_paths.natural.values()
-    assert engine._fast_entry is entry.plan
+    (entry,) = engine._lanes[0].ops._fast_paths.natural.values()
+    assert engine._lanes[0].fast_entry is entry.plan
     _trt_calls(engine).clear()
     out = engine(torch.cuda_tensor((2, 4)))
     assert _kinds(engine) == ["address", "address", "execute"] and out.shape == (2, 4)
@@ -41,11 +41,11 @@ def test_plans_switch_between_shapes_and_decline_what_they_do_not_take(torch: Fa
     a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
     engine(a)
     engine(b)
-    plan_a, plan_b = (engine._fast_paths.natural[k].plan for k in (((2, 4),), ((3, 4),)))
-    assert engine._fast_entry is plan_b
+    plan_a, plan_b = (engine._lanes[0].ops._fast_paths.natural[k].plan for k in (((2, 4),), ((3, 4),)))
+    assert engine._lanes[0].fast_entry is plan_b
     _trt_calls(engine).clear()
     assert engine(a).shape == (2, 4)  # plan_b declines, the table finds plan_a
-    assert engine._fast_entry is plan_a
+    assert engine._lanes[0].fast_entry is plan_a
     assert [c for c in _trt_calls(engine) if c[0] == "shape"] == [("shape", "x", (2, 4))]
     # what no plan takes goes down the full path, which says what is wrong
     with pytest.raises(InputError, match=r"input 'x' must have dtype float32; got torch\.float16"):
@@ -60,7 +60,7 @@ def test_plans_switch_between_shapes_and_decline_what_they_do_not_take(torch: Fa
 def test_plans_natural_switch_shapes_plan_to_plan(torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shapes in turn (a dynamic engine's usual load): each natural plan hands a call of
     another shape seen before straight to that shape's plan, not through the table lookup
-    of ``_call_fast``; a shape never seen goes the full way."""
+    of ``call_fast``; a shape never seen goes the full way."""
     from trt_runtime_backends.python.fast_path import FastPaths
 
     looked_up = count_lookups(monkeypatch, FastPaths, "call_natural")
@@ -68,12 +68,12 @@ def test_plans_natural_switch_shapes_plan_to_plan(torch: FakeTorch, monkeypatch:
     a, b = torch.cuda_tensor((2, 4)), torch.cuda_tensor((3, 4))
     engine(a)
     engine(b)
-    by_shape = {k[0]: e.plan for k, e in engine._fast_paths.natural.items()}
+    by_shape = {k[0]: e.plan for k, e in engine._lanes[0].ops._fast_paths.natural.items()}
     looked_up.clear()
     _trt_calls(engine).clear()
     for x in (a, b, a, b):
         assert engine(x).shape == x.shape
-        assert engine._fast_entry is by_shape[x.shape]
+        assert engine._lanes[0].fast_entry is by_shape[x.shape]
     assert looked_up == []
     assert [c[2] for c in _trt_calls(engine) if c[0] == "shape"] == [(2, 4), (3, 4), (2, 4), (3, 4)]
     engine(torch.cuda_tensor((5, 4)))
@@ -84,8 +84,8 @@ def test_plans_prebound_checks_identity_pointer_and_shape(torch: FakeTorch) -> N
     engine = _fake_engine()
     x, y = torch.cuda_tensor((2, 4)), torch.cuda_tensor((2, 4))
     engine.execute(x, outputs=[y])
-    (fast,) = engine._fast_paths.prebound.values()
-    assert engine._fast_entry is fast.plan
+    (fast,) = engine._lanes[0].ops._fast_paths.prebound.values()
+    assert engine._lanes[0].fast_entry is fast.plan
     _trt_calls(engine).clear()
     assert engine.execute(x, outputs=[y])[0] is y
     assert _kinds(engine) == ["execute"]
@@ -103,7 +103,7 @@ def test_plans_prebound_checks_identity_pointer_and_shape(torch: FakeTorch) -> N
 
 def test_plans_prebound_switch_arrays_plan_to_plan(torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pre-bound calls with arrays of several shapes in turn: each plan hands a call with
-    other arrays remembered before straight to their plan (no lookup in ``_call_fast``),
+    other arrays remembered before straight to their plan (no lookup in ``call_fast``),
     which sets its shapes; arrays never seen go the full way."""
     from trt_runtime_backends.python.fast_path import FastPaths
 
@@ -112,12 +112,12 @@ def test_plans_prebound_switch_arrays_plan_to_plan(torch: FakeTorch, monkeypatch
     pairs = [(torch.cuda_tensor((b, 4)), torch.cuda_tensor((b, 4))) for b in (2, 3)]
     for x, y in pairs:
         engine.execute(x, outputs=[y])
-    plan_of = {id(f.arrays[0]): f.plan for f in engine._fast_paths.prebound.values()}
+    plan_of = {id(f.arrays[0]): f.plan for f in engine._lanes[0].ops._fast_paths.prebound.values()}
     looked_up.clear()
     _trt_calls(engine).clear()
     for x, y in pairs + pairs:
         assert engine.execute(x, outputs=[y])[0] is y
-        assert engine._fast_entry is plan_of[id(x)]
+        assert engine._lanes[0].fast_entry is plan_of[id(x)]
     assert looked_up == []
     assert [c[2] for c in _trt_calls(engine) if c[0] == "shape"] == [(2, 4), (3, 4), (2, 4), (3, 4)]
     assert _kinds(engine).count("execute") == 4
@@ -131,15 +131,16 @@ def test_plans_go_when_the_context_or_profile_changes(torch: FakeTorch) -> None:
     engine = _fake_engine()
     x = torch.cuda_tensor((2, 4))
     engine(x)
-    assert engine._fast_entry != engine._call_fast
+    assert engine._lanes[0].fast_entry != engine._lanes[0].ops.call_fast
     engine.invalidate_context()
-    assert engine._fast_entry == engine._call_fast and not engine._fast_paths.natural
+    (lane,) = engine._lanes
+    assert lane.fast_entry == lane.ops.call_fast and not lane.ops._fast_paths.natural
     engine(x)  # a new context: the full path, then a new plan
-    assert engine._fast_entry is engine._fast_paths.natural[((2, 4),)].plan
+    assert engine._lanes[0].fast_entry is engine._lanes[0].ops._fast_paths.natural[((2, 4),)].plan
     engine.profile = 0
-    assert engine._fast_entry == engine._call_fast
+    assert engine._lanes[0].fast_entry == engine._lanes[0].ops.call_fast
     engine.close()
-    assert engine._fast_entry == engine._call_fast
+    assert engine._lanes[0].fast_entry == engine._lanes[0].ops.call_fast
 
 
 def test_plans_replay_a_captured_slot_and_go_with_the_graphs(torch: FakeTorch) -> None:
@@ -148,8 +149,8 @@ def test_plans_replay_a_captured_slot_and_go_with_the_graphs(torch: FakeTorch) -
     x = torch.cuda_tensor((2, 4))
     engine(x)
     engine(x)  # the first call captured; the second finds the slot by its shapes
-    (slot,) = engine._outer_graphs.shortcuts.values()
-    assert slot.plan is not None and engine._fast_entry is slot.plan
+    (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+    assert slot.plan is not None and engine._lanes[0].fast_entry is slot.plan
     engine._rt.calls.clear()
     out = engine(x)
     assert [c[0] for c in engine._rt.calls if c[0] in ("launch", "memcpy")] == ["memcpy", "launch"]
@@ -159,7 +160,8 @@ def test_plans_replay_a_captured_slot_and_go_with_the_graphs(torch: FakeTorch) -
     engine(static)  # the static buffer itself: no copy
     assert [c[0] for c in engine._rt.calls if c[0] in ("launch", "memcpy")] == ["launch"]
     engine.reset_graphs()
-    assert slot.plan is None and slot.graph is None and engine._fast_entry == engine._call_fast
+    (lane,) = engine._lanes
+    assert slot.plan is None and slot.graph is None and lane.fast_entry == lane.ops.call_fast
     engine.outer_graph = None
     assert engine(x).shape == (2, 4)
 
@@ -220,9 +222,9 @@ def test_plans_hold_no_context_and_die_with_their_tables(torch: FakeTorch) -> No
     engine.outer_graph = "view"
     engine(x)
     engine(x)
-    refs = [weakref.ref(f.plan) for f in engine._fast_paths.prebound.values()]
-    refs += [weakref.ref(e.plan) for e in engine._fast_paths.natural.values()]
-    refs += [weakref.ref(s.plan) for s in engine._outer_graphs.shortcuts.values()]
+    refs = [weakref.ref(f.plan) for f in engine._lanes[0].ops._fast_paths.prebound.values()]
+    refs += [weakref.ref(e.plan) for e in engine._lanes[0].ops._fast_paths.natural.values()]
+    refs += [weakref.ref(s.plan) for s in engine._lanes[0].outer_graphs.shortcuts.values()]
     assert len(refs) == 3 and all(r() is not None for r in refs)
     for plan in (r() for r in refs):
         names = plan.__code__.co_freevars  # type: ignore[union-attr]
@@ -288,7 +290,7 @@ def test_plans_slabs_are_made_and_kept_per_current_stream(torch: FakeTorch) -> N
     torch.current_stream = 0  # back: the first stream's slab still serves it (threads taking turns)
     z = engine(x)
     assert len(torch.empty_calls) == 1 and y.shape == z.shape == (2, 4)
-    (entry,) = engine._fast_paths.natural.values()
+    (entry,) = engine._lanes[0].ops._fast_paths.natural.values()
     pools, _ = _slab_fields(entry.plan)
     assert sorted(pools) == [0, 0x5000]
     assert len(pools[0x5000]) == plans.SLAB_CALLS - 1 and len(pools[0]) == plans.SLAB_CALLS - 3

@@ -65,7 +65,7 @@ def test_shape_contexts_are_made_when_shapes_come_back_then_swapped_in(torch: Fa
         assert shape == (b, 4) and x_ptr == xs[b].data_ptr() and y_ptr == out.data_ptr()
     assert len({id(r[0]) for r in ran[-6:]}) == 3
     # all three share the lane's one scratch buffer
-    memory = engine._context.device_memory
+    memory = engine._lanes[0].context.device_memory
     for context in engine.trt_engine.contexts:
         assert ("device_memory", memory.handle, memory.size) in context.calls
 
@@ -114,7 +114,7 @@ def test_shape_contexts_keep_their_shapes_when_new_shapes_come(torch: FakeTorch,
     for b in (1, 8, 1):
         engine(xs[b])
     first, made = engine.trt_engine.contexts
-    assert engine._context.trt_context is made  # the one made for (1, 4) is in use
+    assert engine._lanes[0].context.trt_context is made  # the one made for (1, 4) is in use
     for b in (2, 4, 1, 2):
         engine(xs[b])
     assert [c for c in made.calls if c[0] == "shape"] == [("shape", "x", (1, 4))]
@@ -169,10 +169,10 @@ def test_shape_contexts_one_turns_them_off_and_bad_limits_are_refused(torch: Fak
 def test_shape_contexts_only_for_one_shared_user_managed_buffer(torch: FakeTorch,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from _python_doubles import _fake_engine
-    from trt_runtime_backends.python import engine as engine_module
+    from trt_runtime_backends.python import lane as lane_module
 
     plain = _fake_engine()  # TensorRT without USER_MANAGED contexts: each context owns its memory
-    monkeypatch.setattr(engine_module, "MEMORY_PER_SHAPE", True)
+    monkeypatch.setattr(lane_module, "MEMORY_PER_SHAPE", True)
     per_shape = _engine()  # memory sized per shape: contexts could not share one buffer
     for engine in (plain, per_shape):
         for b in (1, 8) * 3:
@@ -185,13 +185,13 @@ def test_shape_contexts_of_several_lanes_and_their_release(torch: FakeTorch) -> 
     with pytest.warns(ContextOverlapWarning):  # (TensorRT-RTX 1.6.1's, for contexts of lanes)
         engine.contexts = 2
     lanes = engine._lanes
-    assert [lane._shape_contexts.limit for lane in lanes] == [3, 3]
+    assert [lane.ops._shape_contexts.limit for lane in lanes] == [3, 3]
     xs = [torch.cuda_tensor((b, 4)) for b in (1, 8)]
     for lane in lanes:  # each lane leased in turn (a thread keeps its lane)
         for x in xs * 2:
-            lane._call((x,), None, None, None)
+            lane.call((x,), None, None, None)
     assert engine.shape_context_stats == {"contexts": 4, "made": 2, "swaps": 2}
-    parked = [lane._res.context.parked for lane in lanes]
+    parked = [lane.ops._res.context.parked for lane in lanes]
     assert all(len(p) == 1 for p in parked)
     engine.close()
     assert all(not p for p in parked)  # released with the lane's context
@@ -210,7 +210,7 @@ def test_shape_contexts_a_context_that_cannot_be_made_warns_and_calls_go_on(torc
         engine(xs[0])
     for x in xs * 2:
         engine(x)
-    assert engine.shape_contexts == 4 and not engine._shape_contexts.making
+    assert engine.shape_contexts == 4 and not engine._lanes[0].ops._shape_contexts.making
     assert len(engine.trt_engine.contexts) == 1
     for (_, shape, x_ptr, _), x in zip(ran, [*xs, xs[0], *xs, *xs], strict=True):
         assert shape == tuple(x.shape) and x_ptr == x.data_ptr()
@@ -253,4 +253,4 @@ def test_shape_contexts_refuse_what_tensorrt_refuses(torch: FakeTorch) -> None:
     engine.trt_engine.create_execution_context = refusing
     with pytest.warns(RuntimeWarning, match=r"could not select optimization profile 0 in a new context"):
         assert engine(xs[0]).shape == (1, 4)
-    assert not engine._shape_contexts.making and engine.shape_context_stats["contexts"] == 1
+    assert not engine._lanes[0].ops._shape_contexts.making and engine.shape_context_stats["contexts"] == 1

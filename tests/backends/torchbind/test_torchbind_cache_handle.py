@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from _torchbind_doubles import inputs, make_backend, source
-from trt_runtime_backends.torchbind import TorchbindCacheHandle, TorchbindEngine
+from trt_runtime_backends.torchbind import TorchbindCacheHandle
 
 from trt_runtime.errors import CacheError
 from trt_runtime.protocols import RuntimeCacheHandle
@@ -44,7 +44,8 @@ def test_torchbind_cache_pending_bytes_drained_exactly_once(version: str) -> Non
 
     facade = Facade()
     engine = backend.load_engine(source(), settings=RuntimeSettings())
-    engine._create_context = _with_cache(engine, facade)  # type: ignore[method-assign]
+    ops = engine._lanes[0].ops
+    ops.create_context = _with_cache(ops, facade)  # type: ignore[method-assign]
     assert handle.serialize() == b""  # nothing loaded yet
     engine.execute(*inputs())
     native = handle.native
@@ -56,8 +57,8 @@ def test_torchbind_cache_pending_bytes_drained_exactly_once(version: str) -> Non
     assert native.drained == 1 and facade.drains == 1
 
 
-def _with_cache(engine: TorchbindEngine, facade: Any) -> Any:
-    original = engine._create_context
+def _with_cache(ops: Any, facade: Any) -> Any:
+    original = ops.create_context
 
     def create(settings: RuntimeSettings, cache: Any) -> Any:
         return original(settings, facade)
@@ -85,7 +86,7 @@ def test_torchbind_cache_from_another_backend_is_refused() -> None:
             return object()
 
     with pytest.raises(CacheError, match="not torch-tensorrt's RuntimeCacheHandle"):
-        engine._create_context(RuntimeSettings(), Foreign())  # type: ignore[arg-type]
+        engine._lanes[0].ops.create_context(RuntimeSettings(), Foreign())  # type: ignore[arg-type]
 
 
 def test_torchbind_cache_with_core_facade_drains_once() -> None:

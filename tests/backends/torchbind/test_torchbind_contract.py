@@ -13,6 +13,7 @@ from _torchbind_doubles import OUT, X, Y, cuda, inputs, make_backend, source
 from _torchbind_fakes import FakeCudaArray, FakeStream, FakeTensor
 
 from trt_runtime.errors import EngineError, InputError
+from trt_runtime.lane import Lane
 from trt_runtime.protocols import TensorSpec
 from trt_runtime.settings import RuntimeSettings
 
@@ -34,8 +35,8 @@ def test_torchbind_contract_cuda_torch_in_cuda_torch_out_through_the_hot_path(
     engine = backend.load_engine(source(bindings=(X, Y, OUT, spec2)))
     engine(*inputs())  # the first call creates the context and validates the shapes
     slow: list[Any] = []
-    original = engine._call  # the core pipeline's general path
-    monkeypatch.setattr(engine, "_call", lambda *a: slow.append(a) or original(*a))
+    original = Lane.call  # the core pipeline's general path
+    monkeypatch.setattr(Lane, "call", lambda lane, *a: slow.append(a) or original(lane, *a))
     first, second = engine(*inputs())
     (again, _) = engine.execute(*inputs())
     assert slow == [], "static CUDA inputs of validated shapes must take the hot path"
@@ -66,7 +67,7 @@ def test_torchbind_contract_hot_path_leaves_anything_else_to_the_full_check(
     engine = backend.load_engine(source())
     engine(*inputs())
     slow: list[Any] = []
-    monkeypatch.setattr(engine, "_call", lambda *a: slow.append(a) or [])
+    monkeypatch.setattr(Lane, "call", lambda lane, *a: slow.append(a) or [])
     engine.execute(*make())
     assert len(slow) == 1
 

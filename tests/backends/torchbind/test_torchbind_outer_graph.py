@@ -228,7 +228,7 @@ def test_torchbind_outer_graph_least_recently_used_graph_evicted() -> None:
     assert engine.graph_captures == 3
     engine.execute(dyn(2))
     assert engine.graph_captures == 4
-    stats = engine._outer_graphs.cache.stats()
+    stats = engine._lanes[0].outer_graphs.cache.stats()
     assert stats["evictions"] == 2 and stats["captures"] == 4 and stats["graphs"] == 2
 
 

@@ -19,41 +19,41 @@ from trt_runtime.graphs import OuterGraph
 # -- the replay plan ---------------------------------------------------------------------------------
 def test_torchbind_outer_graph_replay_plan_becomes_the_fast_entry() -> None:
     """A replay found through the shortcut makes the slot's plan the lane's fast entry; later
-    calls of those shapes go straight to it (no _call_fast), other shapes, a stream= or an
-    evicted slot go back through _call_fast, and each result stays right."""
+    calls of those shapes go straight to it (no call_fast), other shapes, a stream= or an
+    evicted slot go back through call_fast, and each result stays right."""
     engine, bridge = dynamic_engine()
     engine.outer_graph = OuterGraph(max_graphs=2)
     engine.execute(dyn(2, 1.0))  # the capture
     engine.execute(dyn(2, 1.0))  # through the shortcut: the plan is made
-    (slot,) = [s for s in engine._outer_graphs.cache.values() if s.key[0] == ((2, 4),)]
-    assert slot.plan is not None and engine._fast_entry is slot.plan
+    (slot,) = [s for s in engine._lanes[0].outer_graphs.cache.values() if s.key[0] == ((2, 4),)]
+    assert slot.plan is not None and engine._lanes[0].fast_entry is slot.plan
     missed: list[int] = []
-    call_fast = engine._call_fast
+    call_fast = engine._lanes[0].ops.call_fast
 
     def spy(*args: Any) -> Any:
         missed.append(1)
         return call_fast(*args)
 
-    engine._call_fast = spy  # type: ignore[method-assign]
+    engine._lanes[0].ops.call_fast = spy  # type: ignore[method-assign]
     slot.plan = None  # the plan below binds the spy as its miss
-    engine._fast_entry = engine._call_fast
+    engine._lanes[0].fast_entry = engine._lanes[0].ops.call_fast
     engine.execute(dyn(2, 1.0))
-    plan = engine._fast_entry
+    plan = engine._lanes[0].fast_entry
     assert plan is slot.plan and missed == [1]
     for value in (2.0, 3.0):
         (out,) = engine.execute(dyn(2, value))
         np.testing.assert_array_equal(out.array, np.full((2, 4), 2.0 * value, np.float32))
     assert missed == [1], "repeat calls go straight to the plan"
-    (out,) = engine.execute(dyn(5, 1.0))  # other shapes: through _call_fast, then captured
+    (out,) = engine.execute(dyn(5, 1.0))  # other shapes: through call_fast, then captured
     np.testing.assert_array_equal(out.array, np.full((5, 4), 2.0, np.float32))
     assert len(missed) == 2
     (out,) = engine.execute(dyn(2, 4.0), stream=bridge.active_stream(0))  # declined: general path
     np.testing.assert_array_equal(out.array, np.full((2, 4), 8.0, np.float32))
-    engine._fast_entry = plan
+    engine._lanes[0].fast_entry = plan
     engine.execute(dyn(8, 1.0))  # evicts the least recently used (shape 5)...
     engine.execute(dyn(7, 1.0))  # ...and then shape 2, whose plan now declines
     assert slot.graph is None
-    engine._fast_entry = plan
+    engine._lanes[0].fast_entry = plan
     captures = engine.graph_captures
     (out,) = engine.execute(dyn(2, 6.0))
     np.testing.assert_array_equal(out.array, np.full((2, 4), 12.0, np.float32))
@@ -62,28 +62,28 @@ def test_torchbind_outer_graph_replay_plan_becomes_the_fast_entry() -> None:
 
 def test_torchbind_outer_graph_replay_plans_switch_shapes_plan_to_plan() -> None:
     """Shapes in turn (a dynamic engine's usual load): a replay plan hands a call of another
-    captured shape straight to that slot's plan, not round _call_fast; results stay right,
-    and a shape never captured still goes through _call_fast."""
+    captured shape straight to that slot's plan, not round call_fast; results stay right,
+    and a shape never captured still goes through call_fast."""
     engine, _ = dynamic_engine()
     missed: list[tuple[int, ...]] = []
-    call_fast = engine._call_fast
+    call_fast = engine._lanes[0].ops.call_fast
 
     def spy(inputs: Any, *args: Any) -> Any:
         missed.append(tuple(inputs[0].shape))
         return call_fast(inputs, *args)
 
-    engine._call_fast = spy  # type: ignore[method-assign]
-    engine._fast_entry = spy
+    engine._lanes[0].ops.call_fast = spy  # type: ignore[method-assign]
+    engine._lanes[0].fast_entry = spy
     with enable_cudagraphs(engine, outer=True):
         for rows in (2, 2, 5, 5):  # captures, then the plans are made through the shortcut
             engine.execute(dyn(rows))
-        plans = {s.key[0][0][0]: s.plan for s in engine._outer_graphs.cache.values()}
+        plans = {s.key[0][0][0]: s.plan for s in engine._lanes[0].outer_graphs.cache.values()}
         assert None not in plans.values()
         missed.clear()
         for rows, value in ((2, 3.0), (5, 4.0), (2, 5.0), (5, 6.0)):
             (out,) = engine.execute(dyn(rows, value))
             np.testing.assert_array_equal(out.array, np.full((rows, 4), 2.0 * value, np.float32))
-            assert engine._fast_entry is plans[rows]
+            assert engine._lanes[0].fast_entry is plans[rows]
         assert missed == []
         # the switch enters the other plan past its checks (its ``go``): each call checks
         # its input once, in the plan it came to
@@ -94,27 +94,27 @@ def test_torchbind_outer_graph_replay_plans_switch_shapes_plan_to_plan() -> None
             for rows in (2, 5, 2):
                 x = dyn(rows)
                 engine.execute(x)
-                assert checked == [x] and engine._fast_entry is plans[rows]
+                assert checked == [x] and engine._lanes[0].fast_entry is plans[rows]
                 checked.clear()
         finally:
             FakeTensor.is_contiguous = contiguous  # type: ignore[method-assign]
-        engine.execute(dyn(7))  # never captured: through _call_fast
+        engine.execute(dyn(7))  # never captured: through call_fast
         assert missed == [(7, 4)]
         assert engine.graph_captures == 3
 
 
 def test_torchbind_thread_start_binds_the_thread_before_a_plan_runs() -> None:
-    """A thread's first call may go straight to a replay plan (no _call_fast): the core's
-    _thread_start binds torch's device for that thread first."""
+    """A thread's first call may go straight to a replay plan (no call_fast): the core's
+    thread_start binds torch's device for that thread first."""
     import threading
 
-    from trt_runtime_backends.torchbind import engine as engine_module
+    from trt_runtime_backends.torchbind import lane as engine_module
 
     engine, bridge = dynamic_engine()
     engine.outer_graph = True
     engine.execute(dyn(2))
     engine.execute(dyn(2))
-    assert engine._fast_entry is not engine._call_fast
+    assert engine._lanes[0].fast_entry is not engine._lanes[0].ops.call_fast
     bound: list[int] = []
     bind = bridge.bind_thread
     bridge.bind_thread = lambda index: (bound.append(index), bind(index))  # type: ignore[method-assign]
@@ -180,7 +180,7 @@ def test_torchbind_outer_graph_replays_through_copy_nodes(mode: str) -> None:
     the static buffers; outputs are right, new tensors in "copy" mode, the static outputs in
     "view" mode."""
     engine, bridge, rt = nodes_engine(mode)
-    (slot,) = engine._outer_graphs.shortcuts.values()
+    (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
     (graph,) = bridge.captured
     clones = bridge.clones  # the capturing call's
     results = []
@@ -240,7 +240,7 @@ def test_torchbind_outer_graph_copy_nodes_step_aside_for_static_inputs_and_refus
     """A call given the static input itself takes the plain replay (nothing to copy in); an
     address CUDA refuses sends that call the plain way too (copy_, launch, clone); both right."""
     engine, bridge, rt = nodes_engine("copy")
-    (slot,) = engine._outer_graphs.shortcuts.values()
+    (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
     static = slot.inputs[0]
     static.array[...] = 5.0
     clones = bridge.clones
@@ -268,7 +268,7 @@ def test_torchbind_outer_graph_copy_nodes_not_built_when_cuda_refuses() -> None:
         engine.execute(dyn(2, 1.0))
         (out,) = engine.execute(dyn(2, 3.0))
     np.testing.assert_array_equal(out.array, np.full((2, 4), 6.0, np.float32))
-    assert rt.graphs == {} and rt.execs == {} and engine._graphs.copying == {}
+    assert rt.graphs == {} and rt.execs == {} and engine._lanes[0].ops.graphs.copying == {}
     assert rt.named("cudaGraphLaunch") == 0 and bridge.clones == 2  # the capturing call's, the replay's
 
 
