@@ -1,6 +1,6 @@
 """Counting what one torchbind engine's outer-graph replays do, on the CPU doubles and on a GPU.
 
-:class:`ReplaySpy` wraps the bridge of that engine's lanes (their ``GraphOps.bridge``), never
+:class:`ReplaySpy` wraps the bridge of that engine's lanes (their ``ops.graphs.bridge``), never
 a class: a monkeypatch of ``TorchBridge.copy_nodes`` or ``TorchBridge.graph_launcher`` would
 also count every other engine of the process that builds a replay plan meanwhile (under
 ``pytest -n`` a worker runs the other GPU tests in the same process, so engines of earlier
@@ -85,7 +85,8 @@ class ReplaySpy:
         self.nodes: list[_CountingRuntime] = []
         self.plain = {"launch": 0, "copy": 0}
         for lane in engine._lanes:
-            lane._graphs.bridge = _SpiedBridge(lane._graphs.bridge, self)
+            graphs = lane.ops.graphs  # the lane's TorchbindGraphs
+            graphs.bridge = _SpiedBridge(graphs.bridge, self)
 
     def count(self, what: str) -> None:
         with self.lock:
