@@ -46,7 +46,7 @@ TARGETS = (
     Target("outer-replay", "outer-graph replay <= 0.60x raw pre-bound loop",
            "python-outer-replay", "raw-prebound", "enqueue", 0.60, ("tiny", "mlp")),
     Target("torchbind", "torchbind engine(x) <= 1.10x bare execute_engine op",
-           "torchbind", "execute-engine-op", "enqueue", 1.10, ("tiny", "mlp")),
+           "torchbind", "execute-engine-op", "enqueue", 1.10, _ALL),
     Target("outer-replay-floor", "python outer replay <= 1.10x a bare CUDA-graph replay, or <= +1.5 us",
            "python-outer-replay", "raw-graph-replay", "enqueue", 1.10, _ALL, 1.5),
     Target("torchbind-outer", "torchbind outer replay <= 1.3x the python outer replay",
