@@ -66,6 +66,7 @@ class EngineLink:
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._out: transport.FrameWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
 
@@ -91,9 +92,11 @@ class EngineLink:
         return self.up.is_set()
 
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
-        writer, loop = self._writer, self._loop
-        if writer is None or loop is None or not self.up.is_set():
+        writer, out, loop = self._writer, self._out, self._loop
+        if writer is None or out is None or loop is None or not self.up.is_set():
             raise RequestError(f"engine process at {self.path.name} is not up", 503)
+        if writer.is_closing():  # broken under us: fail over now, not once the reader notices
+            raise EngineLost(f"engine process at {self.path.name} went away", 503)
         slab = self._slab
         slot = slab.take()
         description, inline = transport.encode_arrays(arrays, None if slot == NO_SLOT else slab.slot(slot))
@@ -105,12 +108,9 @@ class EngineLink:
         self._pending[rid] = (future, slot)
         self.outstanding += 1
         try:
-            try:
-                transport.write_frame(writer, rid, slot, 0, description, inline)
-            except (RuntimeError, OSError):  # uvloop raises on a closed connection: fail over as if lost
-                self._pending.pop(rid, None)
-                slab.give(slot)
-                raise EngineLost(f"engine process at {self.path.name} went away", 503) from None
+            # Sent with the other requests of this loop pass; a failed send closes the connection
+            # and _run fails every pending request over (EngineLost).
+            out.frame(rid, slot, 0, description, inline)
             return await future
         finally:
             self.outstanding -= 1
@@ -122,8 +122,10 @@ class EngineLink:
             except OSError:
                 await asyncio.sleep(_REDIAL_S)
                 continue
-            transport.write_frame(writer, 0, NO_SLOT, transport.HELLO, self._slab.hello())
-            self._writer = writer
+            out = transport.FrameWriter(writer)
+            out.frame(0, NO_SLOT, transport.HELLO, self._slab.hello())
+            out.flush()
+            self._writer, self._out = writer, out
             self.up.set()
             if self._on_change is not None:
                 self._on_change()
@@ -135,27 +137,28 @@ class EngineLink:
                 self.up.clear()
                 if self._on_change is not None:
                     self._on_change()
-                self._writer = None
+                self._writer = self._out = None
                 writer.close()
                 self._fail_pending()
 
     async def _receive(self, reader: asyncio.StreamReader) -> None:
         slab = self._slab
+        frames = transport.FrameReader(reader)
         while True:
-            rid, slot, status, payload = await transport.read_frame(reader)
-            entry = self._pending.pop(rid, None)
-            if entry is None:
-                continue
-            future, mine = entry
-            try:
-                if status:
-                    future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
-                else:
-                    where = None if slot == NO_SLOT else slab.slot(slot)
-                    future.set_result(transport.decode_arrays(payload, where))
-            except asyncio.InvalidStateError:  # the client went away and its request was cancelled
-                pass
-            slab.give(mine)
+            for rid, slot, status, payload in await frames.read():
+                entry = self._pending.pop(rid, None)
+                if entry is None:
+                    continue
+                future, mine = entry
+                try:
+                    if status:
+                        future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
+                    else:
+                        where = None if slot == NO_SLOT else slab.slot(slot)
+                        future.set_result(transport.decode_arrays(payload, where))
+                except asyncio.InvalidStateError:  # the client went away and its request was cancelled
+                    pass
+                slab.give(mine)
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}
