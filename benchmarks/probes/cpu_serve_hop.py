@@ -34,18 +34,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def _profiled_engine(spec: Any, ready: Any, out: str) -> None:
+def _profiled_engine(spec: Any, ready: Any, out: str, profile: bool) -> None:
     from trt_runtime.serve.local.engine_process import engine_main
 
     profiler = cProfile.Profile()
-    cpu0 = time.process_time()
-    profiler.enable()
+    if profile:
+        profiler.enable()
     try:
         engine_main(spec, ready)
     finally:
         profiler.disable()
         profiler.dump_stats(out)
-        Path(out + ".cpu").write_text(str(time.process_time() - cpu0))
 
 
 async def _drive(sockets: list[Path], run_dir: Path, fronts: int, clients: int, seconds: float,
@@ -92,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--delay-us", type=int, default=500)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="CPU per request without cProfile's own cost (no function tables)")
     args = p.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="serve-hop-"))
     x_spec = TensorSpec("x", "float32", (-1, 16), True, profiles=(((1, 16), (8, 16), (64, 16)),))
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     stats_path = os.fspath(run_dir / "engine.prof")
-    proc = ctx.Process(target=_profiled_engine, args=(spec, send, stats_path))
+    proc = ctx.Process(target=_profiled_engine, args=(spec, send, stats_path, args.profile))
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the engine process keeps its metrics to itself
     proc.start()
     send.close()
@@ -113,24 +114,33 @@ def main(argv: list[str] | None = None) -> int:
     if status[0] != "ready":
         print(status, file=sys.stderr)
         return 1
+    from benchmarks.serve_cpu import cpu_seconds
+
+    engine_cpu0 = cpu_seconds(proc.pid) or 0.0  # from here: its start-up is not counted
     profiler = cProfile.Profile()
     cpu0 = time.process_time()
-    profiler.enable()
+    if args.profile:
+        profiler.enable()
     done, wrong = asyncio.run(_drive([spec.socket_path], run_dir, args.fronts, args.clients, args.seconds,
                                      x, x * 2 + 1))
     profiler.disable()
     front_cpu = time.process_time() - cpu0
+    engine_cpu = (cpu_seconds(proc.pid) or 0.0) - engine_cpu0
     proc.terminate()
     proc.join(30)
-    engine_cpu = float(Path(stats_path + ".cpu").read_text())
-    engine_stats = pstats.Stats(stats_path)
-    # cProfile sees the loop thread only: count the batches it handed to the engine threads.
-    calls = sum(n for (_f, _l, name), (_c, n, *_r) in engine_stats.stats.items()  # type: ignore[attr-defined]
-                if name == "run_in_executor")
     print(f"{done / args.seconds:.0f} req/s, {args.clients} clients, {args.fronts} front(s), wrong {wrong}")
-    print(f"engine process: {1e6 * engine_cpu / max(1, done):.1f} µs CPU per request "
-          f"(whole process life, profiled), {done / max(1, calls):.1f} requests per batch")
-    print(f"fronts' side of the hop: {1e6 * front_cpu / max(1, done):.1f} µs CPU per request (profiled)")
+    calls = 0
+    if args.profile:
+        engine_stats = pstats.Stats(stats_path)
+        # cProfile sees the loop thread only: count the batches it handed to the engine threads.
+        calls = sum(n for (_f, _l, name), (_c, n, *_r) in engine_stats.stats.items()  # type: ignore[attr-defined]
+                    if name == "run_in_executor")
+    how = "profiled" if args.profile else "not profiled"
+    print(f"engine process: {1e6 * engine_cpu / max(1, done):.1f} µs CPU per request (while driven, "
+          f"{how})" + (f", {done / max(1, calls):.1f} requests per batch" if args.profile else ""))
+    print(f"fronts' side of the hop: {1e6 * front_cpu / max(1, done):.1f} µs CPU per request ({how})")
+    if not args.profile:
+        return 0 if wrong == 0 else 1
     for title, stats in (("engine process", engine_stats), ("fronts' side", pstats.Stats(profiler))):
         text = io.StringIO()
         stats.stream = text  # type: ignore[attr-defined]
