@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.serve.local import transport
-from trt_runtime.serve.local.lifeline import wait_orphaned
+from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 from trt_runtime.serve.options import ServeOptions
 
@@ -51,7 +51,7 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
         ready.close()
         raise SystemExit(3) from None
     try:
-        asyncio.run(_serve(spec, engine, ready))
+        run_loop(_serve(spec, engine, ready))
     finally:
         engine.close()
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from trt_runtime.errors import RequestError
 from trt_runtime.serve.local import transport
-from trt_runtime.serve.local.lifeline import wait_orphaned
+from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 
 __all__ = ["EngineLink", "EngineLost", "EnginePool", "FrontSpec", "front_main"]
@@ -221,12 +221,7 @@ def front_main(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Con
     accepts. ``ready_flag`` is shared by the server's processes: ``[0]`` is the supervisor's
     word that every process is up, ``[1 + index]`` this front's that all its engine links are."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(_serve(spec, sock, ready_flag, ready))
-    else:
-        uvloop.run(_serve(spec, sock, ready_flag, ready))
+    run_loop(_serve(spec, sock, ready_flag, ready))
 
 
 async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
