@@ -408,3 +408,16 @@ def test_transport_engine_answers_a_batch_to_one_front_in_one_write() -> None:
         slab.close()
 
     asyncio.run(main())
+
+
+def test_transport_fronts_break_ties_between_engines_from_their_own_index(slab: Slab) -> None:
+    """Idle fronts do not all send to engine process 0: front i starts its scan at link i."""
+    paths = [Path("e0.sock"), Path("e1.sock")]
+    pools = [EnginePool(paths, slab, first=i) for i in range(3)]
+    for pool in pools:
+        for link in pool.links:
+            link.up.set()
+        assert [link.path for link in pool.links] == paths  # the links keep the sockets' order
+    assert [pool._least_busy() is pool.links[i % 2] for i, pool in enumerate(pools)] == [True] * 3
+    pools[1].links[1].outstanding = 1  # busier: the least busy still wins over the rotation
+    assert pools[1]._least_busy() is pools[1].links[0]

@@ -169,10 +169,16 @@ class EngineLink:
 
 
 class EnginePool:
-    """Every engine process this front talks to; a request goes to the least busy one that is up."""
+    """Every engine process this front talks to; a request goes to the least busy one that is up.
 
-    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None) -> None:
+    Ties go to the first in a rotation that starts at link ``first`` (the front's index), so the
+    fronts of a server do not all favour engine process 0 when they are idle.
+    """
+
+    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None, first: int = 0) -> None:
         self.links = [EngineLink(path, slab, on_change) for path in sockets]
+        start = first % len(self.links) if self.links else 0
+        self._order = self.links[start:] + self.links[:start]
         self.wait_for_engine_s = WAIT_FOR_ENGINE_S
 
     def start(self) -> None:
@@ -207,7 +213,7 @@ class EnginePool:
 
     def _least_busy(self) -> EngineLink | None:
         best = None
-        for link in self.links:
+        for link in self._order:
             if link.usable() and (best is None or link.outstanding < best.outstanding):
                 best = link
         return best
@@ -236,7 +242,7 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
     def links_changed() -> None:
         ready_flag[mine] = 1 if pool.all_up() else 0
 
-    pool = EnginePool(spec.engine_sockets, slab, links_changed)
+    pool = EnginePool(spec.engine_sockets, slab, links_changed, first=spec.index)
     pool.start()
     await pool.wait_up()
     app = make_app(
