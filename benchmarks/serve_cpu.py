@@ -100,9 +100,9 @@ class CellProfile:
 
     def _snapshot(self) -> tuple[dict[tuple[str, int], float], dict[int, tuple[float, float]],
                                  dict[str, float]]:
-        cpu = {(role, pid): s for role, pids in self.roles.items() for pid in pids
-               if (s := cpu_seconds(pid)) is not None}
-        split = {pid: s for pid in self.roles.get("engine", ()) if (s := _engine_split(pid)) is not None}
+        cpu = {(role, pid): used for role, pids in self.roles.items() for pid in pids
+               if (used := cpu_seconds(pid)) is not None}
+        split = {pid: two for pid in self.roles.get("engine", ()) if (two := _engine_split(pid)) is not None}
         metrics = _metric_sums(self.metrics_url) if self.metrics_url else {}
         return cpu, split, metrics
 
@@ -148,7 +148,8 @@ def _engine_figures(before: dict[str, float], after: dict[str, float], wall: flo
 
 
 def describe(row: Mapping[str, Any]) -> str:
-    """The row line's tail: ``cpu front 61/70 engine 98/99 (loop 80 threads 19) ... | batch 9.1 busy 22%``."""
+    """The row line's tail: ``cpu% front 61/70 engine 98/99 (loop 80 threads 19) sup 0/0 load 30/35 |
+    batch 9.1 busy 22% call 0.210 ms`` (mean/max percent of a core; loop and threads: the max)."""
     cpu = row.get("cpu") or {}
     names = {"front": "front", "engine": "engine", "supervisor": "sup", "load": "load", "server": "server"}
     parts = [f"{short} {cpu[role]['mean']:.0f}/{cpu[role]['max']:.0f}" for role, short in names.items()

@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from benchmarks.serve_cpu import cpu_seconds
 
+    assert proc.pid is not None
     engine_cpu0 = cpu_seconds(proc.pid) or 0.0  # from here: its start-up is not counted
     profiler = cProfile.Profile()
     cpu0 = time.process_time()

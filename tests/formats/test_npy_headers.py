@@ -44,7 +44,7 @@ def test_npy_cached_header_still_checks_the_data_size_and_bad_headers_stay_out()
     good = _saved(np.ones((1, 16), np.float32))
     read_npy(good, "body")
     assert len(_READ_HEADERS) == 1
-    with pytest.raises(FormatError, match=r"header says shape \[1, 16\] of float32 \(64 bytes\); the data has 60"):
+    with pytest.raises(FormatError, match=r"shape \[1, 16\] of float32 \(64 bytes\); the data has 60"):
         read_npy(good[:-4], "body")
     pickled = io.BytesIO()
     np.save(pickled, np.array([None, 1], dtype=object), allow_pickle=True)
@@ -52,5 +52,5 @@ def test_npy_cached_header_still_checks_the_data_size_and_bad_headers_stay_out()
         with pytest.raises(FormatError, match="objects are refused"):
             read_npy(pickled.getvalue(), "body")
     assert len(_READ_HEADERS) == 1
-    with pytest.raises(FormatError, match="not a valid .npy array"):
-        read_npy(b"\x93NUMPY\x01\x00\xff\x00{'descr'", "body")
+    with pytest.raises(FormatError, match=r"not a valid \.npy array"):
+        read_npy(b"\x93NUMPY\x01\x00\xff\x00{'descr'", "body")  # a header longer than the bytes

@@ -83,6 +83,17 @@ class _Batcher:
         return asyncio.ensure_future(self.submit(arrays))
 
 
+class _Held(_Batcher):
+    """A batcher double that answers ``x + add`` once ``release`` is set."""
+
+    def __init__(self, release: asyncio.Event, add: float = 0) -> None:
+        self.release, self.add = release, add
+
+    async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+        await self.release.wait()
+        return [arrays[0] + self.add if self.add else arrays[0]]
+
+
 class _Doubler(_Batcher):
     """A batcher double: answers ``2 x`` after a short wait; a negative first value is refused."""
 
@@ -137,16 +148,11 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         path = where / "e.sock"
         release = asyncio.Event()
 
-        class Stuck(_Batcher):
-            async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
-                await release.wait()
-                return [arrays[0]]
-
         writers: list[asyncio.StreamWriter] = []
 
         async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             writers.append(w)
-            await _connection(r, w, Stuck())
+            await _connection(r, w, _Held(release))
 
         server = await asyncio.start_unix_server(handler, path=os.fspath(path))
         slab = Slab.create(where / "slab", slots=4, slot_bytes=256)
@@ -339,7 +345,7 @@ def test_transport_frames_of_one_loop_pass_leave_in_one_write_and_read_back_whol
         for rid in range(1, 41):
             out.frame(rid, rid % 7, 0, b"d%d" % rid)
         out.frame(41, NO_SLOT, 0, b"head", [memoryview(big)])
-        out.frame(42, NO_SLOT, 503, "engine gone".encode())
+        out.frame(42, NO_SLOT, 503, b"engine gone")
         assert sink.writes == []  # nothing sent until the loop's pass is over
         await asyncio.sleep(0)
         assert len(sink.writes) == 1  # 42 frames, one send
@@ -360,7 +366,8 @@ def test_transport_frames_of_one_loop_pass_leave_in_one_write_and_read_back_whol
         while len(first) + len(rest) < 42:
             rest += await frames.read()
         assert [f[0] for f in first + rest] == list(range(1, 43))
-        assert bytes(rest[-2][3]) == b"head" + big and (rest[-1][2], bytes(rest[-1][3])) == (503, b"engine gone")
+        assert bytes(rest[-2][3]) == b"head" + big
+        assert (rest[-1][2], bytes(rest[-1][3])) == (503, b"engine gone")
         with pytest.raises(asyncio.IncompleteReadError):
             await frames.read()
         sink.closing = True  # the reader went away: later frames are dropped, not sent
@@ -377,19 +384,14 @@ def test_transport_engine_answers_a_batch_to_one_front_in_one_write() -> None:
     async def main() -> None:
         where = _short_dir()
         path = where / "e.sock"
-        gate = asyncio.Event()
-
-        class Gated(_Batcher):
-            async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
-                await gate.wait()  # every request answered in the same pass, as a batch is
-                return [arrays[0] + 1]
+        gate = asyncio.Event()  # every request answered in the same pass, as a batch is
 
         sends: list[int] = []
 
         async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             real = w.write
             w.write = lambda data: (sends.append(len(data)), real(data))[1]  # type: ignore[method-assign]
-            await _connection(r, w, Gated())
+            await _connection(r, w, _Held(gate, add=1))
 
         server = await asyncio.start_unix_server(handler, path=os.fspath(path))
         slab = Slab.create(where / "slab", slots=64, slot_bytes=256)

@@ -63,7 +63,7 @@ def test_serve_cpu_engine_figures_are_deltas_over_the_window() -> None:
     assert figures == {"requests_per_batch": 8.0, "queue_ms": 1.0, "rows_per_call": 8.0, "call_ms": 20.0,
                        "calls_s": 25.0, "engine_busy": 0.25}
     assert summarize([10.0, 30.0]) == {"mean": 20.0, "max": 30.0}
-    line = describe({"cpu": {"front": {"mean": 50, "max": 60}, "engine": {"mean": 99, "max": 100},
-                             "engine_loop": {"mean": 80, "max": 81}, "engine_threads": {"mean": 19, "max": 20}},
-                     "engine": figures})
+    cpu = {"front": {"mean": 50, "max": 60}, "engine": {"mean": 99, "max": 100},
+           "engine_loop": {"mean": 80, "max": 81}, "engine_threads": {"mean": 19, "max": 20}}
+    line = describe({"cpu": cpu, "engine": figures})
     assert line == "  cpu% front 50/60 engine 99/100 (loop 81 threads 20) | batch 8.0 busy 25% call 20.000 ms"

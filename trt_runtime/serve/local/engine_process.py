@@ -5,8 +5,9 @@ It listens on a unix socket; each front connects once, says which :class:`Slab` 
 that slab. Every request goes through one :class:`~trt_runtime.serve.batcher.DynamicBatcher`
 (one worker thread per execution context), so concurrent batch-1 requests from all fronts
 become a few engine calls; each answer is written into the request's slot and announced on
-the connection that brought it, the answers of one batch to one front in one write. SIGTERM: stop accepting, finish what is queued (at most
-``drain_s``), close the engine, exit 0. SIGINT is ignored: the supervisor decides.
+the connection that brought it, the answers of one batch to one front in one write.
+SIGTERM: stop accepting, finish what is queued (at most ``drain_s``), close the engine,
+exit 0. SIGINT is ignored: the supervisor decides.
 """
 
 from __future__ import annotations
