@@ -13,8 +13,15 @@ One command on the GPU host (``python benchmarks/bench_serve.py --out docs --gpu
    1 and 2 GPUs), the Ray path (1 and 2 replicas) and a no-op Ray Serve deployment;
    at 1, 16, 64 and 256 clients, with ``.npy`` (``binary``) and JSON bodies;
 4. writes ``bench_serve.json`` (rows ``{front, workers, gpus, batching, body, clients,
-   req_s, p50_ms, p99_ms, wrong, errors}``, the targets and the environment) and, with
+   req_s, p50_ms, p99_ms, wrong, errors, cpu, engine}``, the targets and the environment) and, with
    matplotlib, ``bench_serve.png`` under ``--out``.
+
+``cpu``: percent of one core (``mean`` per process and ``max``) of each role over the cell's
+window: ``front``, ``engine`` (and of its processes the event-loop thread, ``engine_loop``,
+apart from the other threads, ``engine_threads``), ``supervisor`` and ``load`` (the load
+generator); a role near 100 is the bottleneck. ``engine`` (local server): requests per batch,
+rows and milliseconds per engine call, calls per second and ``engine_busy``, the share of the
+window each engine process spent inside engine calls (:mod:`benchmarks.serve_cpu`).
 
 Every cell runs ``--duration`` seconds after ``--warmup``; the durations shrink so the
 whole run fits ``--budget-s``, and cells that would not fit are listed as skipped.
@@ -42,6 +49,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import serve_fronts  # noqa: E402
+from benchmarks.serve_cpu import CellProfile, describe  # noqa: E402
 from benchmarks.serve_load import Expect, LoadGenerator, percentile  # noqa: E402
 
 #: Seconds one server start costs, for the time plan (a GPU engine process loads, a Ray deploys).
@@ -178,21 +186,26 @@ def plan(args: argparse.Namespace) -> list[Front]:
 
 # -- running ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def started(front: Front, w: Workload, args: argparse.Namespace, ray: Any) -> Iterator[tuple[int, str]]:
-    """Start ``front``; yields the port and URL path requests go to."""
+def started(front: Front, w: Workload, args: argparse.Namespace,
+            ray: Any) -> Iterator[tuple[int, str, dict[str, list[int]]]]:
+    """Start ``front``; yields the port, the URL path requests go to and the server's process ids
+    by role (``front``, ``engine``, ``supervisor``; empty where unknown)."""
     port = args.port
     if front.front == "trivial":
         with serve_fronts.trivial(port, w.answer(), TYPES["binary"], front.workers):
-            yield port, "/"
+            yield port, "/", {}
     elif front.front == "baseline":
         with serve_fronts.baseline(w.path, w.backend, port):
-            yield port, "/"
+            yield port, "/", {}
     elif front.front == "local":
         gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
         cache = None if args.smoke else args.work / "runtime.cache"
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
-                                       args.max_batch if front.batching else 1, args.delay_us, cache):
-            yield port, "/"
+                                       args.max_batch if front.batching else 1, args.delay_us, cache) as doc:
+            pids = doc.get("pids", {})
+            yield port, "/", {"front": [p for p in pids.get("fronts", ()) if p],
+                              "engine": [p for p in pids.get("engines", ()) if p],
+                              "supervisor": [doc["supervisor"]]}
     else:
         from trt_runtime.serve import ServeOptions
 
@@ -200,7 +213,7 @@ def started(front: Front, w: Workload, args: argparse.Namespace, ray: Any) -> It
         per_replica = min(1.0, front.gpus / front.workers)  # 2 replicas on 1 GPU: half a GPU each
         with serve_fronts.ray_app(ray, front.front, front.workers, per_replica, engine=w.path,
                                   options=options, answer=w.answer(), content_type=TYPES["binary"]) as path:
-            yield RAY_PORT_OFFSET + port, path
+            yield RAY_PORT_OFFSET + port, path, {}
 
 
 def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadline: float,
@@ -226,12 +239,13 @@ def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadlin
                                 for b, c in front.cells]
                     continue
                 try:
-                    with started(front, w, args, ray) as (port, path):
+                    with started(front, w, args, ray) as (port, path, roles):
                         for body, clients in front.cells:
+                            profile = _profile(roles, load, port)
                             result = load.run(serve_fronts.HOST, port, path, w.body(body), TYPES[body],
-                                              clients, seconds, args.warmup, w.expect(body))
+                                              clients, seconds, args.warmup, w.expect(body), profile.begin)
                             row = {**{k: getattr(front, k) for k in ("front", "workers", "gpus", "batching")},
-                                   "body": body, **result.summary()}
+                                   "body": body, **result.summary(), **profile.result()}
                             rows.append(row)
                             print(_line(row), flush=True)
                             save(rows, skipped)
@@ -244,11 +258,18 @@ def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadlin
     return skipped
 
 
+def _profile(roles: dict[str, list[int]], load: LoadGenerator, port: int) -> CellProfile:
+    """The CPU of the server's processes and of the load generator over one cell, and (local server)
+    the engine processes' batching figures from its metrics."""
+    url = f"http://{serve_fronts.HOST}:{port}/metrics" if "engine" in roles else None
+    return CellProfile({**roles, "load": load.pids()}, url, engines=len(roles.get("engine", ())))
+
+
 def _line(r: dict[str, Any]) -> str:
     batching = "on " if r["batching"] else "off"
     return (f"{r['front']:9} workers={r['workers']} gpus={r['gpus']} batch={batching} "
             f"{r['body']:6} clients={r['clients']:3}: {r['req_s']:9.1f} req/s  p50 {r['p50_ms']:8.3f} ms  "
-            f"p99 {r['p99_ms']:8.3f} ms  wrong {r['wrong']}  errors {r['errors']}")
+            f"p99 {r['p99_ms']:8.3f} ms  wrong {r['wrong']}  errors {r['errors']}{describe(r)}")
 
 
 # -- targets and report --------------------------------------------------------------------------

@@ -138,7 +138,8 @@ def trivial(port: int, answer: bytes, content_type: str, processes: int) -> Iter
 @contextlib.contextmanager
 def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus: str, max_batch: int,
                  delay_us: int, runtime_cache: Path | None) -> Iterator[dict[str, Any]]:
-    """``trt-runtime serve`` in a subprocess; yields its ready document; SIGINT at the end (exit 0)."""
+    """``trt-runtime serve`` in a subprocess; yields its ready document (with ``supervisor``: the
+    serving process's id); SIGINT at the end (exit 0)."""
     command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", os.fspath(engine_path),
                "--port", str(port), "--workers", str(workers), "--gpus", gpus, "--max-batch", str(max_batch),
                "--max-queue-delay-us", str(delay_us), "--backend", backend, "--drain-s", "5"]
@@ -163,7 +164,7 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
         if doc is None:
             raise RuntimeError(f"trt-runtime serve did not start (exit {proc.poll()}): "
                                f"{''.join(errors)[-2000:]}")
-        yield doc
+        yield {**doc, "supervisor": proc.pid}
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -19,6 +19,7 @@ import io
 import json
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -190,14 +191,22 @@ class LoadGenerator:
         self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
         list(self._pool.map(time.sleep, [0.0] * self.processes))  # start them now, not in a cell
 
+    def pids(self) -> list[int]:
+        """The worker processes' ids (their CPU time is the load generator's)."""
+        return sorted(self._pool._processes or ())  # type: ignore[attr-defined]
+
     def run(self, host: str, port: int, path: str, body: bytes, content_type: str, clients: int,
-            seconds: float, warmup: float, expect: Expect | None = None) -> LoadResult:
+            seconds: float, warmup: float, expect: Expect | None = None,
+            window: Callable[[float, float], None] | None = None) -> LoadResult:
+        """One cell; ``window(start, stop)`` (``time.time()`` values) is told the measuring window first."""
         request = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         start = time.time() + 0.3 + warmup  # every process has started its clients by then
         stop = start + seconds
+        if window is not None:
+            window(start, stop)
         share = [clients // self.processes + (1 if i < clients % self.processes else 0)
                  for i in range(self.processes)]
         futures = [self._pool.submit(drive, host, port, request, n, start, stop, expect) for n in share if n]

@@ -73,7 +73,28 @@ def test_transport_owner_removes_the_file_and_refuses_bad_geometry(tmp_path: Pat
         Slab.create(tmp_path / "t", slots=1, slot_bytes=100)
 
 
-class _Doubler:
+class _Batcher:
+    """What the engine process uses of a batcher: ``enqueue`` (a future); doubles write ``submit``."""
+
+    async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+        raise NotImplementedError
+
+    def enqueue(self, arrays: tuple[Any, ...]) -> asyncio.Future[list[Any]]:
+        return asyncio.ensure_future(self.submit(arrays))
+
+
+class _Held(_Batcher):
+    """A batcher double that answers ``x + add`` once ``release`` is set."""
+
+    def __init__(self, release: asyncio.Event, add: float = 0) -> None:
+        self.release, self.add = release, add
+
+    async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
+        await self.release.wait()
+        return [arrays[0] + self.add if self.add else arrays[0]]
+
+
+class _Doubler(_Batcher):
     """A batcher double: answers ``2 x`` after a short wait; a negative first value is refused."""
 
     def __init__(self) -> None:
@@ -127,16 +148,11 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         path = where / "e.sock"
         release = asyncio.Event()
 
-        class Stuck:
-            async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
-                await release.wait()
-                return [arrays[0]]
-
         writers: list[asyncio.StreamWriter] = []
 
         async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             writers.append(w)
-            await _connection(r, w, Stuck())
+            await _connection(r, w, _Held(release))
 
         server = await asyncio.start_unix_server(handler, path=os.fspath(path))
         slab = Slab.create(where / "slab", slots=4, slot_bytes=256)
@@ -231,7 +247,7 @@ def test_transport_requests_of_a_lost_engine_run_again_on_another() -> None:
         where = _short_dir()
         writers: list[asyncio.StreamWriter] = []
 
-        class Never:
+        class Never(_Batcher):
             async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
                 await asyncio.Event().wait()  # hangs until its process dies
                 raise AssertionError("unreachable")
@@ -299,3 +315,111 @@ def test_transport_request_sent_as_a_connection_breaks_goes_to_another_engine(lo
         slab.close()
 
     run(main())
+
+
+class _CountingWriter:
+    """A StreamWriter double that records each write (a write is one send on a real socket)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closing = False
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def abort(self) -> None:
+        self.closing = True
+
+
+def test_transport_frames_of_one_loop_pass_leave_in_one_write_and_read_back_whole() -> None:
+    from trt_runtime.serve.local.transport import FrameReader, FrameWriter
+
+    async def main() -> None:
+        sink = _CountingWriter()
+        out = FrameWriter(sink)  # type: ignore[arg-type]
+        big = bytes(range(256)) * 2000  # 512 kB: more than one read of the socket
+        for rid in range(1, 41):
+            out.frame(rid, rid % 7, 0, b"d%d" % rid)
+        out.frame(41, NO_SLOT, 0, b"head", [memoryview(big)])
+        out.frame(42, NO_SLOT, 503, b"engine gone")
+        assert sink.writes == []  # nothing sent until the loop's pass is over
+        await asyncio.sleep(0)
+        assert len(sink.writes) == 1  # 42 frames, one send
+        reader = asyncio.StreamReader()
+        frames = FrameReader(reader)
+        stream = sink.writes[0]
+        reader.feed_data(stream[:10])  # a header cut in two: nothing complete yet
+        got = asyncio.ensure_future(frames.read())
+        await asyncio.sleep(0)
+        assert not got.done()
+        reader.feed_data(stream[10:1000])
+        first = await got
+        assert [f[:3] for f in first] == [(rid, rid % 7, 0) for rid in range(1, len(first) + 1)]
+        assert bytes(first[0][3]) == b"d1"
+        reader.feed_data(stream[1000:])
+        reader.feed_eof()
+        rest: list[Any] = []
+        while len(first) + len(rest) < 42:
+            rest += await frames.read()
+        assert [f[0] for f in first + rest] == list(range(1, 43))
+        assert bytes(rest[-2][3]) == b"head" + big
+        assert (rest[-1][2], bytes(rest[-1][3])) == (503, b"engine gone")
+        with pytest.raises(asyncio.IncompleteReadError):
+            await frames.read()
+        sink.closing = True  # the reader went away: later frames are dropped, not sent
+        out.frame(43, NO_SLOT, 0, b"x")
+        await asyncio.sleep(0)
+        assert len(sink.writes) == 1
+
+    asyncio.run(main())
+
+
+def test_transport_engine_answers_a_batch_to_one_front_in_one_write() -> None:
+    """The engine process answers from the batch's done-callbacks: no task per request, one send."""
+
+    async def main() -> None:
+        where = _short_dir()
+        path = where / "e.sock"
+        gate = asyncio.Event()  # every request answered in the same pass, as a batch is
+
+        sends: list[int] = []
+
+        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            real = w.write
+            w.write = lambda data: (sends.append(len(data)), real(data))[1]  # type: ignore[method-assign]
+            await _connection(r, w, _Held(gate, add=1))
+
+        server = await asyncio.start_unix_server(handler, path=os.fspath(path))
+        slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
+        pool = EnginePool([path], slab)
+        pool.start()
+        await asyncio.wait_for(pool.wait_up(), 5)
+        requests = asyncio.gather(*(pool.infer((np.full((1, 4), i, np.float32),)) for i in range(32)))
+        await asyncio.sleep(0.05)
+        gate.set()
+        answers = await asyncio.wait_for(requests, 5)
+        for i, (y,) in enumerate(answers):
+            np.testing.assert_array_equal(y, np.full((1, 4), i + 1, np.float32))
+        assert len(sends) == 1, sends
+        await pool.close()
+        server.close()
+        slab.close()
+
+    asyncio.run(main())
+
+
+def test_transport_fronts_break_ties_between_engines_from_their_own_index(slab: Slab) -> None:
+    """Idle fronts do not all send to engine process 0: front i starts its scan at link i."""
+    paths = [Path("e0.sock"), Path("e1.sock")]
+    pools = [EnginePool(paths, slab, first=i) for i in range(3)]
+    for pool in pools:
+        for link in pool.links:
+            link.up.set()
+        assert [link.path for link in pool.links] == paths  # the links keep the sockets' order
+    assert [pool._least_busy() is pool.links[i % 2] for i, pool in enumerate(pools)] == [True] * 3
+    pools[1].links[1].outstanding = 1  # busier: the least busy still wins over the rotation
+    assert pools[1]._least_busy() is pools[1].links[0]

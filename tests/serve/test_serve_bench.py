@@ -34,6 +34,14 @@ def test_bench_serve_smoke_writes_checked_rows_for_every_front_and_the_targets(t
     for r in rows:
         assert r["req_s"] > 0 and r["wrong"] == 0 and r["errors"] == 0, r
         assert r["p50_ms"] <= r["p99_ms"]
+    for r in rows:
+        if r["front"] == "local":  # the profile of every part: CPU by role, batching figures
+            assert set(r["cpu"]) == {"front", "engine", "engine_loop", "engine_threads", "supervisor", "load"}
+            assert r["cpu"]["engine"]["mean"] > 0 and r["cpu"]["front"]["max"] >= r["cpu"]["front"]["mean"]
+            assert r["engine"]["requests_per_batch"] >= 1 and 0 < r["engine"]["engine_busy"] < 1
+        elif r["body"] != "none":
+            assert r["cpu"]["load"]["mean"] > 0
+    assert "cpu% front" in result.stdout and "| batch" in result.stdout
     targets = doc["targets"]
     assert targets["wrong"] == 0 and targets["one_gpu"]["clean"] is True
     assert targets["load_generator_x_best_served"] > 0

@@ -108,6 +108,25 @@ def test_batcher_gathers_concurrent_requests_and_splits_answers() -> None:
     assert max(engine.calls) <= 6, "one call never exceeds the profile's 6 rows"
 
 
+def test_batcher_enqueue_returns_futures_that_one_batch_answers() -> None:
+    engine = _Engine()
+
+    async def main() -> list[Any]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=4, max_queue_delay_us=50_000)
+        futures = [batcher.enqueue(_rows(i)) for i in range(4)]  # no coroutine: futures at once
+        assert all(isinstance(f, asyncio.Future) and not f.done() for f in futures)
+        answers = await asyncio.gather(*futures)
+        await batcher.aclose(1)
+        with pytest.raises(RequestError, match="shutting down"):
+            batcher.enqueue(_rows(9))
+        return answers
+
+    answers = _run(main())
+    assert engine.calls == [4], "four requests enqueued in one pass: one full batch, no delay"
+    for i, (y,) in enumerate(answers):
+        np.testing.assert_array_equal(y, _rows(i)[0] * 2 + 1)
+
+
 def test_batcher_max_batch_one_runs_each_request_alone() -> None:
     engine = _Engine()
 

@@ -109,6 +109,11 @@ class DynamicBatcher:
     # -- requests ------------------------------------------------------------------------
     async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
         """Run one checked request (its arrays in input order); its outputs, or the engine's error."""
+        return await self.enqueue(arrays)
+
+    def enqueue(self, arrays: tuple[Any, ...]) -> asyncio.Future[list[Any]]:
+        """:meth:`submit` without a coroutine: the future of the request's outputs (for callers that
+        answer from a done-callback, with no task per request). Call it on the loop."""
         if self._closing:
             raise RequestError("the server is shutting down; not taking requests", 503)
         loop = self._loop
@@ -117,7 +122,7 @@ class DynamicBatcher:
         future: asyncio.Future[list[Any]] = loop.create_future()
         self._waiting.append(_Request(arrays, future))
         self._dispatch()
-        return await future
+        return future
 
     def _dispatch(self) -> None:
         """Hand batches to idle threads; called on the loop after every arrival and completion."""

@@ -204,10 +204,11 @@ def encode_result(
             outputs[0].tolist() if single else {n: o.tolist() for n, o in zip(names, outputs, strict=True)}
         )
         return json.dumps(doc).encode(), _JSON
-    buffer = io.BytesIO()
     if single:
-        np.save(buffer, outputs[0], allow_pickle=False)
-        return buffer.getvalue(), _NPY
+        from trt_runtime.arrays_io import npy_bytes
+
+        return npy_bytes(outputs[0]), _NPY
+    buffer = io.BytesIO()
     np.savez(buffer, **dict(zip(names, outputs, strict=True)))
     return buffer.getvalue(), _NPZ
 

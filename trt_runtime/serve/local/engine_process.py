@@ -5,14 +5,16 @@ It listens on a unix socket; each front connects once, says which :class:`Slab` 
 that slab. Every request goes through one :class:`~trt_runtime.serve.batcher.DynamicBatcher`
 (one worker thread per execution context), so concurrent batch-1 requests from all fronts
 become a few engine calls; each answer is written into the request's slot and announced on
-the connection that brought it. SIGTERM: stop accepting, finish what is queued (at most
-``drain_s``), close the engine, exit 0. SIGINT is ignored: the supervisor decides.
+the connection that brought it, the answers of one batch to one front in one write.
+SIGTERM: stop accepting, finish what is queued (at most ``drain_s``), close the engine,
+exit 0. SIGINT is ignored: the supervisor decides.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import signal
 from multiprocessing.connection import Connection
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.serve.local import transport
-from trt_runtime.serve.local.lifeline import wait_orphaned
+from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 from trt_runtime.serve.options import ServeOptions
 
@@ -50,7 +52,7 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
         ready.close()
         raise SystemExit(3) from None
     try:
-        asyncio.run(_serve(spec, engine, ready))
+        run_loop(_serve(spec, engine, ready))
     finally:
         engine.close()
 
@@ -98,48 +100,68 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
 
 
 async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, batcher: Any) -> None:
+    """Serve one front: every frame read goes to the batcher at once (no task per request); each
+    answer is queued on ``out`` when its future is done, so a batch's answers leave in one write."""
     slab: Slab | None = None
-    tasks: set[asyncio.Task[None]] = set()
+    pending: set[asyncio.Future[list[Any]]] = set()
+    frames = transport.FrameReader(reader)
+    out = transport.FrameWriter(writer)
     try:
-        _rid, _slot, status, payload = await transport.read_frame(reader)
+        batch = await frames.read()
+        _rid, _slot, status, payload = batch[0]
         if status != transport.HELLO:
             return
         slab = Slab.attach(bytes(payload))
+        batch = batch[1:]
         while True:
-            rid, slot, _status, payload = await transport.read_frame(reader)
-            task = asyncio.create_task(_answer(rid, slot, payload, slab, writer, batcher))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            for rid, slot, _status, payload in batch:
+                _take(rid, slot, payload, slab, out, batcher, pending)
+            batch = await frames.read()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass  # the front went away; its requests in flight are answered to no one
     finally:
-        if tasks:
-            await asyncio.wait(tasks)
+        if pending:
+            await asyncio.wait(pending)
         writer.close()
         if slab is not None:
             slab.close()
 
 
-async def _answer(rid: int, slot: int, payload: memoryview, slab: Slab, writer: asyncio.StreamWriter,
-                  batcher: Any) -> None:
+def _take(rid: int, slot: int, payload: memoryview, slab: Slab, out: transport.FrameWriter, batcher: Any,
+          pending: set[asyncio.Future[list[Any]]]) -> None:
+    """Decode one request and hand it to the batcher; its answer is queued when it is done."""
     from trt_runtime.errors import RequestError
 
     where = None if slot == NO_SLOT else slab.slot(slot)
     try:
-        arrays = transport.decode_arrays(payload, where)
-        outputs = await batcher.submit(tuple(arrays))
+        future = batcher.enqueue(tuple(transport.decode_arrays(payload, where)))
     except RequestError as exc:
-        _refuse(writer, rid, exc.status, str(exc))
+        out.frame(rid, NO_SLOT, exc.status, str(exc).encode())
         return
     except Exception as exc:
-        _refuse(writer, rid, 500, f"{type(exc).__name__}: {exc}")
+        out.frame(rid, NO_SLOT, 500, f"{type(exc).__name__}: {exc}".encode())
         return
-    if writer.is_closing():
-        return
-    description, inline = transport.encode_arrays(outputs, where)
-    transport.write_frame(writer, rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
+    pending.add(future)
+    future.add_done_callback(functools.partial(_answer, rid, slot, where, out, pending))
 
 
-def _refuse(writer: asyncio.StreamWriter, rid: int, status: int, message: str) -> None:
-    if not writer.is_closing():
-        transport.write_frame(writer, rid, NO_SLOT, status, message.encode())
+def _answer(rid: int, slot: int, where: memoryview | None, out: transport.FrameWriter,
+            pending: set[asyncio.Future[list[Any]]], future: asyncio.Future[list[Any]]) -> None:
+    from trt_runtime.errors import RequestError
+
+    pending.discard(future)
+    if future.cancelled():
+        return
+    error = future.exception()
+    if error is None:
+        try:
+            description, inline = transport.encode_arrays(future.result(), where)
+        except Exception as exc:  # an output that cannot cross: the request fails, not the connection
+            error = exc
+        else:
+            out.frame(rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
+            return
+    if isinstance(error, RequestError):
+        out.frame(rid, NO_SLOT, error.status, str(error).encode())
+    else:
+        out.frame(rid, NO_SLOT, 500, f"{type(error).__name__}: {error}".encode())

@@ -27,7 +27,7 @@ from typing import Any
 
 from trt_runtime.errors import RequestError
 from trt_runtime.serve.local import transport
-from trt_runtime.serve.local.lifeline import wait_orphaned
+from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 
 __all__ = ["EngineLink", "EngineLost", "EnginePool", "FrontSpec", "front_main"]
@@ -66,6 +66,7 @@ class EngineLink:
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._out: transport.FrameWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
 
@@ -91,9 +92,11 @@ class EngineLink:
         return self.up.is_set()
 
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
-        writer, loop = self._writer, self._loop
-        if writer is None or loop is None or not self.up.is_set():
+        writer, out, loop = self._writer, self._out, self._loop
+        if writer is None or out is None or loop is None or not self.up.is_set():
             raise RequestError(f"engine process at {self.path.name} is not up", 503)
+        if writer.is_closing():  # broken under us: fail over now, not once the reader notices
+            raise EngineLost(f"engine process at {self.path.name} went away", 503)
         slab = self._slab
         slot = slab.take()
         description, inline = transport.encode_arrays(arrays, None if slot == NO_SLOT else slab.slot(slot))
@@ -105,12 +108,9 @@ class EngineLink:
         self._pending[rid] = (future, slot)
         self.outstanding += 1
         try:
-            try:
-                transport.write_frame(writer, rid, slot, 0, description, inline)
-            except (RuntimeError, OSError):  # uvloop raises on a closed connection: fail over as if lost
-                self._pending.pop(rid, None)
-                slab.give(slot)
-                raise EngineLost(f"engine process at {self.path.name} went away", 503) from None
+            # Sent with the other requests of this loop pass; a failed send closes the connection
+            # and _run fails every pending request over (EngineLost).
+            out.frame(rid, slot, 0, description, inline)
             return await future
         finally:
             self.outstanding -= 1
@@ -122,8 +122,10 @@ class EngineLink:
             except OSError:
                 await asyncio.sleep(_REDIAL_S)
                 continue
-            transport.write_frame(writer, 0, NO_SLOT, transport.HELLO, self._slab.hello())
-            self._writer = writer
+            out = transport.FrameWriter(writer)
+            out.frame(0, NO_SLOT, transport.HELLO, self._slab.hello())
+            out.flush()
+            self._writer, self._out = writer, out
             self.up.set()
             if self._on_change is not None:
                 self._on_change()
@@ -135,27 +137,28 @@ class EngineLink:
                 self.up.clear()
                 if self._on_change is not None:
                     self._on_change()
-                self._writer = None
+                self._writer = self._out = None
                 writer.close()
                 self._fail_pending()
 
     async def _receive(self, reader: asyncio.StreamReader) -> None:
         slab = self._slab
+        frames = transport.FrameReader(reader)
         while True:
-            rid, slot, status, payload = await transport.read_frame(reader)
-            entry = self._pending.pop(rid, None)
-            if entry is None:
-                continue
-            future, mine = entry
-            try:
-                if status:
-                    future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
-                else:
-                    where = None if slot == NO_SLOT else slab.slot(slot)
-                    future.set_result(transport.decode_arrays(payload, where))
-            except asyncio.InvalidStateError:  # the client went away and its request was cancelled
-                pass
-            slab.give(mine)
+            for rid, slot, status, payload in await frames.read():
+                entry = self._pending.pop(rid, None)
+                if entry is None:
+                    continue
+                future, mine = entry
+                try:
+                    if status:
+                        future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
+                    else:
+                        where = None if slot == NO_SLOT else slab.slot(slot)
+                        future.set_result(transport.decode_arrays(payload, where))
+                except asyncio.InvalidStateError:  # the client went away and its request was cancelled
+                    pass
+                slab.give(mine)
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}
@@ -166,10 +169,16 @@ class EngineLink:
 
 
 class EnginePool:
-    """Every engine process this front talks to; a request goes to the least busy one that is up."""
+    """Every engine process this front talks to; a request goes to the least busy one that is up.
 
-    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None) -> None:
+    Ties go to the first in a rotation that starts at link ``first`` (the front's index), so the
+    fronts of a server do not all favour engine process 0 when they are idle.
+    """
+
+    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None, first: int = 0) -> None:
         self.links = [EngineLink(path, slab, on_change) for path in sockets]
+        start = first % len(self.links) if self.links else 0
+        self._order = self.links[start:] + self.links[:start]
         self.wait_for_engine_s = WAIT_FOR_ENGINE_S
 
     def start(self) -> None:
@@ -204,7 +213,7 @@ class EnginePool:
 
     def _least_busy(self) -> EngineLink | None:
         best = None
-        for link in self.links:
+        for link in self._order:
             if link.usable() and (best is None or link.outstanding < best.outstanding):
                 best = link
         return best
@@ -218,12 +227,7 @@ def front_main(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Con
     accepts. ``ready_flag`` is shared by the server's processes: ``[0]`` is the supervisor's
     word that every process is up, ``[1 + index]`` this front's that all its engine links are."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(_serve(spec, sock, ready_flag, ready))
-    else:
-        uvloop.run(_serve(spec, sock, ready_flag, ready))
+    run_loop(_serve(spec, sock, ready_flag, ready))
 
 
 async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
@@ -238,7 +242,7 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
     def links_changed() -> None:
         ready_flag[mine] = 1 if pool.all_up() else 0
 
-    pool = EnginePool(spec.engine_sockets, slab, links_changed)
+    pool = EnginePool(spec.engine_sockets, slab, links_changed, first=spec.index)
     pool.start()
     await pool.wait_up()
     app = make_app(
