@@ -36,6 +36,7 @@ from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
 from trt_runtime_backends.python.fast_path import shape_key
+from trt_runtime_backends.python.graph_buffers import copy_device, replay_failed, torch_results, torch_views
 from trt_runtime_backends.python.output_binding import host_memory
 from trt_runtime_backends.python.shapes import apply_shapes
 
@@ -46,16 +47,6 @@ from trt_runtime.graphs import CopyNodes, build_copy_nodes
 from trt_runtime.outer import GraphSlot, OuterGraphs
 
 __all__ = ["GraphOps"]
-
-
-def _torch_views(arrays: Sequence[DeviceArray]) -> list[Any]:
-    """Zero-copy torch tensors of the static buffers (through DLPack)."""
-    torch = torch_module()
-    if torch is None:  # static_inputs(as_torch=True) before any torch tensor was passed
-        import importlib
-
-        torch = importlib.import_module("torch")
-    return [torch.from_dlpack(a) for a in arrays]
 
 
 class GraphOps:
@@ -149,39 +140,6 @@ def drop_copying(lane: Any, graph_exec: Any) -> None:
     copying.destroy()
 
 
-def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any]:
-    """Torch outputs of a replay: views of the static buffers, or new tensors."""
-    if view:
-        if slot.output_views is None:
-            slot.output_views = _torch_views(slot.outputs)
-        return list(slot.output_views)
-    empty = lane._torch.empty
-    torch_device = lane._torch.device
-    results = []
-    for io, arr in zip(lane._out, slot.outputs, strict=False):
-        y = empty(arr.shape, dtype=io.torch_dtype, device=torch_device)
-        _d2d(lane, y.data_ptr(), arr.ptr, arr.nbytes, ours)
-        results.append(y)
-    return results
-
-
-def _d2d(lane: Any, dst: int, src: int, nbytes: int, stream: int) -> None:
-    """Copy ``nbytes`` between device addresses on ``stream`` (nothing for 0 bytes)."""
-    if nbytes:
-        ops = lane._graphs
-        (err,) = ops.rt.cudaMemcpyAsync(dst, src, nbytes, ops.d2d, stream)
-        if err:
-            cuda.check((err,), "cudaMemcpyAsync")
-
-
-def replay_failed(lane: Any, err: Any, call: str = "cudaGraphLaunch") -> None:
-    """Raise the :class:`~trt_runtime.EngineError` of a replay whose ``call`` returned ``err``."""
-    try:
-        cuda.check((err,), call)
-    except Exception as exc:
-        raise EngineError(f"engine {lane.name!r}: replaying its CUDA graph failed: {exc}") from exc
-
-
 # -- the core's GraphHooks (methods of PythonEngine) ----------------------------------------------
 def graph_call(lane: Any, call: Any) -> tuple[Any, Sequence[Any], Sequence[int], Any]:
     """Key, sources (device addresses, or the host arrays), addresses, shortcut key."""
@@ -231,7 +189,7 @@ def input_views(lane: Any, slot: GraphSlot, as_torch: bool | None) -> list[Any]:
     if not as_torch:
         return list(slot.inputs)
     if slot.input_views is None:
-        slot.input_views = _torch_views(slot.inputs)
+        slot.input_views = torch_views(slot.inputs)
     return list(slot.input_views)
 
 
@@ -346,7 +304,7 @@ def launch(lane: Any, graph: Any, stream: Any) -> None:
 def copy(lane: Any, dst: Any, src: Any, nbytes: int, stream: Any) -> None:
     """Into a static input (a ``DeviceArray``) from a device address or a host array."""
     if isinstance(src, int):
-        _d2d(lane, dst.ptr, src, nbytes, stream)
+        copy_device(lane, dst.ptr, src, nbytes, stream)
         return
     rt = lane._rt
     src, nbytes = host_memory(src)
@@ -399,7 +357,7 @@ def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any,
             ctx, outputs, [tuple(a.shape) for a in slot.outputs])
         for dst, src, nbytes in zip(ptrs, slot.out_ptrs, slot.out_nbytes, strict=True):
             if dst != src:
-                _d2d(lane, dst, src, nbytes, ours)
+                copy_device(lane, dst, src, nbytes, ours)
         if kind == KIND_HOST and caller is None:  # host inputs promise ready results
             cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
         return given  # type: ignore[no-any-return]
@@ -416,6 +374,6 @@ def graph_results(lane: Any, context: Any, slot: GraphSlot, call: Any,
     for io, arr in zip(lane._out, slot.outputs, strict=True):
         buf = lane._state.allocate(arr.nbytes, lane._stream)
         y = DeviceArray(buf, arr.shape, io.dtype, lane._device, stream=ours if caller is None else 0)
-        _d2d(lane, y.ptr, arr.ptr, arr.nbytes, ours)
+        copy_device(lane, y.ptr, arr.ptr, arr.nbytes, ours)
         results.append(y)
     return results
