@@ -289,7 +289,7 @@ def _plain_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any,
     captured graph launched, the static outputs handed over (``views``) or copied out
     (``results``). A call whose every input is copied goes to the slot's own plan when that
     is another (through copy nodes)."""
-    one = len(dsts) == 1
+    one, key = len(dsts) == 1, slot.key
     dst0, nb0 = dsts[0], nbs[0]
 
     def go(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
@@ -310,7 +310,7 @@ def _plain_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any,
             return other.go(inputs, stream, outputs)  # type: ignore[no-any-return]
         if foreign:
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        touch(slot.key)
+        touch(key)
         if lane._multi_device:
             lane._set_device()
         if stream is None and (c := raw_stream(device)) in order.skip and order.tail == order.ours:
@@ -344,7 +344,7 @@ def _nodes_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any,
     ``out_specs`` (none in ``"view"`` mode) made, from a slab when ``slabs``, and its node
     pointed at it, one launch. A call given a static buffer goes to ``plain``, as does one
     with an address CUDA refuses for a node (memory of another kind than it was built with)."""
-    one, one_out, n = len(dsts) == 1, len(out_specs) == 1, len(dsts)
+    one, one_out, n, key = len(dsts) == 1, len(out_specs) == 1, len(dsts), slot.key
     dst0, nb0 = dsts[0], nbs[0]
     shape0, dtype0, so0, onb0 = out_specs[0] if out_specs else (None, None, 0, 0)
     graph0, cexec, last, point = slot.graph, nodes.exec, nodes.last, nodes.point
@@ -368,7 +368,7 @@ def _nodes_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any,
         if static:  # a static buffer given: nothing to copy in for it, the plain way
             lane._fast_entry = plain
             return plain.go(inputs, stream, outputs)  # type: ignore[no-any-return]
-        touch(slot.key)
+        touch(key)
         if lane._multi_device:
             lane._set_device()
         c = raw_stream(device) if stream is None or pools is not None else None
