@@ -28,14 +28,16 @@ Three kinds, each checking exactly what the table lookup they replace checked:
   (``trt_runtime.graphs.CopyNodes``) and hands calls given a static buffer to the plain form;
   in ``"copy"`` mode its outputs come from slabs, as a natural call's do.
 
-The torch kinds (natural, replay) are two closures: the plan checks the inputs and calls
-its ``go``, the call past those checks; a switch to another shape's replay plan enters
-at that plan's ``go`` (every plan of a lane takes one tensor type and the same dtypes).
+A switch to another shape's plan enters it past the input checks the call just passed
+(every plan of a lane takes one tensor type, device and dtypes): a natural plan called
+with ``checked=True``, a replay plan at its ``go``, the replay past its checks (one ``go``
+per slot plan, plain or copying, behind the checks they share).
 
 A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
 dropping a context (``execution_context.drop_context``) releases it then and there,
-whatever plan is still referenced; nor does it reference its table entry or itself (a
-cycle would keep it, and anything it holds, until the garbage collector runs). Per call a
+whatever plan is still referenced; nor does it reference itself, nor (natural and
+pre-bound plans) its table entry: a cycle would keep it, and anything it holds, until the
+garbage collector runs. Per call a
 plan reads these attributes of the lane and no other: ``_fast_entry`` (written on a
 switch), ``_context``, ``_multi_device``, ``_set_device`` and ``_execute_failed``.
 """
