@@ -29,9 +29,9 @@ Three kinds, each checking exactly what the table lookup they replace checked:
   in ``"copy"`` mode its outputs come from slabs, as a natural call's do.
 
 A switch to another shape's plan enters it past the input checks the call just passed
-(every plan of a lane takes one tensor type, device and dtypes): a natural plan called
-with ``checked=True``, a replay plan at its ``go``, the replay past its checks (one ``go``
-per slot plan, plain or copying, behind the checks they share).
+(every plan of a lane takes one tensor type, device and dtypes): the torch plans take
+``checked=True`` for that, as do a slot's plain and copying plans handing a call to each
+other.
 
 A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
 dropping a context (``execution_context.drop_context``) releases it then and there,
@@ -245,61 +245,52 @@ def _natural(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, res
 
 
 # -- replay: engine(x) under the outer graph, a captured slot replayed -----------------------------
-def _replay(lane: Any, miss: Any, tensor: Any, dtypes: Sequence[Any], shapes: tuple[Any, ...],
-            table: dict[Any, Any], go: Any, plain_first: bool) -> Plan:
-    """The plan of a captured slot: inputs of type ``tensor`` exactly, of ``dtypes``,
-    contiguous and of ``shapes`` go on to ``go`` (:func:`_plain_go`, :func:`_nodes_go`); of other
-    shapes, to the ``go`` of the plan of their slot in ``table``, if any (its plain plan when
-    ``plain_first``: calls given static buffers come in runs), past these checks, which every
-    plan of a lane makes alike (one tensor type, the same dtypes)."""
+def _enter(lane: Any, miss: Any, table: dict[Any, Any], plain_first: bool, inputs: tuple[Any, ...],
+           stream: Any, outputs: Any) -> Any:
+    """Hand a replay of inputs of another shape to the plan of the slot ``table`` holds for
+    their shapes (its plain plan when ``plain_first``: calls given static buffers come in
+    runs), which becomes the lane's current plan, entered past the input checks the call
+    just passed (every plan of a lane makes them alike: one tensor type, the same dtypes);
+    ``miss`` when there is none or it is the current plan (it declined this very call)."""
+    slot = table.get(tuple([x.shape for x in inputs]))
+    other = None if slot is None or slot.graph is None else slot.plan
+    if plain_first:
+        other = getattr(other, "plain", other)
+    if other is None or other is lane._fast_entry:
+        return miss(inputs, stream, outputs)
+    lane._fast_entry = other
+    return other(inputs, stream, outputs, True)
+
+
+def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
+                  shapes: tuple[Any, ...], table: dict[Any, Any], touch: Any, device: int, raw_stream: Any,
+                  dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
+                  copy: Any, d2d: Any, results: Any) -> Plan:
+    """The plain plan of a captured ``slot``: inputs of type ``tensor`` exactly, of ``dtypes``,
+    contiguous, of ``shapes`` (of other shapes: their slot's plain plan, if any); each input
+    that is not its static buffer (it must be on ``device``) copied in with ``copy``
+    (``cudaMemcpyAsync``), the captured graph launched, the static outputs handed over
+    (``views``) or copied out (``results``). A call whose every input is copied goes to the
+    slot's own plan when that is another (through copy nodes). ``checked=True``: handed over
+    by another plan of the lane, past the input checks."""
     n = len(shapes)
-    one = n == 1
-    d0, s0 = dtypes[0], shapes[0]
+    one, key = n == 1, slot.key
+    d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
 
-    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
-        if outputs is not None or len(inputs) != n:
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if one:
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
+        if checked:
             x = inputs[0]
-            if type(x) is not tensor or x.dtype is not d0 or not x.is_contiguous():
-                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-            if (shape := x.shape) == s0:
-                return go(inputs, stream, outputs)  # type: ignore[no-any-return]
-            seen: tuple[Any, ...] = (shape,)
-        elif not _fit(inputs, tensor, dtypes, None):
+        elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor
+              or x.dtype is not d0 or not x.is_contiguous()
+              or not (one or _fit(inputs, tensor, dtypes, None))):
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif (seen := tuple([x.shape for x in inputs])) == shapes:
-            return go(inputs, stream, outputs)  # type: ignore[no-any-return]
-        slot = table.get(seen)  # another shape: a slot captured for it, if any (a dynamic engine)
-        other = None if slot is None or slot.graph is None else slot.plan
-        if plain_first:
-            other = getattr(other, "plain", other)
-        if other is None or other is lane._fast_entry:
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        lane._fast_entry = other
-        return other.go(inputs, stream, outputs)  # type: ignore[no-any-return]
-
-    plan.go = go  # type: ignore[attr-defined]
-    return plan
-
-
-def _plain_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any, device: int, raw_stream: Any,
-              dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any, copy: Any,
-              d2d: Any, results: Any) -> Plan:
-    """A replay of ``slot`` past the checks of a plan of the lane: each input that is not its
-    static buffer (it must be on ``device``) copied in with ``copy`` (``cudaMemcpyAsync``), the
-    captured graph launched, the static outputs handed over (``views``) or copied out
-    (``results``). A call whose every input is copied goes to the slot's own plan when that
-    is another (through copy nodes)."""
-    one, key = len(dsts) == 1, slot.key
-    dst0, nb0 = dsts[0], nbs[0]
-
-    def go(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
+        elif x.shape != s0 if one else tuple([y.shape for y in inputs]) != shapes:
+            return _enter(  # type: ignore[no-any-return]
+                lane, miss, table, True, inputs, stream, outputs)
         graph = slot.graph
         if graph is None:
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         if one:
-            x = inputs[0]
             moved = (src := x.data_ptr()) != dst0  # not its static buffer: copied in
             foreign = moved and x.get_device() != device
         else:
@@ -307,11 +298,11 @@ def _plain_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any,
             moved = all(map(operator.ne, srcs, dsts))
             foreign = any(s != d and x.get_device() != device
                           for x, s, d in zip(inputs, srcs, dsts, strict=True))
+        if foreign:  # (before the hand-over: the copying plan takes it checked)
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         if moved and (other := slot.plan) is not None and other is not lane._fast_entry:
             lane._fast_entry = other
-            return other.go(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if foreign:
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+            return other(inputs, stream, outputs, True)  # type: ignore[no-any-return]
         touch(key)
         if lane._multi_device:
             lane._set_device()
@@ -334,42 +325,50 @@ def _plain_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any,
             order.after(caller)
         return out  # type: ignore[no-any-return]
 
-    return go
+    return plan
 
 
-def _nodes_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any, device: int, raw_stream: Any,
-              dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any, empty: Any,
-              torch_device: Any, nodes: Any, plain: Any, out_specs: Sequence[Any], slabs: Any) -> Plan:
-    """A replay of ``slot`` past the checks of a plan of the lane, its copies made by the
-    memcpy ``nodes`` (a :class:`~trt_runtime.graphs.CopyNodes`) around its graph; inputs on
-    ``device``. Each input node pointed at the call's input where it changed, each output of
-    ``out_specs`` (none in ``"view"`` mode) made, from a slab when ``slabs``, and its node
-    pointed at it, one launch. A call given a static buffer goes to ``plain``, as does one
-    with an address CUDA refuses for a node (memory of another kind than it was built with)."""
-    one, one_out, n, key = len(dsts) == 1, len(out_specs) == 1, len(dsts), slot.key
-    dst0, nb0 = dsts[0], nbs[0]
+def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
+                  shapes: tuple[Any, ...], table: dict[Any, Any], touch: Any, device: int, raw_stream: Any,
+                  dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
+                  empty: Any, torch_device: Any, nodes: Any, plain: Any, out_specs: Sequence[Any], slabs: Any
+                  ) -> Plan:
+    """The copying plan of a captured ``slot``, its copies made by the memcpy ``nodes`` (a
+    :class:`~trt_runtime.graphs.CopyNodes`) around its graph: inputs of type ``tensor``
+    exactly, of ``dtypes``, on ``device``, contiguous, of ``shapes`` (of other shapes: their
+    slot's plan, if any); each input node pointed at the call's input where it changed, each
+    output of ``out_specs`` (none in ``"view"`` mode) made, from a slab when ``slabs``, and
+    its node pointed at it, one launch. A call given a static buffer goes to ``plain``, as does
+    one with an address CUDA refuses for a node (memory of another kind than it was built
+    with). ``checked=True``: handed over by another plan of the lane, past the input checks."""
+    n = len(shapes)
+    one, one_out, key = n == 1, len(out_specs) == 1, slot.key
+    d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
     shape0, dtype0, so0, onb0 = out_specs[0] if out_specs else (None, None, 0, 0)
     graph0, cexec, last, point = slot.graph, nodes.exec, nodes.last, nodes.point
     pools: Any = slabs[0] if slabs else None  # (and refill: see trt_runtime.slabs.Slabs.fields)
     refill: Any = slabs[1] if slabs else None
 
-    def go(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
+        if checked:
+            x = inputs[0]
+        elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor
+              or x.dtype is not d0 or x.get_device() != device or not x.is_contiguous()
+              or not (one or _fit(inputs, tensor, dtypes, device))):
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif x.shape != s0 if one else tuple([y.shape for y in inputs]) != shapes:
+            return _enter(  # type: ignore[no-any-return]
+                lane, miss, table, False, inputs, stream, outputs)
         if slot.graph is not graph0:
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         if one:
-            x = inputs[0]
-            src = x.data_ptr()
-            if x.get_device() != device:
-                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-            static = src == dst0
+            static = (src := x.data_ptr()) == dst0
         else:
             srcs = [x.data_ptr() for x in inputs]
-            if any(x.get_device() != device for x in inputs):
-                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
             static = not all(map(operator.ne, srcs, dsts))
         if static:  # a static buffer given: nothing to copy in for it, the plain way
             lane._fast_entry = plain
-            return plain.go(inputs, stream, outputs)  # type: ignore[no-any-return]
+            return plain(inputs, stream, outputs, True)  # type: ignore[no-any-return]
         touch(key)
         if lane._multi_device:
             lane._set_device()
@@ -406,7 +405,7 @@ def _nodes_go(lane: Any, miss: Any, order: Any, own: Any, slot: Any, touch: Any,
             order.after(caller)
         return out
 
-    return go
+    return plan
 
 
 # -- the entry points: what a plan needs, read from the lane once ---------------------------------
@@ -451,14 +450,12 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     ops = lane._graphs
     views = slot.output_views  # "view" mode: handed over as they are
     common = dict(lane=lane, miss=lane._call_fast, order=lane._order, own=lane._stream, slot=slot,
+                  tensor=bridge.tensor, dtypes=bridge.in_dtypes, shapes=shapes, table=graphs.shortcuts,
                   touch=graphs.cache.touch, device=lane._device, raw_stream=bridge.raw_stream,
                   dsts=tuple(slot.in_ptrs), nbs=tuple(slot.in_nbytes), launch=ops.rt.cudaGraphLaunch,
                   failed=functools.partial(replay_failed, lane), views=views)
-    checks = functools.partial(_replay, lane, lane._call_fast, bridge.tensor, bridge.in_dtypes, shapes,
-                               graphs.shortcuts)
     results = functools.partial(torch_results, lane, slot, view=False)
-    plain = checks(_plain_go(**common, copy=ops.rt.cudaMemcpyAsync, d2d=ops.d2d, results=results),
-                   plain_first=True)
+    plain = _plain_replay(**common, copy=ops.rt.cudaMemcpyAsync, d2d=ops.d2d, results=results)
     copying = ops.copying.get(int(slot.graph))
     # "view" mode hands the views over and has no output nodes; "copy" mode copies every
     # output out through its node (the outer mode cannot change under a graph: changing it
@@ -470,10 +467,10 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     out_dtypes = [io.torch_dtype for io in lane._out[:m]]
     # "copy" mode: the outputs copied out through the nodes come from slabs, as a natural
     # call's do (each call's at a new address: one node update per output, no torch.empty)
-    made = checks(_nodes_go(
+    made = _nodes_replay(
         **common, empty=bridge.empty, torch_device=bridge.device, nodes=copying, plain=plain,
         out_specs=tuple(zip(out_shapes, out_dtypes, slot.out_ptrs[:m], slot.out_nbytes[:m], strict=True)),
         slabs=slab_pools(bridge.empty, bridge.device, out_shapes, out_dtypes),
-    ), plain_first=False)
+    )
     made.plain = plain  # type: ignore[attr-defined]  # where a plain plan's shape switch goes
     return made
