@@ -252,7 +252,7 @@ def _enter(lane: Any, miss: Any, table: dict[Any, Any], plain_first: bool, input
     runs), which becomes the lane's current plan, entered past the input checks the call
     just passed (every plan of a lane makes them alike: one tensor type, the same dtypes);
     ``miss`` when there is none or it is the current plan (it declined this very call)."""
-    slot = table.get(tuple([x.shape for x in inputs]))
+    slot = table.get((inputs[0].shape,) if len(inputs) == 1 else tuple([x.shape for x in inputs]))
     other = None if slot is None or slot.graph is None else slot.plan
     if plain_first:
         other = getattr(other, "plain", other)
