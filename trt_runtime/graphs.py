@@ -212,7 +212,8 @@ class CopyNodes:
         ``dst``, unless it already does: a caller that reuses its input buffer, or gets its
         output where the last one was freed, makes no CUDA call (no GIL release). False when
         CUDA refuses the address (memory of another kind than the node was built with): the
-        call must copy another way. The python backend's generated plans inline this rule."""
+        call must copy another way. The python backend's replay plans compare the address inline and
+        call this only when it changed."""
         changing = src if index < len(self.ins) else dst
         if changing == self.last[index]:
             return True

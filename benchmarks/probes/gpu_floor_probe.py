@@ -29,12 +29,11 @@ Statements (µs per call, median of ``--repeats`` samples of ``--number`` calls)
 * ``launch:`` the cuda-python launch alone of the raw graph and of ours, on our stream and on
   the legacy one; ``nodes:`` the node count of a graph captured from each context.
 
-Then our replay plan taken apart (``ablate:`` statements): the plan the backend generated
-for ``o(s)``, compiled again with one piece left out at a time (the LRU touch, the
-caller's stream, the input checks, the shape switch, the device check, the stream-order
-join check, the list of views) and with all of them left out, each called as the entry
-calls it; and the pieces alone (``piece:``). A piece's cost is the full plan's time less
-the plan's without it.
+Then the pieces of our replay plan alone (``piece:``: the lease's thread-local read, a lock,
+the LRU touch, the caller's stream, the input checks, the shape and device reads), and our
+plain replay plan called as the entry calls it (``plan: ours``). (The probe once also
+compiled the plan's generated source again without each piece; the plans are closures now,
+with no source to take apart.)
 
 Writes ``floor_probe.json`` to ``--out``.
 """
@@ -130,71 +129,6 @@ def minimal_prebound(execute: Any, x: Any, y: Any, own: Any, handle: int) -> Any
         finally:
             release()
     return call
-
-
-#: Our replay plan's pieces, each as (text in the generated source, what replaces it).
-ABLATIONS: dict[str, tuple[tuple[str, str], ...]] = {
-    "touch": (("        touch(slot.key)\n", ""),),
-    "caller stream": (("(c := raw_stream(device)) in order.skip or c == order.ours", "True"),),
-    "type/dtype/contiguity": (
-        ("type(x0) is not tensor or x0.dtype is not d0 or not x0.is_contiguous()", "False"),),
-    "shape switch": (("        sh0 = x0.shape\n", ""), ("if sh0 != s0:", "if False:")),
-    "device check": (("(src0 != dst0 and x0.get_device() != device)", "False"),),
-    "order join check": (("if order.tail != run:", "if False:"),),
-    "list(views)": (("out = list(views)", "out = views"),),
-}
-
-
-def ablated_plans(lane: Any, slot: Any, shapes: tuple[Any, ...]) -> dict[str, Any]:
-    """The plain replay plan of ``slot`` (static inputs: no copy in) as the backend makes it
-    (``"full"``), and compiled again without each piece of :data:`ABLATIONS` (and without
-    all of them, ``"bare"``)."""
-    from trt_runtime_backends.python import plans
-
-    made: dict[str, Any] = {}  # the plain replay plan's make() arguments and compile key
-    real = plans._compile
-
-    def spy(kind: str, n: int, m: int, variant: bool) -> Any:
-        make = real(kind, n, m, variant)
-
-        def capture(*args: Any) -> Any:
-            if kind == "replay":
-                made["args"], made["key"] = args, (kind, n, m, variant)
-            return make(*args)
-        return capture
-
-    plans._compile = spy  # type: ignore[assignment]
-    try:
-        plans.replay_plan(lane, slot, shapes, lane.lane.outer_graphs)
-    finally:
-        plans._compile = real
-    sources: list[str] = []
-
-    def keep_source(source: str, *args: Any, **kwargs: Any) -> Any:
-        sources.append(source)
-        return compile(source, *args, **kwargs)
-
-    plans.compile = keep_source  # type: ignore[attr-defined]
-    try:
-        make = real.__wrapped__(*made["key"])
-    finally:
-        del plans.compile  # type: ignore[attr-defined]
-    full = make(*made["args"])
-    source = sources[0]
-    variants = {name: list(edits) for name, edits in ABLATIONS.items()}
-    variants["bare"] = [edit for edits in ABLATIONS.values() for edit in edits]
-    result = {"full": full}
-    for name, edits in variants.items():
-        text = source
-        for old, new in edits:
-            if old not in text:
-                raise SystemExit(f"the replay plan's source no longer has {old!r}: update ABLATIONS")
-            text = text.replace(old, new)
-        namespace: dict[str, Any] = {}
-        exec(compile(text, f"<ablated plan: {name}>", "exec"), namespace)
-        result[name] = namespace["make"](*made["args"])
-    result["full, again"] = full  # timed last: a check on the position of a statement in the round
-    return result
 
 
 def count_nodes(rt: Any, context: Any, stream: int) -> int:
@@ -338,12 +272,11 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     }
     lane = outer._pool.local.slot.lane.ops
     slot = lane.lane.outer_graphs.shortcuts[(s.shape,)]
-    ablated = ablated_plans(lane, slot, (s.shape,))
-    for i, (name, plan) in enumerate(ablated.items()):
-        ns[f"plan{i}"] = plan
-        stmts[f"ablate: {name}"] = f"plan{i}(ss, None, None)"
-    cache = lane.lane.outer_graphs.cache
-    ns.update(ss=(s,), pool=outer._pool, lk=threading.Lock(), key=slot.key, cache=cache,
+    from trt_runtime_backends.python import plans
+
+    ns["plan"] = slot.plan or plans.replay_plan(lane, slot, (s.shape,), lane.lane.outer_graphs)
+    stmts["plan: ours"] = "plan(ss, None, None)"
+    ns.update(ss=(s,), pool=outer._pool, lk=threading.Lock(), key=slot.key, cache=lane.lane.outer_graphs.cache,
               raw=torch._C._cuda_getCurrentRawStream, dev=device, s0=s.shape, d0=s.dtype)
     stmts.update({
         "piece: pool.local.slot": "pool.local.slot",

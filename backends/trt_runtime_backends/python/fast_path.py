@@ -33,7 +33,7 @@ from typing import Any
 from trt_runtime_backends.python import plans
 from trt_runtime_backends.python.arrays import DeviceArray
 from trt_runtime_backends.python.contract import TensorInfo
-from trt_runtime_backends.python.shapes import restore_shapes
+from trt_runtime_backends.python.shapes import prepare_state, restore_shapes
 
 from trt_runtime.contract import KIND_TORCH
 
@@ -191,30 +191,6 @@ class FastPaths:
         key = shape_key(inputs)
         entry = None if key is None else self.natural.get(key)
         return None if entry is None else lane.lane.switch_fast(entry.plan, inputs, stream, None)
-
-
-def prepare_state(lane: Any, shape_key: tuple[Any, int],
-                  dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any,
-                  ptrs: tuple[int, ...]) -> bool:
-    """Put the lane's context in the state a pre-bound call was recorded in: its shapes (the
-    same profile only) and its addresses. False sends the call down the full path."""
-    ctx = lane.lane.context
-    if ctx is None:
-        return False
-    if ctx.shape_key != shape_key and not restore_shapes(lane, ctx, shape_key, dynamic_dims, out_shapes):
-        return False
-    if ctx.bound_ptrs != ptrs:
-        ctx.bound_ptrs = ()  # (records forgotten before TensorRT is told: see plans._bind)
-        trt_context = ctx.trt_context
-        bound = ctx.bound
-        for name, ptr in zip(lane._io_names, ptrs, strict=True):
-            if bound.get(name) != ptr:
-                bound[name] = 0
-                trt_context.set_tensor_address(name, ptr)
-                bound[name] = ptr
-    ctx.shape_key = shape_key
-    ctx.bound_ptrs = ptrs
-    return True
 
 
 def shape_key(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:

@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
+from trt_runtime_backends.python.graph_buffers import copy_device, replay_failed, torch_results, torch_views
 from trt_runtime_backends.python.contract import Inspection
 from trt_runtime_backends.python.fast_path import shape_key
+from trt_runtime_backends.python.graph_buffers import copy_device, replay_failed, torch_results, torch_views
 from trt_runtime_backends.python.output_binding import host_memory
 from trt_runtime_backends.python.shapes import apply_shapes
 
@@ -49,16 +51,6 @@ if TYPE_CHECKING:
     from trt_runtime_backends.python.lane import PythonLane
 
 __all__ = ["PythonGraphs"]
-
-
-def _torch_views(arrays: Sequence[DeviceArray]) -> list[Any]:
-    """Zero-copy torch tensors of the static buffers (through DLPack)."""
-    torch = torch_module()
-    if torch is None:  # static_inputs(as_torch=True) before any torch tensor was passed
-        import importlib
-
-        torch = importlib.import_module("torch")
-    return [torch.from_dlpack(a) for a in arrays]
 
 
 class PythonGraphs(GraphOps):
@@ -174,7 +166,7 @@ class PythonGraphs(GraphOps):
         if not as_torch:
             return list(slot.inputs)
         if slot.input_views is None:
-            slot.input_views = _torch_views(slot.inputs)
+            slot.input_views = torch_views(slot.inputs)
         return list(slot.input_views)
 
     def bind_static(self, context: Any, slot: GraphSlot) -> None:
@@ -296,7 +288,7 @@ class PythonGraphs(GraphOps):
         """Into a static input (a ``DeviceArray``) from a device address or a host array."""
         lane = self.ops
         if isinstance(src, int):
-            _d2d(lane, dst.ptr, src, nbytes, stream)
+            copy_device(lane, dst.ptr, src, nbytes, stream)
             return
         rt = lane._rt
         src, nbytes = host_memory(src)
@@ -348,7 +340,7 @@ class PythonGraphs(GraphOps):
                 ctx, outputs, [tuple(a.shape) for a in slot.outputs])
             for dst, src, nbytes in zip(ptrs, slot.out_ptrs, slot.out_nbytes, strict=True):
                 if dst != src:
-                    _d2d(lane, dst, src, nbytes, ours)
+                    copy_device(lane, dst, src, nbytes, ours)
             if kind == KIND_HOST and caller is None:  # host inputs promise ready results
                 cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
             return given  # type: ignore[no-any-return]
@@ -365,7 +357,7 @@ class PythonGraphs(GraphOps):
         for io, arr in zip(lane._out, slot.outputs, strict=True):
             buf = lane._state.allocate(arr.nbytes, lane._stream)
             y = DeviceArray(buf, arr.shape, io.dtype, lane._device, stream=ours if caller is None else 0)
-            _d2d(lane, y.ptr, arr.ptr, arr.nbytes, ours)
+            copy_device(lane, y.ptr, arr.ptr, arr.nbytes, ours)
             results.append(y)
         return results
 
@@ -407,38 +399,3 @@ def drop_copying(lane: PythonLane, graph_exec: Any) -> None:
         if handle in handles:  # no longer the finalizer's
             handles.remove(handle)
     copying.destroy()
-
-
-def torch_results(lane: PythonLane, slot: GraphSlot, ours: int, view: bool) -> list[Any]:
-    """Torch outputs of a replay: views of the static buffers, or new tensors."""
-    if view:
-        if slot.output_views is None:
-            slot.output_views = _torch_views(slot.outputs)
-        return list(slot.output_views)
-    empty = lane._torch.empty
-    torch_device = lane._torch.device
-    results = []
-    for io, arr in zip(lane._out, slot.outputs, strict=False):
-        y = empty(arr.shape, dtype=io.torch_dtype, device=torch_device)
-        _d2d(lane, y.data_ptr(), arr.ptr, arr.nbytes, ours)
-        results.append(y)
-    return results
-
-
-def _d2d(lane: PythonLane, dst: int, src: int, nbytes: int, stream: int) -> None:
-    """Copy ``nbytes`` between device addresses on ``stream`` (nothing for 0 bytes)."""
-    if nbytes:
-        ops = _graphs(lane)
-        (err,) = ops.rt.cudaMemcpyAsync(dst, src, nbytes, ops.d2d, stream)
-        if err:
-            cuda.check((err,), "cudaMemcpyAsync")
-
-
-def replay_failed(lane: PythonLane, err: Any, call: str = "cudaGraphLaunch") -> None:
-    """Raise the :class:`~trt_runtime.EngineError` of a replay whose ``call`` returned ``err``."""
-    try:
-        cuda.check((err,), call)
-    except Exception as exc:
-        raise EngineError(f"engine {lane.name!r}: replaying its CUDA graph failed: {exc}") from exc
-
-

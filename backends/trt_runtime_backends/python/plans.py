@@ -1,16 +1,16 @@
-"""Call plans: the python backend's fast paths, compiled for one call signature.
+"""Call plans: the python backend's fast paths, made for one call signature.
 
 A repeat call is only a few µs of Python on top of TensorRT's enqueue, and on a busy
 host each attribute read and each function call of it shows (measured step by step
 with ``benchmarks/probes/gpu_step_costs.py`` on an H100 host: 3 to 5 µs over the raw loops, spread
 over some thirty small steps). So once the full path has validated a call, the lane
-keeps a *plan* for it: a function made for that call's arity (the number of inputs and
-outputs) whose constants (the arrays or dtypes and shapes seen, the device, the
-context, the bound methods it calls) are closure variables, with nothing looked up
-twice. The core pipeline calls the lane's current plan first (``Lane.fast_entry``);
-a plan that does not apply hands the call to the lane's ``call_fast``, which finds the
-plan that does in its tables (and makes it current) or sends the call down the full
-path.
+keeps a *plan* for it: a closure made for that call whose constants (the arrays or dtypes
+and shapes seen, the device, the context, the functions it calls) are bound by name when
+it is made, with nothing looked up twice. A plan of one input (most engines) takes a
+branch written for one input (and one output); other arities loop. The core pipeline
+calls the lane's current plan first (``EngineBase._fast_entry``); a plan that does not
+apply hands the call to the lane's ``_call_fast``, which finds the plan that does in its
+tables (and makes it current) or sends the call down the full path.
 
 Three kinds, each checking exactly what the table lookup they replace checked:
 
@@ -19,29 +19,38 @@ Three kinds, each checking exactly what the table lookup they replace checked:
   remembered before go straight to their plan);
 * ``natural`` (:class:`.fast_path.NaturalCall`): ``engine(x)`` with contiguous CUDA torch
   tensors of the engine's dtypes, on its device, of shapes seen before (inputs of another
-  shape seen before go straight to that shape's plan);
+  shape seen before go straight to that shape's plan); its outputs come from slabs
+  (:mod:`trt_runtime.slabs`) when they are small enough;
 * ``replay`` (an outer-graph slot, ``trt_runtime.outer.GraphSlot``): the same call
   under the outer graph, replayed. Inputs of another shape captured before go straight
   to that slot's plan (a dynamic engine fed shapes in turn switches plans on every call).
-  Its ``copying`` form (same template) copies through memcpy nodes of a second graph
+  Its ``copying`` form copies through memcpy nodes of a second graph
   (``trt_runtime.graphs.CopyNodes``) and hands calls given a static buffer to the plain form;
-  in ``"copy"`` mode its outputs come from slabs (``copying-slab``), as a natural call's do.
+  in ``"copy"`` mode its outputs come from slabs, as a natural call's do.
+
+A switch to another shape's plan enters it past the input checks the call just passed
+(every plan of a lane takes one tensor type, device and dtypes): the torch plans take
+``checked=True`` for that, as do a slot's plain and copying plans handing a call to each
+other.
 
 A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
 dropping a context (``execution_context.drop_context``) releases it then and there,
-whatever plan is still referenced; nor does it reference its table entry (a cycle would
-keep it, and anything it holds, until the garbage collector runs).
-
-The plans are generated source (as :mod:`dataclasses` generates ``__init__``): one
-template per kind, unrolled for the call's arity, compiled once per (kind, arity,
-variant) and then only bound to constants.
+whatever plan is still referenced; nor does it reference itself, nor (natural and
+pre-bound plans) its table entry: a cycle would keep it, and anything it holds, until the
+garbage collector runs. Per call a
+plan reads these attributes of the lane and no other: ``_fast_entry`` (written on a
+switch), ``_context``, ``_multi_device``, ``_set_device`` and ``_execute_failed``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from trt_runtime_backends.python.graph_buffers import replay_failed, torch_results
+from trt_runtime_backends.python.shapes import prepare_state, restore_shapes
 
 from trt_runtime.slabs import SLAB_BYTES, SLAB_CALLS, SLAB_STREAMS, slab_calls, slab_pools
 
@@ -50,386 +59,391 @@ __all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "natural_plan", "prebound
 
 Plan = Callable[[tuple[Any, ...], Any, Any], "list[Any] | None"]
 
-# -- the shared tail: order with the caller's stream, enqueue, hand the results over -------------
-_CALLER = """\
-        if stream is None:
-            caller = {default_caller}
-        elif stream is own:
-            caller = None
+_ptr_attr = operator.attrgetter("ptr")
+_shape_attr = operator.attrgetter("shape")
+
+
+# -- what the plans call off their common path ------------------------------------------------------
+def _bind(ctx: Any, name: str, ptr: int) -> None:
+    """Bind address ``ptr`` to tensor ``name`` of the context, the record forgotten before
+    TensorRT is told (an interrupt in between leaves the tensor unbound, never wrongly bound)."""
+    bound = ctx.bound
+    ctx.bound_ptrs = ()
+    bound[name] = 0
+    ctx.trt_context.set_tensor_address(name, ptr)
+    bound[name] = ptr
+
+
+def _bind_all(ctx: Any, names: Sequence[str], tensors: Sequence[Any]) -> None:
+    """:func:`_bind` each torch tensor whose address is not the one bound to its name."""
+    get = ctx.bound.get
+    for name, x in zip(names, tensors, strict=True):
+        if get(name) != (p := x.data_ptr()):
+            _bind(ctx, name, p)
+
+
+def _follow(order: Any, own: Any, stream: Any, current: Any) -> tuple[int | None, int]:
+    """``(caller, run)`` of a torch call: the caller's stream to order with (``None``: no
+    event needed) and the stream the work goes on, ordered after the lane's previous work
+    (:meth:`.stream_order.StreamOrder.follow`); ``current`` is torch's current stream, the
+    caller's when ``stream`` is ``None``. The plans test the usual case inline (torch's
+    legacy default stream, the lane's last work on its own stream) and call this otherwise."""
+    if stream is None:
+        caller = None if current in order.skip or current == order.ours else current
+    elif stream is own:
+        caller = None
+    else:
+        caller = order.caller(stream, True)
+    run = order.ours if caller is None else caller
+    if run != order.tail:  # follow()'s common case, inline: the lane's last work went there
+        run = order.follow(caller)
+    return caller, run
+
+
+def _switch(lane: Any, miss: Any, entry: Any, inputs: tuple[Any, ...], stream: Any, outputs: Any,
+            checked: bool = True) -> Any:
+    """Hand a call to the plan of ``entry``, what a table of the lane remembers for these
+    inputs (their shapes; their arrays, not ``checked``), which becomes the lane's current
+    plan, entered past the checks the inputs just passed when ``checked`` (every natural plan
+    of a lane checks alike: one tensor type, device and dtypes); ``miss`` when there is none
+    or it is the current plan (it declined this very call). No way round ``_call_fast`` for
+    inputs seen before."""
+    core = lane.lane  # the core lane: its context and current plan
+    other = None if entry is None else entry.plan
+    if other is None or other is core.fast_entry:
+        return miss(inputs, stream, outputs)
+    core.fast_entry = other
+    return other(inputs, stream, outputs, True) if checked else other(inputs, stream, outputs)
+
+
+# -- prebound: execute(*inputs, outputs=[...]) with the very arrays of a validated call ------------
+def _prebound(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, prepare: Any, torch_kind: bool,
+              table: dict[Any, Any], arrays: tuple[Any, ...], ptrs: tuple[int, ...], shapes: tuple[Any, ...],
+              n: int, ptr_of: Any) -> Plan:
+    core = lane.lane  # the core lane: its context and current plan
+    m = len(arrays) - n
+    one = n == 1 and m == 1
+    a0, a1, p0, p1, s0, s1 = arrays[0], arrays[-1], ptrs[0], ptrs[-1], shapes[0], shapes[-1]
+    is_not = operator.is_not
+
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
+        if outputs is None or len(inputs) != n or len(outputs) != m:
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        if one:
+            x, y = inputs[0], outputs[0]
+            if x is not a0 or y is not a1:  # other arrays: their plan (keyed as call_prebound looks)
+                fast = table.get((id(x), id(y)))
+                return _switch(  # type: ignore[no-any-return]
+                    lane, miss, fast, inputs, stream, outputs, False)
+            if ptr_of(x) != p0 or ptr_of(y) != p1 or x.shape != s0 or y.shape != s1:
+                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         else:
-            caller = order.caller(stream, {torch_kind})
-"""
-
-_RUN = """\
-        if caller is None:
-            run = order.ours
-            if order.tail != run:
-                order.join(run)
-        elif caller == order.tail:  # follow()'s common case, inline: the lane's last work went there
-            run = caller
-        else:
-            run = order.follow(caller)
-"""
-
-_AFTER = """\
-        if caller is not None and run != caller:
-            order.after(caller)
-"""
-
-# the start of the natural and replay plans: ``n`` torch tensors passing ``checks``, no outputs=
-_TORCH_HEAD = """\
-        if outputs is not None or len(inputs) != {n}:
-            return miss(inputs, stream, outputs)
-        {unpack_in}
-        if {checks}:
-            return miss(inputs, stream, outputs)
-"""
-
-# ... then, for other inputs (of another shape; other arrays, for a pre-bound call), the
-# plan of those from ``table`` (keyed as the lane's lookup keys it) when there is one: no
-# way round ``call_fast`` on every call of a dynamic engine fed shapes in turn.
-# (``core.fast_entry``, the lane's, is this plan: no name for it here, a closure on itself is a
-# reference cycle.)
-_SWITCH = """\
-{before}\
-        if {differs}:
-            other = table.get({key})
-            other = None if other is None{unusable} else other.plan
-{pick}\
-            if other is None or other is core.fast_entry:
-                return miss(inputs, stream, outputs)
-            core.fast_entry = other
-            return {enter}(inputs, stream, outputs)
-"""
-
-# ... then TensorRT's enqueue on that stream (``trt``: the context's expression)
-_ENQUEUE = """\
-{caller}{run}\
-        if not {trt}.execute_async_v3(run):
-            lane.execute_failed()
-{after}\
-        return [{outs}]
-    return plan
-"""
-
-_PREBOUND = """\
-def make(lane, miss, order, own, ctx, key, ptrs, prepare, torch_kind, table, {consts}):
-    core = lane.lane
-    def plan(inputs, stream, outputs):
-        if outputs is None or len(inputs) != {n} or len(outputs) != {m}:
-            return miss(inputs, stream, outputs)
-        {unpack_in}
-        {unpack_out}
-{switch}\
-        if {pointers} or {shapes}:
-            return miss(inputs, stream, outputs)
+            given = (*inputs, *outputs)
+            if any(map(is_not, given, arrays)):
+                fast = table.get(tuple(map(id, given)))
+                return _switch(  # type: ignore[no-any-return]
+                    lane, miss, fast, inputs, stream, outputs, False)
+            if tuple(map(ptr_of, given)) != ptrs or tuple(map(_shape_attr, given)) != shapes:
+                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         if core.context is not ctx:
             return None
         if (ctx.shape_key is not key or ctx.bound_ptrs is not ptrs) and not prepare():
             return None
-{enqueue}"""
+        caller = None if stream is own and stream is not None else order.caller(stream, torch_kind)
+        run = order.ours if caller is None else caller
+        if run != order.tail:
+            run = order.follow(caller)
+        if not ctx.trt_context.execute_async_v3(run):
+            lane.execute_failed()
+        if caller is not None and run != caller:
+            order.after(caller)
+        return [y] if one else list(outputs)
 
-_NATURAL = """\
-def make(lane, miss, order, own, ctx, key, restore, tensor, device, raw_stream, bound, empty, torch_device,
-         table, {consts}):
-    core = lane.lane
+    return plan
+
+
+# -- natural: engine(x) with CUDA torch tensors of shapes seen before ----------------------------------
+def _fit(inputs: tuple[Any, ...], tensor: Any, dtypes: Sequence[Any], device: int | None) -> bool:
+    """Whether each input is a contiguous torch tensor of type ``tensor`` exactly and its
+    dtype (and on ``device`` unless it is ``None``): the check of a plan of several inputs."""
+    return all(type(x) is tensor and x.dtype is dtype and (device is None or x.get_device() == device)
+               and x.is_contiguous() for x, dtype in zip(inputs, dtypes, strict=True))
+
+
+def _natural(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, restore: Any, tensor: Any,
+             dtypes: Sequence[Any], shapes: tuple[Any, ...], device: int, table: dict[Any, Any],
+             raw_stream: Any, names: Sequence[str], outs: Sequence[str], out_specs: Sequence[Any],
+             like_input: bool, empty: Any, torch_device: Any, slabs: Any) -> Plan:
+    """The plan of a natural call: inputs of type ``tensor`` exactly, of ``dtypes``, on
+    ``device``, contiguous, of ``shapes`` (of other shapes: their plan in ``table``, if any);
+    then the context in the call's shapes, the addresses that changed bound, the outputs made
+    (from a slab, else ``x.new_empty`` when ``like_input``, else ``empty``) and bound, and
+    ``execute_async_v3`` on the caller's stream."""
+    core = lane.lane  # the core lane: its context and current plan
+    n = len(shapes)
+    one, one_out = n == 1, len(outs) == 1
+    d0, s0, name0, out0 = dtypes[0], shapes[0], names[0], outs[0] if outs else ""
+    shape0, dtype0 = out_specs[0] if out_specs else (None, None)
+    pools: Any = slabs[0] if slabs else None  # (and refill: see trt_runtime.slabs.Slabs.fields)
+    refill: Any = slabs[1] if slabs else None
+    bound = ctx.bound  # the same dict for the context's life (swapped contexts refill it)
     bound_get = bound.get
-    def plan(inputs, stream, outputs):
-{torch_head}\
-{switch}\
+
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
+        if checked:  # handed over by another natural plan of the lane, which checked the inputs
+            x = inputs[0]
+        elif outputs is not None or len(inputs) != n:
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif one:
+            x = inputs[0]
+            if (type(x) is not tensor or x.dtype is not d0 or x.get_device() != device
+                    or not x.is_contiguous()):
+                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+            if (shape := x.shape) != s0:  # another shape: its plan, if the table has one
+                return _switch(  # type: ignore[no-any-return]
+                    lane, miss, table.get((shape,)), inputs, stream, outputs)
+        elif not _fit(inputs, tensor, dtypes, device):
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif (seen := tuple([x.shape for x in inputs])) != shapes:
+            return _switch(  # type: ignore[no-any-return]
+                lane, miss, table.get(seen), inputs, stream, outputs)
         if core.context is not ctx:
             return None
         if ctx.shape_key is not key and ctx.shape_key != key and not restore():
             return None
         if lane._multi_device:
             lane._set_device()
-        trt_context = ctx.trt_context
-        set_address = trt_context.set_tensor_address
-{bind_in}{alloc_out}{enqueue}"""
+        if not one:
+            _bind_all(ctx, names, inputs)
+        elif bound_get(name0) != (p := x.data_ptr()):
+            _bind(ctx, name0, p)
+        c = raw_stream(device) if stream is None or pools is not None else None
+        if pools is not None:  # the slabs made on torch's current stream (see trt_runtime.slabs)
+            ys = (pools.get(c) or refill(c)).pop()
+        elif one_out:
+            ys = (inputs[0].new_empty(shape0) if like_input
+                  else empty(shape0, dtype=dtype0, device=torch_device),)
+        else:
+            ys = [inputs[0].new_empty(shape) if like_input else empty(shape, dtype=dtype, device=torch_device)
+                  for shape, dtype in out_specs]
+        if one_out:  # (_bind inline: a slab's output has a new address each call)
+            if bound_get(out0) != (p := (y := ys[0]).data_ptr()):
+                ctx.bound_ptrs = ()
+                bound[out0] = 0
+                ctx.trt_context.set_tensor_address(out0, p)
+                bound[out0] = p
+        else:
+            _bind_all(ctx, outs, ys)
+        if stream is None and c in order.skip and order.tail == order.ours:
+            caller, run = None, order.ours
+        else:
+            caller, run = _follow(order, own, stream, c)
+        if not ctx.trt_context.execute_async_v3(run):
+            lane.execute_failed()
+        if caller is not None and run != caller:
+            order.after(caller)
+        return [y] if one_out else list(ys)
 
-# the replay of a captured slot; two kinds share it. "replay": copies each input that is not
-# its static buffer with cudaMemcpyAsync and launches the captured graph. "copying": the
-# slot's copies are nodes of a second graph (trt_runtime.graphs.CopyNodes): each input's address set in
-# its memcpy node, each output made and its address set, one launch of that graph. A slot
-# with both has two plans, and the lane's current one is the one its last call needed: a
-# call with an input that is its static buffer itself goes from "copying" to the slot's
-# "replay" plan (plain), one with none from "replay" to the slot's own plan ("copying").
-_REPLAY = """\
-def make(lane, miss, order, own, slot, graph0, touch, launch, copy, set1d, d2d, failed, results, views, plain,
-         cexec, last, empty, torch_device, tensor, device, raw_stream, table, {consts}):
-    core = lane.lane
-    def plan(inputs, stream, outputs):
-{torch_head}\
-{switch}\
-{body}\
-    # entered by another plan of the lane on a shape switch: the inputs passed the checks
-    # above there (every plan of a lane takes one tensor type and the same dtypes), and the
-    # table found this plan by their shapes
-    def go(inputs, stream, outputs):
-        {unpack_in}
-{body}\
-    plan.go = go
     return plan
-"""
 
-_REPLAY_BODY = """\
+
+# -- replay: engine(x) under the outer graph, a captured slot replayed -----------------------------
+def _enter(lane: Any, miss: Any, table: dict[Any, Any], plain_first: bool, inputs: tuple[Any, ...],
+           stream: Any, outputs: Any) -> Any:
+    """Hand a replay of inputs of another shape to the plan of the slot ``table`` holds for
+    their shapes (its plain plan when ``plain_first``: calls given static buffers come in
+    runs), which becomes the lane's current plan, entered past the input checks the call
+    just passed (every plan of a lane makes them alike: one tensor type, the same dtypes);
+    ``miss`` when there is none or it is the current plan (it declined this very call)."""
+    core = lane.lane  # the core lane: its context and current plan
+    slot = table.get((inputs[0].shape,) if len(inputs) == 1 else tuple([x.shape for x in inputs]))
+    other = None if slot is None or slot.graph is None else slot.plan
+    if plain_first:
+        other = getattr(other, "plain", other)
+    if other is None or other is core.fast_entry:
+        return miss(inputs, stream, outputs)
+    core.fast_entry = other
+    return other(inputs, stream, outputs, True)
+
+
+def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
+                  shapes: tuple[Any, ...], table: dict[Any, Any], touch: Any, device: int, raw_stream: Any,
+                  dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
+                  copy: Any, d2d: Any, results: Any) -> Plan:
+    """The plain plan of a captured ``slot``: inputs of type ``tensor`` exactly, of ``dtypes``,
+    contiguous, of ``shapes`` (of other shapes: their slot's plain plan, if any); each input
+    that is not its static buffer (it must be on ``device``) copied in with ``copy``
+    (``cudaMemcpyAsync``), the captured graph launched, the static outputs handed over
+    (``views``) or copied out (``results``). A call whose every input is copied goes to the
+    slot's own plan when that is another (through copy nodes). ``checked=True``: handed over
+    by another plan of the lane, past the input checks."""
+    core = lane.lane  # the core lane: its context and current plan
+    n = len(shapes)
+    one, key = n == 1, slot.key
+    d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
+
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
+        if checked:
+            x = inputs[0]
+        elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor
+              or x.dtype is not d0 or not x.is_contiguous()
+              or not (one or _fit(inputs, tensor, dtypes, None))):
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif x.shape != s0 if one else tuple([y.shape for y in inputs]) != shapes:
+            return _enter(  # type: ignore[no-any-return]
+                lane, miss, table, True, inputs, stream, outputs)
         graph = slot.graph
-        if {graph_gone}:
-            return miss(inputs, stream, outputs)
-        {sources}
-{to_copying}\
-        if {foreign_device}:
-            return miss(inputs, stream, outputs)
-{plain_way}\
-        touch(slot.key)
+        if graph is None:
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        if one:
+            moved = (src := x.data_ptr()) != dst0  # not its static buffer: copied in
+            foreign = moved and x.get_device() != device
+        else:
+            srcs = [x.data_ptr() for x in inputs]
+            moved = all(map(operator.ne, srcs, dsts))
+            foreign = any(s != d and x.get_device() != device
+                          for x, s, d in zip(inputs, srcs, dsts, strict=True))
+        if foreign:  # (before the hand-over: the copying plan takes it checked)
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        if moved and (other := slot.plan) is not None and other is not core.fast_entry:
+            core.fast_entry = other
+            return other(inputs, stream, outputs, True)  # type: ignore[no-any-return]
+        touch(key)
         if lane._multi_device:
             lane._set_device()
-{caller}{run}{copies}\
-        (err,) = launch({launched}, run)
+        if stream is None and (c := raw_stream(device)) in order.skip and order.tail == order.ours:
+            caller, run = None, order.ours
+        else:
+            caller, run = _follow(order, own, stream, c if stream is None else None)
+        if one:
+            if moved and nb0 and (err := copy(dst0, src, nb0, d2d, run)[0]):
+                failed(err, "cudaMemcpyAsync")
+        else:
+            for dst, s, nb in zip(dsts, srcs, nbs, strict=True):
+                if s != dst and nb and (err := copy(dst, s, nb, d2d, run)[0]):
+                    failed(err, "cudaMemcpyAsync")
+        (err,) = launch(graph, run)
         if err:
             failed(err, "cudaGraphLaunch")
-        out = {results}
-{after}\
+        out = list(views) if views is not None else results(run)
+        if caller is not None and run != caller:
+            order.after(caller)
+        return out  # type: ignore[no-any-return]
+
+    return plan
+
+
+def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
+                  shapes: tuple[Any, ...], table: dict[Any, Any], touch: Any, device: int, raw_stream: Any,
+                  dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
+                  empty: Any, torch_device: Any, nodes: Any, plain: Any, out_specs: Sequence[Any], slabs: Any
+                  ) -> Plan:
+    """The copying plan of a captured ``slot``, its copies made by the memcpy ``nodes`` (a
+    :class:`~trt_runtime.graphs.CopyNodes`) around its graph: inputs of type ``tensor``
+    exactly, of ``dtypes``, on ``device``, contiguous, of ``shapes`` (of other shapes: their
+    slot's plan, if any); each input node pointed at the call's input where it changed, each
+    output of ``out_specs`` (none in ``"view"`` mode) made, from a slab when ``slabs``, and
+    its node pointed at it, one launch. A call given a static buffer goes to ``plain``, as does
+    one with an address CUDA refuses for a node (memory of another kind than it was built
+    with). ``checked=True``: handed over by another plan of the lane, past the input checks."""
+    core = lane.lane  # the core lane: its context and current plan
+    n = len(shapes)
+    one, one_out, key = n == 1, len(out_specs) == 1, slot.key
+    d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
+    shape0, dtype0, so0, onb0 = out_specs[0] if out_specs else (None, None, 0, 0)
+    graph0, cexec, last, point = slot.graph, nodes.exec, nodes.last, nodes.point
+    pools: Any = slabs[0] if slabs else None  # (and refill: see trt_runtime.slabs.Slabs.fields)
+    refill: Any = slabs[1] if slabs else None
+
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
+        if checked:
+            x = inputs[0]
+        elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor
+              or x.dtype is not d0 or x.get_device() != device or not x.is_contiguous()
+              or not (one or _fit(inputs, tensor, dtypes, device))):
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif x.shape != s0 if one else tuple([y.shape for y in inputs]) != shapes:
+            return _enter(  # type: ignore[no-any-return]
+                lane, miss, table, False, inputs, stream, outputs)
+        if slot.graph is not graph0:
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        if one:
+            static = (src := x.data_ptr()) == dst0
+        else:
+            srcs = [x.data_ptr() for x in inputs]
+            static = not all(map(operator.ne, srcs, dsts))
+        if static:  # a static buffer given: nothing to copy in for it, the plain way
+            core.fast_entry = plain
+            return plain(inputs, stream, outputs, True)  # type: ignore[no-any-return]
+        touch(key)
+        if lane._multi_device:
+            lane._set_device()
+        c = raw_stream(device) if stream is None or pools is not None else None
+        if stream is None and c in order.skip and order.tail == order.ours:
+            caller, run = None, order.ours
+        else:
+            caller, run = _follow(order, own, stream, c)
+        # each node pointed where its address changed (CopyNodes.point; False: refused)
+        if one:
+            if src != last[0] and not point(0, dst0, src, nb0):
+                return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif not all(s == last[i] or point(i, d, s, nb)
+                     for i, (d, s, nb) in enumerate(zip(dsts, srcs, nbs, strict=True))):
+            return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
+        if one_out:
+            y = (pools.get(c) or refill(c)).pop()[0] if pools is not None else empty(
+                shape0, dtype=dtype0, device=torch_device)
+            if (p := y.data_ptr()) != last[n] and not point(n, p, so0, onb0):
+                return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
+            out = [y]
+        elif out_specs:
+            out = list((pools.get(c) or refill(c)).pop()) if pools is not None else [
+                empty(shape, dtype=dtype, device=torch_device) for shape, dtype, _, _ in out_specs]
+            for j, (y, (_, _, so, onb)) in enumerate(zip(out, out_specs, strict=True), n):
+                if (p := y.data_ptr()) != last[j] and not point(j, p, so, onb):
+                    return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
+        else:
+            out = list(views)
+        (err,) = launch(cexec, run)
+        if err:
+            failed(err, "cudaGraphLaunch")
+        if caller is not None and run != caller:
+            order.after(caller)
         return out
-"""
 
-_TORCH_CALLER = "None if (c := raw_stream(device)) in order.skip or c == order.ours else c"
-
-
-def _names(prefix: str, count: int) -> list[str]:
-    return [f"{prefix}{i}" for i in range(count)]
+    return plan
 
 
-def _unpack(names: list[str], source: str) -> str:
-    return f"{', '.join(names)}, = {source}"
-
-
-def _any(terms: list[str]) -> str:
-    return " or ".join(terms)
-
-
-def _indent(lines: list[str]) -> str:
-    return "".join(f"        {line}\n" for line in lines)
-
-
-def _bind(var: str, name: str) -> list[str]:
-    """Bind ``var``'s address to tensor ``name`` unless the context has it already (the
-    record forgotten before TensorRT is told: an interrupt in between leaves it unbound)."""
-    return [f"p = {var}.data_ptr()", f"if bound_get({name}) != p:", "    ctx.bound_ptrs = ()",
-            f"    bound[{name}] = 0", f"    set_address({name}, p)", f"    bound[{name}] = p"]
-
-
-def _torch_head(xs: list[str], checks: list[str]) -> str:
-    """The start of a plan taking torch tensors ``xs`` (no ``outputs=``) that pass ``checks``."""
-    return _TORCH_HEAD.format(n=len(xs), unpack_in=_unpack(xs, "inputs"), checks=_any(checks))
-
-
-def _switch(xs: list[str], unusable: str = "", pick: str = "", enter: str = "other") -> str:
-    """Inputs ``xs`` of other shapes than ``s0``, ``s1``... go to that shape's plan in ``table``
-    (``unusable``: a further condition on the entry, such as a released graph; ``pick``: a
-    line choosing among the entry's plans; ``enter``: the function of it called)."""
-    shapes = _names("sh", len(xs))
-    return _SWITCH.format(before=_indent([f"{h} = {x}.shape" for h, x in zip(shapes, xs, strict=True)]),
-                          differs=_any([f"{h} != s{i}" for i, h in enumerate(shapes)]),
-                          key="(" + "".join(f"{h}, " for h in shapes) + ")", unusable=unusable,
-                          pick=pick, enter=enter)
-
-
-def _replay_head(xs: list[str], consts: list[str], plain: bool) -> dict[str, str]:
-    """The fields the two replay templates share: constants, the torch check of inputs
-    ``xs``, the switch to other captured shapes (``plain``: to the plain plan of a slot that
-    has two, since calls given static buffers tend to come in runs), the inputs'
-    addresses, the caller."""
-    return {
-        "consts": ", ".join(consts),
-        "torch_head": _torch_head(xs, [
-            f"type({x}) is not tensor or {x}.dtype is not d{i} or not {x}.is_contiguous()"
-            for i, x in enumerate(xs)
-        ]),
-        "switch": _switch(xs, " or other.graph is None", enter="other.go",
-                          pick=_indent(['    other = getattr(other, "plain", other)']) if plain else ""),
-        "sources": "; ".join(f"src{i} = {x}.data_ptr()" for i, x in enumerate(xs)),
-        "caller": _CALLER.format(default_caller=_TORCH_CALLER, torch_kind="True"),
-    }
-
-
-def _node_update(node: str, dst: str, src: str, nbytes: str, index: int, changing: str) -> list[str]:
-    """Lines pointing memcpy ``node`` (``index`` in ``last``) at ``dst`` and ``src``, unless
-    ``changing`` (the side that changes per call) is the address it has: the rule of
-    :meth:`trt_runtime.graphs.CopyNodes.point`, inlined (a call per node would cost the plan
-    about 0.2 µs). A refused address sends the call the plain way."""
-    return [f"if {changing} != last[{index}]:",
-            f"    (err,) = set1d(cexec, {node}, {dst}, {src}, {nbytes}, d2d)",
-            "    if err:",
-            f"        last[{index}] = None",
-            "        return plain(inputs, stream, outputs)",
-            f"    last[{index}] = {changing}"]
-
-
-def _slab_take(ys: list[str], var: str, stream: str) -> list[str]:
-    """Lines taking this call's outputs ``ys`` from the slabs made on torch's current stream
-    (``stream``, kept in ``var``; see :mod:`trt_runtime.slabs`)."""
-    return [f"{var} = {stream}", f"pool = pools.get({var})", "if not pool:", f"    pool = refill({var})",
-            _unpack(ys, "pool.pop()") if ys else "pool.pop()"]
-
-
-def _enqueue(trt: str, outs: list[str], default_caller: str, torch_kind: str) -> str:
-    """The tail of the pre-bound and natural plans: order with the caller, enqueue, return."""
-    caller = _CALLER.format(default_caller=default_caller, torch_kind=torch_kind)
-    return _ENQUEUE.format(caller=caller, run=_RUN, after=_AFTER, trt=trt, outs=", ".join(outs))
-
-
-@functools.cache
-def _compile(kind: str, n: int, m: int, variant: bool) -> Callable[..., Plan]:
-    """The ``make`` function of plan ``kind`` for ``n`` inputs and ``m`` outputs.
-    ``variant``: prebound, torch tensors (``data_ptr()``, else ``DeviceArray.ptr``);
-    natural, outputs made by ``x0.new_empty`` (else ``torch.empty``); replay and copying,
-    the static outputs' views handed over (else copies)."""
-    if n < 1:
-        raise ValueError(f"a plan needs at least one input; got {n}")
-    xs, ys = _names("x", n), _names("y", m)
-    fields: dict[str, str] = {"n": str(n), "m": str(m), "unpack_in": _unpack(xs, "inputs"),
-                              "outs": ", ".join(ys), "run": _RUN, "after": _AFTER}
-    if kind == "prebound":
-        arrays = xs + ys
-        ptr = "{}.data_ptr()" if variant else "{}.ptr"
-        consts = _names("a", n + m) + _names("p", n + m) + _names("s", n + m)
-        fields.update(
-            consts=", ".join(consts),
-            unpack_out=_unpack(ys, "outputs") if m else "",
-            # other arrays: the plan remembered for them (keyed by their ids, as
-            # fast_path.FastPaths.call_prebound looks them up)
-            switch=_SWITCH.format(differs=_any([f"{v} is not a{i}" for i, v in enumerate(arrays)]),
-                                  key="(" + "".join(f"id({v}), " for v in arrays) + ")", unusable="",
-                                  pick="", before="", enter="other"),
-            pointers=_any([f"{ptr.format(v)} != p{i}" for i, v in enumerate(arrays)]),
-            shapes=_any([f"{v}.shape != s{i}" for i, v in enumerate(arrays)]),
-            enqueue=_enqueue("ctx.trt_context", ys, "order.caller(None, torch_kind)", "torch_kind"),
-        )
-        template = _PREBOUND
-    elif kind in ("natural", "slab"):
-        consts = _names("d", n) + _names("s", n) + _names("name", n) + _names("out", m) + _names("shape", m)
-        bind_in = [line for i, x in enumerate(xs) for line in _bind(x, f"name{i}")]
-        alloc_out = []
-        caller = _TORCH_CALLER
-        if kind == "slab":
-            alloc_out += _slab_take(ys, "c", "raw_stream(device)")
-            caller = "None if c in order.skip or c == order.ours else c"
-        for i, y in enumerate(ys):
-            if kind == "natural":
-                alloc_out.append(f"{y} = x0.new_empty(shape{i})" if variant
-                                 else f"{y} = empty(shape{i}, dtype=od{i}, device=torch_device)")
-            alloc_out += _bind(y, f"out{i}")
-        consts += _names("od", m) + (["pools", "refill"] if kind == "slab" else [])
-        fields.update(
-            consts=", ".join(consts),
-            torch_head=_torch_head(xs, [
-                f"type({x}) is not tensor or {x}.dtype is not d{i} or {x}.get_device() != device "
-                f"or not {x}.is_contiguous()" for i, x in enumerate(xs)
-            ]),
-            switch=_switch(xs),
-            bind_in=_indent(bind_in), alloc_out=_indent(alloc_out),
-            enqueue=_enqueue("trt_context", ys, caller, "True"),
-        )
-        template = _NATURAL
-    elif kind == "replay":
-        consts = _names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n)
-        # cuda-python's own functions: no wrapper in the call
-        copies = []
-        for i in range(n):
-            copies += [f"if src{i} != dst{i} and nb{i}:",
-                       f"    (err,) = copy(dst{i}, src{i}, nb{i}, d2d, run)",
-                       "    if err:", "        failed(err, 'cudaMemcpyAsync')"]
-        fields.update(
-            _replay_head(xs, consts, plain=True),
-            graph_gone="graph is None", plain_way="", launched="graph",
-            # no input in its static buffer: the slot's own plan when that is another (copying)
-            to_copying=_indent([
-                f"if {' and '.join(f'src{i} != dst{i}' for i in range(n))} and (other := slot.plan) "
-                "is not None and other is not core.fast_entry:",
-                "    core.fast_entry = other",
-                "    return other.go(inputs, stream, outputs)"]),
-            # an input that is not the static buffer itself must be on the engine's device
-            foreign_device=_any([f"(src{i} != dst{i} and {x}.get_device() != device)"
-                                 for i, x in enumerate(xs)]),
-            copies=_indent(copies),
-            results="list(views)" if variant else "results(run)",
-        )
-        template = _REPLAY
-    elif kind in ("copying", "copying-slab"):
-        consts = (_names("d", n) + _names("s", n) + _names("dst", n) + _names("nb", n) + _names("nin", n)
-                  + _names("shape", m) + _names("od", m) + _names("so", m) + _names("onb", m)
-                  + _names("nout", m) + (["pools", "refill"] if kind == "copying-slab" else []))
-        # each node pointed at the call's buffers where it changed (CopyNodes.point); an
-        # address CUDA refuses (memory of another kind than the node was built with) sends
-        # the call the plain way, copying with cudaMemcpyAsync
-        set_in = []
-        for i in range(n):
-            set_in += _node_update(f"nin{i}", f"dst{i}", f"src{i}", f"nb{i}", i, changing=f"src{i}")
-        alloc_out = []
-        if kind == "copying-slab":
-            # (``c``: torch's current stream when the caller's is torch's, from the caller expression)
-            alloc_out += _slab_take(ys, "cs", "c if stream is None else raw_stream(device)")
-        for j, y in enumerate(ys):
-            if kind == "copying":
-                alloc_out.append(f"{y} = empty(shape{j}, dtype=od{j}, device=torch_device)")
-            alloc_out += [f"p = {y}.data_ptr()",
-                          *_node_update(f"nout{j}", "p", f"so{j}", f"onb{j}", n + j, changing="p")]
-        fields.update(
-            _replay_head(xs, consts, plain=False),
-            graph_gone="graph is not graph0", launched="cexec",
-            foreign_device=_any([f"{x}.get_device() != device" for x in xs]),
-            to_copying="",
-            plain_way=_indent([f"if {_any([f'src{i} == dst{i}' for i in range(n)])}:",
-                               "    core.fast_entry = plain",
-                               "    return plain.go(inputs, stream, outputs)"]),
-            copies=_indent(set_in + alloc_out),
-            # variant: "view" mode, the static outputs' views handed over (no output nodes)
-            results="list(views)" if variant else f"[{', '.join(ys)}]",
-        )
-        template = _REPLAY
-    else:
-        raise ValueError(
-            "plan kind must be one of 'prebound', 'natural', 'slab', 'replay', 'copying', 'copying-slab'; "
-            f"got {kind!r}"
-        )
-    if template is _REPLAY:
-        fields["body"] = _REPLAY_BODY.format(**fields)
-    source = template.format(**fields)
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<trt_runtime plan: {kind} {n}->{m}>", "exec"), namespace)
-    return namespace["make"]  # type: ignore[no-any-return]
-
-
+# -- the entry points: what a plan needs, read from the lane once ---------------------------------
 def prebound_plan(lane: Any, fast: Any, torch_ptrs: bool) -> Plan:
     """The plan of a remembered pre-bound call ``fast`` (a :class:`.fast_path.FastPath`)
     of the lane's current context; ``torch_ptrs``: its arrays are torch tensors (else
     ``DeviceArray``\\ s)."""
-    from trt_runtime_backends.python.fast_path import prepare_state
-
-    make = _compile("prebound", len(fast.in_ids), len(fast.out_ids), torch_ptrs)
     prepare = functools.partial(prepare_state, lane, fast.shape_key, fast.dynamic_dims, fast.out_shapes,
                                 fast.ptrs)
-    return make(lane, lane.call_fast, lane._order, lane._stream, lane.lane.context, fast.shape_key, fast.ptrs,
-                prepare, fast.torch, lane._fast_paths.prebound, *fast.arrays, *fast.ptrs, *fast.shapes)
+    return _prebound(
+        lane, lane.call_fast, lane._order, lane._stream, ctx=lane.lane.context, key=fast.shape_key,
+        prepare=prepare, torch_kind=fast.torch, table=lane._fast_paths.prebound, arrays=fast.arrays,
+        ptrs=fast.ptrs, shapes=fast.shapes, n=len(fast.in_ids),
+        ptr_of=type(fast.arrays[0]).data_ptr if torch_ptrs else _ptr_attr,
+    )
 
 
 def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
     """The plan of a remembered natural call ``entry`` (a :class:`.fast_path.NaturalCall`)
     of the lane's current context, for torch inputs of ``shapes`` (``torch.Size``\\ s)."""
-    from trt_runtime_backends.python.fast_path import restore_shapes
-
     bridge = lane._torch
     ctx = lane.lane.context
     names, out_shapes, dtypes = zip(*entry.outputs, strict=True) if entry.outputs else ((), (), ())
-    slabs = slab_pools(bridge.empty, bridge.device, out_shapes, dtypes) or ()
-    make = _compile("slab" if slabs else "natural", len(shapes), len(entry.outputs), entry.like_input)
     restore = functools.partial(restore_shapes, lane, ctx, entry.shape_key, entry.dynamic_dims,
                                 entry.out_shapes)
-    return make(
-        lane, lane.call_fast, lane._order, lane._stream, ctx, entry.shape_key, restore, bridge.tensor,
-        lane._device, bridge.raw_stream, ctx.bound, bridge.empty, bridge.device, lane._fast_paths.natural,
-        *bridge.in_dtypes, *shapes, *lane._in_names, *names, *out_shapes, *dtypes, *slabs,
+    return _natural(
+        lane, lane.call_fast, lane._order, lane._stream, ctx, key=entry.shape_key, restore=restore,
+        tensor=bridge.tensor, dtypes=bridge.in_dtypes, shapes=shapes, device=lane._device,
+        table=lane._fast_paths.natural, raw_stream=bridge.raw_stream, names=tuple(lane._in_names), outs=names,
+        out_specs=tuple(zip(out_shapes, dtypes, strict=True)), like_input=entry.like_input,
+        empty=bridge.empty, torch_device=bridge.device,
+        slabs=slab_pools(bridge.empty, bridge.device, out_shapes, dtypes),
     )
 
 
@@ -438,21 +452,16 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     static outputs handed back when it has views of them (``"view"``), else copies; the
     copies made by the memcpy nodes of the slot's :class:`~trt_runtime.graphs.CopyNodes` graph when it
     has one (inputs that are the static buffers themselves go the plain way)."""
-    from trt_runtime_backends.python.graphs import replay_failed, torch_results
-
     bridge = lane._torch
     ops = lane.graphs
     views = slot.output_views  # "view" mode: handed over as they are
-    make = _compile("replay", len(shapes), 0, views is not None)
-    launch, copy = ops.rt.cudaGraphLaunch, ops.rt.cudaMemcpyAsync
+    common = dict(lane=lane, miss=lane.call_fast, order=lane._order, own=lane._stream, slot=slot,
+                  tensor=bridge.tensor, dtypes=bridge.in_dtypes, shapes=shapes, table=graphs.shortcuts,
+                  touch=graphs.cache.touch, device=lane._device, raw_stream=bridge.raw_stream,
+                  dsts=tuple(slot.in_ptrs), nbs=tuple(slot.in_nbytes), launch=ops.rt.cudaGraphLaunch,
+                  failed=functools.partial(replay_failed, lane), views=views)
     results = functools.partial(torch_results, lane, slot, view=False)
-    failed = functools.partial(replay_failed, lane)
-    set1d = getattr(ops.rt, "cudaGraphExecMemcpyNodeSetParams1D", None)
-    head = (lane, lane.call_fast, lane._order, lane._stream, slot, slot.graph, graphs.cache.touch, launch,
-            copy, set1d, ops.d2d, failed, results, views)
-    tail = (bridge.empty, bridge.device, bridge.tensor, lane._device, bridge.raw_stream, graphs.shortcuts,
-            *bridge.in_dtypes, *shapes, *slot.in_ptrs, *slot.in_nbytes)
-    plain = make(*head, None, None, None, *tail)
+    plain = _plain_replay(**common, copy=ops.rt.cudaMemcpyAsync, d2d=ops.d2d, results=results)
     copying = ops.copying.get(int(slot.graph))
     # "view" mode hands the views over and has no output nodes; "copy" mode copies every
     # output out through its node (the outer mode cannot change under a graph: changing it
@@ -464,9 +473,10 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     out_dtypes = [io.torch_dtype for io in lane._out[:m]]
     # "copy" mode: the outputs copied out through the nodes come from slabs, as a natural
     # call's do (each call's at a new address: one node update per output, no torch.empty)
-    slabs = slab_pools(bridge.empty, bridge.device, out_shapes, out_dtypes) or ()
-    make = _compile("copying-slab" if slabs else "copying", len(shapes), m, views is not None)
-    made = make(*head, plain, copying.exec, copying.last, *tail, *copying.ins, *out_shapes, *out_dtypes,
-                *slot.out_ptrs[:m], *slot.out_nbytes[:m], *copying.outs, *slabs)
+    made = _nodes_replay(
+        **common, empty=bridge.empty, torch_device=bridge.device, nodes=copying, plain=plain,
+        out_specs=tuple(zip(out_shapes, out_dtypes, slot.out_ptrs[:m], slot.out_nbytes[:m], strict=True)),
+        slabs=slab_pools(bridge.empty, bridge.device, out_shapes, out_dtypes),
+    )
     made.plain = plain  # type: ignore[attr-defined]  # where a plain plan's shape switch goes
     return made

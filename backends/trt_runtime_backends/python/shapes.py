@@ -37,7 +37,8 @@ from typing import Any
 from trt_runtime.contract import fmt_shape
 from trt_runtime.errors import EngineError, InputError
 
-__all__ = ["SHAPE_CONTEXTS", "ShapeContexts", "apply_shapes", "restore_shapes", "select_profile"]
+__all__ = ["SHAPE_CONTEXTS", "ShapeContexts", "apply_shapes", "prepare_state", "restore_shapes",
+           "select_profile"]
 
 #: Execution contexts a lane may hold, one per input-shape signature, by default.
 SHAPE_CONTEXTS = 4
@@ -245,6 +246,30 @@ def restore_shapes(lane: Any, ctx: Any, shape_key: tuple[Any, int],
         lane._fit_device_memory(ctx)
     ctx.shape_key = shape_key
     ctx.out_shapes = out_shapes
+    return True
+
+
+def prepare_state(lane: Any, shape_key: tuple[Any, int],
+                  dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...], out_shapes: Any,
+                  ptrs: tuple[int, ...]) -> bool:
+    """Put the lane's context in the state a pre-bound call was recorded in: its shapes (the
+    same profile only) and its addresses. False sends the call down the full path."""
+    ctx = lane.lane.context
+    if ctx is None:
+        return False
+    if ctx.shape_key != shape_key and not restore_shapes(lane, ctx, shape_key, dynamic_dims, out_shapes):
+        return False
+    if ctx.bound_ptrs != ptrs:
+        ctx.bound_ptrs = ()  # (records forgotten before TensorRT is told: see plans._bind)
+        trt_context = ctx.trt_context
+        bound = ctx.bound
+        for name, ptr in zip(lane._io_names, ptrs, strict=True):
+            if bound.get(name) != ptr:
+                bound[name] = 0
+                trt_context.set_tensor_address(name, ptr)
+                bound[name] = ptr
+    ctx.shape_key = shape_key
+    ctx.bound_ptrs = ptrs
     return True
 
 

@@ -181,24 +181,6 @@ def test_plans_a_threads_first_call_makes_the_device_current_even_on_a_plan(torc
     assert state.activations == before + 3  # each thread went straight to the plan
 
 
-@pytest.mark.parametrize(("n", "m"), [(1, 1), (2, 3), (3, 0)])
-def test_plans_compile_for_any_arity(n: int, m: int) -> None:
-    for kind, variant in (("prebound", True), ("prebound", False), ("natural", True), ("natural", False),
-                          ("slab", False), ("replay", False), ("replay", True), ("copying", False),
-                          ("copying", True), ("copying-slab", False)):
-        make = plans._compile(kind, n, m, variant)
-        assert callable(make) and make.__code__.co_filename == f"<trt_runtime plan: {kind} {n}->{m}>"
-    assert plans._compile("natural", n, m, True) is plans._compile("natural", n, m, True)  # once
-
-
-def test_plans_compile_rejects_what_has_no_plan() -> None:
-    kinds = "'prebound', 'natural', 'slab', 'replay', 'copying', 'copying-slab'"
-    with pytest.raises(ValueError, match=f"plan kind must be one of {kinds}; got 'x'"):
-        plans._compile("x", 1, 1, False)
-    with pytest.raises(ValueError, match="a plan needs at least one input; got 0"):
-        plans._compile("natural", 0, 1, False)
-
-
 def test_plans_prebound_device_arrays_use_their_ptr() -> None:
     engine = _fake_engine()
     x = DeviceArray(_FakeBuffer(32), (2, 4), "float32", 0)
