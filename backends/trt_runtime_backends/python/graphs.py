@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from trt_runtime_backends.python import cuda, plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
-from trt_runtime_backends.python.graph_buffers import copy_device, replay_failed, torch_results, torch_views
 from trt_runtime_backends.python.contract import Inspection
 from trt_runtime_backends.python.fast_path import shape_key
 from trt_runtime_backends.python.graph_buffers import copy_device, replay_failed, torch_results, torch_views
