@@ -1,11 +1,13 @@
 # Source on the GPU host, after the staged stack's install.sh (see ../shared/gpu/stage.sh):
 #   source .gpu/p18/install.sh && source tools/gpu_round.sh STEP [STEP ...]
+# (Do not pipe that line: a pipe runs it in a subshell, and the commands after it lose the installed
+# checkout on PYTHONPATH. Give later work its own step, or `source tools/gpu_setup.sh` again.)
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
 # logging to $OUT/STEP.log. Steps: env, suite (SUITE_WORKERS xdist workers, default 8; cut at SUITE_LIMIT s, default 520;
 # a test past 120 s has its stacks dumped and its worker killed, so a native hang is named too; its
 # last lines name the failed tests, tools/gpu_suite_summary.py), suite3 (the suite three times, each a fresh pytest
 # cut at SUITE3_LIMIT s, default 180: per run its counts and failed tests, then the total wall time), suite-python (python backend only), bench,
-# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, the two backends side by side, apart from the suite; TRT_RUNTIME_FAULT_CYCLES), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), exitprobe (benchmarks/probes/gpu_exit_abort_probe.py: the daemon-thread exit scenario and its one-hypothesis variants, EXITPROBE_ARGS), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, the two backends side by side, apart from the suite; TRT_RUNTIME_FAULT_CYCLES), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -55,10 +57,11 @@ for step in "$@"; do
     layerrace) for _l in ${LAYERRACE_LAYERS:-stem conv3 conv3s2 proj conv3late maxpool gap fc}; do echo "== $_l";
                  python3 benchmarks/probes/gpu_graph_race_probe.py --layer "$_l" --modes eager-gated,graphs-gated,graphs-streams \
                    --out "$OUT/layerrace-$_l" ${LAYERRACE_ARGS:-}; done 2>&1 | tee "$OUT/layerrace.log" | grep -v "^  build" | tail -40 ;;
+    exitprobe) timeout 150 python3 benchmarks/probes/gpu_exit_abort_probe.py --out "$OUT/exitprobe" ${EXITPROBE_ARGS:---n 8 --jobs 16} 2>&1 | tee "$OUT/exitprobe.log" | tail -40 ;;
     hang) bash tools/gpu_hang_probe.sh 2>&1 | tee "$OUT/hang.log" | tail -40 ;;
     shapes) python3 benchmarks/probes/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
-    *) echo "gpu_round: unknown step $step (env suite suite3 soak suite-python bench concurrency serve onnx race shapes exit churn steps floor graphrace layerrace gil hang pack)" ;;
+    *) echo "gpu_round: unknown step $step (env suite suite3 soak suite-python bench concurrency serve onnx race shapes exit exitprobe churn steps floor graphrace layerrace gil hang pack)" ;;
   esac
   echo "gpu_round: step $step took $(( $(date +%s) - t0 )) s"
 done
