@@ -8,9 +8,9 @@ keeps a *plan* for it: a closure made for that call whose constants (the arrays 
 and shapes seen, the device, the context, the functions it calls) are bound by name when
 it is made, with nothing looked up twice. A plan of one input (most engines) takes a
 branch written for one input (and one output); other arities loop. The core pipeline
-calls the lane's current plan first (``EngineBase._fast_entry``); a plan that does not
-apply hands the call to the lane's ``_call_fast``, which finds the plan that does in its
-tables (and makes it current) or sends the call down the full path.
+calls the lane's current plan first (``Lane.fast_entry``); a plan that does not
+apply hands the call to the lane ops' ``call_fast`` (:class:`.lane.PythonLane`), which finds
+the plan that does in its tables (and makes it current) or sends the call down the full path.
 
 Three kinds, each checking exactly what the table lookup they replace checked:
 
@@ -37,9 +37,10 @@ A plan holds no TensorRT object: it reads the context's ``trt_context`` on each 
 dropping a context (``execution_context.drop_context``) releases it then and there,
 whatever plan is still referenced; nor does it reference itself, nor (natural and
 pre-bound plans) its table entry: a cycle would keep it, and anything it holds, until the
-garbage collector runs. Per call a
-plan reads these attributes of the lane and no other: ``_fast_entry`` (written on a
-switch), ``_context``, ``_multi_device``, ``_set_device`` and ``_execute_failed``.
+garbage collector runs. Per call a plan reads these attributes and no other: of the core
+lane (``trt_runtime.lane.Lane``), ``fast_entry`` (written on a switch) and ``context``; of
+the lane's ops (:class:`.lane.PythonLane`), ``_multi_device``, ``_set_device`` and
+``execute_failed``.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _switch(lane: Any, miss: Any, entry: Any, inputs: tuple[Any, ...], stream: A
     inputs (their shapes; their arrays, not ``checked``), which becomes the lane's current
     plan, entered past the checks the inputs just passed when ``checked`` (every natural plan
     of a lane checks alike: one tensor type, device and dtypes); ``miss`` when there is none
-    or it is the current plan (it declined this very call). No way round ``_call_fast`` for
+    or it is the current plan (it declined this very call). No way round ``call_fast`` for
     inputs seen before."""
     core = lane.lane  # the core lane: its context and current plan
     other = None if entry is None else entry.plan
