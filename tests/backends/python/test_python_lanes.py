@@ -1,7 +1,8 @@
 """The python backend's contexts by TensorRT's rule: for an engine with dynamic input shapes,
 contexts in concurrent use never share an optimization profile, so each further context
 gets an ICudaEngine of its own (deserialized from the same plan); a static engine's share
-one. memory_usage() counts the weights of every engine."""
+one. memory_usage() counts the weights of every engine. The backend's own settings
+(profile, output_allocator, shape_contexts) reach every lane, and the lanes made later."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _python_doubles import _fake_engine, _FakeTrtEngine
+from _python_doubles import FakeTorch, _fake_engine, _FakeTrtEngine
 
 from trt_runtime import EngineError, EngineSource
 
@@ -101,3 +102,37 @@ def test_python_lanes_failed_deserialize_keeps_the_contexts_it_has(monkeypatch: 
     assert engine.contexts == 1 and len(clones) == 1 and clones[0].closed  # nothing left half-made
     np.testing.assert_array_equal(engine.execute(np.ones((2, 4), np.float32))[0].shape, (2, 4))
     engine.close()
+
+
+def test_python_lanes_backend_settings_reach_every_lane_and_the_lanes_made_later(torch: FakeTorch) -> None:
+    """``profile``, ``output_allocator`` and ``shape_contexts`` are the engine's: a change
+    reaches every lane (remembered calls forgotten, contexts dropped), and a lane that
+    ``contexts = N`` makes later starts with them."""
+    engine = _fake_engine()
+    engine.contexts = 2
+    x = torch.cuda_tensor((2, 4))
+
+    def call_each_lane() -> None:
+        for lane in engine._lanes:
+            for _ in range(2):  # the second call runs the plan the first one made
+                (y,) = lane.guarded_call(False, (x,), None, None, None)
+                assert tuple(y.shape) == (2, 4)
+
+    call_each_lane()
+    assert all(lane.fast_entry != lane.ops.call_fast for lane in engine._lanes)
+    engine.profile = 0
+    assert all(lane.fast_entry == lane.ops.call_fast for lane in engine._lanes)
+    assert not any(lane.ops._fast_paths.natural for lane in engine._lanes)  # type: ignore[attr-defined]
+    assert engine.has_context()
+    engine.output_allocator = "always"
+    assert not engine.has_context()
+    call_each_lane()
+    engine.shape_contexts = 1
+    assert not engine.has_context()
+    engine.contexts = 3
+    call_each_lane()
+    for lane in engine._lanes:
+        ops: Any = lane.ops
+        assert set(lane.context.allocators) == {"y"} and ops._shape_contexts.limit == 1
+        assert ops.shared.profile == 0
+    assert engine.context_creations == 2 + 2 + 3
