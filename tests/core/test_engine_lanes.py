@@ -56,9 +56,16 @@ class _Recording(MemoryLane):
 
     def sync(self) -> None:
         self.counts["sync"] += 1
+        self._depth()
 
     def release(self) -> None:
         self.counts["release"] += 1
+        self._depth()
+
+    def _depth(self) -> None:
+        guard = self.lane.device_guard
+        if isinstance(guard, _Guard):
+            self.engine.depths.append(guard.depth)
 
     def after_fork(self) -> None:
         self.counts["after_fork"] += 1
@@ -68,6 +75,7 @@ class _Recording(MemoryLane):
         self.engine.events.append(("thread_start", threading.get_ident(), self.lane))
 
     def create_context(self, settings: Any, cache: Any) -> Any:
+        self._depth()
         if self.engine.fail:
             raise self.engine.fail.pop(0)
         return super().create_context(settings, cache)
@@ -106,6 +114,7 @@ class _Engine(MemoryEngine):
     fail: list[BaseException]
     events: list[tuple[str, int, Lane]]
     before_run: Any
+    depths: list[int]
 
 
 def _engine(contexts: int = 1) -> _Engine:
@@ -115,7 +124,7 @@ def _engine(contexts: int = 1) -> _Engine:
     data = MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)], name="lanes")
     engine = backend.load_engine(EngineSource(data, name="lanes"))
     assert isinstance(engine, _Engine)
-    engine.fail, engine.events, engine.before_run = [], [], None
+    engine.fail, engine.events, engine.before_run, engine.depths = [], [], None, []
     engine.contexts = contexts
     return engine
 
@@ -212,6 +221,27 @@ def test_engine_lanes_static_inputs_are_the_first_lanes() -> None:
     (out,) = engine._lanes[0].guarded_call(False, (static,), None, None, None)
     np.testing.assert_array_equal(out, Y)
     assert engine.static_inputs((2, 4))[0] is static  # the same buffer until the graphs go
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda e: setattr(e, "runtime_settings", CAPTURE), id="settings"),
+    pytest.param(lambda e: setattr(e, "outer_graph", "copy"), id="outer_graph"),
+    pytest.param(lambda e: setattr(e, "contexts", 1), id="contexts"),
+    pytest.param(lambda e: e.invalidate_context(), id="invalidate_context"),
+    pytest.param(lambda e: e.reset_graphs(), id="reset_graphs"),
+    pytest.param(lambda e: (e.invalidate_context(), e.ensure_context()), id="ensure_context"),
+    pytest.param(lambda e: e.close(), id="close"),
+])
+def test_engine_lanes_every_change_runs_inside_the_device_guard_on_every_lane(change: Any) -> None:
+    engine = _engine(contexts=2)
+    guard = _Guard()
+    engine._set_device_guard(guard)
+    _on_each_lane(engine)
+    engine.depths.clear()
+    entered = guard.entered
+    change(engine)
+    assert guard.entered > entered and guard.entered == guard.exited and guard.depth == 0
+    assert engine.depths and set(engine.depths) == {1}  # the lanes' work ran inside it, once deep
 
 
 # -- the fast entry --------------------------------------------------------------------------------------
@@ -402,15 +432,22 @@ def test_engine_lanes_interrupt_in_context_creation_passes_unchanged() -> None:
 
 
 class _Guard:
-    """A DeviceGuard that counts its entries and exits."""
+    """A DeviceGuard that counts its entries and exits, and how deep the thread is in it."""
 
     def __init__(self) -> None:
         self.entered = 0
         self.exited = 0
+        self._local = threading.local()
+
+    @property
+    def depth(self) -> int:
+        return getattr(self._local, "depth", 0)
 
     def enter(self) -> object:
         self.entered += 1
+        self._local.depth = self.depth + 1
         return self.entered
 
     def exit(self, token: object) -> None:
         self.exited += 1
+        self._local.depth = self.depth - 1
