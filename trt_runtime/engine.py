@@ -453,8 +453,9 @@ class EngineBase(abc.ABC):
             raise EngineError(f"engine {self.name!r} is closed")
 
     def close(self) -> None:
-        """Release the contexts and the engine; idempotent. Calls in flight finish first;
-        calls waiting for a context then raise :class:`~trt_runtime.EngineError`."""
+        """Release the contexts and the engine; idempotent. Calls in flight finish first, and
+        the calls already waiting for a context (in arrival order); later calls raise
+        :class:`~trt_runtime.EngineError`."""
         if exiting():  # the exit hook holds every lane: closed, the process releases the rest
             for lane in self._pool.lanes:
                 lane.closed = True

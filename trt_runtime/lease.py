@@ -152,6 +152,14 @@ class ContextPool(Generic[T]):
                 if slot is not None:
                     return slot
             self.waiters.append(waiter)
+        try:
+            return self._queued(waiter, timeout)
+        except BaseException:  # a KeyboardInterrupt in the wait, say: out of the queue, lane given back
+            self._abandon(waiter)
+            raise
+
+    def _queued(self, waiter: _Waiter, timeout: float | None) -> Slot[T]:
+        """Wait in the queue until ``waiter`` has a slot (see :meth:`_wait`)."""
         deadline = None if timeout is None else waiter.since + timeout
         while True:
             if _EXITING.is_set():
@@ -179,6 +187,16 @@ class ContextPool(Generic[T]):
         if slot is _CLOSED:
             raise EngineError(f"engine {self._engine!r} was closed while this call waited for a context")
         return slot  # type: ignore[no-any-return]
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """``waiter`` stops waiting: it leaves the queue, and a slot handed to it meanwhile
+        goes back to the pool (else no call would ever lease that lane again)."""
+        with self._lock:
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+            slot = waiter.slot  # (set under this lock by give_back: no hand-over after this)
+        if slot is not None and slot is not _CLOSED and not _EXITING.is_set():
+            self.give_back(slot)
 
     def _timeout(self, waiter: _Waiter, timeout: float | None) -> ContextLeaseTimeout:
         waited = time.monotonic() - waiter.since

@@ -24,6 +24,7 @@ from trt_runtime import (
     OuterGraph,
     RuntimeSettings,
     TensorSpec,
+    lease,
 )
 from trt_runtime import engine as engine_module
 from trt_runtime.lane import Lane
@@ -299,6 +300,44 @@ def test_engine_lanes_close_releases_every_lane_once() -> None:
             attempt()
 
 
+def test_engine_lanes_close_serves_the_calls_queued_before_it_and_refuses_the_later_ones() -> None:
+    engine = _engine()
+    entered, go = threading.Event(), threading.Event()
+
+    def hold(ops: _Recording) -> None:
+        engine.before_run = None
+        entered.set()
+        go.wait(5)
+
+    engine.before_run = hold
+    outcome: dict[str, Any] = {}
+
+    def call(name: str) -> None:
+        try:
+            outcome[name] = engine(X)
+        except EngineError as exc:
+            outcome[name] = exc
+
+    def queued(n: int) -> None:
+        while len(engine._pool.waiters) < n:
+            threading.Event().wait(0.001)
+
+    threads = [threading.Thread(target=call, args=("in flight",))]
+    threads[0].start()
+    assert entered.wait(5)
+    for target in (lambda: call("queued"), engine.close, lambda: call("later")):  # in this order
+        threads.append(threading.Thread(target=target))
+        threads[-1].start()
+        queued(len(threads) - 1)
+    go.set()
+    for t in threads:
+        t.join(10)
+    assert (outcome["in flight"] == Y).all() and (outcome["queued"] == Y).all()
+    assert isinstance(outcome["later"], EngineError)
+    assert "engine 'lanes' was closed while this call waited" in str(outcome["later"])
+    assert engine.closed
+
+
 def test_engine_lanes_close_at_exit_marks_every_lane_closed_and_releases_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _engine(contexts=2)
@@ -385,6 +424,57 @@ def test_engine_lanes_interrupted_call_hands_its_lane_to_a_waiter() -> None:
     for t in threads:
         t.join(10)
     assert outcome["first"] == "interrupted" and (outcome["second"] == Y).all()
+
+
+@pytest.mark.parametrize("handed", [False, True], ids=["waiting", "handed-a-lane"])
+def test_engine_lanes_call_interrupted_while_waiting_for_a_lane_leaves_the_queue(
+        handed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C while a call waits for a lane: the call leaves the queue, and a lane handed
+    to it just before goes back to the pool (else the engine would wait for it for good)."""
+    engine = _engine()
+    entered, go = threading.Event(), threading.Event()
+
+    def hold(ops: _Recording) -> None:
+        engine.before_run = None
+        entered.set()
+        go.wait(5)
+
+    engine.before_run = hold
+    holder = threading.Thread(target=engine, args=(X,))
+    holder.start()
+    assert entered.wait(5)
+
+    class Interrupted(lease._Waiter):
+        """A waiter interrupted in its wait (after the holder handed it the lane, if ``handed``)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            real, waiter = self.lock, self
+
+            class Lock:
+                def acquire(self, *args: Any, **kwargs: Any) -> bool:
+                    if handed:
+                        waiter.since -= 1.0  # waited long enough to be handed the lane
+                        go.set()
+                        holder.join(5)
+                        assert waiter.slot is not None
+                    raise KeyboardInterrupt
+
+                def release(self) -> None:
+                    real.release()
+
+            self.lock = Lock()  # type: ignore[assignment]
+
+    monkeypatch.setattr(lease, "_Waiter", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine(X)
+    monkeypatch.undo()
+    assert not engine._pool.waiters
+    go.set()
+    holder.join(5)
+    engine.lease_timeout = 2.0
+    np.testing.assert_array_equal(engine(X), Y)
+    engine.close()
 
 
 def test_engine_lanes_lease_timeout_refuses_a_call_while_every_lane_is_busy() -> None:
