@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _python_doubles import FakeTorch, _fake_engine, _FakeTrtEngine
+from _python_doubles import FakeTorch, _fake_engine, _FakeContext, _FakeTrtEngine
 
-from trt_runtime import EngineError, EngineSource
+from trt_runtime import CapabilityError, EngineError, EngineSource
 
 pytestmark = pytest.mark.filterwarnings("ignore::trt_runtime.ContextOverlapWarning")
 
@@ -136,3 +136,33 @@ def test_python_lanes_backend_settings_reach_every_lane_and_the_lanes_made_later
         assert set(lane.context.allocators) == {"y"} and ops._shape_contexts.limit == 1
         assert ops.shared.profile == 0
     assert engine.context_creations == 2 + 2 + 3
+
+
+def test_python_lanes_an_output_one_lane_finds_data_dependent_is_so_for_the_engine(
+        torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output whose shape TensorRT leaves unknown on a lane's first run is data-dependent
+    for every lane and for the engine: ``outputs`` says so, the outer graph is refused, and
+    the other lanes' next contexts give it an output allocator."""
+    engine = _fake_engine()
+    engine.contexts = 2
+    first, second = engine._lanes
+    x = torch.cuda_tensor((2, 4))
+    first.guarded_call(False, (x,), None, None, None)
+    original = _FakeContext.get_tensor_shape
+    unknown = [True]
+
+    def shape(self: _FakeContext, name: str) -> tuple[int, ...]:
+        if name == "y" and unknown:  # once: TensorRT's shape inference on the second lane
+            unknown.clear()
+            return (-1, 4)
+        return original(self, name)
+
+    monkeypatch.setattr(_FakeContext, "get_tensor_shape", shape)
+    (y,) = second.guarded_call(False, (x,), None, None, None)
+    assert tuple(y.shape) == (2, 4) and set(second.context.allocators) == {"y"}
+    assert engine.data_dependent_outputs == ["y"] and engine.outputs[0].data_dependent
+    with pytest.raises(CapabilityError, match=r"outputs \['y'\] have data-dependent shapes"):
+        engine.outer_graph = "copy"
+    engine.invalidate_context()
+    first.guarded_call(False, (x,), None, None, None)
+    assert set(first.context.allocators) == {"y"}
