@@ -5,6 +5,7 @@
 uses them. It follows CUDA's rules where placement depends on them: the current context
 is per thread (a new thread has none), and a stream or a buffer is created in the
 context current at that moment, not on the device object it was asked of.
+:class:`RecordingGuard` is a ``DeviceGuard`` that counts its entries and exits.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FakeDriver", "FakeGpus"]
+__all__ = ["FakeDriver", "FakeGpus", "RecordingGuard"]
 
 
 class _Ok(int):
@@ -158,3 +159,26 @@ class FakeDriver:
         self.sets.append(int(ctx))
         self.current = int(ctx)
         return (0,)
+
+
+class RecordingGuard:
+    """A DeviceGuard that counts, and tells whether the work ran inside it."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.exited = 0
+        self._depth = threading.local()
+
+    @property
+    def depth(self) -> int:
+        return getattr(self._depth, "value", 0)
+
+    def enter(self) -> object:
+        self.entered += 1
+        self._depth.value = self.depth + 1
+        return ("token", self.entered)
+
+    def exit(self, token: object) -> None:
+        assert isinstance(token, tuple) and token[0] == "token"
+        self.exited += 1
+        self._depth.value = self.depth - 1

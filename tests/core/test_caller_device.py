@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _device_doubles import FakeDriver
+from _device_doubles import FakeDriver, RecordingGuard
 from _python_doubles import _fake_engine
 from _torchbind_doubles import cuda, make_backend, source
 from trt_runtime_backends.python.cuda import CallerDevice
@@ -20,29 +20,6 @@ from trt_runtime_backends.python.engine import PythonEngine
 import trt_runtime as trt
 from trt_runtime import InputError, RuntimeSettings, TensorSpec, enable_cudagraphs
 from trt_runtime.testing.memory import AffineOutput, MemoryBackend, MemoryLane
-
-
-class RecordingGuard:
-    """A DeviceGuard that counts, and tells whether the work ran inside it."""
-
-    def __init__(self) -> None:
-        self.entered = 0
-        self.exited = 0
-        self._depth = threading.local()
-
-    @property
-    def depth(self) -> int:
-        return getattr(self._depth, "value", 0)
-
-    def enter(self) -> object:
-        self.entered += 1
-        self._depth.value = self.depth + 1
-        return ("token", self.entered)
-
-    def exit(self, token: object) -> None:
-        assert isinstance(token, tuple) and token[0] == "token"
-        self.exited += 1
-        self._depth.value = self.depth - 1
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _device_doubles import RecordingGuard
 from _python_doubles import FakeTorch, _fake_engine, fake_torch_fixture
 
 from trt_runtime import (
@@ -65,7 +66,7 @@ class _Recording(MemoryLane):
 
     def _depth(self) -> None:
         guard = self.lane.device_guard
-        if isinstance(guard, _Guard):
+        if isinstance(guard, RecordingGuard):
             self.engine.depths.append(guard.depth)
 
     def after_fork(self) -> None:
@@ -118,12 +119,14 @@ class _Engine(MemoryEngine):
     depths: list[int]
 
 
+AFFINE = MemoryBackend.build_engine([TensorSpec("x", "float32", (2, 4), is_input=True)],
+                                    [AffineOutput("y", "x", scale=2.0, bias=1.0)], name="lanes")
+
+
 def _engine(contexts: int = 1) -> _Engine:
     backend = MemoryBackend()
     backend.engine_class = _Engine
-    spec = TensorSpec("x", "float32", (2, 4), is_input=True)
-    data = MemoryBackend.build_engine([spec], [AffineOutput("y", "x", scale=2.0, bias=1.0)], name="lanes")
-    engine = backend.load_engine(EngineSource(data, name="lanes"))
+    engine = backend.load_engine(EngineSource(AFFINE, name="lanes"))
     assert isinstance(engine, _Engine)
     engine.fail, engine.events, engine.before_run, engine.depths = [], [], None, []
     engine.contexts = contexts
@@ -154,7 +157,7 @@ def _fast(lane: Lane) -> bool:
 # -- changes reach every lane, and the lanes made later ------------------------------------------------
 def test_engine_lanes_made_later_take_the_settings_the_wrap_and_the_guard() -> None:
     engine = _engine()
-    guard = _Guard()
+    guard = RecordingGuard()
     engine.runtime_settings = CAPTURE
     engine.outer_graph = OuterGraph(outputs="view", max_graphs=2)
     engine._set_device_guard(guard)
@@ -235,7 +238,7 @@ def test_engine_lanes_static_inputs_are_the_first_lanes() -> None:
 ])
 def test_engine_lanes_every_change_runs_inside_the_device_guard_on_every_lane(change: Any) -> None:
     engine = _engine(contexts=2)
-    guard = _Guard()
+    guard = RecordingGuard()
     engine._set_device_guard(guard)
     _on_each_lane(engine)
     engine.depths.clear()
@@ -302,37 +305,17 @@ def test_engine_lanes_close_releases_every_lane_once() -> None:
 
 def test_engine_lanes_close_serves_the_calls_queued_before_it_and_refuses_the_later_ones() -> None:
     engine = _engine()
-    entered, go = threading.Event(), threading.Event()
-
-    def hold(ops: _Recording) -> None:
-        engine.before_run = None
-        entered.set()
-        go.wait(5)
-
-    engine.before_run = hold
+    held = _Held(engine)
     outcome: dict[str, Any] = {}
-
-    def call(name: str) -> None:
-        try:
-            outcome[name] = engine(X)
-        except EngineError as exc:
-            outcome[name] = exc
-
-    def queued(n: int) -> None:
-        while len(engine._pool.waiters) < n:
-            threading.Event().wait(0.001)
-
-    threads = [threading.Thread(target=call, args=("in flight",))]
-    threads[0].start()
-    assert entered.wait(5)
-    for target in (lambda: call("queued"), engine.close, lambda: call("later")):  # in this order
-        threads.append(threading.Thread(target=target))
-        threads[-1].start()
-        queued(len(threads) - 1)
-    go.set()
+    threads = []
+    steps: Any = (("queued", engine, (X,)), ("close", engine.close, ()), ("later", engine, (X,)))
+    for name, target, args in steps:
+        threads.append(_start(outcome, name, target, *args))  # each queued before the next starts
+        _queued(engine, len(threads))
+    held.release()
     for t in threads:
         t.join(10)
-    assert (outcome["in flight"] == Y).all() and (outcome["queued"] == Y).all()
+    assert (held.outcome == Y).all() and (outcome["queued"] == Y).all()
     assert isinstance(outcome["later"], EngineError)
     assert "engine 'lanes' was closed while this call waited" in str(outcome["later"])
     assert engine.closed
@@ -368,9 +351,58 @@ def test_engine_lanes_python_fork_detaches_every_lanes_finalizer(torch: FakeTorc
 
 
 # -- interrupted calls, leases ---------------------------------------------------------------------------
+class _Held:
+    """A call on another thread that holds the engine's only lane, inside its run, until
+    :meth:`release` (then raises ``then``, if given); its result or error in :attr:`outcome`."""
+
+    def __init__(self, engine: _Engine, then: BaseException | None = None) -> None:
+        entered, self.go = threading.Event(), threading.Event()
+
+        def hold(ops: _Recording) -> None:
+            engine.before_run = None
+            entered.set()
+            self.go.wait(5)
+            if then is not None:
+                raise then
+
+        engine.before_run = hold
+        self._outcome: dict[str, Any] = {}
+        self.thread = _start(self._outcome, "held", engine, X)
+        assert entered.wait(5)
+
+    @property
+    def outcome(self) -> Any:
+        return self._outcome["held"]
+
+    def release(self) -> None:
+        self.go.set()
+        self.thread.join(10)
+
+
+def _start(outcome: dict[str, Any], name: str, fn: Any, *args: Any) -> threading.Thread:
+    """``fn(*args)`` on a thread of its own; its result or error goes to ``outcome[name]``."""
+
+    def run() -> None:
+        try:
+            outcome[name] = fn(*args)
+        except BaseException as exc:  # (a KeyboardInterrupt on purpose, too)
+            outcome[name] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _queued(engine: _Engine, n: int) -> None:
+    """Wait until ``n`` callers wait for the engine's lanes."""
+    pause = threading.Event()
+    while len(engine._pool.waiters) < n:
+        pause.wait(0.001)
+
+
 def test_engine_lanes_interrupted_call_gives_its_lane_back() -> None:
     engine = _engine()
-    guard = _Guard()
+    guard = RecordingGuard()
     engine._set_device_guard(guard)
     engine.lease_timeout = 2.0
 
@@ -382,48 +414,21 @@ def test_engine_lanes_interrupted_call_gives_its_lane_back() -> None:
     with pytest.raises(KeyboardInterrupt):
         engine(X)
     assert guard.entered == guard.exited
-    results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(engine(X)))  # another thread: the only lane is free
-    t.start()
-    t.join(10)
-    assert len(results) == 1 and (results[0] == Y).all()
+    outcome: dict[str, Any] = {}
+    _start(outcome, "other", engine, X).join(10)  # another thread: the only lane is free
+    assert (outcome["other"] == Y).all()
     np.testing.assert_array_equal(engine(X), Y)
 
 
 def test_engine_lanes_interrupted_call_hands_its_lane_to_a_waiter() -> None:
     engine = _engine()
-    entered, go = threading.Event(), threading.Event()
-
-    def interrupt(ops: _Recording) -> None:
-        engine.before_run = None
-        entered.set()
-        go.wait(5)
-        raise KeyboardInterrupt
-
-    engine.before_run = interrupt
+    held = _Held(engine, then=KeyboardInterrupt())
     outcome: dict[str, Any] = {}
-
-    def first() -> None:
-        try:
-            engine(X)
-        except KeyboardInterrupt:
-            outcome["first"] = "interrupted"
-
-    def second() -> None:
-        outcome["second"] = engine(X)
-
-    threads = [threading.Thread(target=first)]
-    threads[0].start()
-    assert entered.wait(5)
-    threads.append(threading.Thread(target=second))
-    threads[1].start()
-    deadline = threading.Event()
-    while not engine._pool.waiters and not deadline.wait(0.001):
-        pass
-    go.set()
-    for t in threads:
-        t.join(10)
-    assert outcome["first"] == "interrupted" and (outcome["second"] == Y).all()
+    waiter = _start(outcome, "waiter", engine, X)
+    _queued(engine, 1)
+    held.release()
+    waiter.join(10)
+    assert isinstance(held.outcome, KeyboardInterrupt) and (outcome["waiter"] == Y).all()
 
 
 @pytest.mark.parametrize("handed", [False, True], ids=["waiting", "handed-a-lane"])
@@ -432,17 +437,7 @@ def test_engine_lanes_call_interrupted_while_waiting_for_a_lane_leaves_the_queue
     """A Ctrl-C while a call waits for a lane: the call leaves the queue, and a lane handed
     to it just before goes back to the pool (else the engine would wait for it for good)."""
     engine = _engine()
-    entered, go = threading.Event(), threading.Event()
-
-    def hold(ops: _Recording) -> None:
-        engine.before_run = None
-        entered.set()
-        go.wait(5)
-
-    engine.before_run = hold
-    holder = threading.Thread(target=engine, args=(X,))
-    holder.start()
-    assert entered.wait(5)
+    held = _Held(engine)
 
     class Interrupted(lease._Waiter):
         """A waiter interrupted in its wait (after the holder handed it the lane, if ``handed``)."""
@@ -455,8 +450,7 @@ def test_engine_lanes_call_interrupted_while_waiting_for_a_lane_leaves_the_queue
                 def acquire(self, *args: Any, **kwargs: Any) -> bool:
                     if handed:
                         waiter.since -= 1.0  # waited long enough to be handed the lane
-                        go.set()
-                        holder.join(5)
+                        held.release()
                         assert waiter.slot is not None
                     raise KeyboardInterrupt
 
@@ -470,8 +464,7 @@ def test_engine_lanes_call_interrupted_while_waiting_for_a_lane_leaves_the_queue
         engine(X)
     monkeypatch.undo()
     assert not engine._pool.waiters
-    go.set()
-    holder.join(5)
+    held.release()
     engine.lease_timeout = 2.0
     np.testing.assert_array_equal(engine(X), Y)
     engine.close()
@@ -479,22 +472,11 @@ def test_engine_lanes_call_interrupted_while_waiting_for_a_lane_leaves_the_queue
 
 def test_engine_lanes_lease_timeout_refuses_a_call_while_every_lane_is_busy() -> None:
     engine = _engine()
-    entered, go = threading.Event(), threading.Event()
-
-    def hold(ops: _Recording) -> None:
-        engine.before_run = None
-        entered.set()
-        go.wait(5)
-
-    engine.before_run = hold
-    t = threading.Thread(target=engine, args=(X,))
-    t.start()
-    assert entered.wait(5)
+    held = _Held(engine)
     engine.lease_timeout = 0.05
     with pytest.raises(ContextLeaseTimeout, match=r"engine 'lanes'.*lease_timeout=0\.05"):
         engine(X)
-    go.set()
-    t.join(10)
+    held.release()
     np.testing.assert_array_equal(engine(X), Y)
 
 
@@ -519,25 +501,3 @@ def test_engine_lanes_interrupt_in_context_creation_passes_unchanged() -> None:
     assert not engine.has_context()
     np.testing.assert_array_equal(engine(X), Y)
     assert engine.context_creations == 1
-
-
-class _Guard:
-    """A DeviceGuard that counts its entries and exits, and how deep the thread is in it."""
-
-    def __init__(self) -> None:
-        self.entered = 0
-        self.exited = 0
-        self._local = threading.local()
-
-    @property
-    def depth(self) -> int:
-        return getattr(self._local, "depth", 0)
-
-    def enter(self) -> object:
-        self.entered += 1
-        self._local.depth = self.depth + 1
-        return self.entered
-
-    def exit(self, token: object) -> None:
-        self.exited += 1
-        self._local.depth = self.depth - 1
