@@ -325,9 +325,10 @@ class EngineBase(abc.ABC):
                 checker.check_count(len(shapes), "static_inputs()")
             key = tuple(tuple(int(d) for d in shape) for shape in shapes)
             chosen = checker.select(key, self.profile if profile is None else profile)
-            outer = self._pool.lanes[0].outer_graphs
-            assert outer is not None  # (the capability was checked above)
-            return outer.static_inputs((key, chosen), as_torch)
+            first = self._pool.lanes[0]
+            if first.outer_graphs is None:
+                raise first.no_graphs()
+            return first.outer_graphs.static_inputs((key, chosen), as_torch)
 
     @property
     def _shape_checker(self) -> Any:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trt_runtime.errors import EngineError, TrtRuntimeError
+from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
 from trt_runtime.outer import GraphOps, OuterGraphs
 from trt_runtime.protocols import Engine
 
@@ -180,9 +180,12 @@ class Lane:
         if context is None:
             context = self.ensure_context()
         graph = self.outer_graph
-        outer = self.outer_graphs
-        if graph is not None and outer is not None and outer.ops.graph_capturable():
-            return outer.run(context, call, stream, outputs, outputs is None and graph.outputs == "view")
+        if graph is not None:
+            outer = self.outer_graphs
+            if outer is None:
+                raise self.no_graphs()
+            if outer.ops.graph_capturable():
+                return outer.run(context, call, stream, outputs, outputs is None and graph.outputs == "view")
         return ops.run(context, call, stream, outputs)
 
     # -- the context ------------------------------------------------------------------------
@@ -238,6 +241,14 @@ class Lane:
         self.reset_fast()
         if self.outer_graphs is not None:
             self.outer_graphs.drop()
+
+    def no_graphs(self) -> CapabilityError:
+        """The error of an outer-graph wrap on a lane whose ops have no ``graphs`` (a backend
+        that declares ``supports_outer_cuda_graph`` without them): never a silent eager run."""
+        return CapabilityError(
+            f"the {self.engine.backend.name!r} backend does not support outer_cuda_graph "
+            "(its lane ops have no graphs)"
+        )
 
     @property
     def graph_captures(self) -> int:

@@ -215,7 +215,7 @@ class Engine(Protocol):
     ``contexts`` execution contexts (default 1) serve concurrent callers: a call leases a
     free one (FIFO among waiters; :class:`~trt_runtime.ContextLeaseTimeout` after
     ``lease_timeout`` seconds). :class:`~trt_runtime.EngineBase` implements all of this;
-    a backend fills its hooks (docs/writing-a-backend.md).
+    a backend gives each lane its ops (docs/writing-a-backend.md).
 
     ``with trt_runtime.load(...) as engine:`` closes the engine at the end of the block.
     :meth:`execute` returns arrays of the kind it was given (numpy in, numpy out; torch in,

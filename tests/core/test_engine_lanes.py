@@ -19,6 +19,7 @@ from _device_doubles import RecordingGuard
 from _python_doubles import FakeTorch, _fake_engine, fake_torch_fixture
 
 from trt_runtime import (
+    CapabilityError,
     ContextLeaseTimeout,
     EngineError,
     EngineSource,
@@ -246,6 +247,29 @@ def test_engine_lanes_every_change_runs_inside_the_device_guard_on_every_lane(ch
     change(engine)
     assert guard.entered > entered and guard.entered == guard.exited and guard.depth == 0
     assert engine.depths and set(engine.depths) == {1}  # the lanes' work ran inside it, once deep
+
+
+class _NoGraphs(MemoryLane):
+    """Lane ops of a backend that declares ``supports_outer_cuda_graph`` but gives no graphs."""
+
+    def __init__(self, engine: Any, lane: Lane) -> None:
+        super().__init__(engine, lane)
+        self.graphs = None
+
+
+def test_engine_lanes_wrap_without_graph_ops_is_refused_not_run_eagerly() -> None:
+    backend = MemoryBackend()
+    backend.engine_class = type("NoGraphsEngine", (MemoryEngine,), {"lane_type": _NoGraphs})
+    engine = backend.load_engine(EngineSource(AFFINE, name="lanes"))
+    np.testing.assert_array_equal(engine(X), Y)
+    engine.outer_graph = "copy"
+    said = r"the 'memory' backend does not support outer_cuda_graph \(its lane ops have no graphs\)"
+    with pytest.raises(CapabilityError, match=said):
+        engine(X)
+    with pytest.raises(CapabilityError, match=said):
+        engine.static_inputs((2, 4))
+    engine.outer_graph = None
+    np.testing.assert_array_equal(engine(X), Y)
 
 
 # -- the fast entry --------------------------------------------------------------------------------------
