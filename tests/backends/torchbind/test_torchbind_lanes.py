@@ -33,7 +33,7 @@ def test_torchbind_lanes_made_later_update_their_native_engine_with_the_settings
         np.testing.assert_array_equal(out.array, want)
     codes = EAGER.to_codes()
     assert [tuple(n.updates[-1][:2]) for n in natives] == [codes] * 3
-    assert engine.native_updates == 1 + 3  # the first call's, then one per lane with EAGER (all lanes counted)
+    assert engine.native_updates == 1 + 3  # the first call, then each lane with EAGER
     engine.close()
     assert all(lane.ops.native is None for lane in engine._lanes)  # type: ignore[attr-defined]
 
