@@ -283,14 +283,11 @@ def test_bench_all_environment_reasons_and_torch_tensorrt_probe() -> None:
 def test_bench_all_cli_without_gpu_records_every_row_as_skipped(tmp_path: Path, entry: list[str]) -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # no GPU, even on a GPU machine
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, *entry, "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-    )
+    def run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=ROOT)
+
+    proc = run("--quick", "--out", str(out), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "bench_all.json").read_text())
     assert doc["status"] == "complete"
@@ -305,22 +302,8 @@ def test_bench_all_cli_without_gpu_records_every_row_as_skipped(tmp_path: Path, 
         assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     else:
         assert doc["plot"].startswith("skipped: plotting needs matplotlib")
-    rendered = subprocess.run(
-        [
-            sys.executable,
-            *entry,
-            "--render",
-            str(out / "bench_all.json"),
-            "--out",
-            str(tmp_path / "again"),
-            "--no-plot",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=ROOT,
-    )
+    rendered = run("--render", str(out / "bench_all.json"), "--out", str(tmp_path / "again"), "--no-plot",
+                   timeout=60)
     assert rendered.returncode == 0, rendered.stderr[-2000:]
     assert (tmp_path / "again" / "bench_all.md").read_text().startswith("Environment: ")
 

@@ -460,20 +460,21 @@ def test_cache_missing_file_is_empty(tmp_path: Path) -> None:
 
 # -- lost updates -----------------------------------------------------------------------------
 def _two_writers(path: Path, merges: bool) -> tuple[RuntimeCache, RuntimeCache]:
+    """Two caches of one file, each with a kernel of its own; the first has saved."""
     _write(path, b"base")
     a, b = RuntimeCache(path), RuntimeCache(path)
     for cache in (a, b):
         cache.load()
         cache.ensure_materialized(None, backend=FakeBackend(merges=merges))
+    a.ensure_materialized(None).kernels.append(b"from-a")
+    b.ensure_materialized(None).kernels.append(b"from-b")
+    a.save()
     return a, b
 
 
 def test_cache_lost_update_warns_when_deserialize_replaces(tmp_path: Path) -> None:
     path = tmp_path / "c.bin"
-    a, b = _two_writers(path, merges=False)
-    a.ensure_materialized(None).kernels.append(b"from-a")
-    b.ensure_materialized(None).kernels.append(b"from-b")
-    a.save()
+    _, b = _two_writers(path, merges=False)
     with pytest.warns(LostUpdateWarning, match=f"{path}.*last writer wins"):
         b.save()
     assert decode(path.read_bytes())[1] == b"base\nfrom-b"
@@ -484,10 +485,7 @@ def test_cache_lost_update_warns_when_deserialize_replaces(tmp_path: Path) -> No
 
 def test_cache_lost_update_merged_when_backend_merges(tmp_path: Path) -> None:
     path = tmp_path / "c.bin"
-    a, b = _two_writers(path, merges=True)
-    a.ensure_materialized(None).kernels.append(b"from-a")
-    b.ensure_materialized(None).kernels.append(b"from-b")
-    a.save()
+    _, b = _two_writers(path, merges=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         b.save()

@@ -342,24 +342,22 @@ def test_cache_reliability_symlink_at_cache_path(tmp_path: Path, victim: Path) -
     assert victim.read_bytes() == b"precious" and path.is_symlink()
 
 
-def test_cache_reliability_symlink_at_lock_path(tmp_path: Path, victim: Path) -> None:
-    path = tmp_path / "c.bin"
-    Path(str(path) + ".lock").symlink_to(victim)
-    cache, _ = _materialized(path, [b"k"])
-    with pytest.raises(CacheError, match=r"lock path .*c\.bin\.lock is a symbolic link"):
-        cache.save()
-    assert victim.read_bytes() == b"precious" and not path.exists()
-
-
-def test_cache_reliability_symlink_at_temp_path(
-    tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("where", "message"), [
+    ("lock", r"lock path .*c\.bin\.lock is a symbolic link"),
+    ("temp", r"temp path .*\.tmp is a symbolic link"),
+])
+def test_cache_reliability_symlink_at_a_path_save_writes(
+    tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch, where: str, message: str
 ) -> None:
     path = tmp_path / "c.bin"
-    temp_name = f".c.bin.{os.getpid()}.000000000000.tmp"
-    (tmp_path / temp_name).symlink_to(victim)
-    monkeypatch.setattr(storage, "temp_name", lambda p: temp_name)
+    if where == "lock":
+        Path(str(path) + ".lock").symlink_to(victim)
+    else:
+        temp_name = f".c.bin.{os.getpid()}.000000000000.tmp"
+        (tmp_path / temp_name).symlink_to(victim)
+        monkeypatch.setattr(storage, "temp_name", lambda p: temp_name)
     cache, _ = _materialized(path, [b"k"])
-    with pytest.raises(CacheError, match=r"temp path .*\.tmp is a symbolic link"):
+    with pytest.raises(CacheError, match=message):
         cache.save()
     assert victim.read_bytes() == b"precious" and not path.exists()
 

@@ -8,8 +8,6 @@ from pathlib import Path
 from trt_runtime.cli.parser import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
-#: A historical log of GPU runs, kept as it was written.
-HISTORICAL = {"gpu-results.md"}
 
 
 def test_docs_index_lists_every_command() -> None:
@@ -18,11 +16,11 @@ def test_docs_index_lists_every_command() -> None:
 
 
 def test_docs_cite_no_issue_numbers() -> None:
-    # "issue 10" points at a tracker no reader has; torch-tensorrt's "issues #4328" is a link,
-    # and benchmarks.md keeps an old anchor id (targets-issue-10) that gpu-results.md links to.
+    # "issue 10" points at a tracker no reader has (the dated GPU log included); torch-tensorrt's
+    # "issues #4328" is a link.
     cited = re.compile(r"\bissues? \d+", re.IGNORECASE)
     docs = sorted((ROOT / "docs").glob("*.md"))
-    pages = [ROOT / "README.md", *(p for p in docs if p.name not in HISTORICAL)]
+    pages = [ROOT / "README.md", *docs]
     found = [f"{p.name}: {m.group(0)}" for p in pages for m in cited.finditer(p.read_text(encoding="utf-8"))]
     assert found == []
 

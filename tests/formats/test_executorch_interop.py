@@ -289,14 +289,11 @@ def test_executorch_interop_runtime_loads_our_program_up_to_delegate_init() -> N
 @pytest.mark.gpu
 def test_executorch_interop_executorch_written_program_runs_in_python_backend() -> None:
     """The TensorRT program ExecuTorch wrote (blob device 1) runs here on GPU 0 via device=0."""
-    try:
-        import tensorrt_rtx  # noqa: F401
-        from cuda.bindings import runtime
-    except ImportError as exc:
-        pytest.skip(f"no CUDA GPU: TensorRT-RTX or cuda-python missing ({exc})")
-    err, count = runtime.cudaGetDeviceCount()
-    if int(err) != 0 or not count:
-        pytest.skip(f"no CUDA GPU: cudaGetDeviceCount returned {err!s}, {count} device(s)")
+    from trt_runtime.testing.cuda_arrays import gpu_unavailable
+
+    reason = gpu_unavailable()
+    if reason:
+        pytest.skip(f"no CUDA GPU: {reason}")
     np = pytest.importorskip("numpy")
     import trt_runtime
     from trt_runtime import builders

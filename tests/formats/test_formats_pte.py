@@ -14,6 +14,7 @@ from trt_runtime.executorch import delegates, read_program, to_pte
 from trt_runtime.formats import describe, pack_tr01, parse_tr01, pte_writer, read_engine_source
 from trt_runtime.formats import flatbuffer as fb
 from trt_runtime.formats.pte import Delegate
+from trt_runtime.testing.cuda_arrays import gpu_unavailable
 
 ENGINE = bytes(range(256)) * 3
 BINDINGS = (
@@ -280,24 +281,9 @@ def test_formats_pte_executorch_deserializer_agrees(tmp_path) -> None:  # type: 
     assert parse_tr01(bytes(inline)).device_id == 1
 
 
-def _gpu_skip_reason() -> str | None:
-    try:
-        import tensorrt_rtx  # noqa: F401
-        from cuda.bindings import runtime
-    except ImportError as exc:
-        return f"TensorRT-RTX or cuda-python missing ({exc})"
-    try:
-        err, count = runtime.cudaGetDeviceCount()
-    except Exception as exc:
-        return f"cudaGetDeviceCount raised {exc}"
-    if int(err) != 0 or count == 0:
-        return f"cudaGetDeviceCount returned {err!s}, {count} device(s)"
-    return None
-
-
 @pytest.mark.gpu
 def test_formats_pte_fully_delegated_engine_runs_in_python(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    reason = _gpu_skip_reason()
+    reason = gpu_unavailable()
     if reason:
         pytest.skip(f"no CUDA GPU: {reason}")
     np = pytest.importorskip("numpy")
@@ -319,7 +305,7 @@ def test_formats_pte_fully_delegated_engine_runs_in_python(tmp_path) -> None:  #
 
 @pytest.mark.gpu
 def test_formats_pte_device_id_of_a_missing_gpu_is_an_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    reason = _gpu_skip_reason()
+    reason = gpu_unavailable()
     if reason:
         pytest.skip(f"no CUDA GPU: {reason}")
     from cuda.bindings import runtime

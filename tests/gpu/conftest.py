@@ -12,25 +12,12 @@ from typing import Any
 
 import pytest
 
+from trt_runtime.testing.cuda_arrays import gpu_unavailable
 
-@functools.lru_cache(maxsize=1)
+
 def gpu_skip_reason() -> str | None:
     """Why GPU tests cannot run here, or ``None`` when they can."""
-    try:
-        import tensorrt_rtx  # noqa: F401
-    except ImportError as exc:
-        return f"tensorrt_rtx is not installed ({exc}): pip install -c constraints.txt -e '.[rtx]'"
-    try:
-        from cuda.bindings import runtime
-    except ImportError as exc:
-        return f"cuda-python is not installed ({exc}): pip install -c constraints.txt -e '.[cuda]'"
-    try:
-        err, count = runtime.cudaGetDeviceCount()
-    except Exception as exc:
-        return f"no CUDA GPU: cudaGetDeviceCount raised {exc}"
-    if int(err) != 0 or count == 0:
-        return f"no CUDA GPU: cudaGetDeviceCount returned {err!s}, {count} device(s)"
-    return None
+    return gpu_unavailable()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -176,7 +163,6 @@ def torch() -> Any:
 def tiny_plans(python_backend: Any) -> dict[bool, Any]:
     """The tiny engine (``y = 2x + 1``, 8x16 fp16) built with and without
     BuilderFlag.REQUIRE_USER_ALLOCATION (what makes a TensorRT-RTX context capturable)."""
-    import functools
 
     from trt_runtime import builders
 

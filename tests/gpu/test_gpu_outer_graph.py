@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _gpu_outer import check_host_inputs_and_preallocated_outputs
 
 from trt_runtime import (
     CapabilityError,
@@ -336,17 +337,7 @@ def test_outer_graph_host_inputs_and_preallocated_outputs(open_engine) -> None:
     host = built.random_inputs(batch=5, seed=4)[0]
     want = engine(host)
     with enable_cudagraphs(engine, outer="view"):
-        for _ in range(3):
-            got = engine(host)
-            assert isinstance(got, np.ndarray)
-            np.testing.assert_array_equal(got, want)
-        cpu = engine(torch.from_numpy(host))
-        assert isinstance(cpu, torch.Tensor) and not cpu.is_cuda
-        np.testing.assert_array_equal(cpu.numpy(), want)
-        y = torch.empty(want.shape, dtype=torch.float32, device="cuda")
-        assert engine.execute(torch.from_numpy(host).cuda(), outputs=[y])[0] is y
-        torch.cuda.synchronize()
-        np.testing.assert_array_equal(y.cpu().numpy(), want)
+        check_host_inputs_and_preallocated_outputs(torch, engine, host, want)
     assert engine.graph_captures == 1
 
 

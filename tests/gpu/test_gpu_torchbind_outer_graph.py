@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _gpu_outer import check_host_inputs_and_preallocated_outputs
 from _gpu_torchbind import assert_close_enough, assert_same, tiny_input, torchbind_version
 
 from trt_runtime import EngineSource, RuntimeSettings
@@ -52,7 +53,7 @@ def test_gpu_torchbind_outer_replays_through_copy_nodes(
     class: under ``pytest -n`` other tests' engines live in the same process); the threads
     run on the engine's device (a new thread starts on device 0) and their errors fail the
     test by name instead of as a short count."""
-    import threading
+    import concurrent.futures
 
     from _replay_spy import ReplaySpy
 
@@ -63,31 +64,23 @@ def test_gpu_torchbind_outer_replays_through_copy_nodes(
     xs = [tiny_input(torch, built, seed=seed) for seed in range(4)]
     eager = [engine(x).clone() for x in xs]
     results: dict[int, list[Any]] = {}
-    errors: list[BaseException] = []
     with enable_cudagraphs(engine, outer=mode):
         engine(xs[0])  # the capture
 
         def body(index: int) -> None:
-            try:
-                torch.cuda.set_device(engine.device)
-                results[index] = []
-                for x, want in zip(xs, eager, strict=True):
-                    y = engine(x)
-                    if mode == "view" and threads == 1:  # the static output, until the next replay
-                        assert_same(torch, y, want)
-                    results[index].append(y)
-                torch.cuda.current_stream().synchronize()
-            except BaseException as exc:  # raised below, in the test's thread
-                errors.append(exc)
+            torch.cuda.set_device(engine.device)
+            results[index] = []
+            for x, want in zip(xs, eager, strict=True):
+                y = engine(x)
+                if mode == "view" and threads == 1:  # the static output, until the next replay
+                    assert_same(torch, y, want)
+                results[index].append(y)
+            torch.cuda.current_stream().synchronize()
 
-        workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # a thread's error raised here
+            for _ in pool.map(body, range(threads)):
+                pass
         torch.cuda.synchronize()
-        if errors:
-            raise errors[0]
         assert len(spy.nodes) == 1, f"{len(spy.nodes)} sets of copy nodes (torch and cuda-python make one)"
         (nodes,) = spy.nodes
         replays = threads * len(xs)
@@ -202,17 +195,7 @@ def test_gpu_torchbind_outer_graph_host_inputs_static_inputs_and_outputs(
     host = built.random_inputs(seed=4)[0]
     want = engine(host)
     with enable_cudagraphs(engine, outer="view"):
-        for _ in range(3):
-            got = engine(host)
-            assert isinstance(got, np.ndarray)
-            np.testing.assert_array_equal(got, want)
-        cpu = engine(torch.from_numpy(host))
-        assert isinstance(cpu, torch.Tensor) and not cpu.is_cuda
-        np.testing.assert_array_equal(cpu.numpy(), want)
-        y = torch.empty(8, 256, dtype=torch.float16, device="cuda")
-        assert engine.execute(torch.from_numpy(host).cuda(), outputs=[y])[0] is y
-        torch.cuda.synchronize()
-        np.testing.assert_array_equal(y.cpu().numpy(), want)
+        check_host_inputs_and_preallocated_outputs(torch, engine, host, want)
         (static,) = engine.static_inputs((8, 256))
         static.copy_(torch.from_numpy(host))
         np.testing.assert_array_equal(engine(static).cpu().numpy(), want)

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CudaArray", "cuda_unavailable", "device_to_numpy", "pointer_device"]
+__all__ = ["CudaArray", "cuda_unavailable", "device_to_numpy", "gpu_unavailable", "pointer_device"]
 
 
 def _rt() -> Any:
@@ -31,12 +31,23 @@ def _check(result: Any, what: str) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
+def gpu_unavailable() -> str | None:
+    """Why a TensorRT-RTX engine cannot run on a CUDA GPU here (the GPU tests' skip reason),
+    or ``None``."""
+    try:
+        import tensorrt_rtx  # noqa: F401
+    except ImportError as exc:
+        return f"tensorrt_rtx is not installed ({exc}): pip install -c constraints.txt -e '.[rtx]'"
+    return cuda_unavailable()
+
+
+@functools.lru_cache(maxsize=1)
 def cuda_unavailable() -> str | None:
     """Why :class:`CudaArray` cannot be made here, or ``None``."""
     try:
         rt = _rt()
     except ImportError as exc:
-        return f"cuda-python is not installed ({exc})"
+        return f"cuda-python is not installed ({exc}): pip install -c constraints.txt -e '.[cuda]'"
     try:
         err, count = rt.cudaGetDeviceCount()
     except Exception as exc:

@@ -8,9 +8,9 @@ is imported); the functions import what they need.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,22 +61,10 @@ class Work:
                                    rtol=rtol * 10, atol=atol * 10)
 
     def threads(self, count: int, body: Callable[[int], None]) -> None:
-        """Run ``body(i)`` on ``count`` threads; re-raise the first failure."""
-        errors: list[BaseException] = []
-
-        def run(i: int) -> None:
-            try:
-                body(i)
-            except BaseException as exc:  # handed to the main thread
-                errors.append(exc)
-
-        workers = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join()
-        if errors:
-            raise errors[0]
+        """Run ``body(i)`` on ``count`` threads at once; re-raise the first failure."""
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            for _ in pool.map(body, range(count)):
+                pass
 
     @staticmethod
     def done() -> None:
