@@ -381,12 +381,17 @@ def test_cache_reliability_symlink_swapped_in_during_save(
     assert path.is_symlink() and _temps(tmp_path) == []
 
 
-def test_cache_reliability_world_writable_directory(tmp_path: Path) -> None:
-    directory = tmp_path / "open"
+def _cache_and_directory(tmp_path: Path, name: str, mode: int) -> tuple[RuntimeCache, Path, Path]:
+    """A cache with a kernel, a directory of ``mode`` and the cache path in it."""
+    directory = tmp_path / name
     directory.mkdir()
-    directory.chmod(0o777)
-    path = directory / "c.bin"
+    directory.chmod(mode)
     cache, _ = _materialized(tmp_path / "x.bin", [b"k"])
+    return cache, directory, directory / "c.bin"
+
+
+def test_cache_reliability_world_writable_directory(tmp_path: Path) -> None:
+    cache, directory, path = _cache_and_directory(tmp_path, "open", 0o777)
     with pytest.raises(CacheError, match=rf"{directory} is writable by others \(mode 0777\)"):
         cache.save(path)
     with pytest.raises(CacheError, match="writable by others"):
@@ -396,11 +401,7 @@ def test_cache_reliability_world_writable_directory(tmp_path: Path) -> None:
 
 def test_cache_reliability_group_writable_directory_allowed(tmp_path: Path) -> None:
     # umask 002 (per-user private groups) makes project directories 0775: not refused.
-    directory = tmp_path / "shared-group"
-    directory.mkdir()
-    directory.chmod(0o775)
-    path = directory / "c.bin"
-    cache, _ = _materialized(tmp_path / "x.bin", [b"k"])
+    cache, _, path = _cache_and_directory(tmp_path, "shared-group", 0o775)
     cache.save(path)
     fresh = RuntimeCache(path)
     assert fresh.load()

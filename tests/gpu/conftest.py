@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _gpu_outer import engine_opener
 
 from trt_runtime.testing.cuda_arrays import gpu_unavailable
 
@@ -125,19 +126,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory, python_backend: Any) -> En
 @pytest.fixture
 def load(python_backend: Any, engines: EngineFactory) -> Any:
     """``load("mlp_fp16", **kwargs)`` -> a loaded engine, closed after the test."""
-    from trt_runtime import EngineSource
-
-    opened: list[Any] = []
-
-    def _load(name: str, **kwargs: Any) -> Any:
-        built = engines(name)
-        engine = python_backend.load_engine(EngineSource(built.plan, name=name), **kwargs)
-        opened.append(engine)
-        return engine
-
-    yield _load
-    for engine in opened:
-        engine.close()
+    with engine_opener(python_backend, engines) as open_:
+        yield lambda name, **kwargs: open_(name, **kwargs)[0]
 
 
 # -- the torchbind backend's GPU tests (test_gpu_torchbind*.py) --------------------------------
@@ -181,18 +171,9 @@ def tiny_plans(python_backend: Any) -> dict[bool, Any]:
 def open_torchbind(torchbind_backend: Any, engines: Any, tiny_plans: dict[bool, Any]) -> Any:
     """``open_torchbind(name, **kwargs) -> (engine, built)`` for conftest's engines plus
     ``tiny`` and ``tiny_uncapturable``; closed after the test."""
-    from trt_runtime import EngineSource
 
-    opened: list[Any] = []
-
-    def _open(name: str, **kwargs: Any) -> tuple[Any, Any]:
-        # torch-tensorrt creates default (STATIC) contexts, which TensorRT-RTX refuses for
-        # engines built with REQUIRE_USER_ALLOCATION: both names use the default build.
-        built = {"tiny": tiny_plans[False], "tiny_uncapturable": tiny_plans[False]}.get(name) or engines(name)
-        engine = torchbind_backend.load_engine(EngineSource(built.plan, name=name), **kwargs)
-        opened.append(engine)
-        return engine, built
-
-    yield _open
-    for engine in opened:
-        engine.close()
+    # torch-tensorrt creates default (STATIC) contexts, which TensorRT-RTX refuses for
+    # engines built with REQUIRE_USER_ALLOCATION: both names use the default build.
+    own = {"tiny": tiny_plans[False], "tiny_uncapturable": tiny_plans[False]}
+    with engine_opener(torchbind_backend, lambda name: own.get(name) or engines(name)) as open_:
+        yield open_

@@ -15,11 +15,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _gpu_outer import check_host_inputs_and_preallocated_outputs
+from _gpu_outer import (
+    check_host_inputs_and_preallocated_outputs,
+    check_late_inputs_on_caller_streams,
+    engine_opener,
+)
 
 from trt_runtime import (
     CapabilityError,
-    EngineSource,
     enable_cudagraphs,
     runtime_config,
 )
@@ -62,17 +65,8 @@ def own_builds(python_backend: Any) -> dict[str, Any]:
 def open_engine(python_backend: Any, engines: Any, own_builds: dict[str, Any]) -> Any:
     """``open_engine(name)``: ``tiny``, ``tiny_uncapturable`` and ``dynamic`` built here,
     else conftest's engines."""
-    opened: list[Any] = []
-
-    def _open(name: str, **kwargs: Any) -> tuple[Any, Any]:
-        built = own_builds[name] if name in own_builds else engines(name)
-        engine = python_backend.load_engine(EngineSource(built.plan, name=name), **kwargs)
-        opened.append(engine)
-        return engine, built
-
-    yield _open
-    for engine in opened:
-        engine.close()
+    with engine_opener(python_backend, lambda name: own_builds.get(name) or engines(name)) as open_:
+        yield open_
 
 
 def _inputs(torch: Any, built: Any, batch: int | None, seed: int) -> Any:
@@ -350,13 +344,7 @@ def test_outer_graph_orders_with_the_callers_stream(open_engine, mode) -> None:
     side = torch.cuda.Stream()
     with enable_cudagraphs(engine, outer=mode):
         engine(x)  # captured
-        for stream in (side, torch.cuda.default_stream()):
-            with torch.cuda.stream(stream):
-                torch.cuda._sleep(50_000_000)  # ~25 ms: the input below is late
-                late = x * 1
-                got = engine(late) * 1  # read on the caller's stream right away
-            stream.synchronize()
-            assert torch.equal(got, want)
+        check_late_inputs_on_caller_streams(torch, engine, x, want, (side, torch.cuda.default_stream()))
 
 
 def test_outer_graph_never_captures_on_the_legacy_stream(open_engine) -> None:

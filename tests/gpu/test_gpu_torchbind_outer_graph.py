@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _gpu_outer import check_host_inputs_and_preallocated_outputs
+from _gpu_outer import check_host_inputs_and_preallocated_outputs, check_late_inputs_on_caller_streams
 from _gpu_torchbind import assert_close_enough, assert_same, tiny_input, torchbind_version
 
 from trt_runtime import EngineSource, RuntimeSettings
@@ -214,13 +214,7 @@ def test_gpu_torchbind_outer_graph_orders_with_the_callers_stream(
     side = torch.cuda.Stream()
     with enable_cudagraphs(engine, outer=mode):
         engine(x)  # captured
-        for stream in (side, torch.cuda.default_stream(), side):
-            with torch.cuda.stream(stream):
-                torch.cuda._sleep(50_000_000)  # ~25 ms: the input below is late
-                late = x * 1
-                got = engine(late) * 1  # read on the caller's stream right away
-            stream.synchronize()
-            assert torch.equal(got, want)
+        check_late_inputs_on_caller_streams(torch, engine, x, want, (side, torch.cuda.default_stream(), side))
     assert engine.graph_captures == 1
 
 
