@@ -75,7 +75,15 @@ def statement_tool(doc: str | None, argv: list[str] | None, workloads: str, name
 
     document: dict[str, Any] = {}
     for key in args.workloads.split(","):
-        document[key] = measure(key, torch, args.repeats, args.number)
+        try:  # one workload's failure is reported; the others still run
+            document[key] = measure(key, torch, args.repeats, args.number)
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            document[key] = {}
+            print(f"== {key}: failed: {type(exc).__name__}: {exc}", flush=True)
+            continue
         print(f"== {key}")
         for label, value in document[key].items():
             print(f"  {label:52s} {value:8.2f}{'' if label.startswith('nodes') else ' us'}", flush=True)

@@ -17,27 +17,33 @@ Writes ``step_costs.json`` to ``--out`` (default ``$OUT`` or ``.``).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 import functools
 import operator
 import statistics
+import sys
 import timeit
+from pathlib import Path
 from typing import Any
 
 # _gpu_tool (the GPU tools' --out and JSON helpers) is shared with tools/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import _gpu_tool  # noqa: E402
+import _gpu_tool
 
 
 def time_statements(statements: dict[str, str], ns: dict[str, Any], sync: Any, repeats: int, number: int
                     ) -> dict[str, float]:
     """Median µs per run of each statement (interleaved samples of ``number`` runs)."""
-    timers = {label: timeit.Timer(stmt, globals=ns) for label, stmt in statements.items()}
-    for timer in timers.values():
-        timer.timeit(number=number)
+    timers = {}
+    for label, stmt in statements.items():
+        timer = timeit.Timer(stmt, globals=ns)
+        try:  # one stale or failing statement is reported and left out, never fatal
+            timer.timeit(number=number)
+        except Exception as exc:
+            print(f"  skipped {label!r}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            continue
+        timers[label] = timer
     sync()
-    samples: dict[str, list[float]] = {label: [] for label in statements}
+    samples: dict[str, list[float]] = {label: [] for label in timers}
     for _ in range(repeats):
         for label, timer in timers.items():
             samples[label].append(timer.timeit(number=number) / number * 1e6)
@@ -93,7 +99,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     slot = next(iter(outer._lanes[0].outer_graphs.shortcuts.values()))
     n = len(xs)
     ns: dict[str, Any] = {
-        "e": engine, "o": outer, "x": xs[0], "y": ys[0], "xs": xs, "ys": ys, "ss": statics,
+        "e": engine, "o": outer, "ops": ops, "x": xs[0], "y": ys[0], "xs": xs, "ys": ys, "ss": statics,
         "s": engine.stream, "fp": ops._fast_paths, "tc": ctx.trt_context, "ours": ops._order.ours,
         "order": ops._order, "shape_key": fast_path.shape_key, "restore": fast_path.restore_shapes,
         "ctx": ctx, "shape_attr": operator.attrgetter("shape"), "outer_graphs": outer._lanes[0].outer_graphs,
@@ -125,14 +131,15 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
     cmemcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
     rt = copying._lanes[0].ops.graphs.rt
     (cstatic,) = copying.static_inputs(tuple(xs[0].shape), as_torch=True)
-    ns.update(c=copying, cslot=cslot, cours=copying._order.ours, torch_results=torch_results, torch=torch,
+    cours = copying._lanes[0].ops._order.ours
+    ns.update(c=copying, cslot=cslot, cours=cours, torch_results=torch_results, torch=torch,
               cdst=cslot.in_ptrs[0], cnb=cslot.in_nbytes[0], d2d=copying._lanes[0].ops.graphs.d2d, dr=driver,
-              dflt=rt.cudaMemcpyKind.cudaMemcpyDefault, cstream=driver.CUstream(copying._order.ours),
+              dflt=rt.cudaMemcpyKind.cudaMemcpyDefault, cstream=driver.CUstream(cours),
               cmemcpy=cmemcpy, cstatic=cstatic)
     stmts = {
         # pre-bound
         "pre: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
-        "pre: fp.call_prebound": "fp.call_prebound(e, (x,), [y], s)",
+        "pre: fp.call_prebound": "fp.call_prebound(ops, (x,), [y], s)",
         "pre: plan": "f.plan((x,), s, [y])",
         "pre: key + dict get": "fp.prebound.get((*map(id, (x,)), *map(id, [y])))",
         "pre: ptr check": "tuple(map(f.ptr_of, f.arrays)) != f.ptrs",
@@ -142,7 +149,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "trt: execute_async_v3(ours)": "tc.execute_async_v3(ours)",
         # natural
         "nat: e(x)": "e(x)",
-        "nat: fp.call_natural": "fp.call_natural(e, (x,), None)",
+        "nat: fp.call_natural": "fp.call_natural(ops, (x,), None)",
         "nat: plan": "fp.natural[(tuple(x.shape),)].plan((x,), None, None)",
         "nat: shape_key + get": "fp.natural.get(shape_key((x,)))",
         "nat: x.new_empty": "x.new_empty(shape0)",
@@ -156,13 +163,15 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         "outer: plan": "outer_graphs.shortcuts[(ss[0].shape,)].plan((ss[0],), None, None)",
         "outer: cudaGraphLaunch": "rt.cudaGraphLaunch(graph, ours)",
         "outer: cudaGraphLaunch(stream_t)": "rt.cudaGraphLaunch(graph, ours_t)",
+        "outer: cudaGraphLaunch on the legacy stream": "rt.cudaGraphLaunch(graph, 0)",
+        "outer: cudaGraphLaunch on the outer lane's stream": "rt.cudaGraphLaunch(graph, orders.ours)",
         "outer: ctypes PyDLL cuGraphLaunch": "pylaunch(graph_p, ours_p)",
         "outer: ctypes CDLL cuGraphLaunch": "claunch(graph_p, ours_p)",
         "outer: ctypes PyDLL cuGraphLaunch(int)": "pylaunch_int(graph_i, ours)",
         # the default outer mode, "copy"
         "copy: c(x)": "c(x)",
         "copy: plan": "cslot.plan((x,), None, None)",
-        "copy: torch_results": "torch_results(c, cslot, cours, False)",
+        "copy: torch_results": "torch_results(c._lanes[0].ops, cslot, cours, False)",
         "copy: torch.empty(shape, dtype, device)": "torch.empty(shape0, dtype=y.dtype, device=x.device)",
         "copy: cudaMemcpyAsync d2d": "rt.cudaMemcpyAsync(cdst, x.data_ptr(), cnb, d2d, cours)",
         "copy: cudaMemcpyAsync default": "rt.cudaMemcpyAsync(cdst, x.data_ptr(), cnb, dflt, cours)",
@@ -179,7 +188,7 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
         fps = [engine._lanes[0].ops._fast_paths.prebound[(id(x), id(y))] for x, y in zip(xs, ys, strict=True)]
         prepare = fast_path.prepare_state
         ns.update(fps=fps, preps=[
-            functools.partial(prepare, engine, f.shape_key, f.dynamic_dims, f.out_shapes, f.ptrs) for f in fps
+            functools.partial(prepare, ops, f.shape_key, f.dynamic_dims, f.out_shapes, f.ptrs) for f in fps
         ])
         stmts.update({
             "dyn: pre-bound plan, shapes in turn": "i = next(it) % n; fps[i].plan((xs[i],), s, [ys[i]])",
@@ -203,6 +212,8 @@ def workload_steps(key: str, torch: Any, repeats: int, number: int) -> dict[str,
             "raw: execute_async_v3, raw_rows context": "rc.execute_async_v3(ours)",
             "outer: torch replay of a raw graph": "tg.replay()",
             "outer: cudaGraphLaunch of a raw graph": "rt.cudaGraphLaunch(tg_exec, ours)",
+            "outer: cudaGraphLaunch of a raw graph, legacy stream": "rt.cudaGraphLaunch(tg_exec, 0)",
+            "outer: o(s) then torch replay, in turn": "o(ss[0]); tg.replay()",
         })
     return timed_then(stmts, ns, torch, repeats, number, keep.clear, lambda: wrap.__exit__(None, None, None),
                       lambda: copy_wrap.__exit__(None, None, None), copying.close, outer.close, engine.close)
