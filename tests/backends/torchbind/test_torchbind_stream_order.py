@@ -128,7 +128,7 @@ class _Cudart:
 
 
 class _Torch:
-    class cuda:  # noqa: N801 - torch.cuda
+    class cuda:  # torch.cuda
         @staticmethod
         def device(index: int) -> Any:
             return contextlib.nullcontext()
