@@ -1,20 +1,14 @@
 """How the torchbind backend orders a lane's stream with the caller's: ``TorchBridge.execute_on``
 over the doubles' torch (raw stream handles, stream ids, blocking flags, events and
-``record_stream`` logged), and the stream pool that keeps blocking and non-blocking streams
-apart."""
+``record_stream`` logged). The stream pool's kinds: test_torchbind_bridge.py."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import sys
-import types
 from typing import Any
 
 import pytest
 from _torchbind_doubles import FakeBridge, inputs, make_backend, source
 from _torchbind_fakes import FakeStream
-from trt_runtime_backends.torchbind.streams import StreamPool
 
 from trt_runtime.errors import EngineError
 from trt_runtime.settings import RuntimeSettings
@@ -108,54 +102,3 @@ def test_torchbind_stream_order_lane_made_under_cuda_graph_strategy_is_non_block
     engine(*inputs())
     assert bridge.lanes == 1
     assert bridge.ordering_log == _events("current:0", "lane:0:1") * 2
-
-
-class _Cudart:
-    """``cuda.bindings.runtime``: the flags of the streams made, none destroyed."""
-
-    cudaStreamDefault = 0
-    cudaStreamNonBlocking = 1
-
-    def __init__(self) -> None:
-        self.made: list[tuple[int, int]] = []
-
-    def cudaStreamCreateWithFlags(self, flags: int) -> tuple[int, int]:
-        self.made.append((flags, 9000 + len(self.made)))
-        return 0, self.made[-1][1]
-
-    def cudaStreamDestroy(self, handle: int) -> tuple[int]:
-        raise AssertionError("a pooled stream is never destroyed")
-
-
-class _Torch:
-    class cuda:  # torch.cuda
-        @staticmethod
-        def device(index: int) -> Any:
-            return contextlib.nullcontext()
-
-        class ExternalStream:
-            def __init__(self, handle: int, device: Any) -> None:
-                self.handle, self.device = handle, device
-
-    @staticmethod
-    def device(kind: str, index: int) -> tuple[str, int]:
-        return kind, index
-
-
-def test_torchbind_stream_order_pool_keeps_blocking_and_non_blocking_streams_apart(monkeypatch) -> None:
-    cudart = _Cudart()
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.runtime = cudart  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
-    pool = StreamPool()
-    blocking = pool.take(_Torch, 0, blocking=True)
-    other = pool.take(_Torch, 0)
-    assert cudart.made == [(0, 9000), (1, 9001)]  # cudaStreamDefault, cudaStreamNonBlocking
-    del blocking, other
-    gc.collect()
-    assert (pool.free(0, blocking=True), pool.free(0)) == (1, 1)
-    again = pool.take(_Torch, 0)  # a non-blocking stream is asked for: never the blocking one
-    assert again.handle == 9001 and pool.free(0, blocking=True) == 1 and pool.free(0) == 0
-    assert pool.take(_Torch, 0, blocking=True).handle == 9000
-    assert len(cudart.made) == 2 and pool.made == {0: 2}
