@@ -47,6 +47,13 @@ def _spied_lane(engine: Any, torch: Any, monkeypatch: pytest.MonkeyPatch) -> tup
     return lane, events, recorded
 
 
+def _mlp(open_torchbind: Any, torch: Any, seed: int) -> tuple[Any, Any, Any]:
+    """The mlp engine, an input and its output (a copy)."""
+    engine, built = open_torchbind("mlp_fp16")
+    x = tiny_input(torch, built, seed=seed)
+    return engine, x, engine(x).clone()
+
+
 def _cuda_python() -> bool:
     return importlib.util.find_spec("cuda.bindings") is not None
 
@@ -99,9 +106,7 @@ def test_gpu_torchbind_default_stream_output_freed_while_still_read(
 def test_gpu_torchbind_side_stream_caller_ordered_with_events(
     open_torchbind: Any, torch: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine, built = open_torchbind("mlp_fp16")
-    x = tiny_input(torch, built, seed=3)
-    want = engine(x).clone()
+    engine, x, want = _mlp(open_torchbind, torch, seed=3)
     _, events, recorded = _spied_lane(engine, torch, monkeypatch)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -117,12 +122,10 @@ def test_gpu_torchbind_cuda_graph_strategy_runs_on_a_non_blocking_stream(
 ) -> None:
     """TensorRT-RTX's own capture on a blocking stream would make the other thread's work on
     the legacy default stream fail; the lane runs on a non-blocking stream, with events."""
-    engine, built = open_torchbind("mlp_fp16")
+    torch.cuda.set_stream(torch.cuda.default_stream())
+    engine, x, want = _mlp(open_torchbind, torch, seed=4)
     if not engine.backend.capabilities.supports_cuda_graph_strategy:
         pytest.skip("this torch-tensorrt-rtx has no cuda_graph_strategy")
-    torch.cuda.set_stream(torch.cuda.default_stream())
-    x = tiny_input(torch, built, seed=4)
-    want = engine(x).clone()
     engine.runtime_settings = RuntimeSettings(cuda_graph_strategy="whole_graph_capture")
     assert torch.equal(engine(x), want)
     torch.cuda.synchronize()
