@@ -1,4 +1,4 @@
-"""What does each step of the torchbind backend's ``engine(x)`` cost on the CPU, beside the bare op?
+"""What does each step of the torchbind backend's `engine(x)` cost on the CPU, beside the bare op?
 
 Run on the GPU host (torch-tensorrt-rtx, tensorrt_rtx, cuda-python, torch with CUDA)::
 
