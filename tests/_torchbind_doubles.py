@@ -16,6 +16,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,6 +26,7 @@ from _torchbind_fakes import (
     FakeCudaArray,
     FakeDType,
     FakeEngine,
+    FakeEvent,
     FakeGraph,
     FakeNodeRuntime,
     FakeOps,
@@ -32,7 +34,7 @@ from _torchbind_fakes import (
     FakeTensor,
 )
 from trt_runtime_backends.torchbind import TorchbindBackend, runtime
-from trt_runtime_backends.torchbind.bridge import CallerDevice, TensorInfo
+from trt_runtime_backends.torchbind.bridge import CallerDevice, LaneStream, TensorInfo, TorchBridge
 from trt_runtime_backends.torchbind.library import RuntimeLibrary
 
 from trt_runtime.graphs import build_copy_nodes
@@ -44,7 +46,7 @@ class FakeBridge:
     streams, FakeGraph for CUDA graphs. ``events`` records what was queued where."""
 
     def __init__(self, version: str = "2.14.0", *, devices: int = 1, registered: bool = False,
-                 graphs: bool = True) -> None:
+                 graphs: bool = True, ordering: bool = False, cuda_python: bool = True) -> None:
         self.release = RELEASES[version]
         self.devices = devices
         self.ops = FakeOps(self.release)
@@ -61,7 +63,19 @@ class FakeBridge:
         self.current = 0
         #: Every set_device call, in order.
         self.device_sets: list[int] = []
-        self._current_streams = {i: FakeStream(f"current:{i}") for i in range(max(devices, 1))}
+        #: torch's default stream of each device (the legacy default stream: handle 0).
+        self._current_streams = {i: FakeStream(f"current:{i}", handle=0) for i in range(max(devices, 1))}
+        self._defaults = dict(self._current_streams)
+        #: ``ordering``: execute_on is TorchBridge's own, over the torch of ``_OrderingTorch``
+        #: (else the op runs on the caller's stream); event records, waits and
+        #: ``record_stream`` calls of every stream it knows go to ``ordering_log``, and
+        #: each ``_cuda_setStream`` to ``stream_sets`` (the name of the stream made current).
+        self.ordering_log: list[tuple[str, ...]] = []
+        self.stream_sets: list[str] = []
+        self._by_id: dict[int, FakeStream] = {}
+        self.torch_bridge = TorchBridge(_OrderingTorch(self)) if ordering else None
+        #: Whether blocking lane streams can be made (cuda-python installed).
+        self.cuda_python = cuda_python
         self._scopes: list[FakeStream] = []
         self._side_streams = 0
         self.capturing: FakeStream | None = None
@@ -219,15 +233,36 @@ class FakeBridge:
         finally:
             self._scopes.pop()
 
-    def lane_stream(self, index: int) -> FakeStream:
+    def lane_stream(self, index: int, *, blocking: bool = False) -> LaneStream:
         self.lanes += 1
-        return FakeStream(f"lane:{index}:{self.lanes}")
+        blocking = blocking and self.cuda_python
+        stream = self.known(FakeStream(f"lane:{index}:{self.lanes}", blocking=blocking))
+        return LaneStream(stream, FakeEvent(), FakeEvent(), blocking=blocking)
 
-    def execute_on(self, lane: FakeStream, op: Any, tensors: Any, native: Any, index: int) -> Any:
-        # The op runs as it did on the caller's stream (the streams the tests expect); the
-        # routing through the lane is recorded.
+    def known(self, stream: FakeStream) -> FakeStream:
+        """``stream``, found by its stream id from now on; its log is ``ordering_log``."""
+        if self._by_id.get(stream.stream_id) is not stream and stream.handle != 0:
+            self._by_id[stream.stream_id] = stream
+        stream.log = self.ordering_log
+        return stream
+
+    def set_current(self, stream_id: int, device_index: int) -> None:
+        """What ``torch._C._cuda_setStream`` does: the stream becomes current (stream id 0:
+        the device's default stream)."""
+        stream = self._defaults[device_index] if stream_id == 0 else self._by_id[stream_id]
+        self.stream_sets.append(stream.name)
+        if self._scopes:
+            self._scopes[-1] = stream
+        else:
+            self._current_streams[device_index] = stream
+
+    def execute_on(self, lane: LaneStream, op: Any, tensors: Any, native: Any, index: int) -> Any:
+        # Without ``ordering`` the op runs as it did on the caller's stream (the streams the
+        # tests expect); the routing through the lane is recorded.
         caller = self.current_stream(index)
-        self.lane_calls.append((lane.name, caller.name, threading.get_ident()))
+        self.lane_calls.append((lane.stream.name, caller.name, threading.get_ident()))
+        if self.torch_bridge is not None:
+            return self.torch_bridge.execute_on(lane, op, tensors, native, index)
         return op(tensors, native)
 
     def new_stream(self, index: int) -> FakeStream:
@@ -320,6 +355,27 @@ class FakeBridge:
     @staticmethod
     def unwritten(tensor: FakeTensor, reference: FakeTensor) -> bool:
         return bool(np.any(np.isnan(tensor.array) & ~np.isnan(reference.array)))
+
+
+class _OrderingTorch:
+    """What ``TorchBridge.execute_on`` asks of torch, over a :class:`FakeBridge`'s streams:
+    ``torch._C``'s raw current stream and stream setter, ``torch.cuda``'s current stream and
+    events."""
+
+    def __init__(self, bridge: FakeBridge) -> None:
+        def current_stream(index: int) -> FakeStream:
+            return bridge.known(bridge.active_stream(index))
+
+        def set_stream(stream_id: int, device_index: int, device_type: int) -> None:
+            assert device_type == 1, device_type
+            bridge.set_current(stream_id, device_index)
+
+        self._C = SimpleNamespace(
+            _cuda_getCurrentRawStream=lambda index: bridge.active_stream(index).handle,
+            _cuda_setStream=set_stream,
+        )
+        self.cuda = SimpleNamespace(current_stream=current_stream, Event=FakeEvent)
+        self.Tensor = FakeTensor
 
 
 # -- engines and inputs ------------------------------------------------------------------------

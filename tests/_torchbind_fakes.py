@@ -7,6 +7,7 @@ bridge and the engines from them.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -100,6 +101,10 @@ class FakeTensor:
         assert dim == 0
         return tuple(FakeTensor(row, self.device) for row in self.array)  # views: one buffer
 
+    def record_stream(self, stream: FakeStream) -> None:
+        """``Tensor.record_stream``: logged on the stream's log."""
+        stream.log.append(("record_stream", stream.name))
+
     def __repr__(self) -> str:
         return f"FakeTensor({self.shape}, {self.array.dtype}, {self.device})"
 
@@ -117,13 +122,34 @@ class FakeCudaArray:
         return {"shape": self.array.shape, "typestr": self.array.dtype.str, "data": (0, False), "version": 3}
 
 
+_STREAM_IDS = itertools.count(100)
+
+
 class FakeStream:
-    def __init__(self, name: str) -> None:
+    """A torch CUDA stream: its raw handle (``cudaStream_t``; 0 for torch's default stream,
+    the legacy default stream), torch's ``stream_id`` and whether it is a blocking stream.
+    Event records, waits and ``record_stream`` calls on it go to ``log``."""
+
+    def __init__(self, name: str, *, handle: int | None = None, blocking: bool = False) -> None:
         self.name = name
         self.syncs = 0
+        self.handle = self.stream_id = next(_STREAM_IDS) if handle is None else handle
+        self.device_index, self.device_type = 0, 1
+        self.blocking = blocking
+        self.log: list[tuple[str, ...]] = []
 
     def synchronize(self) -> None:
         self.syncs += 1
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.log.append(("wait_event", self.name))
+
+
+class FakeEvent:
+    """A torch CUDA event: its records go to the recorded stream's log."""
+
+    def record(self, stream: FakeStream) -> None:
+        stream.log.append(("record", stream.name))
 
     def __repr__(self) -> str:
         return f"FakeStream({self.name!r})"

@@ -71,15 +71,22 @@ class TensorInfo:
 
 class LaneStream:
     """One lane's private stream (every ``execute_engine`` call of the lane runs there) and
-    the two events that order it with a caller's stream, made once."""
+    the two events that order it with a caller's stream, made once.
 
-    __slots__ = ("device_index", "device_type", "done", "ready", "stream", "stream_id")
+    ``blocking``: whether the stream is a blocking CUDA stream (``cudaStreamDefault``), which
+    CUDA orders with the legacy default stream by itself; fixed when the stream is made.
+    ``switch``: the arguments of ``torch._C._cuda_setStream`` making it current.
+    """
 
-    def __init__(self, stream: Any, ready: Any, done: Any) -> None:
+    __slots__ = ("blocking", "device_index", "device_type", "done", "ready", "stream", "stream_id", "switch")
+
+    def __init__(self, stream: Any, ready: Any, done: Any, *, blocking: bool = False) -> None:
         self.stream, self.ready, self.done = stream, ready, done
+        self.blocking = blocking
         self.stream_id = stream.stream_id
         self.device_index = stream.device_index
         self.device_type = stream.device_type
+        self.switch: tuple[int, int, int] = (self.stream_id, self.device_index, self.device_type)
 
 
 #: A device-to-device copy ``(dst, src, nbytes, stream) -> 0 or the error``.
@@ -311,7 +318,11 @@ class TorchBridge:
         their ``cudaStream_t`` so a per-call ``synchronize`` creates none."""
         if self._raw_stream is None:
             return self.torch.cuda.current_stream(index)
-        key = (index, int(self._raw_stream(index)))
+        return self._stream_object(index, int(self._raw_stream(index)))
+
+    def _stream_object(self, index: int, raw: int) -> Any:
+        """torch's current stream on device ``index``, whose handle is ``raw``."""
+        key = (index, raw)
         stream = self._streams.get(key)
         if stream is None:
             if len(self._streams) > 64:  # streams come and go; keep the cache small
@@ -328,15 +339,46 @@ class TorchBridge:
         """A context manager making ``stream`` current (and its device, for the block)."""
         return self.torch.cuda.stream(stream)
 
-    def execute_on(self, lane: Any, op: Callable[..., Any], tensors: Any, native: Any, index: int) -> Any:
-        """``op(tensors, native)`` with ``lane`` (a :class:`LaneStream`) current, ordered after
-        torch's current stream on device ``index`` (the caller's) and before it again; each
-        output is recorded as used on the caller's stream (``Tensor.record_stream``).
+    def execute_on(self, lane: LaneStream, op: Callable[..., Any], tensors: Any, native: Any, index: int
+                   ) -> Any:
+        """``op(tensors, native)`` with ``lane`` current, ordered after torch's current stream
+        on device ``index`` (the caller's) and before it again.
 
-        The lane's two events are made once; the stream switch is torch's C-level setter
+        *A caller on the legacy default stream* (torch's default stream: raw handle 0) *and a
+        blocking lane stream*: the two stream switches and the op, nothing else. CUDA orders a
+        blocking stream with the legacy default stream both ways: the op's work waits for
+        everything queued before it on the legacy stream, and the caller's later work there
+        waits for the op's. No ``record_stream`` either: the outputs are allocated on the
+        lane's stream, so their memory is handed out again only to later work on the lane's
+        stream; that work waits for everything queued earlier on the legacy stream, and the
+        caller's legacy-stream uses of an output are queued before it frees the output.
+
+        *Any other caller stream, or a non-blocking lane stream*: ``lane.ready`` recorded on
+        the caller's stream and waited for by the lane's, ``lane.done`` the other way round
+        after the op, and each output recorded as used on the caller's stream
+        (``Tensor.record_stream``).
+
+        The events are made once with the lane; the switch is torch's C-level setter
         (``torch.cuda.stream(...)`` and ``Stream.wait_stream`` cost a Python context manager
-        and a new event per call)."""
-        caller = self.current_stream(index)
+        and a new event per call), and the caller's stream is made current again however
+        the op ends (an error, an interrupt)."""
+        set_stream = self._set_stream
+        raw_of = self._raw_stream
+        if set_stream is None or raw_of is None:
+            return self._execute_ordered(lane, op, tensors, native, self.current_stream(index))
+        raw = raw_of(index)
+        if raw == 0 and lane.blocking:
+            try:  # (the switch inside: an interrupt right after it still switches back)
+                set_stream(*lane.switch)
+                return op(tensors, native)
+            finally:  # torch's default stream: stream id 0 of the device
+                set_stream(0, index, lane.device_type)
+        return self._execute_ordered(lane, op, tensors, native, self._stream_object(index, int(raw)))
+
+    def _execute_ordered(self, lane: LaneStream, op: Callable[..., Any], tensors: Any, native: Any,
+                         caller: Any) -> Any:
+        """``op(tensors, native)`` on ``lane`` ordered with ``caller`` by its events, the
+        outputs recorded as used on ``caller`` (see :meth:`execute_on`)."""
         stream = lane.stream
         lane.ready.record(caller)
         stream.wait_event(lane.ready)
@@ -346,22 +388,27 @@ class TorchBridge:
                 results = op(tensors, native)
         else:
             try:  # (the switch inside: an interrupt right after it still switches back)
-                set_stream(stream_id=lane.stream_id, device_index=lane.device_index,
-                           device_type=lane.device_type)
+                set_stream(*lane.switch)
                 results = op(tensors, native)
             finally:
-                set_stream(stream_id=caller.stream_id, device_index=caller.device_index,
-                           device_type=caller.device_type)
+                set_stream(caller.stream_id, caller.device_index, caller.device_type)
         lane.done.record(stream)
         caller.wait_event(lane.done)
         for result in results:
             result.record_stream(caller)
         return results
 
-    def lane_stream(self, index: int) -> LaneStream:
-        """The private stream of one lane of an engine on device ``index``, and its events."""
+    def lane_stream(self, index: int, *, blocking: bool = False) -> LaneStream:
+        """The private stream of one lane of an engine on device ``index``, and its events.
+
+        ``blocking=True`` asks for a blocking stream (:meth:`new_stream`); without
+        cuda-python the lane gets a non-blocking stream anyway, and its
+        :attr:`LaneStream.blocking` says so."""
         cuda = self.torch.cuda
-        return LaneStream(self.new_stream(index), cuda.Event(), cuda.Event())
+        made = STREAMS.take(self.torch, index, blocking=True) if blocking else None
+        if made is None:
+            return LaneStream(self.new_stream(index), cuda.Event(), cuda.Event())
+        return LaneStream(made, cuda.Event(), cuda.Event(), blocking=True)
 
     def new_stream(self, index: int) -> Any:
         """A new non-blocking stream on device ``index`` that nothing else in the process uses.
@@ -375,7 +422,8 @@ class TorchBridge:
         ``ExternalStream``; when that object goes, the stream goes back to a process-wide pool
         for the next lane, never destroyed (:mod:`.streams` says why); without cuda-python, a
         stream of torch's high-priority pool, which callers' default-priority streams do not
-        share."""
+        share. (Outer graphs are captured on such a stream: a capture on a blocking stream
+        would make every call on the legacy default stream fail meanwhile.)"""
         torch = self.torch
         made = STREAMS.take(torch, index)
         if made is None:

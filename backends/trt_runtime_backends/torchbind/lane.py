@@ -27,7 +27,7 @@ from trt_runtime.settings import (
     RuntimeSettings,
 )
 
-from .bridge import translate_errors
+from .bridge import LaneStream, translate_errors
 from .contract import Call, Contract
 
 if TYPE_CHECKING:
@@ -164,13 +164,44 @@ class TorchbindLane(LaneOps):
         self._single_device = bridge.device_count() == 1
         self._get_device = bridge.current_device_fn()
         self.last_stream: Any = None
-        #: The one stream every execute_engine call of this lane runs on (see _call_op).
-        self._lane_stream: Any = None
+        #: The one stream every execute_engine call of this lane runs on (see _call_op),
+        #: made at the first call.
+        self._lane_stream: LaneStream | None = None
+        #: Whether that stream is to be blocking: yes, unless TensorRT-RTX's own capture
+        #: (``cuda_graph_strategy``) is on (see _pick_stream). The lane's streams by that wish.
+        self._want_blocking = True
+        self._lane_streams: dict[bool, LaneStream] = {}
         self._serial = 0
         self.graphs: LaneGraphs = make_graphs(self)
 
     # -- the context ------------------------------------------------------------------------
+    def _pick_stream(self, settings: RuntimeSettings) -> None:
+        """TensorRT-RTX's ``cuda_graph_strategy`` captures inside the op on the stream it runs
+        on. A capture on a *blocking* stream makes every call on the legacy default stream in
+        the process fail meanwhile (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``, seen with the
+        python backend on an H100). So while the strategy is on the lane runs on a
+        non-blocking stream, every caller ordered with events; with it off, on a blocking
+        stream, which needs no events for a caller on the legacy default stream
+        (:meth:`.bridge.TorchBridge.execute_on`). A switch waits for the lane's work first:
+        the op sees one stream at a time, and the stream left behind is idle."""
+        want = settings.cuda_graph_strategy is CudaGraphStrategy.DISABLED
+        if want == self._want_blocking:
+            return
+        if self._lane_stream is not None:
+            self.sync()
+        self._want_blocking = want
+        self._lane_stream = self._lane_streams.get(want)
+
+    def _new_lane_stream(self) -> LaneStream:
+        """The lane's stream of the kind :attr:`_want_blocking` asks for, made once."""
+        want = self._want_blocking
+        stream = self._lane_streams.get(want)
+        if stream is None:
+            stream = self._lane_streams[want] = self._bridge.lane_stream(self._device, blocking=want)
+        return stream
+
     def create_context(self, settings: RuntimeSettings, cache: RuntimeCache | None) -> NativeState:
+        self._pick_stream(settings)
         shared = self.shared
         handle = None
         if cache is not None:
@@ -367,12 +398,12 @@ class TorchbindLane(LaneOps):
         from threads on different streams while the GPU is busy it returned wrong outputs
         (H100, 2026-11-24, ``benchmarks/probes/gpu_torchbind_race_probe.py``: 6,238 of 8,000 from 16
         threads on their own streams under a GPU load; 0 with every call on one stream). So
-        the op only ever sees one stream per lane; the outputs are marked used on the caller's
-        stream, so the allocator does not hand their memory out again before it is done.
+        the op only ever sees one stream per lane (one at a time: see _pick_stream), ordered
+        with the caller's as :meth:`.bridge.TorchBridge.execute_on` says.
         """
         stream = self._lane_stream
         if stream is None:
-            stream = self._lane_stream = self._bridge.lane_stream(self._device)
+            stream = self._lane_stream = self._new_lane_stream()
         return self._bridge.execute_on(stream, self._op, tensors, self.native, self._device)
 
     def _execute_now(self, tensors: list[Any]) -> list[Any]:
@@ -390,15 +421,17 @@ class TorchbindLane(LaneOps):
 
     # -- lifetime -----------------------------------------------------------------------------
     def sync(self) -> None:
-        """Wait for the work this lane queued on the last stream it ran on and on its
+        """Wait for the work this lane queued on the last stream it ran on, on its own stream
+        (a caller on the legacy default stream has no event to wait for it) and on its
         graphs' streams; never the whole device (another lane may be capturing, and a device
         synchronize then fails: "operation not permitted when stream is capturing")."""
         bridge = self._bridge
         stream = self.last_stream
         if stream is CURRENT:
             stream = bridge.current_stream(self._device)
+        own = None if self._lane_stream is None else self._lane_stream.stream
         done: list[Any] = []
-        for s in (stream, *self.graphs.streams()):
+        for s in (stream, own, *self.graphs.streams()):
             if s is not None and not any(s is d for d in done):
                 bridge.synchronize(s)
                 done.append(s)

@@ -24,34 +24,41 @@ __all__ = ["STREAMS", "StreamPool"]
 
 
 class StreamPool:
-    """Raw non-blocking stream handles per device, free for the next owner.
+    """Raw stream handles per device and kind (blocking or non-blocking), free for the next
+    owner of that kind: a lane that asked for a non-blocking stream never gets a blocking one.
 
     Thread-safe without a lock (deque appends and pops are atomic), so a garbage-collector
     finalizer that gives a stream back can run in any thread, even inside :meth:`take`.
     """
 
     def __init__(self) -> None:
-        self._free: dict[int, collections.deque[int]] = {}
+        self._free: dict[tuple[int, bool], collections.deque[int]] = {}
         #: Streams this pool made, per device (they all live until the process ends).
         self.made: dict[int, int] = {}
 
-    def free(self, index: int) -> int:
-        """How many streams of device ``index`` wait for an owner."""
-        return len(self._free.get(index, ()))
+    def free(self, index: int, *, blocking: bool = False) -> int:
+        """How many streams of device ``index`` (and of that kind) wait for an owner."""
+        return len(self._free.get((index, blocking), ()))
 
-    def take(self, torch: Any, index: int) -> Any:
-        """A dedicated non-blocking stream on device ``index`` as a torch ``ExternalStream``
-        (a free one, else a new one), back in the pool when that object is collected;
-        ``None`` when cuda-python is not installed."""
+    def take(self, torch: Any, index: int, *, blocking: bool = False) -> Any:
+        """A dedicated stream on device ``index`` as a torch ``ExternalStream`` (a free one of
+        that kind, else a new one), back in the pool when that object is collected; ``None``
+        when cuda-python is not installed.
+
+        ``blocking=False``: ``cudaStreamNonBlocking``, no implicit ordering with the legacy
+        default stream. ``blocking=True``: ``cudaStreamDefault``, which CUDA orders with the
+        legacy default stream both ways (see :meth:`.bridge.TorchBridge.execute_on`)."""
         try:
             from cuda.bindings import runtime as rt
         except ImportError:
             return None
+        key = (index, blocking)
         try:
-            handle = self._free.setdefault(index, collections.deque()).pop()
+            handle = self._free.setdefault(key, collections.deque()).pop()
         except IndexError:
+            flags = rt.cudaStreamDefault if blocking else rt.cudaStreamNonBlocking
             with torch.cuda.device(index):
-                err, made = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+                err, made = rt.cudaStreamCreateWithFlags(flags)
             if int(err):
                 raise EngineError(
                     f"could not create a CUDA stream on device {index}: "
@@ -61,11 +68,11 @@ class StreamPool:
             self.made[index] = self.made.get(index, 0) + 1
         stream = torch.cuda.ExternalStream(handle, device=torch.device("cuda", index))
         # Not at exit: nothing is left to hand it to, and the process ends the stream.
-        weakref.finalize(stream, self._give_back, index, handle).atexit = False
+        weakref.finalize(stream, self._give_back, key, handle).atexit = False
         return stream
 
-    def _give_back(self, index: int, handle: int) -> None:
-        self._free.setdefault(index, collections.deque()).append(handle)
+    def _give_back(self, key: tuple[int, bool], handle: int) -> None:
+        self._free.setdefault(key, collections.deque()).append(handle)
 
     def forget(self) -> None:
         """Drop every free stream (in a forked child: they are the parent's)."""

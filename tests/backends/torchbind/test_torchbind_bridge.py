@@ -331,6 +331,7 @@ def test_torchbind_bridge_runs_the_op_on_the_lane_with_events_made_once(monkeypa
 class _FakeCudart:
     """``cuda.bindings.runtime``: streams made and destroyed."""
 
+    cudaStreamDefault = 0
     cudaStreamNonBlocking = 1
 
     def __init__(self) -> None:
@@ -344,6 +345,17 @@ class _FakeCudart:
     def cudaStreamDestroy(self, handle: int) -> tuple[int]:
         self.destroyed.append(handle)
         return (0,)
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, cudart: Any) -> None:
+    """Make ``cudart`` what ``from cuda.bindings import runtime`` imports."""
+    import sys
+    import types
+
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = cudart  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
 
 
 def _torch_with_devices() -> Any:
@@ -370,14 +382,9 @@ def _torch_with_devices() -> Any:
 
 def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(monkeypatch) -> None:
     import gc
-    import sys
-    import types
 
     cudart = _FakeCudart()
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.runtime = cudart  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
+    _install(monkeypatch, cudart)
     pool = StreamPool()
     monkeypatch.setattr("trt_runtime_backends.torchbind.bridge.STREAMS", pool)
     torch = _torch_with_devices()
@@ -406,19 +413,33 @@ def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(mon
 
 
 def test_torchbind_bridge_private_streams_failing_create_is_an_engine_error(monkeypatch) -> None:
-    import sys
-    import types
-
     class Failing(_FakeCudart):
         def cudaStreamCreateWithFlags(self, flags: int) -> tuple[int, int]:
             return 2, 0  # cudaErrorMemoryAllocation
 
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.runtime = Failing()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", bindings.runtime)
+    _install(monkeypatch, Failing())
     with pytest.raises(EngineError, match="could not create a CUDA stream on device 1: cudaStreamCreate"):
         StreamPool().take(_torch_with_devices(), 1)
+
+
+def test_torchbind_bridge_private_streams_of_each_kind_go_to_lanes_of_that_kind(monkeypatch) -> None:
+    import gc
+
+    cudart = _FakeCudart()
+    _install(monkeypatch, cudart)
+    pool = StreamPool()
+    monkeypatch.setattr("trt_runtime_backends.torchbind.bridge.STREAMS", pool)
+    bridge = TorchBridge(_torch_with_devices())
+    blocking, other = bridge.lane_stream(0, blocking=True), bridge.lane_stream(0)
+    assert cudart.made == [(0, 7000), (1, 7001)]  # cudaStreamDefault, cudaStreamNonBlocking
+    assert blocking.blocking and not other.blocking
+    del blocking, other
+    gc.collect()
+    assert (pool.free(0, blocking=True), pool.free(0)) == (1, 1)
+    again = bridge.lane_stream(0)  # a non-blocking stream asked for: never the blocking one
+    assert again.stream.handle == 7001 and (pool.free(0, blocking=True), pool.free(0)) == (1, 0)
+    assert bridge.lane_stream(0, blocking=True).stream.handle == 7000
+    assert len(cudart.made) == 2 and cudart.destroyed == [] and pool.made == {0: 2}
 
 
 def test_torchbind_bridge_private_streams_without_cuda_python_use_the_high_priority_pool(monkeypatch) -> None:

@@ -47,7 +47,9 @@ def test_torchbind_contract_cuda_torch_in_cuda_torch_out_through_the_hot_path(
     assert bridge.ops.streams == ["current:0"] * 3
     assert [e for e in bridge.events if e[0] != "sync"] == []  # nothing staged, copied or waited
     engine.synchronize()
-    assert bridge.synced[-1].name == "current:0"  # torch's current stream on the engine's device
+    # torch's current stream on the engine's device, and the lane's own (a caller on the
+    # legacy default stream has no event that waits for it)
+    assert [s.name for s in bridge.synced[-2:]] == ["current:0", "lane:0:1"]
 
 
 @pytest.mark.parametrize(
