@@ -121,8 +121,6 @@ class PythonGraphs(GraphOps):
         """Key, sources (device addresses, or the host arrays), addresses, shortcut key."""
         lane = self.ops
         inspection: Inspection = call
-        if lane._multi_device:
-            lane._set_device()
         ptrs = inspection.ptrs
         host = inspection.host
         sources: list[Any] = ptrs

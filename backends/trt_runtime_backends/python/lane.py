@@ -395,9 +395,6 @@ class PythonLane(LaneOps):
             self._state.activate()
         self._threads.ready = True
 
-    def _set_device(self) -> None:
-        cuda.check(self._rt.cudaSetDevice(self._device), "cudaSetDevice")
-
     def execute_failed(self) -> None:
         self._fast_paths.forget()
         self.lane.reset_fast()
@@ -419,8 +416,6 @@ class PythonLane(LaneOps):
         kind = inspection.kind
         ptrs = inspection.ptrs
         host = inspection.host
-        if self._multi_device:
-            self._set_device()
         if (inspection.shapes, inspection.profile) != ctx.shape_key:
             apply_shapes(self, ctx, inspection.shapes, inspection.profile)
         trt_context = ctx.trt_context  # (after: another context may be in these shapes)

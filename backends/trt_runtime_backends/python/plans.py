@@ -39,8 +39,9 @@ whatever plan is still referenced; nor does it reference itself, nor (natural an
 pre-bound plans) its table entry: a cycle would keep it, and anything it holds, until the
 garbage collector runs. Per call a plan reads these attributes and no other: of the core
 lane (``trt_runtime.lane.Lane``), ``fast_entry`` (written on a switch) and ``context``; of
-the lane's ops (:class:`.lane.PythonLane`), ``_multi_device``, ``_set_device`` and
-``execute_failed``.
+the lane's ops (:class:`.lane.PythonLane`), ``execute_failed``. On a host with several
+GPUs a plan sets no device: every call runs inside the engine's device guard
+(``cuda.CallerDevice``), which made the engine's primary context current when another was.
 """
 
 from __future__ import annotations
@@ -212,8 +213,6 @@ def _natural(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, res
             return None
         if ctx.shape_key is not key and ctx.shape_key != key and not restore():
             return None
-        if lane._multi_device:
-            lane._set_device()
         if not one:
             _bind_all(ctx, names, inputs)
         elif bound_get(name0) != (p := x.data_ptr()):
@@ -310,8 +309,6 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
             core.fast_entry = other
             return other(inputs, stream, outputs, True)  # type: ignore[no-any-return]
         touch(key)
-        if lane._multi_device:
-            lane._set_device()
         if stream is None and (c := raw_stream(device)) in order.skip and order.tail == order.ours:
             caller, run = None, order.ours
         else:
@@ -377,8 +374,6 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
             core.fast_entry = plain
             return plain(inputs, stream, outputs, True)  # type: ignore[no-any-return]
         touch(key)
-        if lane._multi_device:
-            lane._set_device()
         c = raw_stream(device) if stream is None or pools is not None else None
         if stream is None and c in order.skip and order.tail == order.ours:
             caller, run = None, order.ours
