@@ -5,7 +5,7 @@
 # Installs this checkout (and the wheels in .whl/) via tools/gpu_setup.sh, then runs each STEP,
 # logging to $OUT/STEP.log. Steps: env, suite (SUITE_WORKERS xdist workers, default 8; cut at SUITE_LIMIT s, default 520;
 # a test past 120 s has its stacks dumped and its worker killed, so a native hang is named too; its
-# last lines name the failed tests, tools/gpu_suite_summary.py), suite3 (the suite three times, each a fresh pytest
+# last lines name the failed tests, tools/gpu_suite_summary.py), suite3 (the suite SUITE3_RUNS times, default three, each a fresh pytest
 # cut at SUITE3_LIMIT s, default 180: per run its counts and failed tests, then the total wall time), suite-python (python backend only), bench,
 # concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), exitprobe (benchmarks/probes/gpu_exit_abort_probe.py: the daemon-thread exit scenario and its one-hypothesis variants, EXITPROBE_ARGS), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, the two backends side by side, apart from the suite; TRT_RUNTIME_FAULT_CYCLES), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
@@ -32,11 +32,11 @@ for step in "$@"; do
     suite) _gpu_suite_once "${SUITE_LIMIT:-520}" "$OUT/suite.log" "$OUT/junit.xml"; tail -60 "$OUT/suite.log"
            python3 tools/gpu_suite_summary.py "$OUT/suite.log" --label suite ;;
     suite3) _t3=$(date +%s)
-            for _n in 1 2 3; do
+            for _n in $(seq "${SUITE3_RUNS:-3}"); do
               _gpu_suite_once "${SUITE3_LIMIT:-180}" "$OUT/suite3-$_n.log" "$OUT/junit3-$_n.xml"
               python3 tools/gpu_suite_summary.py "$OUT/suite3-$_n.log" --label "run $_n"
             done 2>&1 | tee "$OUT/suite3.log"
-            echo "suite3: 3 runs in $(( $(date +%s) - _t3 )) s" | tee -a "$OUT/suite3.log" ;;
+            echo "suite3: ${SUITE3_RUNS:-3} runs in $(( $(date +%s) - _t3 )) s" | tee -a "$OUT/suite3.log" ;;
     soak) python3 -m pytest -m soak tests/gpu -rfEs -q -p no:cacheprovider -n 2 --timeout 570 2>&1 | tee "$OUT/soak.log" | tail -30 ;;
     suite-python) TRT_RUNTIME_BACKEND=python python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -k "not torchbind" 2>&1 | tee "$OUT/suite-python.log" | tail -60 ;;
     bench) python3 benchmarks/bench_all.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
