@@ -7,7 +7,7 @@
 # a test past 120 s has its stacks dumped and its worker killed, so a native hang is named too; its
 # last lines name the failed tests, tools/gpu_suite_summary.py), suite3 (the suite SUITE3_RUNS times, default three, each a fresh pytest
 # cut at SUITE3_LIMIT s, default 180: per run its counts and failed tests, then the total wall time), suite-python (python backend only), bench,
-# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), exitprobe (benchmarks/probes/gpu_exit_abort_probe.py: the daemon-thread exit scenario and its one-hypothesis variants, EXITPROBE_ARGS), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, the two backends side by side, apart from the suite; TRT_RUNTIME_FAULT_CYCLES), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), exitprobe (benchmarks/probes/gpu_exit_abort_probe.py: the daemon-thread exit scenario and its one-hypothesis variants, EXITPROBE_ARGS), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, the two backends side by side, apart from the suite; TRT_RUNTIME_FAULT_CYCLES; SOAK_BACKEND=python or torchbind runs one; progress every 500 cycles in $OUT/soak-progress.log), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -37,7 +37,9 @@ for step in "$@"; do
               python3 tools/gpu_suite_summary.py "$OUT/suite3-$_n.log" --label "run $_n"
             done 2>&1 | tee "$OUT/suite3.log"
             echo "suite3: ${SUITE3_RUNS:-3} runs in $(( $(date +%s) - _t3 )) s" | tee -a "$OUT/suite3.log" ;;
-    soak) python3 -m pytest -m soak tests/gpu -rfEs -q -p no:cacheprovider -n 2 --timeout 570 2>&1 | tee "$OUT/soak.log" | tail -30 ;;
+    soak) TRT_RUNTIME_SOAK_LOG="$OUT/soak-progress.log" python3 -m pytest -m soak tests/gpu -rfEs -q -p no:cacheprovider \
+            -n 2 --timeout 570 ${SOAK_BACKEND:+-k "$SOAK_BACKEND"} 2>&1 | tee "$OUT/soak.log" | tail -30
+          tail -4 "$OUT/soak-progress.log" 2>/dev/null ;;
     suite-python) TRT_RUNTIME_BACKEND=python python3 -m pytest "${_gpu_suite_args[@]}" -n 4 -k "not torchbind" 2>&1 | tee "$OUT/suite-python.log" | tail -60 ;;
     bench) python3 benchmarks/bench_all.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
     concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" ${CONC_ARGS:-} 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;

@@ -24,6 +24,10 @@ pytestmark = pytest.mark.gpu
 #: (the report names the count run). Warm-up is a tenth of them.
 CYCLES = int(os.environ.get("TRT_RUNTIME_FAULT_CYCLES", "10000"))
 WARMUP = max(1, CYCLES // 10)
+#: A file the soak appends a line to every PROGRESS_EVERY cycles (cycle, seconds, device bytes used, RSS),
+#: so a run cut by a time limit still shows its rate and its trend; unset: no progress lines.
+PROGRESS_LOG = os.environ.get("TRT_RUNTIME_SOAK_LOG")
+PROGRESS_EVERY = 500
 
 
 def _mlp(backend_name: str, engines: Any) -> tuple[Any, Any, Any, Any]:
@@ -121,6 +125,7 @@ def test_gpu_faults_load_call_close_cycles_keep_memory_flat(
 ) -> None:
     torch, backend, built, x = _mlp(backend_name, engines)
     marks: dict[int, tuple[int, int]] = {}
+    started = time.perf_counter()
     for cycle in range(1, CYCLES + 1):
         engine = trt_runtime.load(built.plan, backend, name="mlp_fp16")
         engine(x)
@@ -128,6 +133,10 @@ def test_gpu_faults_load_call_close_cycles_keep_memory_flat(
         if cycle in (WARMUP, CYCLES):
             torch.cuda.synchronize()
             marks[cycle] = (_device_used(), _rss())
+        if PROGRESS_LOG and cycle % PROGRESS_EVERY == 0:
+            with open(PROGRESS_LOG, "a") as log:
+                log.write(f"{backend_name} cycle {cycle} {time.perf_counter() - started:.1f} s "
+                          f"device {_device_used()} rss {_rss()}\n")
     (dev0, rss0), (dev1, rss1) = marks[WARMUP], marks[CYCLES]
     report_measurement(
         f"{CYCLES} load/call/close {backend_name}",
