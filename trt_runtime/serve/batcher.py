@@ -1,25 +1,31 @@
 """``DynamicBatcher``: gathers checked requests on an event loop and runs them on engine threads.
 
-Requests wait in one queue. Whenever an engine thread is free, the batcher takes the
-oldest request and then up to ``max_batch - 1`` more: those already waiting, plus those
-that arrive within ``max_queue_delay_us`` of the oldest one's arrival (Triton's
-``max_queue_delay_microseconds``). The batch goes to that thread, which runs it with a
+Requests wait in one queue. Each engine thread takes its next batch itself as soon as its
+previous call ended: the oldest waiting request and up to ``max_batch - 1`` more, those
+already waiting plus those that arrive within ``max_queue_delay_us`` of the oldest one's
+arrival (Triton's ``max_queue_delay_microseconds``). It runs the batch with a
 :class:`~trt_runtime.serve.batching.BatchRunner` (group by signature, pack along the batch
-axis up to the optimization profile's maximum, split back); the answers are set on the
-event loop. While every thread is busy requests pile up, so batches grow with the load
-and the delay is paid only when the engine is idle.
+axis up to the optimization profile's maximum, split back) and hands the answers to the event
+loop, which sets them. While every thread is busy requests pile up, so batches grow with the
+load and the delay is paid only when a thread is idle.
 
-One thread per execution function (one per execution context), each running one batch
-at a time. The event loop never runs the engine.
+The threads take their batches themselves rather than wait for the event loop to hand them
+one: between two engine calls a thread needs nothing of the loop, which is busy reading new
+requests and writing answers. (On the GPU host the local server's engines were inside their
+calls only 41-49% of the time, full batches waiting or not; ``benchmarks/probes/cpu_batcher_busy.py``
+measures the share on the CPU, and ``docs/serving.md`` has its figures.)
+
+One thread per execution function (one per execution context), each running one batch at
+a time. The event loop never runs the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.errors import RequestError, SettingsError
@@ -41,14 +47,6 @@ class _Request:
         self.arrived = time.perf_counter()
 
 
-class _Worker:
-    """One engine thread: its executor and its runner (a runner runs one batch at a time)."""
-
-    def __init__(self, index: int, runner: BatchRunner) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"trt-serve-engine-{index}")
-        self.runner = runner
-
-
 class DynamicBatcher:
     """Batches requests for one engine; ``await submit(arrays)`` returns that request's outputs.
 
@@ -60,7 +58,8 @@ class DynamicBatcher:
     for others once an engine thread is free. ``copy_outputs``: copy each request's slice
     (for engines that overwrite their outputs, as the outer graph's ``"view"`` mode does).
 
-    Bound to the event loop of the first :meth:`submit`; use it from that loop only.
+    Bound to the event loop of the first :meth:`submit`; use it from that loop only. The
+    engine threads start with the first request.
     """
 
     def __init__(
@@ -84,16 +83,16 @@ class DynamicBatcher:
         self._max_batch = max_batch if checker.batchable else 1
         self._delay_s = delay / 1e6
         self._metrics = metrics
-        self._workers = [
-            _Worker(i, BatchRunner(self._timed(fn), checker, copy_outputs=copy_outputs))
-            for i, fn in enumerate(execute_fns)
-        ]
+        self._runners = [BatchRunner(self._timed(fn), checker, copy_outputs=copy_outputs)
+                         for fn in execute_fns]
+        #: Guards the queue and the counts below; the engine threads wait on it for requests.
+        self._cond = threading.Condition(threading.Lock())
         self._waiting: collections.deque[_Request] = collections.deque()
-        self._idle: collections.deque[_Worker] = collections.deque(self._workers)
         self._busy = 0
         self._running: list[list[_Request]] = []
+        self._threads: list[threading.Thread] = []
+        self._stopped = False  # the threads end after their current batch
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._drained: asyncio.Event | None = None
 
@@ -106,7 +105,7 @@ class DynamicBatcher:
         """Requests waiting or running."""
         return len(self._waiting) + self._busy
 
-    # -- requests ------------------------------------------------------------------------
+    # -- requests (on the loop) ------------------------------------------------------------
     async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
         """Run one checked request (its arrays in input order); its outputs, or the engine's error."""
         return await self.enqueue(arrays)
@@ -119,65 +118,87 @@ class DynamicBatcher:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+            self._start()
         future: asyncio.Future[list[Any]] = loop.create_future()
-        self._waiting.append(_Request(arrays, future))
-        self._dispatch()
+        with self._cond:
+            self._waiting.append(_Request(arrays, future))
+            self._cond.notify()
         return future
 
-    def _dispatch(self) -> None:
-        """Hand batches to idle threads; called on the loop after every arrival and completion."""
-        while self._idle and self._waiting:
-            now = time.perf_counter()
-            if len(self._waiting) < self._max_batch and self._delay_s > 0:
-                due = self._waiting[0].arrived + self._delay_s
-                if now < due and not self._closing:
-                    if self._timer is None:
-                        self._timer = self._loop.call_later(due - now, self._on_timer)  # type: ignore[union-attr]
-                    return
-            batch: list[_Request] = []
-            while self._waiting and len(batch) < self._max_batch:
-                request = self._waiting.popleft()
-                if not request.future.done():  # else its caller went away: skip it
-                    batch.append(request)
-            if not batch:
-                continue
-            worker = self._idle.popleft()
-            self._busy += 1
-            self._running.append(batch)
-            if self._metrics is not None:
-                self._metrics.batched(len(batch))
-                for request in batch:
-                    self._metrics.queued(now - request.arrived)
-            run = self._loop.run_in_executor(  # type: ignore[union-attr]
-                worker.pool, worker.runner.run, [r.arrays for r in batch]
-            )
-            run.add_done_callback(lambda done, w=worker, b=batch: self._finished(w, b, done))  # type: ignore[misc]
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._dispatch()
-
-    def _finished(self, worker: _Worker, batch: list[_Request], done: asyncio.Future[list[Answer]]) -> None:
-        self._busy -= 1
-        self._running.remove(batch)
-        self._idle.append(worker)
-        try:
-            answers: list[Answer] = done.result()
-        except BaseException as exc:  # the runner itself failed: every request of the batch
-            answers = [exc] * len(batch)
+    def _finished(self, batch: list[_Request], answers: list[Answer]) -> None:
+        """A thread's batch is done: its answers set, on the loop."""
+        with self._cond:
+            self._busy -= 1
+            self._running.remove(batch)
+            drained = not self._waiting and not self._busy
         for request, answer in zip(batch, answers, strict=True):
-            if request.future.done():  # the caller went away
+            if request.future.done():  # the caller went away, or the drain gave up on it
                 continue
             if isinstance(answer, BaseException):
                 request.future.set_exception(answer)
             else:
                 request.future.set_result(answer)
-        if self._timer is not None and len(self._waiting) >= self._max_batch:
-            self._timer.cancel()
-            self._timer = None
-        self._dispatch()
-        if self._drained is not None and not self._waiting and not self._busy:
+        if self._drained is not None and drained:
             self._drained.set()
+
+    # -- the engine threads --------------------------------------------------------------
+    def _start(self) -> None:
+        for i, runner in enumerate(self._runners):
+            thread = threading.Thread(target=self._work, args=(runner,), name=f"trt-serve-engine-{i}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _work(self, runner: BatchRunner) -> None:
+        """One engine thread: take a batch, run it, hand the answers to the loop; until stopped."""
+        loop = self._loop
+        assert loop is not None
+        while (batch := self._take()) is not None:
+            try:
+                answers: list[Answer] = runner.run([r.arrays for r in batch])
+            except BaseException as exc:  # the runner itself failed: every request of the batch
+                answers = [exc] * len(batch)
+            try:
+                loop.call_soon_threadsafe(self._finished, batch, answers)
+            except RuntimeError:  # the loop is closed: nobody waits for these answers
+                return
+
+    def _take(self) -> list[_Request] | None:
+        """The next batch, once the queue has one (``None``: stop): the oldest request and up to
+        ``max_batch - 1`` more, after waiting up to the queue delay from the oldest one's
+        arrival for the batch to fill (no wait while closing). Requests whose caller went away
+        are left out."""
+        cond, waiting, most = self._cond, self._waiting, self._max_batch
+        with cond:
+            while True:
+                if self._stopped:
+                    return None
+                if waiting and (len(waiting) >= most or self._closing or self._delay_s <= 0):
+                    wait = 0.0
+                elif waiting:
+                    wait = waiting[0].arrived + self._delay_s - time.perf_counter()
+                else:
+                    cond.wait()
+                    continue
+                if wait > 0:
+                    cond.wait(wait)
+                    continue
+                batch: list[_Request] = []
+                while waiting and len(batch) < most:
+                    request = waiting.popleft()
+                    if not request.future.done():
+                        batch.append(request)
+                if batch:
+                    self._busy += 1
+                    self._running.append(batch)
+                    break
+        metrics = self._metrics
+        if metrics is not None:
+            now = time.perf_counter()
+            metrics.batched(len(batch))
+            for request in batch:
+                metrics.queued(now - request.arrived)
+        return batch
 
     def _timed(self, fn: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
         metrics = self._metrics
@@ -199,29 +220,37 @@ class DynamicBatcher:
         """Stop taking requests, finish those queued or running (at most ``drain_s`` seconds),
         fail the rest with 503, stop the threads. Idempotent."""
         self._closing = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._loop is not None and (self._waiting or self._busy):
+        with self._cond:
+            busy = bool(self._waiting or self._busy)
+            self._cond.notify_all()  # the queue delay no longer applies
+        if self._loop is not None and busy:
             self._drained = asyncio.Event()
-            self._dispatch()  # the queue delay no longer applies
-            try:
-                await asyncio.wait_for(self._drained.wait(), max(0.0, drain_s))
-            except asyncio.TimeoutError:
-                pass
-        late = [*self._waiting, *(r for batch in self._running for r in batch)]
-        self._waiting.clear()
+            with self._cond:
+                done = not self._waiting and not self._busy
+            if not done:
+                try:
+                    await asyncio.wait_for(self._drained.wait(), max(0.0, drain_s))
+                except asyncio.TimeoutError:
+                    pass
+        with self._cond:
+            late = [*self._waiting, *(r for batch in self._running for r in batch)]
+            self._waiting.clear()
+            self._stopped = True
+            self._cond.notify_all()
         for request in late:
             if not request.future.done():
                 request.future.set_exception(
                     RequestError("the server stopped (drain time over) before answering this request", 503)
                 )
-        for worker in self._workers:
-            worker.pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Stop taking requests and wait for the engine calls running now (from any thread, e.g.
         before closing the engine); requests still queued are never run. Idempotent."""
         self._closing = True
-        for worker in self._workers:
-            worker.pool.shutdown(wait=True, cancel_futures=True)
+        with self._cond:
+            self._waiting.clear()
+            self._stopped = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
