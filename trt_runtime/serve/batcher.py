@@ -120,9 +120,13 @@ class DynamicBatcher:
             loop = self._loop = asyncio.get_running_loop()
             self._start()
         future: asyncio.Future[list[Any]] = loop.create_future()
+        waiting = self._waiting
         with self._cond:
-            self._waiting.append(_Request(arrays, future))
-            self._cond.notify()
+            waiting.append(_Request(arrays, future))
+            # A thread waits for a first request, or (timed) for the oldest one's batch to fill:
+            # wake one only then (a thread that takes a batch wakes the next if more wait).
+            if len(waiting) == 1 or len(waiting) >= self._max_batch:
+                self._cond.notify()
         return future
 
     def _finished(self, batch: list[_Request], answers: list[Answer]) -> None:
@@ -188,6 +192,8 @@ class DynamicBatcher:
                     request = waiting.popleft()
                     if not request.future.done():
                         batch.append(request)
+                if waiting:
+                    cond.notify()  # another thread may take the rest
                 if batch:
                     self._busy += 1
                     self._running.append(batch)
