@@ -174,6 +174,25 @@ def test_batcher_waits_the_queue_delay_only_when_idle() -> None:
     assert 0.08 < took < 2
 
 
+def test_batcher_threads_take_batches_while_the_loop_is_busy() -> None:
+    """The engine thread takes its next batch itself: it runs every queued request while the
+    event loop is blocked (a loop that dispatched batches would have run only the first)."""
+    engine = _Engine(delay_s=0.02)
+
+    async def main() -> int:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=2, max_queue_delay_us=0)
+        futures = [batcher.enqueue(_rows(i)) for i in range(6)]
+        time.sleep(0.4)  # the loop is blocked: it sets no answer and hands out nothing
+        ran = sum(engine.calls)
+        answers = await asyncio.gather(*futures)
+        for i, (y,) in enumerate(answers):
+            np.testing.assert_array_equal(y, _rows(i)[0] * 2 + 1)
+        await batcher.aclose(1)
+        return ran
+
+    assert _run(main()) == 6
+
+
 def test_batcher_runs_one_thread_per_execute_function() -> None:
     engine = _Engine(delay_s=0.05)
 
