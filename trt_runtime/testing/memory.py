@@ -45,7 +45,13 @@ from trt_runtime.lane import GraphOps, Lane, LaneOps
 from trt_runtime.outer import GraphSlot, default_graph_results
 from trt_runtime.protocols import Availability, BackendCapabilities, EngineSource, TensorSpec
 from trt_runtime.settings import RuntimeSettings, SettingsLike
-from trt_runtime.testing.memory_format import ENGINE_MAGIC, AffineOutput, build_engine, parse_engine
+from trt_runtime.testing.memory_format import (
+    ENGINE_MAGIC,
+    AffineOutput,
+    build_engine,
+    json_after_magic,
+    parse_engine,
+)
 
 if TYPE_CHECKING:
     from trt_runtime.cache import RuntimeCache
@@ -94,13 +100,9 @@ class MemoryNativeCache:
 
 
 def _parse_cache_bytes(data: bytes) -> dict[str, str]:
-    raw = bytes(data)
-    if not raw.startswith(CACHE_MAGIC):
-        raise CacheError(f"memory runtime cache bytes must start with {CACHE_MAGIC!r}; got {raw[:8]!r}")
-    try:
-        entries = json.loads(raw[len(CACHE_MAGIC) :].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CacheError(f"memory runtime cache bytes are malformed: {exc}") from exc
+    entries = json_after_magic(data, CACHE_MAGIC, CacheError,
+                               f"memory runtime cache bytes must start with {CACHE_MAGIC!r}",
+                               "memory runtime cache bytes")
     if not isinstance(entries, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in entries.items()
     ):

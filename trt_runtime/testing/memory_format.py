@@ -60,15 +60,23 @@ def build_engine(
     return data
 
 
+def json_after_magic(data: bytes | bytearray | memoryview, magic: bytes, error: type[Exception],
+                     bad_magic: str, what: str) -> Any:
+    """The JSON document that follows ``magic`` in ``data``; ``error`` (``bad_magic``, then the
+    first bytes found, when the magic is missing; ``what`` is malformed, when the JSON is)."""
+    raw = bytes(data)
+    if not raw.startswith(magic):
+        raise error(f"{bad_magic}; got {raw[:8]!r}")
+    try:
+        return json.loads(raw[len(magic) :].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{what} is malformed: {exc}") from exc
+
+
 def parse_engine(data: bytes | bytearray | memoryview) -> tuple[str, list[TensorSpec], list[AffineOutput]]:
     """``(name, inputs, outputs)`` of serialized engine bytes; ``FormatError`` if malformed."""
-    raw = bytes(data)
-    if not raw.startswith(ENGINE_MAGIC):
-        raise FormatError(f"not a memory engine: expected magic {ENGINE_MAGIC!r}; got {raw[:8]!r}")
-    try:
-        doc = json.loads(raw[len(ENGINE_MAGIC) :].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"memory engine JSON is malformed: {exc}") from exc
+    doc = json_after_magic(data, ENGINE_MAGIC, FormatError,
+                           f"not a memory engine: expected magic {ENGINE_MAGIC!r}", "memory engine JSON")
     if not isinstance(doc, dict):
         raise FormatError(f"memory engine JSON must be an object; got {type(doc).__name__}")
     name = doc.get("name")
@@ -118,12 +126,18 @@ def _shape(value: Any, where: str, *, dynamic: bool) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _parse_input(item: Any) -> TensorSpec:
+def _item_name(item: Any, kind: str) -> str:
+    """The name of an engine ``kind`` (``input``/``output``) entry, checked."""
     if not isinstance(item, dict):
-        raise FormatError(f"memory engine input must be an object; got {item!r}")
+        raise FormatError(f"memory engine {kind} must be an object; got {item!r}")
     name = item.get("name")
     if not isinstance(name, str) or not name:
-        raise FormatError(f"memory engine input name must be a non-empty string; got {name!r}")
+        raise FormatError(f"memory engine {kind} name must be a non-empty string; got {name!r}")
+    return name
+
+
+def _parse_input(item: Any) -> TensorSpec:
+    name = _item_name(item, "input")
     where = f"input {name!r}"
     dtype = _dtype(item.get("dtype"), where)
     shape = _shape(item.get("shape"), f"{where} shape", dynamic=True)
@@ -150,11 +164,7 @@ def _parse_input(item: Any) -> TensorSpec:
 
 
 def _parse_output(item: Any, input_names: list[str]) -> AffineOutput:
-    if not isinstance(item, dict):
-        raise FormatError(f"memory engine output must be an object; got {item!r}")
-    name = item.get("name")
-    if not isinstance(name, str) or not name:
-        raise FormatError(f"memory engine output name must be a non-empty string; got {name!r}")
+    name = _item_name(item, "output")
     where = f"output {name!r}"
     source = item.get("input")
     if source not in input_names:
