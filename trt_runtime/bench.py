@@ -326,28 +326,13 @@ def benchmark(
     least that long and at least ``iterations`` calls, as trtexec's ``--duration``.
     """
     _check_counts(iterations, warmup, duration)
-    for _ in range(warmup):
+
+    def once() -> None:
         fn()
         if synchronize is not None:
             synchronize()
-    samples: list[float] = []
-    clock = time.perf_counter_ns
-    loop_start = clock()
-    for _ in _calls(iterations, duration, clock, loop_start):
-        t0 = clock()
-        fn()
-        if synchronize is not None:
-            synchronize()
-        samples.append((clock() - t0) / 1000.0)
-    total_s = (clock() - loop_start) / 1e9
-    return BenchResult(
-        label=label,
-        latencies_us=tuple(samples),
-        total_s=total_s,
-        warmup=warmup,
-        gpu_note="not measured",
-        metadata=dict(metadata or {}),
-    )
+
+    return _timed(once, label, iterations, warmup, duration, metadata, gpu_note="not measured")
 
 
 def bench_engine(
@@ -393,26 +378,33 @@ def bench_engine(
         return dataclasses.replace(result, gpu_note=note)
 
     active = timer
+
+    def timed_once() -> float:
+        return float(active.time(lambda s: engine.execute(*inputs, stream=s))[1])
+
+    return _timed(timed_once, name, iterations, warmup, duration, meta)
+
+
+def _timed(call: Callable[[], float | None], label: str, iterations: int, warmup: int,
+           duration: float | None, metadata: Mapping[str, Any] | None, gpu_note: str | None = None
+           ) -> BenchResult:
+    """``warmup`` untimed calls, then the timed loop: the wall µs of each call and, where ``call``
+    returns one, its GPU µs."""
     for _ in range(warmup):
-        active.time(lambda s: engine.execute(*inputs, stream=s))
+        call()
     wall: list[float] = []
     gpu: list[float] = []
     clock = time.perf_counter_ns
     loop_start = clock()
     for _ in _calls(iterations, duration, clock, loop_start):
         t0 = clock()
-        _, gpu_us = active.time(lambda s: engine.execute(*inputs, stream=s))
+        gpu_us = call()
         wall.append((clock() - t0) / 1000.0)
-        gpu.append(gpu_us)
-    total_s = (clock() - loop_start) / 1e9
-    return BenchResult(
-        label=name,
-        latencies_us=tuple(wall),
-        total_s=total_s,
-        warmup=warmup,
-        gpu_times_us=tuple(gpu),
-        metadata=meta,
-    )
+        if gpu_us is not None:
+            gpu.append(gpu_us)
+    extra: dict[str, Any] = {"gpu_note": gpu_note} if gpu_note is not None else {"gpu_times_us": tuple(gpu)}
+    return BenchResult(label=label, latencies_us=tuple(wall), total_s=(clock() - loop_start) / 1e9,
+                       warmup=warmup, metadata=dict(metadata or {}), **extra)
 
 
 def _check_counts(iterations: int, warmup: int, duration: float | None = None) -> None:
