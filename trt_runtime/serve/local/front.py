@@ -194,14 +194,16 @@ class EnginePool:
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
         """The engine's outputs for ``arrays``. A request whose engine process died before it
         answered runs once more elsewhere (an inference has no side effects to repeat)."""
+        link = self._least_busy() or await self._wait_for_one()
         try:
-            return await (await self._pick()).infer(arrays)
+            return await link.infer(arrays)
         except EngineLost:
-            return await (await self._pick()).infer(arrays)
+            return await (self._least_busy() or await self._wait_for_one()).infer(arrays)
 
-    async def _pick(self) -> EngineLink:
+    async def _wait_for_one(self) -> EngineLink:
+        """The least busy link once one is up: an engine process is being restarted."""
         best = self._least_busy()
-        if best is None:  # an engine process is being restarted: wait a little for it
+        if best is None:
             waits = [asyncio.ensure_future(link.up.wait()) for link in self.links]
             await asyncio.wait(waits, timeout=self.wait_for_engine_s, return_when=asyncio.FIRST_COMPLETED)
             for waiting in waits:
@@ -250,9 +252,10 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
         ready=lambda: all(ready_flag), max_body_bytes=spec.max_body_bytes,
     )
     config = uvicorn.Config(
-        app, lifespan="off", access_log=False, log_level="warning",
+        # No proxy-headers layer: the app reads neither the client's address nor the scheme.
+        app, lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
         timeout_graceful_shutdown=math.ceil(spec.drain_s),
-        http="httptools" if _importable("httptools") else "h11", loop="none",
+        http=_http_protocol(), loop="none",
     )
     server = _Server(config)
     loop = asyncio.get_running_loop()
@@ -305,7 +308,12 @@ class _Server:
         await self._server.serve(sockets=sockets)
 
 
-def _importable(name: str) -> bool:
+def _http_protocol() -> Any:
+    """httptools (the ``serve`` extra) with each response in one write, else h11."""
     import importlib.util
 
-    return importlib.util.find_spec(name) is not None
+    if importlib.util.find_spec("httptools") is None:
+        return "h11"
+    from trt_runtime.serve.local.http_protocol import GatheredHttpToolsProtocol
+
+    return GatheredHttpToolsProtocol
