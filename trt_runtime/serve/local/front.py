@@ -65,7 +65,7 @@ class EngineLink:
         self._slab = slab
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.Transport | None = None
         self._out: transport.FrameWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
@@ -116,49 +116,48 @@ class EngineLink:
             self.outstanding -= 1
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                reader, writer = await asyncio.open_unix_connection(os.fspath(self.path))
+                sent, frames = await loop.create_unix_connection(
+                    lambda: transport.FrameProtocol(self._answered), os.fspath(self.path))
             except OSError:
                 await asyncio.sleep(_REDIAL_S)
                 continue
-            out = transport.FrameWriter(writer)
+            out = transport.FrameWriter(sent)
             out.frame(0, NO_SLOT, transport.HELLO, self._slab.hello())
             out.flush()
-            self._writer, self._out = writer, out
+            self._writer, self._out = sent, out
             self.up.set()
             if self._on_change is not None:
                 self._on_change()
             try:
-                await self._receive(reader)
-            except (asyncio.IncompleteReadError, ConnectionError, OSError):
-                pass
+                await frames.closed
             finally:
                 self.up.clear()
                 if self._on_change is not None:
                     self._on_change()
                 self._writer = self._out = None
-                writer.close()
+                sent.close()
                 self._fail_pending()
 
-    async def _receive(self, reader: asyncio.StreamReader) -> None:
+    def _answered(self, frames: list[transport.Frame]) -> None:
+        """Hand each answer to the request waiting for it (from the connection's read callback)."""
         slab = self._slab
-        frames = transport.FrameReader(reader)
-        while True:
-            for rid, slot, status, payload in await frames.read():
-                entry = self._pending.pop(rid, None)
-                if entry is None:
-                    continue
-                future, mine = entry
-                try:
-                    if status:
-                        future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
-                    else:
-                        where = None if slot == NO_SLOT else slab.slot(slot)
-                        future.set_result(transport.decode_arrays(payload, where))
-                except asyncio.InvalidStateError:  # the client went away and its request was cancelled
-                    pass
-                slab.give(mine)
+        for rid, slot, status, payload in frames:
+            entry = self._pending.pop(rid, None)
+            if entry is None:
+                continue
+            future, mine = entry
+            try:
+                if status:
+                    future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
+                else:
+                    where = None if slot == NO_SLOT else slab.slot(slot)
+                    future.set_result(transport.decode_arrays(payload, where))
+            except asyncio.InvalidStateError:  # the client went away and its request was cancelled
+                pass
+            slab.give(mine)
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}
@@ -255,7 +254,7 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
         # No proxy-headers layer: the app reads neither the client's address nor the scheme.
         app, lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
         timeout_graceful_shutdown=math.ceil(spec.drain_s),
-        http=_http_protocol(), loop="none",
+        http="httptools" if _importable("httptools") else "h11", loop="none",
     )
     server = _Server(config)
     loop = asyncio.get_running_loop()
@@ -308,12 +307,7 @@ class _Server:
         await self._server.serve(sockets=sockets)
 
 
-def _http_protocol() -> Any:
-    """httptools (the ``serve`` extra) with each response in one write, else h11."""
+def _importable(name: str) -> bool:
     import importlib.util
 
-    if importlib.util.find_spec("httptools") is None:
-        return "h11"
-    from trt_runtime.serve.local.http_protocol import GatheredHttpToolsProtocol
-
-    return GatheredHttpToolsProtocol
+    return importlib.util.find_spec(name) is not None
