@@ -94,8 +94,10 @@ def _kserve_right(body: bytes, split: int, want: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _served(engine: Path, tree: Path | None, profile_dir: Path | None) -> Iterator[tuple[int, int]]:
-    """The local server from ``tree`` (``None``: this one); yields ``(port, front pid)``."""
+def _served(engine: Path, tree: Path | None, profile_dir: Path | None, pin: bool,
+            load_pids: list[int]) -> Iterator[tuple[int, int]]:
+    """The local server from ``tree`` (``None``: this one); yields ``(port, front pid)``. ``pin``:
+    the front alone on the last CPU, the server's other processes and ``load_pids`` on the rest."""
     saved = os.environ.get("PYTHONPATH")
     paths = [os.fspath(p) for p in (profile_dir, tree) if p is not None]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved] if saved else []))
@@ -106,7 +108,10 @@ def _served(engine: Path, tree: Path | None, profile_dir: Path | None) -> Iterat
     os.chdir(tree or ROOT)  # ``python -m`` puts the working directory first on the server's path
     try:
         with serve_fronts.local_server(engine, "memory", port, 1, "all", 64, 100, None) as doc:
-            yield port, int(doc["pids"]["fronts"][0])
+            front = int(doc["pids"]["fronts"][0])
+            if pin:
+                _pin(front, [doc["supervisor"], *doc["pids"]["engines"], *load_pids])
+            yield port, front
     finally:
         os.chdir(here)
         os.environ.pop(_PROFILE_ENV, None)
@@ -114,6 +119,16 @@ def _served(engine: Path, tree: Path | None, profile_dir: Path | None) -> Iterat
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = saved
+
+
+def _pin(front: int, others: list[int]) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return
+    os.sched_setaffinity(front, {cpus[-1]})
+    for pid in others:
+        with contextlib.suppress(OSError, TypeError):
+            os.sched_setaffinity(pid, set(cpus[:-1]))
 
 
 def _check(port: int, route: str, request: tuple[str, bytes, str, dict[str, str]], want: Any) -> None:
@@ -158,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                    help="also serve from this source tree (repeatable)")
     p.add_argument("--profile", action="store_true", help="then profile the front of each tree")
+    p.add_argument("--pin", action="store_true",
+                   help="the front alone on the last CPU, the engine process and the load on the others")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
     trees: dict[str, Path | None] = {"this": None}
@@ -184,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for round_ in range(args.rounds):
                 for label, tree in trees.items():
-                    with _served(engine, tree, None) as (port, front):
+                    with _served(engine, tree, None, args.pin, load.pids()) as (port, front):
                         for route in routes:
                             _check(port, route, requests[route], want)
                             rps, us = _measure(load, port, front, requests[route], args.clients, args.seconds)
@@ -209,7 +226,7 @@ def _profile(load: LoadGenerator, engine: Path, label: str, tree: Path | None,
              request: tuple[str, bytes, str, dict[str, str]], args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="front-profile-") as out:
         (Path(out) / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-        with _served(engine, tree, Path(out)) as (port, front):
+        with _served(engine, tree, Path(out), args.pin, load.pids()) as (port, front):
             _measure(load, port, front, request, args.clients, args.seconds)
         stats = Path(out) / f"{front}.prof"
         if not stats.exists():

@@ -167,6 +167,8 @@ class _Endpoints:
         self.ready = ready
         self.max_body_bytes = max_body_bytes
         self.server = {"name": _SERVER, "version": _release(), "extensions": ["binary_tensor_data"]}
+        self.layouts: kserve.Layouts = {}  # the request forms clients repeat, parsed once
+        self.heads: kserve.Heads = {}
 
     # -- wrappers ------------------------------------------------------------------------
     def refusing(self, endpoint: Endpoint) -> Endpoint:
@@ -256,9 +258,10 @@ class _Endpoints:
         headers = _headers(scope)
         body = await receive_body(receive, headers.get(b"content-length"), self.max_body_bytes)
         length = headers.get(b"inference-header-content-length")
-        decoded = kserve.decode_infer(body, None if length is None else length.decode("latin-1"), self.model)
+        decoded = kserve.decode_infer(body, None if length is None else length.decode("latin-1"), self.model,
+                                      self.layouts)
         outputs = await self.infer(decoded.arrays)
-        content, media, split = kserve.encode_infer(self.model, decoded, outputs)
+        content, media, split = kserve.encode_infer(self.model, decoded, outputs, self.heads)
         extra = [] if split is None else [(_HEADER_LENGTH, str(split).encode())]
         return 200, content, media, extra
 
