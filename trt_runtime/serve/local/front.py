@@ -92,6 +92,12 @@ class EngineLink:
         return self.up.is_set()
 
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        return await self.send(arrays)
+
+    def send(self, arrays: Sequence[Any]) -> asyncio.Future[list[Any]]:
+        """Queue a request for the engine process; the future gets its outputs. ``outstanding``
+        counts it until its answer arrives or the connection drops (a cancelled future included:
+        the engine process still works on it)."""
         writer, out, loop = self._writer, self._out, self._loop
         if writer is None or out is None or loop is None or not self.up.is_set():
             raise RequestError(f"engine process at {self.path.name} is not up", 503)
@@ -107,13 +113,10 @@ class EngineLink:
         future: asyncio.Future[list[Any]] = loop.create_future()
         self._pending[rid] = (future, slot)
         self.outstanding += 1
-        try:
-            # Sent with the other requests of this loop pass; a failed send closes the connection
-            # and _run fails every pending request over (EngineLost).
-            out.frame(rid, slot, 0, description, inline)
-            return await future
-        finally:
-            self.outstanding -= 1
+        # Sent with the other requests of this loop pass; a failed send closes the connection
+        # and _run fails every pending request over (EngineLost).
+        out.frame(rid, slot, 0, description, inline)
+        return future
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -148,6 +151,7 @@ class EngineLink:
             entry = self._pending.pop(rid, None)
             if entry is None:
                 continue
+            self.outstanding -= 1
             future, mine = entry
             try:
                 if status:
@@ -161,6 +165,7 @@ class EngineLink:
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}
+        self.outstanding -= len(pending)
         for future, slot in pending.values():
             self._slab.give(slot)  # nobody writes the slot any more: the connection is gone
             if not future.done():
@@ -195,9 +200,9 @@ class EnginePool:
         answered runs once more elsewhere (an inference has no side effects to repeat)."""
         link = self._least_busy() or await self._wait_for_one()
         try:
-            return await link.infer(arrays)
+            return await link.send(arrays)
         except EngineLost:
-            return await (self._least_busy() or await self._wait_for_one()).infer(arrays)
+            return await (self._least_busy() or await self._wait_for_one()).send(arrays)
 
     async def _wait_for_one(self) -> EngineLink:
         """The least busy link once one is up: an engine process is being restarted."""
