@@ -326,10 +326,10 @@ _WANTED = (b"content-length", b"content-type", _HEADER_LENGTH)
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
-    """The request headers an infer route reads, by lower-case name (the first of each)."""
+    """The request headers an infer route reads, by name (the first of each; ASGI servers give
+    the names in lower case)."""
     found: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
-        name = name.lower()
         if name in _WANTED and name not in found:
             found[name] = value
     return found
