@@ -197,11 +197,14 @@ class LoadGenerator:
 
     def run(self, host: str, port: int, path: str, body: bytes, content_type: str, clients: int,
             seconds: float, warmup: float, expect: Expect | None = None,
-            window: Callable[[float, float], None] | None = None) -> LoadResult:
-        """One cell; ``window(start, stop)`` (``time.time()`` values) is told the measuring window first."""
+            window: Callable[[float, float], None] | None = None,
+            headers: dict[str, str] | None = None) -> LoadResult:
+        """One cell; ``window(start, stop)`` (``time.time()`` values) is told the measuring window first;
+        ``headers`` go into every request beside ``Content-Type`` and ``Content-Length``."""
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         request = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n"
         ).encode() + body
         start = time.time() + 0.3 + warmup  # every process has started its clients by then
         stop = start + seconds

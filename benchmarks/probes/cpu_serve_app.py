@@ -9,7 +9,7 @@ front process serves) directly with a ``POST /`` of one ``.npy`` array of shape 
 answered by an ``infer`` that computes ``2 x + 1`` at once, so what is timed is the app's own
 work: routing, body read, ``.npy`` decode, checks, encode, response, metrics. Prints the CPU µs
 per request (not profiled), then the top functions by own time under cProfile. uvicorn's HTTP
-parsing and the socket come on top; ``bench_serve.py``'s ``cpu`` columns show a front whole.
+parsing, the socket and the hop come on top: ``cpu_serve_front.py`` measures a front whole.
 """
 
 from __future__ import annotations

@@ -297,14 +297,14 @@ def test_transport_request_sent_as_a_connection_breaks_goes_to_another_engine(lo
         pool.start()
         await asyncio.wait_for(pool.wait_up(), 5)
         servers[0].close()
-        pool.links[0]._writer.transport.abort()  # type: ignore[union-attr]  # engine process 0 died
+        pool.links[0]._writer.abort()  # type: ignore[union-attr]  # engine process 0 died
         await asyncio.sleep(0)  # the connection is closed; the link's reader has not woken yet
         assert pool.links[0].up.is_set() and pool.links[0].outstanding == pool.links[1].outstanding
         x = np.full((1, 4), 3, np.float32)
         y, _rows = await pool.infer((x,))  # runs in this step: the tie would pick link 0
         np.testing.assert_array_equal(y, x * 2)
         assert batchers[0].seen == 0 and batchers[1].seen == 1
-        pool.links[1]._writer.transport.abort()  # type: ignore[union-attr]
+        pool.links[1]._writer.abort()  # type: ignore[union-attr]
         await asyncio.sleep(0)
         with pytest.raises(EngineLost, match=r"e1\.sock went away") as info:  # a link sent to directly
             await pool.links[1].infer((x,))
@@ -333,6 +333,31 @@ class _CountingWriter:
 
     def abort(self) -> None:
         self.closing = True
+
+
+def test_transport_frame_protocol_hands_over_whole_frames_as_they_arrive() -> None:
+    from trt_runtime.serve.local.transport import HEADER, FrameProtocol
+
+    def frame(rid: int, payload: bytes, status: int = 0) -> bytes:
+        return HEADER.pack(len(payload), rid, NO_SLOT, status) + payload
+
+    async def main() -> None:
+        got: list[list[Any]] = []
+        protocol = FrameProtocol(lambda frames: got.append([(f[0], f[2], bytes(f[3])) for f in frames]))
+        stream = frame(1, b"one") + frame(2, b"") + frame(3, b"three" * 100, 503)
+        protocol.data_received(stream[:20])  # the first frame whole, the second cut in its header
+        assert got == [[(1, 0, b"one")]]
+        protocol.data_received(stream[20:30])  # still no whole frame
+        assert len(got) == 1
+        protocol.data_received(stream[30:])
+        assert got[1:] == [[(2, 0, b""), (3, 503, b"three" * 100)]]
+        protocol.data_received(frame(4, b"x") + frame(5, b"y"))  # several whole frames in one read
+        assert got[2:] == [[(4, 0, b"x"), (5, 0, b"y")]]
+        assert not protocol.closed.done()
+        protocol.connection_lost(None)
+        assert protocol.closed.done()
+
+    asyncio.run(main())
 
 
 def test_transport_frames_of_one_loop_pass_leave_in_one_write_and_read_back_whole() -> None:

@@ -4,6 +4,7 @@ status mapping, readiness, routing refusals and the metrics every answer leaves.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 from typing import Any
@@ -19,11 +20,11 @@ _MODEL = ModelInfo.from_specs("m", [_X], [TensorSpec("y", "float32", (-1, 2), Fa
 _BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
 
 
-def _call(app: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-          ) -> tuple[int, dict[str, str], bytes]:
+def _call(app: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+          root: str = "") -> tuple[int, dict[str, str], bytes]:
     sent: list[dict[str, Any]] = []
     raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
+    scope = {"type": "http", "method": method, "path": path, "root_path": root, "query_string": b"",
              "headers": raw, "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80),
              "client": ("127.0.0.1", 1)}
 
@@ -124,3 +125,76 @@ def test_make_app_refuses_a_bad_body_limit() -> None:
 
     with pytest.raises(ValueError, match="max_body_bytes must be an integer >= 1; got 0"):
         make_app(_MODEL, infer, metrics=ServeMetrics("m"), ready=lambda: True, max_body_bytes=0)
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_app_infer_routes_answer_under_a_root_path_with_their_length(doubles: _Doubles) -> None:
+    x = np.array([[1, 2]], np.float32)
+    headers = {"Content-Type": "application/x-npy"}
+    for root, path in (("", "/"), ("", "/infer"), ("/bench", "/bench/"), ("/bench", "/bench/infer")):
+        status, got, body = _call(doubles.app, "POST", path, _npy(x), headers, root)
+        assert status == 200, (root, path, body)
+        assert got["content-length"] == str(len(body)) and got["content-type"] == "application/x-npy"
+        assert np.array_equal(np.load(io.BytesIO(body)), x * 2 + 1)
+    status, answer_headers, _ = _call(doubles.app, "POST", "/v2/models/m/infer", _BODY, headers)
+    assert status == 200 and answer_headers["content-type"] == "application/json"
+
+
+def test_app_infer_answers_binary_outputs_with_the_json_length(doubles: _Doubles) -> None:
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2],
+                                     "parameters": {"binary_data_size": 8}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    body = header + np.array([[1, 2]], np.float32).tobytes()
+    status, headers, answer = _call(doubles.app, "POST", "/v2/models/m/versions/1/infer", body,
+                                    {"Inference-Header-Content-Length": str(len(header))})
+    split = int(headers["inference-header-content-length"])
+    assert status == 200 and headers["content-length"] == str(len(answer))
+    assert json.loads(answer[:split])["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    assert np.frombuffer(answer[split:], np.float32).tolist() == [3.0, 5.0]
+
+
+def test_app_reads_a_body_sent_in_several_messages(doubles: _Doubles) -> None:
+    chunks = [_BODY[:5], _BODY[5:20], _BODY[20:]]
+    sent: list[dict[str, Any]] = []
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "root_path": "",
+             "query_string": b"", "headers": [], "http_version": "1.1"}
+
+    async def receive() -> dict[str, Any]:
+        chunk = chunks.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(doubles.app(scope, receive, send))
+    assert sent[0]["status"] == 200 and json.loads(sent[1]["body"])["outputs"][0]["data"] == [3.0, 5.0]
+
+
+def test_app_counts_an_answer_before_it_leaves(doubles: _Doubles) -> None:
+    counted: list[float] = []
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "root_path": "",
+             "query_string": b"", "headers": [], "http_version": "1.1"}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": _BODY, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        counted.append(doubles.series('trt_runtime_requests_total{code="200",model="m"}'))
+
+    asyncio.run(doubles.app(scope, receive, send))
+    assert counted == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("POST", "/infer/", 307), ("POST", "/v2/models/m/infer/", 307), ("POST", "/v2/models//infer", 404),
+     ("GET", "/infer", 405), ("PUT", "/v2/models/m/versions/1/infer", 405)],
+)
+def test_app_leaves_other_infer_like_requests_to_the_router(doubles: _Doubles, method: str, path: str,
+                                                             status: int) -> None:
+    assert _call(doubles.app, method, path, _BODY)[0] == status

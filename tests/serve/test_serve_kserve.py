@@ -296,6 +296,37 @@ def test_kserve_codec_round_trips_every_datatype(dtype: str, datatype: str, bina
     assert doc["outputs"][0]["datatype"] == datatype and doc["outputs"][0]["shape"] == [2, 3]
 
 
+def test_kserve_codec_parses_a_repeated_request_form_once_and_reads_each_body() -> None:
+    from trt_runtime.serve.kserve import decode_infer, encode_infer
+
+    model = _typed_model("float32")
+    layouts: dict = {}
+    heads: dict = {}
+    entry = {"name": "x", "datatype": "FP32", "shape": [2, 3], "parameters": {"binary_data_size": 24}}
+    head = json.dumps({"id": "r-7", "inputs": [entry], "parameters": {"binary_data_output": True}}).encode()
+    for scale in (1, 2, 3):  # the same JSON part with other tensor bytes each time
+        x = np.arange(6, dtype=np.float32).reshape(2, 3) * scale
+        request = decode_infer(head + x.tobytes(), str(len(head)), model, layouts)
+        assert request.id == "r-7" and request.outputs == ((0, True),)
+        np.testing.assert_array_equal(request.arrays[0], x)
+        body, media, length = encode_infer(model, request, [x + 1], heads)
+        assert media == "application/octet-stream" and length is not None
+        assert json.loads(body[:length])["outputs"][0]["shape"] == [2, 3]
+        np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32).reshape(2, 3), x + 1)
+    assert len(layouts) == 1 and len(heads) == 1
+    other = np.zeros((1, 3), np.float32)  # another shape: another answer head
+    body, _, length = encode_infer(model, request, [other], heads)
+    assert json.loads(body[:length])["outputs"][0]["shape"] == [1, 3] and len(heads) == 2
+    short = head.replace(b'"shape": [2, 3]', b'"shape": [2, 2]').replace(b"24", b"16")
+    for _ in range(2):  # a request the model refuses is refused every time, never remembered
+        with pytest.raises(RequestError, match="shape"):
+            decode_infer(short + bytes(16), str(len(short)), model, layouts)
+    as_json = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 3],
+                                      "data": list(range(6))}]}).encode()
+    decode_infer(as_json, None, model, layouts)
+    assert len(layouts) == 1  # tensors in the JSON are values, not a layout
+
+
 @pytest.mark.parametrize(
     ("dtype", "datatype", "data", "match"),
     [("int8", "INT8", [1, 2, 300], "out of the range of int8"),

@@ -249,3 +249,17 @@ def test_static_engine_is_served_one_request_per_call() -> None:
         [(np.zeros((2, 2), np.float32),), (np.ones((2, 2), np.float32),)])
     assert calls == [2, 2]
     np.testing.assert_array_equal(answers[1][0], np.full((2, 2), 2.0))
+
+
+def test_checker_refuses_after_accepting_the_same_input_in_another_shape_or_dtype() -> None:
+    spec = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (2, 4), (8, 4)),))
+    checker = RequestChecker("e", [spec], [TensorSpec("y", "float32", (-1, 4), False)])
+    for _ in range(2):  # the second time from what the first one accepted
+        (got,) = checker.check((np.zeros((2, 4), np.float32),), {})
+        assert got.shape == (2, 4)
+    with pytest.raises(RequestError, match=r"outside every optimization profile"):
+        checker.check((np.zeros((9, 4), np.float32),), {})
+    with pytest.raises(RequestError, match=r"must have dtype float32; got float64"):
+        checker.check((np.zeros((2, 4), np.float64),), {})
+    with pytest.raises(RequestError, match=r"must have shape \[-1, 4\]"):
+        checker.check((np.zeros((2, 5), np.float32),), {})

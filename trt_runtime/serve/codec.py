@@ -80,8 +80,9 @@ async def read_body_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> byt
 
 def decode_body(content_type: str, body: bytes, inputs: Sequence[TensorSpec], max_bytes: int) -> Decoded:
     """Decode a request body for an engine with ``inputs``; ``RequestError`` if malformed."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    encoding = CONTENT_TYPES.get(media)
+    encoding = CONTENT_TYPES.get(content_type)  # as clients send it, most often
+    if encoding is None:
+        encoding = CONTENT_TYPES.get(content_type.split(";", 1)[0].strip().lower())
     if encoding is None:
         raise RequestError(
             f"Content-Type {content_type!r} is not supported; expected one of {sorted(CONTENT_TYPES)}", 415

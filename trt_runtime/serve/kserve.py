@@ -36,11 +36,29 @@ class InferRequest:
     outputs: tuple[tuple[int, bool], ...]
 
 
-def decode_infer(body: bytes, header_length: str | None, model: ModelInfo) -> InferRequest:
+#: ``{(JSON part, body size): _Layout}`` of requests whose tensors are all binary.
+Layouts = dict[tuple[bytes, int], "_Layout"]
+#: ``{(outputs asked, request id, output dtypes and shapes): JSON part}`` of all-binary answers.
+Heads = dict[tuple[Any, ...], bytes]
+_CACHED_MAX = 256  # entries of each cache: clients send the same few request forms again and again
+_CACHED_HEAD_BYTES = 4096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where each input's bytes lie in a request of one JSON part and size (all binary)."""
+
+    id: str | None
+    inputs: tuple[tuple[str, Any, int, tuple[int, ...], int], ...]  # name, dtype, count, shape, offset
+    outputs: tuple[tuple[int, bool], ...]
+
+
+def decode_infer(body: bytes, header_length: str | None, model: ModelInfo,
+                 layouts: Layouts | None = None) -> InferRequest:
     """Decode an infer request for ``model``; ``RequestError`` (400) naming what is wrong.
 
-    The arrays are not yet checked against the engine's shapes and profiles: pass them
-    to ``model.checker``.
+    ``layouts`` (one dict per model, kept by the caller) remembers the JSON parts of the
+    all-binary requests decoded before: one seen again is not parsed again.
     """
     size = len(body)
     if header_length is None:
@@ -51,14 +69,23 @@ def decode_infer(body: bytes, header_length: str | None, model: ModelInfo) -> In
         )
     else:
         split = int(header_length)
+    head = bytes(memoryview(body)[:split])
+    layout = None if layouts is None else layouts.get((head, size))
+    if layout is not None:
+        import numpy as np
+
+        placed_before = {name: np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+                         for name, dtype, count, shape, offset in layout.inputs}
+        return InferRequest(layout.id, _checked(model, placed_before), layout.outputs)
     try:
-        doc = json.loads(bytes(memoryview(body)[:split]))
+        doc = json.loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"infer request is not valid JSON: {exc}", 400) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise RequestError(f"infer request must be a JSON object with an 'inputs' list; got {doc!r:.60}", 400)
     request_id = doc.get("id")
     named: dict[str, Any] = {}
+    placed = []
     offset = split
     specs = {s.name: s for s in model.inputs}
     for entry in doc["inputs"]:
@@ -72,7 +99,11 @@ def decode_infer(body: bytes, header_length: str | None, model: ModelInfo) -> In
             )
         if name in named:
             raise RequestError(f"input {name!r} is given twice", 400)
-        named[name], offset = _input_array(entry, spec.dtype, body, offset, model.name)
+        start = offset
+        array, offset, binary = _input_array(entry, spec.dtype, body, offset, model.name)
+        named[name] = array
+        if binary:
+            placed.append((name, array.dtype, array.size, array.shape, start))
     if offset != size:
         raise RequestError(
             f"the binary part has {size - split} bytes; "
@@ -86,16 +117,25 @@ def decode_infer(body: bytes, header_length: str | None, model: ModelInfo) -> In
             f"missing {missing}",
             400,
         )
+    request = InferRequest(None if request_id is None else str(request_id), _checked(model, named),
+                           _requested_outputs(doc, model))
+    if (layouts is not None and len(placed) == len(named) and len(head) <= _CACHED_HEAD_BYTES
+            and len(layouts) < _CACHED_MAX):
+        layouts[head, size] = _Layout(request.id, tuple(placed), request.outputs)
+    return request
+
+
+def _checked(model: ModelInfo, named: dict[str, Any]) -> tuple[Any, ...]:
+    """``named`` through the model's checker; a misfit is a 400, as every refusal here."""
     try:
-        arrays = model.checker.check((), named)
+        return model.checker.check((), named)
     except RequestError as exc:
         raise RequestError(str(exc), 400 if exc.status == 422 else exc.status) from None
-    return InferRequest(
-        None if request_id is None else str(request_id), arrays, _requested_outputs(doc, model)
-    )
 
 
-def _input_array(entry: dict[str, Any], dtype: str, body: bytes, offset: int, model: str) -> tuple[Any, int]:
+def _input_array(entry: dict[str, Any], dtype: str, body: bytes, offset: int,
+                 model: str) -> tuple[Any, int, bool]:
+    """``(array, offset after it, whether it came from the binary part)``."""
     import numpy as np
 
     name = entry["name"]
@@ -125,10 +165,10 @@ def _input_array(entry: dict[str, Any], dtype: str, body: bytes, offset: int, mo
         if offset + want > len(body):
             raise RequestError(f"{where}: the body ends before its {want} binary bytes", 400)
         array = np.frombuffer(body, dtype=target, count=count, offset=offset).reshape(shape)
-        return array, offset + want
+        return array, offset + want, True
     if "data" not in entry:
         raise RequestError(f"{where} has neither 'data' nor parameters.binary_data_size", 400)
-    return _json_data(entry["data"], target, shape, where), offset
+    return _json_data(entry["data"], target, shape, where), offset, False
 
 
 _NUMPY: dict[str, Any] = {}
@@ -195,10 +235,18 @@ def _requested_outputs(doc: dict[str, Any], model: ModelInfo) -> tuple[tuple[int
 
 
 def encode_infer(
-    model: ModelInfo, request: InferRequest, outputs: Sequence[Any]
+    model: ModelInfo, request: InferRequest, outputs: Sequence[Any], heads: Heads | None = None
 ) -> tuple[bytes, str, int | None]:
     """``(body, media type, JSON length or None)`` of the answer; the length goes in
-    :data:`HEADER_LENGTH` when binary outputs follow the JSON."""
+    :data:`HEADER_LENGTH` when binary outputs follow the JSON. ``heads`` (one dict per model,
+    kept by the caller) remembers the JSON parts of all-binary answers by what they hold."""
+    key = None
+    if heads is not None and all(binary for _index, binary in request.outputs):
+        key = (request.outputs, request.id, *((a.dtype, a.shape) for a in outputs))
+        header = heads.get(key)
+        if header is not None:
+            blobs = [outputs[index].tobytes() for index, _binary in request.outputs]
+            return b"".join([header, *blobs]), "application/octet-stream", len(header)
     entries = []
     blobs = []
     for index, binary in request.outputs:
@@ -220,6 +268,8 @@ def encode_infer(
     if request.id is not None:
         doc["id"] = request.id
     header = json.dumps(doc, separators=(",", ":")).encode()
+    if key is not None and heads is not None and blobs and len(heads) < _CACHED_MAX:
+        heads[key] = header
     if not blobs:
         return header, "application/json", None
     return b"".join([header, *blobs]), "application/octet-stream", len(header)

@@ -65,7 +65,7 @@ class EngineLink:
         self._slab = slab
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.Transport | None = None
         self._out: transport.FrameWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
@@ -92,6 +92,12 @@ class EngineLink:
         return self.up.is_set()
 
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
+        return await self.send(arrays)
+
+    def send(self, arrays: Sequence[Any]) -> asyncio.Future[list[Any]]:
+        """Queue a request for the engine process; the future gets its outputs. ``outstanding``
+        counts it until its answer arrives or the connection drops (a cancelled future included:
+        the engine process still works on it)."""
         writer, out, loop = self._writer, self._out, self._loop
         if writer is None or out is None or loop is None or not self.up.is_set():
             raise RequestError(f"engine process at {self.path.name} is not up", 503)
@@ -107,61 +113,59 @@ class EngineLink:
         future: asyncio.Future[list[Any]] = loop.create_future()
         self._pending[rid] = (future, slot)
         self.outstanding += 1
-        try:
-            # Sent with the other requests of this loop pass; a failed send closes the connection
-            # and _run fails every pending request over (EngineLost).
-            out.frame(rid, slot, 0, description, inline)
-            return await future
-        finally:
-            self.outstanding -= 1
+        # Sent with the other requests of this loop pass; a failed send closes the connection
+        # and _run fails every pending request over (EngineLost).
+        out.frame(rid, slot, 0, description, inline)
+        return future
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                reader, writer = await asyncio.open_unix_connection(os.fspath(self.path))
+                sent, frames = await loop.create_unix_connection(
+                    lambda: transport.FrameProtocol(self._answered), os.fspath(self.path))
             except OSError:
                 await asyncio.sleep(_REDIAL_S)
                 continue
-            out = transport.FrameWriter(writer)
+            out = transport.FrameWriter(sent)
             out.frame(0, NO_SLOT, transport.HELLO, self._slab.hello())
             out.flush()
-            self._writer, self._out = writer, out
+            self._writer, self._out = sent, out
             self.up.set()
             if self._on_change is not None:
                 self._on_change()
             try:
-                await self._receive(reader)
-            except (asyncio.IncompleteReadError, ConnectionError, OSError):
-                pass
+                await frames.closed
             finally:
                 self.up.clear()
                 if self._on_change is not None:
                     self._on_change()
                 self._writer = self._out = None
-                writer.close()
+                sent.close()
                 self._fail_pending()
 
-    async def _receive(self, reader: asyncio.StreamReader) -> None:
+    def _answered(self, frames: list[transport.Frame]) -> None:
+        """Hand each answer to the request waiting for it (from the connection's read callback)."""
         slab = self._slab
-        frames = transport.FrameReader(reader)
-        while True:
-            for rid, slot, status, payload in await frames.read():
-                entry = self._pending.pop(rid, None)
-                if entry is None:
-                    continue
-                future, mine = entry
-                try:
-                    if status:
-                        future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
-                    else:
-                        where = None if slot == NO_SLOT else slab.slot(slot)
-                        future.set_result(transport.decode_arrays(payload, where))
-                except asyncio.InvalidStateError:  # the client went away and its request was cancelled
-                    pass
-                slab.give(mine)
+        for rid, slot, status, payload in frames:
+            entry = self._pending.pop(rid, None)
+            if entry is None:
+                continue
+            self.outstanding -= 1
+            future, mine = entry
+            try:
+                if status:
+                    future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
+                else:
+                    where = None if slot == NO_SLOT else slab.slot(slot)
+                    future.set_result(transport.decode_arrays(payload, where))
+            except asyncio.InvalidStateError:  # the client went away and its request was cancelled
+                pass
+            slab.give(mine)
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}
+        self.outstanding -= len(pending)
         for future, slot in pending.values():
             self._slab.give(slot)  # nobody writes the slot any more: the connection is gone
             if not future.done():
@@ -194,14 +198,16 @@ class EnginePool:
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
         """The engine's outputs for ``arrays``. A request whose engine process died before it
         answered runs once more elsewhere (an inference has no side effects to repeat)."""
+        link = self._least_busy() or await self._wait_for_one()
         try:
-            return await (await self._pick()).infer(arrays)
+            return await link.send(arrays)
         except EngineLost:
-            return await (await self._pick()).infer(arrays)
+            return await (self._least_busy() or await self._wait_for_one()).send(arrays)
 
-    async def _pick(self) -> EngineLink:
+    async def _wait_for_one(self) -> EngineLink:
+        """The least busy link once one is up: an engine process is being restarted."""
         best = self._least_busy()
-        if best is None:  # an engine process is being restarted: wait a little for it
+        if best is None:
             waits = [asyncio.ensure_future(link.up.wait()) for link in self.links]
             await asyncio.wait(waits, timeout=self.wait_for_engine_s, return_when=asyncio.FIRST_COMPLETED)
             for waiting in waits:
@@ -250,7 +256,8 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
         ready=lambda: all(ready_flag), max_body_bytes=spec.max_body_bytes,
     )
     config = uvicorn.Config(
-        app, lifespan="off", access_log=False, log_level="warning",
+        # No proxy-headers layer: the app reads neither the client's address nor the scheme.
+        app, lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
         timeout_graceful_shutdown=math.ceil(spec.drain_s),
         http="httptools" if _importable("httptools") else "h11", loop="none",
     )

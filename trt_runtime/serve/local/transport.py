@@ -15,8 +15,9 @@ the slab's path and slot geometry.
 
 Frames are gathered both ways: a :class:`FrameWriter` queues the frames of one pass of the
 event loop and sends them with one write (the answers of a whole batch to one front, the
-requests a front took in one pass), and a :class:`FrameReader` reads what the socket holds
-and hands back every complete frame in it. Per request, the hop costs no syscall of its own.
+requests a front took in one pass), and a :class:`FrameReader` (the engine process) or a
+:class:`FrameProtocol` (a front) reads what the socket holds and hands over every complete frame
+in it. Per request, the hop costs no syscall of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import asyncio
 import mmap
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,14 @@ __all__ = [
     "HEADER",
     "HELLO",
     "NO_SLOT",
+    "FrameProtocol",
     "FrameReader",
     "FrameWriter",
     "Slab",
     "decode_arrays",
     "encode_arrays",
     "shm_dir",
+    "split_frames",
 ]
 
 #: ``(payload bytes, request id, slot, status)`` before every payload.
@@ -52,6 +55,11 @@ HELLO = -1
 _META = struct.Struct("<B8sQ")  # per array: ndim, dtype string ("<f2"), bytes; then ndim int64 dims
 _DIMS = [struct.Struct(f"<{n}q") for n in range(33)]  # numpy arrays have at most 32 (64 on numpy 2) dims
 _DTYPES: dict[bytes, Any] = {}
+# One array's description by (dtype, shape), and what a description read says, by its bytes: a
+# server moves arrays of the same few dtypes and shapes again and again.
+_DESCRIBED: dict[tuple[Any, tuple[int, ...]], bytes] = {}
+_READ: dict[bytes, tuple[Any, tuple[int, ...], int]] = {}
+_KEPT = 256
 _ALIGN = 64
 _HELLO = struct.Struct("<II")  # slots, slot bytes; then the path
 
@@ -158,11 +166,17 @@ def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes
         a = array
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
             a = np.asarray(array, order="C")  # ascontiguousarray would make a 0-d array 1-d
-        code = a.dtype.str.encode()
-        if len(code) > 8 or a.dtype.hasobject:
-            raise InputError(f"arrays of dtype {a.dtype} cannot be shared; expected a numeric dtype")
+        key = (a.dtype, a.shape)
+        meta = _DESCRIBED.get(key)
+        if meta is None:
+            code = a.dtype.str.encode()
+            if len(code) > 8 or a.dtype.hasobject:
+                raise InputError(f"arrays of dtype {a.dtype} cannot be shared; expected a numeric dtype")
+            meta = _META.pack(a.ndim, code, a.nbytes) + _DIMS[a.ndim].pack(*a.shape)
+            if len(_DESCRIBED) < _KEPT:
+                _DESCRIBED[key] = meta
         contiguous.append(a)
-        parts.append(_META.pack(a.ndim, code, a.nbytes) + _DIMS[a.ndim].pack(*a.shape))
+        parts.append(meta)
         total += _padded(a.nbytes)
     description = b"".join(parts)
     if slot is None or total > len(slot):
@@ -192,11 +206,17 @@ def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
     pos = 1
     metas = []
     for _ in range(count):
-        ndim, code, nbytes = _META.unpack_from(payload, pos)
-        pos += _META.size
-        shape = _DIMS[ndim].unpack_from(payload, pos)
-        pos += 8 * ndim
-        metas.append((_dtype(code), shape, nbytes))
+        ndim = payload[pos]
+        end = pos + _META.size + 8 * ndim
+        key = bytes(payload[pos:end])
+        meta = _READ.get(key)
+        if meta is None:
+            _ndim, code, nbytes = _META.unpack_from(payload, pos)
+            meta = (_dtype(code), _DIMS[ndim].unpack_from(payload, pos + _META.size), nbytes)
+            if len(_READ) < _KEPT:
+                _READ[key] = meta
+        metas.append(meta)
+        pos = end
     arrays = []
     inline = slot is None
     source = payload if inline else slot
@@ -217,6 +237,21 @@ Frame = tuple[int, int, int, memoryview]
 _READ_BYTES = 256 * 1024
 
 
+def split_frames(buffer: bytes | bytearray) -> tuple[list[Frame], int]:
+    """The complete frames at the start of ``buffer`` (payloads copied out of it) and how many
+    bytes they take."""
+    frames: list[Frame] = []
+    pos, end = 0, len(buffer)
+    while end - pos >= HEADER.size:
+        length, request_id, slot, status = HEADER.unpack_from(buffer, pos)
+        if end - pos - HEADER.size < length:
+            break
+        start = pos + HEADER.size
+        frames.append((request_id, slot, status, memoryview(bytes(buffer[start:start + length]))))
+        pos = start + length
+    return frames, pos
+
+
 class FrameReader:
     """Reads frames from ``reader`` a socket's worth at a time (one await for all that arrived)."""
 
@@ -229,17 +264,9 @@ class FrameReader:
         at end of stream."""
         buffer = self._buffer
         while True:
-            frames: list[Frame] = []
-            pos, end = 0, len(buffer)
-            while end - pos >= HEADER.size:
-                length, request_id, slot, status = HEADER.unpack_from(buffer, pos)
-                if end - pos - HEADER.size < length:
-                    break
-                start = pos + HEADER.size
-                frames.append((request_id, slot, status, memoryview(bytes(buffer[start:start + length]))))
-                pos = start + length
+            frames, used = split_frames(buffer)
             if frames:
-                del buffer[:pos]
+                del buffer[:used]
                 return frames
             chunk = await self._reader.read(max(_READ_BYTES, HEADER.size + _pending_length(buffer)))
             if not chunk:
@@ -251,6 +278,33 @@ def _pending_length(buffer: bytearray) -> int:
     return HEADER.unpack_from(buffer)[0] if len(buffer) >= HEADER.size else 0
 
 
+class FrameProtocol(asyncio.Protocol):
+    """A connection's frames handed to ``on_frames`` as they arrive, from the loop's read callback:
+    no stream, no task and no future between the socket and the requests waiting for answers.
+    ``closed`` is done once the connection is lost."""
+
+    def __init__(self, on_frames: Callable[[list[Frame]], None]) -> None:
+        self._on_frames = on_frames
+        self._buffer = bytearray()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            frames, used = split_frames(buffer)
+            del buffer[:used]
+        else:  # the usual case: whole frames in one read, split without a copy into the buffer
+            frames, used = split_frames(data)
+            buffer += memoryview(data)[used:]
+        if frames:
+            self._on_frames(frames)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
 class FrameWriter:
     """Queues frames for ``writer`` and sends all those of one event-loop pass with one write.
 
@@ -258,8 +312,9 @@ class FrameWriter:
     that fails closes the connection, so its reader sees the end of stream.
     """
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter | asyncio.WriteTransport) -> None:
         self._writer = writer
+        self._abort = writer.transport.abort if isinstance(writer, asyncio.StreamWriter) else writer.abort
         self._parts: list[Any] = []
         self._loop = asyncio.get_running_loop()
 
@@ -281,4 +336,4 @@ class FrameWriter:
         try:
             writer.write(parts[0] if len(parts) == 1 else b"".join(parts))
         except (RuntimeError, OSError):  # uvloop raises on a broken connection
-            writer.transport.abort()
+            self._abort()
