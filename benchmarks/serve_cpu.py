@@ -12,6 +12,7 @@ calls (``engine_busy``). Where ``/proc`` is missing the CPU part is empty.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -19,9 +20,21 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CellProfile", "cpu_seconds", "describe", "summarize"]
+__all__ = ["CellProfile", "cpu_seconds", "describe", "pin_apart", "summarize"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def pin_apart(alone: Sequence[int], others: Sequence[int]) -> None:
+    """The processes ``alone`` on the last CPU this process may use, ``others`` on the rest (a
+    probe measuring one process's CPU keeps the load off its core); nothing with one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return
+    for pids, where in ((alone, {cpus[-1]}), (others, set(cpus[:-1]))):
+        for pid in pids:
+            with contextlib.suppress(OSError, TypeError):
+                os.sched_setaffinity(pid, where)
 
 
 def cpu_seconds(pid: int, tid: int | None = None) -> float | None:

@@ -28,11 +28,23 @@ from typing import Any
 HOST = "127.0.0.1"
 
 
+def free_port() -> int:
+    """A TCP port on :data:`HOST` that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def wait_port(port: int, deadline_s: float, proc: Any = None) -> None:
+    """Until something listens on ``port``; ``proc`` (a ``multiprocessing.Process`` or a
+    ``subprocess.Popen``), if given, must not exit meanwhile."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if proc is not None and not proc.is_alive():
-            raise RuntimeError(f"the server on port {port} exited with code {proc.exitcode}")
+        code = None if proc is None else proc.poll() if hasattr(proc, "poll") else (
+            None if proc.is_alive() else proc.exitcode)
+        if code is not None:
+            raise RuntimeError(f"the server on port {port} exited with code {code}")
         with socket.socket() as sock:
             if sock.connect_ex((HOST, port)) == 0:
                 return

@@ -13,7 +13,7 @@ websockets, no access log). :class:`benchmarks.serve_load.LoadGenerator` drives 
 binary ``.npy`` ``POST /`` requests, every answer checked; servers and client counts are
 interleaved round by round. Prints requests per second and the server's CPU µs per answered
 request (every process of the server, from ``/proc/<pid>/stat``), the best of ``--rounds``
-windows. ``--pin``: the server on CPU 0, the load generator on the others.
+windows. ``--pin``: the server alone on one CPU, the load generator on the others.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import io
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.serve_cpu import CellProfile  # noqa: E402
+from benchmarks import serve_fronts  # noqa: E402
+from benchmarks.serve_cpu import CellProfile, pin_apart  # noqa: E402
 from benchmarks.serve_load import Expect, LoadGenerator  # noqa: E402
 
 #: The app both servers import (``probe_app:make``), written next to the probe's temporary files.
@@ -92,28 +92,15 @@ def _family(pid: int) -> list[int]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
-def _served(server: str, work: Path, pin: bool) -> Iterator[tuple[int, int]]:
-    port = _free_port()
+def _served(server: str, work: Path) -> Iterator[tuple[int, int]]:
+    """``server`` serving the probe's app; yields ``(port, pid)``."""
+    port = serve_fronts.free_port()
     path = os.pathsep.join([str(work), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
-    command = (["taskset", "-c", "0"] if pin else []) + _command(server, port)
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(_command(server, port), env={**os.environ, "PYTHONPATH": path},
+                               stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                err = process.stderr.read().decode() if process.stderr else ""
-                raise RuntimeError(f"{server} did not start: {err[-400:]}")
-            time.sleep(0.05)
+        serve_fronts.wait_port(port, 30, process)
         time.sleep(0.3)  # its worker up
         yield port, process.pid
     finally:
@@ -140,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         servers += list(_GRANIAN)
     except ImportError:
         print("granian is not installed: uvicorn only", flush=True)
-    if args.pin and len(os.sched_getaffinity(0)) > 1:
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[1:])  # the load generator off CPU 0
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16)
     buffer = io.BytesIO()
     np.save(buffer, x, allow_pickle=False)
@@ -155,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for _ in range(args.rounds):
                 for server in servers:
-                    with _served(server, work, args.pin) as (port, pid):
+                    with _served(server, work) as (port, pid):
+                        procs = _family(pid)
+                        if args.pin:
+                            pin_apart(procs, load.pids())
                         for clients in (int(c) for c in args.clients.split(",")):
-                            procs = _family(pid)
                             profile = CellProfile({"server": procs})
                             result = load.run("127.0.0.1", port, "/", body, "application/x-npy", clients,
                                               args.seconds, 0.5, expect, profile.begin)

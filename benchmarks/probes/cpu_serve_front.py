@@ -30,7 +30,6 @@ import io
 import json
 import os
 import pstats
-import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import serve_fronts  # noqa: E402
-from benchmarks.serve_cpu import CellProfile  # noqa: E402
+from benchmarks.serve_cpu import CellProfile, pin_apart  # noqa: E402
 from benchmarks.serve_load import Expect, LoadGenerator  # noqa: E402
 
 _PROFILE_ENV = "TRT_RUNTIME_PROBE_PROFILE_DIR"
@@ -60,13 +59,6 @@ if _out:
 
     atexit.register(_dump)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((serve_fronts.HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _requests(x: Any) -> dict[str, tuple[str, bytes, str, dict[str, str]]]:
@@ -103,14 +95,14 @@ def _served(engine: Path, tree: Path | None, profile_dir: Path | None, pin: bool
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved] if saved else []))
     if profile_dir is not None:
         os.environ[_PROFILE_ENV] = os.fspath(profile_dir)
-    port = _free_port()
+    port = serve_fronts.free_port()
     here = os.getcwd()
     os.chdir(tree or ROOT)  # ``python -m`` puts the working directory first on the server's path
     try:
         with serve_fronts.local_server(engine, "memory", port, 1, "all", 64, 100, None) as doc:
             front = int(doc["pids"]["fronts"][0])
             if pin:
-                _pin(front, [doc["supervisor"], *doc["pids"]["engines"], *load_pids])
+                pin_apart([front], [doc["supervisor"], *doc["pids"]["engines"], *load_pids])
             yield port, front
     finally:
         os.chdir(here)
@@ -119,16 +111,6 @@ def _served(engine: Path, tree: Path | None, profile_dir: Path | None, pin: bool
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = saved
-
-
-def _pin(front: int, others: list[int]) -> None:
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return
-    os.sched_setaffinity(front, {cpus[-1]})
-    for pid in others:
-        with contextlib.suppress(OSError, TypeError):
-            os.sched_setaffinity(pid, set(cpus[:-1]))
 
 
 def _check(port: int, route: str, request: tuple[str, bytes, str, dict[str, str]], want: Any) -> None:

@@ -333,6 +333,22 @@ def test_import_serve_loads_no_http_or_metrics_library() -> None:
     assert result.stdout.strip() == "[]"
 
 
+def test_batcher_close_refuses_what_is_still_queued() -> None:
+    engine = _Engine(delay_s=0.2)
+
+    async def main() -> list[Any]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=1, max_queue_delay_us=0)
+        futures = [batcher.enqueue(_rows(i)) for i in range(3)]
+        await asyncio.sleep(0.05)  # the first runs, two wait
+        await asyncio.get_running_loop().run_in_executor(None, batcher.close)  # from another thread
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    first, *late = _run(main())
+    np.testing.assert_array_equal(first[0], _rows(0)[0] * 2 + 1)
+    assert all(isinstance(e, RequestError) and e.status == 503 for e in late), late
+    assert engine.calls == [1], "the queued requests never reached the engine"
+
+
 def test_batcher_close_waits_for_the_running_call() -> None:
     engine = _Engine(delay_s=0.2)
 

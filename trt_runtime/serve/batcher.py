@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -229,34 +230,43 @@ class DynamicBatcher:
         with self._cond:
             busy = bool(self._waiting or self._busy)
             self._cond.notify_all()  # the queue delay no longer applies
-        if self._loop is not None and busy:
+        if self._loop is not None and busy:  # (no batch can end before the wait: ends run on this loop)
             self._drained = asyncio.Event()
-            with self._cond:
-                done = not self._waiting and not self._busy
-            if not done:
-                try:
-                    await asyncio.wait_for(self._drained.wait(), max(0.0, drain_s))
-                except asyncio.TimeoutError:
-                    pass
+            try:
+                await asyncio.wait_for(self._drained.wait(), max(0.0, drain_s))
+            except asyncio.TimeoutError:
+                pass
         with self._cond:
-            late = [*self._waiting, *(r for batch in self._running for r in batch)]
-            self._waiting.clear()
-            self._stopped = True
-            self._cond.notify_all()
-        for request in late:
-            if not request.future.done():
-                request.future.set_exception(
-                    RequestError("the server stopped (drain time over) before answering this request", 503)
-                )
+            running = [r for batch in self._running for r in batch]
+        self._refuse([*self._stop(), *running])
 
     def close(self) -> None:
         """Stop taking requests and wait for the engine calls running now (from any thread, e.g.
-        before closing the engine); requests still queued are never run. Idempotent."""
+        before closing the engine); requests still queued are never run: they get a 503 if
+        their event loop still runs. Idempotent."""
         self._closing = True
-        with self._cond:
-            self._waiting.clear()
-            self._stopped = True
-            self._cond.notify_all()
+        late = self._stop()
+        if late and self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._refuse, late)
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join()
+
+    def _stop(self) -> list[_Request]:
+        """End the threads after their current batch; the requests still queued (never run)."""
+        with self._cond:
+            late = list(self._waiting)
+            self._waiting.clear()
+            self._stopped = True
+            self._cond.notify_all()
+        return late
+
+    @staticmethod
+    def _refuse(requests: Sequence[_Request]) -> None:
+        """Fail each of ``requests`` not answered yet with 503 (on their loop)."""
+        for request in requests:
+            if not request.future.done():
+                request.future.set_exception(
+                    RequestError("the server stopped before answering this request", 503)
+                )

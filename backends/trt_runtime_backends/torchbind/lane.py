@@ -190,7 +190,7 @@ class TorchbindLane(LaneOps):
         if self._lane_stream is not None:
             self.sync()
         self._want_blocking = want
-        self._lane_stream = self._lane_streams.get(want)
+        self._lane_stream = None  # the next call takes the stream of that kind (_new_lane_stream)
 
     def _new_lane_stream(self) -> LaneStream:
         """The lane's stream of the kind :attr:`_want_blocking` asks for, made once."""
