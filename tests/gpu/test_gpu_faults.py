@@ -28,6 +28,10 @@ WARMUP = max(1, CYCLES // 10)
 #: so a run cut by a time limit still shows its rate and its trend; unset: no progress lines.
 PROGRESS_LOG = os.environ.get("TRT_RUNTIME_SOAK_LOG")
 PROGRESS_EVERY = 500
+#: ``shared``: every load of the soak takes one RuntimeCache (filled by the first cycle), as a server
+#: reloading its engine would, so a cycle does not compile its kernels again; unset: no cache.
+#: (``benchmarks/probes/gpu_load_cycles.py`` gives the cost of a cycle with and without.)
+SHARED_CACHE = os.environ.get("TRT_RUNTIME_SOAK_CACHE") == "shared"
 
 
 def _mlp(backend_name: str, engines: Any) -> tuple[Any, Any, Any, Any]:
@@ -124,10 +128,11 @@ def test_gpu_faults_load_call_close_cycles_keep_memory_flat(
     backend_name: str, engines: Any, report_measurement: Any
 ) -> None:
     torch, backend, built, x = _mlp(backend_name, engines)
+    settings = trt_runtime.RuntimeSettings(runtime_cache=trt_runtime.RuntimeCache()) if SHARED_CACHE else None
     marks: dict[int, tuple[int, int]] = {}
     started = time.perf_counter()
     for cycle in range(1, CYCLES + 1):
-        engine = trt_runtime.load(built.plan, backend, name="mlp_fp16")
+        engine = trt_runtime.load(built.plan, backend, name="mlp_fp16", settings=settings)
         engine(x)
         engine.close()
         if cycle in (WARMUP, CYCLES):
@@ -139,7 +144,7 @@ def test_gpu_faults_load_call_close_cycles_keep_memory_flat(
                           f"device {_device_used()} rss {_rss()}\n")
     (dev0, rss0), (dev1, rss1) = marks[WARMUP], marks[CYCLES]
     report_measurement(
-        f"{CYCLES} load/call/close {backend_name}",
+        f"{CYCLES} load/call/close {backend_name}{' (shared runtime cache)' if SHARED_CACHE else ''}",
         f"device used {dev0} -> {dev1} bytes ({dev1 - dev0:+d}), RSS {rss0} -> {rss1} ({rss1 - rss0:+d})",
     )
     assert dev1 - dev0 <= 1 << 20, f"device memory grew by {dev1 - dev0} bytes after warm-up"
