@@ -13,11 +13,20 @@ timed on its own (load, first call with a synchronize, close), medians in ms; de
 in use (``cudaMemGetInfo``) and RSS at the first and last cycle after a warm-up of a tenth.
 The 10,000-cycle soak (``tests/gpu/test_gpu_faults.py``) is sized from these figures.
 
+``--trend N``: instead, N cycles of each of ``--backends`` with the shared cache, where ``raw`` is
+a bare TensorRT-RTX loop (deserialize, a context with one runtime cache shared by every cycle,
+bind, ``execute_async_v3``, synchronize, delete; no trt-runtime code) and ``raw-nocache`` the same
+without a runtime cache, with a line every
+``--every`` cycles after ``gc.collect()``: device memory in use, torch's reserved memory, RSS and
+how many objects of the types that hold CUDA or TensorRT resources are alive. Growth in the
+``raw`` rows is TensorRT-RTX's own.
+
 Writes ``load_cycles.json`` to ``--out`` (default ``$OUT`` or ``.``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -69,10 +78,92 @@ def _cycles(trt_runtime: Any, torch: Any, runtime: Any, plan: bytes, backend: st
     }
 
 
+#: Object types counted by ``--trend`` (by class name): what holds CUDA or TensorRT resources.
+_HOLDERS = ("Buffer", "Stream", "Event", "PythonEngine", "TorchbindEngine", "Lane", "PythonLane",
+            "TorchbindLane", "ICudaEngine", "IExecutionContext", "ScriptObject")
+
+
+def _alive() -> dict[str, int]:
+    import gc
+
+    gc.collect()
+    counts: dict[str, int] = {}
+    for obj in gc.get_objects():
+        name = type(obj).__name__
+        if name in _HOLDERS:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _raw_cycle(trt: Any, runtime: Any, plan: bytes, x: Any, y: Any, stream: int, shared: list[Any] | None) -> None:
+    engine = runtime.deserialize_cuda_engine(plan)
+    config = engine.create_runtime_config()
+    if shared is not None:
+        if not shared:
+            shared.append(config.create_runtime_cache())
+        config.set_runtime_cache(shared[0])
+    context = engine.create_execution_context(config)
+    context.set_tensor_address(engine.get_tensor_name(0), x.data_ptr())
+    context.set_tensor_address(engine.get_tensor_name(1), y.data_ptr())
+    assert context.execute_async_v3(stream)
+    del context, config, engine
+
+
+def _cycle_fn(backend: str, trt_runtime: Any, torch: Any, plan: bytes, x: Any) -> Any:
+    """One cycle of ``backend`` (``raw``: the bare TensorRT-RTX loop), with its shared cache
+    (``raw-nocache``: the bare loop without a runtime cache)."""
+    if not backend.startswith("raw"):
+        settings = trt_runtime.RuntimeSettings(runtime_cache=trt_runtime.RuntimeCache())
+
+        def cycle() -> None:
+            engine = trt_runtime.load(plan, backend, name="mlp_fp16", settings=settings)
+            engine(x)
+            engine.close()
+
+        return cycle
+    import tensorrt_rtx as trt
+
+    runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
+    y = torch.empty_like(x)
+    shared: list[Any] | None = None if backend == "raw-nocache" else []
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def raw() -> None:
+        _raw_cycle(trt, runtime, plan, x, y, stream, shared)
+        torch.cuda.synchronize()
+
+    return raw
+
+
+def _trend(trt_runtime: Any, torch: Any, cuda_rt: Any, plan: bytes, backends: list[str], x: Any,
+           cycles: int, every: int) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for backend in backends:
+        lines = rows[backend] = []
+        started = time.perf_counter()
+        try:
+            cycle = _cycle_fn(backend, trt_runtime, torch, plan, x)
+            for n in range(1, cycles + 1):
+                cycle()
+                if n % every == 0 or n == 1:
+                    torch.cuda.synchronize()
+                    line = {"cycle": n, "s": round(time.perf_counter() - started, 1),
+                            "device": _device_used(cuda_rt), "torch_reserved": torch.cuda.memory_reserved(),
+                            "rss": _rss(), "alive": _alive()}
+                    lines.append(line)
+                    print(backend, json.dumps(line), flush=True)
+        except Exception as exc:
+            print(f"{backend}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     made = _gpu_tool.parser(__doc__)
     made.add_argument("--cycles", type=int, default=60)
-    made.add_argument("--backends", default="python,torchbind")
+    made.add_argument("--backends", default="python,torchbind",
+                      help="--trend also takes raw and raw-nocache (the bare TensorRT-RTX loop)")
+    made.add_argument("--trend", type=int, default=0, help="cycles per backend of the trend mode (0: off)")
+    made.add_argument("--every", type=int, default=500)
     args = made.parse_args(argv)
     import torch
     from cuda.bindings import runtime
@@ -82,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
 
     built = builders.build_mlp(256, 8, batch=8, dtype="float16")
     x = torch.from_numpy(built.random_inputs()[0]).cuda()
+    if args.trend:
+        backends = args.backends.split(",")
+        trend = _trend(trt_runtime, torch, runtime, built.plan, backends, x, args.trend, args.every)
+        _gpu_tool.write_json(args.out, "load_cycles_trend.json", trend)
+        return
     rows: dict[str, Any] = {}
     for backend in args.backends.split(","):
         for label, cache in (("no cache", None), ("shared RuntimeCache", trt_runtime.RuntimeCache())):
