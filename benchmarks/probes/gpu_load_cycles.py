@@ -95,7 +95,8 @@ def _alive() -> dict[str, int]:
     return counts
 
 
-def _raw_cycle(trt: Any, runtime: Any, plan: bytes, x: Any, y: Any, stream: int, shared: list[Any] | None) -> None:
+def _raw_cycle(trt: Any, runtime: Any, plan: bytes, x: Any, y: Any, stream: int,
+               shared: list[Any] | None) -> None:
     engine = runtime.deserialize_cuda_engine(plan)
     config = engine.create_runtime_config()
     if shared is not None:
