@@ -470,6 +470,7 @@ class EngineBase(abc.ABC):
                 for lane in reversed(self._pool.lanes):  # the first lane last
                     lane.close()
                 self._closed = True
+                self._release()
 
     def _orphan_after_fork(self, parent: int) -> None:
         """In a process forked from ``parent``: closed without releasing anything (see
@@ -501,6 +502,14 @@ class EngineBase(abc.ABC):
         return f"<{type(self).__name__} {self.name!r} backend={self._backend.name!r} [{io}]>"
 
     # -- what a backend implements ------------------------------------------------------
+    def _release(self) -> None:
+        """After :meth:`close` released every lane: drop what the engine itself holds of the
+        backend (a TensorRT engine its lanes shared, say), so that a closed engine keeps no
+        device memory while its Python objects wait for the garbage collector (an engine's
+        objects reference each other: only a collection frees them, which can be thousands
+        of loads later). Nothing by default."""
+        return None
+
     @abc.abstractmethod
     def _new_ops(self, lane: Lane) -> LaneOps:
         """The backend's side of a new ``lane`` (its first at construction, others for

@@ -101,6 +101,9 @@ class PythonEngine(EngineBase):
                 trt_engine = shared.backend.deserialize(shared.source, shared.state)
             return PythonLane(shared, lane, trt_engine, PythonGraphs)
 
+    def _release(self) -> None:
+        self._shared.trt_engine = None  # the lanes dropped theirs: the weights go now
+
     def _lane_ops(self) -> list[PythonLane]:
         return [lane.ops for lane in self._pool.lanes]  # type: ignore[misc]
 

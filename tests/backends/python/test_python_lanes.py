@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _python_doubles import FakeTorch, _fake_engine, _FakeContext, _FakeTrtEngine
+from _reach import path_to
 
 from trt_runtime import CapabilityError, EngineError, EngineSource
 
@@ -166,3 +167,19 @@ def test_python_lanes_an_output_one_lane_finds_data_dependent_is_so_for_the_engi
     engine.invalidate_context()
     first.guarded_call(False, (x,), None, None, None)
     assert set(first.context.allocators) == {"y"}
+
+
+def test_python_lanes_closed_engine_holds_no_tensorrt_object(torch: FakeTorch) -> None:
+    """close() lets go of the TensorRT engine (its weights), the contexts and their memory at
+    once: the closed engine's objects, which wait for the garbage collector, reach none of them."""
+    engine = _fake_engine(batch=-1)
+    engine.contexts = 2
+    engine(torch.cuda_tensor((2, 4)))
+    native = [engine.trt_engine, *(ops.trt_engine for ops in engine._lane_ops()),
+              *(lane.context.trt_context for lane in engine._pool.lanes if lane.context is not None)]
+    memory = [lane.context.device_memory for lane in engine._pool.lanes if lane.context is not None]
+    assert native and all(n is not None for n in native)
+    engine.close()
+    for held in [*native, *(m for m in memory if m is not None)]:
+        assert path_to(engine, held, skip=(engine.backend,)) is None, (type(held).__name__,
+                                                                      path_to(engine, held))

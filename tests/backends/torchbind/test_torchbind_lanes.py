@@ -9,6 +9,7 @@ import logging
 
 import numpy as np
 import pytest
+from _reach import path_to
 from _torchbind_doubles import inputs, make_backend, source
 
 from trt_runtime import RuntimeSettings
@@ -51,3 +52,18 @@ def test_torchbind_lanes_log_the_strategy_note_once_per_engine(caplog: pytest.Lo
                 lane.call((a, b), None, None, None)
     notes = [r for r in caplog.records if "cuda_graph_strategy" in r.getMessage()]
     assert len(notes) == 1 and engine.graph_captures == 0  # eager with TensorRT-RTX's own capture
+
+
+def test_torchbind_lanes_closed_engine_reaches_no_native_engine() -> None:
+    """close() lets go of every lane's torch.classes.tensorrt.Engine at once: the closed
+    engine's objects, which wait for the garbage collector, reach none of them (the test
+    double's op keeps a log of its calls: not followed)."""
+    backend, bridge = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+    engine(*inputs())
+    engine.contexts = 2
+    natives = [lane.ops.native for lane in engine._lanes]  # type: ignore[attr-defined]
+    op_log = engine._first_lane()._op.__self__  # type: ignore[attr-defined]
+    engine.close()
+    for native in natives:
+        assert path_to(engine, native, skip=(backend, bridge, op_log)) is None
