@@ -7,7 +7,7 @@
 # a test past 120 s has its stacks dumped and its worker killed, so a native hang is named too; its
 # last lines name the failed tests, tools/gpu_suite_summary.py), suite3 (the suite SUITE3_RUNS times, default three, each a fresh pytest
 # cut at SUITE3_LIMIT s, default 180: per run its counts and failed tests, then the total wall time), suite-python (python backend only), bench,
-# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), exitprobe (benchmarks/probes/gpu_exit_abort_probe.py: the daemon-thread exit scenario and its one-hypothesis variants, EXITPROBE_ARGS), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, the two backends side by side, apart from the suite; TRT_RUNTIME_FAULT_CYCLES; SOAK_BACKEND=python or torchbind runs one; progress every 500 cycles in $OUT/soak-progress.log), soak2 (the same on a 2-GPU host: python on GPU 0 and torchbind on GPU 1 at once, each cut at SOAK_LIMIT s), cycles (benchmarks/probes/gpu_load_cycles.py, CYCLES_ARGS), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
+# concurrency, serve, onnx, race (torchbind threads probe, under three GPU-burning processes), shapes (shape-switch probe), exit (tools/gpu_exit_matrix.py: the exit matrix, each scenario in its own process), exitprobe (benchmarks/probes/gpu_exit_abort_probe.py: the daemon-thread exit scenario and its one-hypothesis variants, EXITPROBE_ARGS), churn (outer-graph captures with and without cudaGraphExecUpdate), steps (benchmarks/probes/gpu_step_costs.py, STEPS_ARGS), floor (benchmarks/probes/gpu_floor_probe.py, FLOOR_ARGS), graphrace (benchmarks/probes/gpu_graph_race_probe.py on GRAPHRACE_WORKLOADS, GRAPHRACE_ARGS), layerrace (the same on one-layer engines, LAYERRACE_LAYERS), gil (benchmarks/probes/gpu_gil_probe.py, GIL_ARGS), soak (the 10,000 load/call/close cycles per backend, the two backends side by side, apart from the suite; TRT_RUNTIME_FAULT_CYCLES; SOAK_BACKEND=python or torchbind runs one; progress every 500 cycles in $OUT/soak-progress.log), soak2 (the same on a 2-GPU host: python on GPU 0 and torchbind on GPU 1 at once, each cut at SOAK_LIMIT s), cycles (benchmarks/probes/gpu_load_cycles.py, CYCLES_ARGS), batchshapes (benchmarks/probes/gpu_batch_shapes.py: the local server's batched engine call by row count), hang (tools/gpu_hang_probe.sh: a test run many times, native stacks of a hung run), and pack (last: everything under $OUT into one gpu-round.tgz, since
 # only 8 files come back). A failed step is reported and the next one still runs.
 source tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -51,6 +51,7 @@ for step in "$@"; do
     concurrency) python3 -m benchmarks.bench_concurrency --out "$OUT/concurrency" ${CONC_ARGS:-} 2>&1 | tee "$OUT/concurrency.log" | tail -80 ;;
     serve) python3 benchmarks/bench_serve.py --out "$OUT/serve" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log" | tail -80 ;;
     cycles) python3 benchmarks/probes/gpu_load_cycles.py --out "$OUT/cycles" ${CYCLES_ARGS:-} 2>&1 | tee "$OUT/cycles.log" | tail -10 ;;
+    batchshapes) python3 benchmarks/probes/gpu_batch_shapes.py --out "$OUT/batch_shapes" 2>&1 | tee "$OUT/batch_shapes.log" | tail -12 ;;
     onnx) python3 benchmarks/probes/gpu_onnx_compare.py --out "$OUT/onnx" 2>&1 | tee "$OUT/onnx.log" | tail -40 ;;
     race) # under GPU load: three matmul processes (tools/gpu_burn.py, 150 s each) beside the probe
           _burns=(); for _i in 1 2 3; do python3 tools/gpu_burn.py & _burns+=($!); done; sleep 5
@@ -70,7 +71,7 @@ for step in "$@"; do
     hang) bash tools/gpu_hang_probe.sh 2>&1 | tee "$OUT/hang.log" | tail -40 ;;
     shapes) python3 benchmarks/probes/gpu_shape_switch_probe.py --out "$OUT/shape_switch.json" 2>&1 | tee "$OUT/shapes.log" | tail -30 ;;
     pack) (cd "$OUT" && tar czf /tmp/gpu-round.tgz --exclude gpu-round.tgz . && rm -rf ./* && mv /tmp/gpu-round.tgz .) ;;
-    *) echo "gpu_round: unknown step $step (env suite suite3 soak soak2 cycles suite-python bench concurrency serve onnx race shapes exit exitprobe churn steps floor graphrace layerrace gil hang pack)" ;;
+    *) echo "gpu_round: unknown step $step (env suite suite3 soak soak2 cycles batchshapes suite-python bench concurrency serve onnx race shapes exit exitprobe churn steps floor graphrace layerrace gil hang pack)" ;;
   esac
   echo "gpu_round: step $step took $(( $(date +%s) - t0 )) s"
 done
