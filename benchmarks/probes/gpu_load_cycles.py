@@ -18,12 +18,8 @@ a bare TensorRT-RTX loop (deserialize, a context with one runtime cache shared b
 bind, ``execute_async_v3``, synchronize, delete; no trt-runtime code) and ``raw-nocache`` the same
 without a runtime cache, with a line every
 ``--every`` cycles after ``gc.collect()``: device memory in use, torch's reserved memory, RSS and
-how many objects of the types that hold CUDA or TensorRT resources are alive. Growth in the
+how many objects of the tracked types that hold CUDA resources are alive (``_HOLDERS``). Growth in the
 ``raw`` rows is TensorRT-RTX's own.
-
-``--holders N``: N cycles of each of ``--backends`` with the garbage collector off, then for each
-kind of native object still alive (``ICudaEngine``, ``IExecutionContext``, cuda.core ``Buffer``,
-torch-tensorrt's ``ScriptObject``) its count and who holds one of them, four referrers up.
 
 Writes ``load_cycles.json`` to ``--out`` (default ``$OUT`` or ``.``).
 """
@@ -82,9 +78,11 @@ def _cycles(trt_runtime: Any, torch: Any, runtime: Any, plan: bytes, backend: st
     }
 
 
-#: Object types counted by ``--trend`` (by class name): what holds CUDA or TensorRT resources.
+#: Object types counted by ``--trend`` (by class name): what holds CUDA resources, and the engines and
+#: lanes. Only objects the garbage collector tracks can be counted: TensorRT's pybind11 objects
+#: (``ICudaEngine``, ``IExecutionContext``) and torch's ``ScriptObject`` are not among them.
 _HOLDERS = ("Buffer", "Stream", "Event", "PythonEngine", "TorchbindEngine", "Lane", "PythonLane",
-            "TorchbindLane", "ICudaEngine", "IExecutionContext", "ScriptObject")
+            "TorchbindLane")
 
 
 def _alive() -> dict[str, int]:
@@ -162,51 +160,6 @@ def _trend(trt_runtime: Any, torch: Any, cuda_rt: Any, plan: bytes, backends: li
     return rows
 
 
-def _holders(trt_runtime: Any, torch: Any, plan: bytes, backends: list[str], x: Any, cycles: int) -> None:
-    import gc
-
-    for backend in backends:
-        cycle = _cycle_fn(backend, trt_runtime, torch, plan, x)
-        cycle()
-        gc.collect()
-        gc.disable()
-        try:
-            for _ in range(cycles):
-                cycle()
-            torch.cuda.synchronize()
-            found: dict[str, list[Any]] = {}
-            for obj in gc.get_objects():
-                name = type(obj).__name__
-                if name in ("ICudaEngine", "IExecutionContext", "Buffer", "ScriptObject"):
-                    found.setdefault(name, []).append(obj)
-            print(backend, {name: len(objs) for name, objs in found.items()}, flush=True)
-            for name, objs in found.items():
-                print(f"  one {name}, held by:")
-                _chain(objs[len(objs) // 2], ignore=[found, objs], depth=4)
-            del found
-        finally:
-            gc.enable()
-            gc.collect()
-
-
-def _chain(obj: Any, ignore: list[Any], depth: int, indent: str = "    ") -> None:
-    import gc
-    import types
-
-    if depth == 0:
-        return
-    for ref in gc.get_referrers(obj):
-        if any(ref is i for i in ignore) or isinstance(ref, types.FrameType):
-            continue
-        label = type(ref).__name__
-        if isinstance(ref, dict):
-            label += " " + ",".join(repr(k) for k, v in ref.items() if v is obj)[:60]
-        elif isinstance(ref, types.FunctionType):
-            label += " " + ref.__qualname__
-        print(f"{indent}{label}", flush=True)
-        _chain(ref, [*ignore, obj], depth - 1, indent + "  ")
-
-
 def main(argv: list[str] | None = None) -> None:
     made = _gpu_tool.parser(__doc__)
     made.add_argument("--cycles", type=int, default=60)
@@ -214,7 +167,6 @@ def main(argv: list[str] | None = None) -> None:
                       help="--trend also takes raw and raw-nocache (the bare TensorRT-RTX loop)")
     made.add_argument("--trend", type=int, default=0, help="cycles per backend of the trend mode (0: off)")
     made.add_argument("--every", type=int, default=500)
-    made.add_argument("--holders", type=int, default=0, help="cycles per backend, holders mode (0: off)")
     args = made.parse_args(argv)
     import torch
     from cuda.bindings import runtime
@@ -224,9 +176,6 @@ def main(argv: list[str] | None = None) -> None:
 
     built = builders.build_mlp(256, 8, batch=8, dtype="float16")
     x = torch.from_numpy(built.random_inputs()[0]).cuda()
-    if args.holders:
-        _holders(trt_runtime, torch, built.plan, args.backends.split(","), x, args.holders)
-        return
     if args.trend:
         backends = args.backends.split(",")
         trend = _trend(trt_runtime, torch, runtime, built.plan, backends, x, args.trend, args.every)

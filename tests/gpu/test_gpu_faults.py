@@ -30,10 +30,11 @@ WARMUP = max(1, CYCLES // 10)
 #: so a run cut by a time limit still shows its rate and its trend; unset: no progress lines.
 PROGRESS_LOG = os.environ.get("TRT_RUNTIME_SOAK_LOG")
 PROGRESS_EVERY = 500
-#: ``shared``: every load of the soak takes one RuntimeCache (filled by the first cycle), as a server
-#: reloading its engine would, so a cycle does not compile its kernels again; unset: no cache.
-#: (``benchmarks/probes/gpu_load_cycles.py`` gives the cost of a cycle with and without.)
-SHARED_CACHE = os.environ.get("TRT_RUNTIME_SOAK_CACHE") == "shared"
+#: Every load of the soak takes one RuntimeCache (filled by the first cycle), as a server reloading
+#: its engine would: a cycle then takes 5-8 ms instead of about 65 ms of kernel compiling, and
+#: TensorRT-RTX 1.6.1 keeps ~470 KB of host memory per compile (docs/reliability.md).
+#: ``TRT_RUNTIME_SOAK_CACHE=none``: no cache.
+SHARED_CACHE = os.environ.get("TRT_RUNTIME_SOAK_CACHE", "shared") != "none"
 
 
 def _mlp(backend_name: str, engines: Any) -> tuple[Any, Any, Any, Any]:
