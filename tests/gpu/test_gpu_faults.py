@@ -1,6 +1,7 @@
 """Faults during calls on the GPU host, both backends: ``close()`` while 8 threads call (they
 get EngineError, nothing else, and the process goes on); a child forked after the engine
-was used gets a clear EngineError (CUDA does not cross fork); 10,000 load/call/close
+was used gets a clear EngineError (CUDA does not cross fork); with the device's memory taken,
+adding contexts fails with a clear error and the engine keeps serving; 10,000 load/call/close
 cycles keep device memory and host RSS flat after warm-up (within 1 MiB and 5 MB, measured
 after a garbage collection; the device figure before it is reported too).
 docs/reliability.md, "Ending cleanly, and the caller's device"."""
@@ -18,7 +19,7 @@ import pytest
 from _gpu_stress import usable_backend
 
 import trt_runtime
-from trt_runtime import EngineError
+from trt_runtime import EngineError, TrtRuntimeError
 
 pytestmark = pytest.mark.gpu
 
@@ -123,6 +124,98 @@ def test_gpu_faults_forked_child_gets_an_engine_error(engines: Any, python_backe
     assert message.startswith("EngineError") and "CUDA does not cross fork()" in message, message
     np.testing.assert_allclose(np.asarray(engine(x), np.float64), built.reference(x)[0], rtol=1e-2, atol=1e-2)
     engine.close()
+
+
+def _fill_device(torch: Any) -> tuple[list[Any], list[Any]]:
+    """Take the free device memory: torch's cache handed back first, then blocks through torch
+    from 1 GiB down to 2 MiB, then ``cudaMalloc`` blocks down to 64 KiB (below torch's segment
+    size). The blocks, to give back with :func:`_free_device`."""
+    from cuda.bindings import runtime
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    tensors: list[Any] = []
+    size = 1 << 30
+    while size >= 2 << 20:
+        try:
+            tensors.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        except torch.cuda.OutOfMemoryError:
+            size //= 2
+    raw: list[Any] = []
+    size = 2 << 20
+    while size >= 64 << 10:
+        err, ptr = runtime.cudaMalloc(size)
+        if int(err) == 0:
+            raw.append(ptr)
+        else:
+            size //= 2
+    runtime.cudaGetLastError()  # (the refusals leave the last error set: not the engine's)
+    return tensors, raw
+
+
+def _free_device(torch: Any, held: tuple[list[Any], list[Any]]) -> None:
+    from cuda.bindings import runtime
+
+    tensors, raw = held
+    for ptr in raw:
+        runtime.cudaFree(ptr)
+    raw.clear()
+    tensors.clear()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.soak  # fills the GPU's memory: apart from the suite, alone on its GPU
+@pytest.mark.parametrize("backend_name", ["python", "torchbind"])
+def test_gpu_faults_out_of_memory_while_adding_contexts_keeps_the_contexts_it_has(
+    backend_name: str, engines: Any, report_measurement: Any
+) -> None:
+    """With the device's memory taken, adding contexts fails with an error naming the engine,
+    either at ``engine.contexts = 4`` (torchbind: each new context is a new native engine) or,
+    where contexts are made lazily (python), in the calls that lease a new one; the engine
+    keeps serving with the context it had, and once memory is free again it takes more."""
+    torch, backend, built, x = _mlp(backend_name, engines)
+    want = built.reference(built.random_inputs()[0])[0]
+    engine = trt_runtime.load(built.plan, backend, name="mlp_fp16")
+    failures: list[str] = []
+    served = []
+    try:
+        engine(x)
+        held = _fill_device(torch)
+        try:
+            try:
+                engine.contexts = 4
+            except TrtRuntimeError as exc:
+                failures.append(f"contexts = 4: {type(exc).__name__}: {exc}")
+                assert engine.contexts == 1
+            else:  # lanes without contexts yet: four calls at once lease them
+                start = threading.Barrier(4)
+
+                def call() -> None:
+                    start.wait()
+                    try:
+                        served.append(engine(x).double().cpu().numpy())
+                    except EngineError as exc:
+                        failures.append(f"call: {type(exc).__name__}: {exc}")
+
+                threads = [threading.Thread(target=call) for _ in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=60)
+            served.append(engine(x).double().cpu().numpy())  # the context it had still serves
+        finally:
+            _free_device(torch, held)
+        report_measurement(f"out of memory adding contexts {backend_name}",
+                           f"{len(failures)} refusals, {len(served)} calls served: {failures[:2]}")
+        assert failures, "the device still had memory for new contexts: nothing was refused"
+        assert all("mlp_fp16" in f for f in failures), failures
+        for got in served:
+            np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+        engine.contexts = 2  # memory free again: contexts can be added
+        np.testing.assert_allclose(engine(x).double().cpu().numpy(), want, rtol=1e-2, atol=1e-2)
+    finally:
+        engine.close()
 
 
 def _marks() -> tuple[int, int, int]:
