@@ -55,6 +55,7 @@ class FakeBridge:
         self.graphs = graphs
         self.loaded: list[str] = []
         self.synced: list[Any] = []
+        self.given_back: list[Any] = []  # streams handed back by closed lanes (give_back)
         #: Lane streams made, and (lane, caller stream, thread) of each execute_engine call.
         self.lanes = 0
         self.lane_calls: list[tuple[str, str, int]] = []
@@ -264,6 +265,9 @@ class FakeBridge:
         if self.torch_bridge is not None:
             return self.torch_bridge.execute_on(lane, op, tensors, native, index)
         return op(tensors, native)
+
+    def give_back(self, stream: FakeStream) -> None:
+        self.given_back.append(stream)
 
     def new_stream(self, index: int) -> FakeStream:
         self._side_streams += 1

@@ -410,6 +410,11 @@ class TorchBridge:
             return LaneStream(self.new_stream(index), cuda.Event(), cuda.Event())
         return LaneStream(made, cuda.Event(), cuda.Event(), blocking=True)
 
+    def give_back(self, stream: Any) -> None:
+        """A stream of :meth:`lane_stream` or :meth:`new_stream` its closed owner no longer uses
+        (after waiting for its work): to the pool now, for the next owner (:mod:`.streams`)."""
+        STREAMS.give_back(stream)
+
     def new_stream(self, index: int) -> Any:
         """A new non-blocking stream on device ``index`` that nothing else in the process uses.
 

@@ -95,6 +95,11 @@ class TorchbindGraphs(GraphOps):
         so these cover them all."""
         return tuple(s for s in (self.last, self.side) if s is not None)
 
+    def release(self) -> None:
+        side, self.side, self.last, self.last_raw = self.side, None, None, None
+        if side is not None:
+            self.bridge.give_back(side)
+
     def follow(self, current: Any) -> None:
         """Order ``current`` after the stream the graphs last ran on; it becomes the last."""
         last = self.last

@@ -131,6 +131,11 @@ class LaneGraphs(GraphOps, Protocol):
         """The streams the graphs ran on."""
         ...
 
+    def release(self) -> None:
+        """The lane is closed (its graphs dropped, its work waited for): give the streams the
+        graphs own back."""
+        ...
+
 
 @dataclasses.dataclass
 class NativeState:
@@ -439,3 +444,10 @@ class TorchbindLane(LaneOps):
     def release(self) -> None:
         self.lane.drop_graphs()  # static inputs handed out before any capture
         self.native = None  # the C++ engine is freed with its last reference
+        # The streams go back to the pool now, not when the collector frees this lane (the
+        # core lane waited for their work when it dropped the context).
+        self.graphs.release()
+        for lane_stream in self._lane_streams.values():
+            self._bridge.give_back(lane_stream.stream)
+        self._lane_streams.clear()
+        self._lane_stream = None

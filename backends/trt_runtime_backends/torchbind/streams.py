@@ -8,7 +8,11 @@ stream then fails the record ("invalid resource handle" thrown from a tensor's d
 the process aborts), so a stream torch may have recorded on must live as long as the
 process. :class:`StreamPool` keeps them: a stream whose owner is gone goes back to the pool
 of its device and is handed to the next owner, so a process holds as many streams as it
-ever had owners alive at once, and destroys none.
+ever had owners alive at once, and destroys none. An owner that closes gives its streams back
+then (:meth:`StreamPool.give_back`) rather than when the garbage collector frees it: a closed
+engine's objects reference each other and may wait thousands of loads for a collection, and
+meanwhile each new engine would take a new stream (and torch's caching allocator a new pool of
+blocks for it: measured on an H100, device memory grew by ~45 KB per load/close cycle).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class StreamPool:
         self._free: dict[tuple[int, bool], collections.deque[int]] = {}
         #: Streams this pool made, per device (they all live until the process ends).
         self.made: dict[int, int] = {}
+        #: The finalizer that gives a taken stream back, by ``id()`` of its ExternalStream
+        #: (an entry goes when it ran: before that object is freed and its id reused).
+        self._returns: dict[int, weakref.finalize] = {}
 
     def free(self, index: int, *, blocking: bool = False) -> int:
         """How many streams of device ``index`` (and of that kind) wait for an owner."""
@@ -67,17 +74,29 @@ class StreamPool:
             handle = int(made)
             self.made[index] = self.made.get(index, 0) + 1
         stream = torch.cuda.ExternalStream(handle, device=torch.device("cuda", index))
-        # Not at exit: nothing is left to hand it to, and the process ends the stream.
-        weakref.finalize(stream, self._give_back, key, handle).atexit = False
+        ident = id(stream)
+        returned = weakref.finalize(stream, self._give_back, key, handle, ident)
+        returned.atexit = False  # not at exit: nothing is left to hand it to, the process ends it
+        self._returns[ident] = returned
         return stream
 
-    def _give_back(self, key: tuple[int, bool], handle: int) -> None:
+    def give_back(self, stream: Any) -> None:
+        """Hand ``stream`` (taken from this pool; anything else is ignored) to the next owner
+        now; its owner, which stops using it, has waited for the work it queued there. Once:
+        the garbage collector does not give it back again."""
+        returned = self._returns.get(id(stream))
+        if returned is not None and (alive := returned.peek()) is not None and alive[0] is stream:
+            returned()
+
+    def _give_back(self, key: tuple[int, bool], handle: int, ident: int) -> None:
+        self._returns.pop(ident, None)
         self._free.setdefault(key, collections.deque()).append(handle)
 
     def forget(self) -> None:
         """Drop every free stream (in a forked child: they are the parent's)."""
         self._free = {}
         self.made = {}
+        self._returns = {}
 
 
 #: The process's pool (CUDA streams are per process).

@@ -442,6 +442,28 @@ def test_torchbind_bridge_private_streams_of_each_kind_go_to_lanes_of_that_kind(
     assert len(cudart.made) == 2 and cudart.destroyed == [] and pool.made == {0: 2}
 
 
+def test_torchbind_bridge_private_stream_given_back_goes_to_the_next_owner_once(monkeypatch) -> None:
+    import gc
+
+    cudart = _FakeCudart()
+    _install(monkeypatch, cudart)
+    pool = StreamPool()
+    monkeypatch.setattr("trt_runtime_backends.torchbind.bridge.STREAMS", pool)
+    bridge = TorchBridge(_torch_with_devices())
+    lane = bridge.lane_stream(0, blocking=True)
+    kept = lane.stream  # a closed lane's objects may live on until the collector runs
+    bridge.give_back(kept)
+    assert pool.free(0, blocking=True) == 1
+    again = bridge.lane_stream(0, blocking=True)  # the next owner takes it: no new stream
+    assert again.stream.handle == kept.handle and len(cudart.made) == 1
+    bridge.give_back(kept)  # again, or by the collector later: never a second time
+    del lane, kept
+    gc.collect()
+    assert pool.free(0, blocking=True) == 0
+    bridge.give_back(object())  # not one of the pool's: ignored
+    assert pool.free(0, blocking=True) == 0 and cudart.destroyed == []
+
+
 def test_torchbind_bridge_private_streams_without_cuda_python_use_the_high_priority_pool(monkeypatch) -> None:
     import sys
 

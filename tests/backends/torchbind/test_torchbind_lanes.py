@@ -67,3 +67,21 @@ def test_torchbind_lanes_closed_engine_reaches_no_native_engine() -> None:
     engine.close()
     for native in natives:
         assert path_to(engine, native, skip=(backend, bridge, op_log)) is None
+
+
+def test_torchbind_lanes_closed_engine_gives_its_streams_back_at_once() -> None:
+    """close() hands every lane's stream to the pool then and there (the next engine takes
+    it), not when the garbage collector frees the closed engine's objects."""
+    backend, bridge = make_backend("2.14.0")
+    engine = backend.load_engine(source())
+    engine.contexts = 2
+    a, b = inputs()
+    engine(a, b)
+    engine.outer_graph = True
+    engine(a, b)  # a capture, on a side stream of the first lane's graphs
+    lanes = [lane.ops for lane in engine._lanes]  # type: ignore[attr-defined]
+    streams = [ops._lane_stream.stream for ops in lanes if ops._lane_stream is not None]
+    streams += [ops.graphs.side for ops in lanes if ops.graphs.side is not None]
+    assert len(streams) >= 2 and bridge.given_back == []
+    engine.close()
+    assert sorted(id(s) for s in bridge.given_back) == sorted(id(s) for s in streams)
