@@ -12,7 +12,7 @@ ever had owners alive at once, and destroys none. An owner that closes gives its
 then (:meth:`StreamPool.give_back`) rather than when the garbage collector frees it: a closed
 engine's objects reference each other and may wait thousands of loads for a collection, and
 meanwhile each new engine would take a new stream (and torch's caching allocator a new pool of
-blocks for it: measured on an H100, device memory grew by ~45 KB per load/close cycle).
+blocks for it; on an H100 device memory grew by ~45 KB per load/close cycle until a collection).
 """
 
 from __future__ import annotations

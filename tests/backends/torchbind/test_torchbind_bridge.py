@@ -380,15 +380,21 @@ def _torch_with_devices() -> Any:
     return Torch()
 
 
-def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(monkeypatch) -> None:
-    import gc
-
+def _pooled_bridge(monkeypatch: Any) -> tuple[TorchBridge, Any, StreamPool]:
+    """A bridge on ``_torch_with_devices()`` whose private streams come from a pool of their own,
+    made by a cuda-python double: the bridge, that double and the pool."""
     cudart = _FakeCudart()
     _install(monkeypatch, cudart)
     pool = StreamPool()
     monkeypatch.setattr("trt_runtime_backends.torchbind.bridge.STREAMS", pool)
-    torch = _torch_with_devices()
-    bridge = TorchBridge(torch)
+    return TorchBridge(_torch_with_devices()), cudart, pool
+
+
+def test_torchbind_bridge_private_streams_are_dedicated_non_blocking_streams(monkeypatch) -> None:
+    import gc
+
+    bridge, cudart, pool = _pooled_bridge(monkeypatch)
+    torch = bridge.torch
     stream = bridge.new_stream(2)
     # a stream of its own (not one of torch's pooled streams), non-blocking, on device 2
     assert isinstance(stream, _ExternalStream) and stream.handle == 7000 and stream.device.index == 2
@@ -425,11 +431,7 @@ def test_torchbind_bridge_private_streams_failing_create_is_an_engine_error(monk
 def test_torchbind_bridge_private_streams_of_each_kind_go_to_lanes_of_that_kind(monkeypatch) -> None:
     import gc
 
-    cudart = _FakeCudart()
-    _install(monkeypatch, cudart)
-    pool = StreamPool()
-    monkeypatch.setattr("trt_runtime_backends.torchbind.bridge.STREAMS", pool)
-    bridge = TorchBridge(_torch_with_devices())
+    bridge, cudart, pool = _pooled_bridge(monkeypatch)
     blocking, other = bridge.lane_stream(0, blocking=True), bridge.lane_stream(0)
     assert cudart.made == [(0, 7000), (1, 7001)]  # cudaStreamDefault, cudaStreamNonBlocking
     assert blocking.blocking and not other.blocking
@@ -445,11 +447,7 @@ def test_torchbind_bridge_private_streams_of_each_kind_go_to_lanes_of_that_kind(
 def test_torchbind_bridge_private_stream_given_back_goes_to_the_next_owner_once(monkeypatch) -> None:
     import gc
 
-    cudart = _FakeCudart()
-    _install(monkeypatch, cudart)
-    pool = StreamPool()
-    monkeypatch.setattr("trt_runtime_backends.torchbind.bridge.STREAMS", pool)
-    bridge = TorchBridge(_torch_with_devices())
+    bridge, cudart, pool = _pooled_bridge(monkeypatch)
     lane = bridge.lane_stream(0, blocking=True)
     kept = lane.stream  # a closed lane's objects may live on until the collector runs
     bridge.give_back(kept)
