@@ -195,7 +195,7 @@ def test_gpu_faults_out_of_memory_while_adding_contexts_keeps_the_contexts_it_ha
                     start.wait()
                     try:
                         served.append(engine(x).double().cpu().numpy())
-                    except EngineError as exc:
+                    except TrtRuntimeError as exc:
                         failures.append(f"call: {type(exc).__name__}: {exc}")
 
                 threads = [threading.Thread(target=call) for _ in range(4)]
