@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="batch-shapes-"))
     w = mlp_workload(work)
-    engine, _cache = open_engine(w.path, ServeOptions(max_batch=64))
+    engine, _cache = open_engine(w.path, ServeOptions(backend=w.backend, max_batch=64))
     row = w.x[0]
 
     def batch(rows: int) -> Any:
