@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import io
 import stat
-import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from _cache_worker import KEY, OTHER_KEY, FakeBackend, FakeHandle
+from _threads import all_at_once
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -59,22 +59,7 @@ def test_cache_materialize_race_32_threads_drains_once() -> None:
     backend = FakeBackend()
     cache = RuntimeCache()
     cache.load_bytes(b"kernel-a\nkernel-b")
-    barrier = threading.Barrier(32)
-    results: list[object] = []
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            barrier.wait()
-            results.append(cache.ensure_materialized(object(), backend=backend))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    results, errors = all_at_once(lambda _: cache.ensure_materialized(object(), backend=backend), 32, 30)
     assert errors == []
     assert len(results) == 32
     assert len({id(r) for r in results}) == 1

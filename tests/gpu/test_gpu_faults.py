@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _gpu_stress import usable_backend
+from _threads import all_at_once
 
 import trt_runtime
 from trt_runtime import EngineError, TrtRuntimeError
@@ -196,20 +197,9 @@ def test_gpu_faults_out_of_memory_while_adding_contexts_keeps_the_contexts_it_ha
                 failures.append(exc)
                 assert engine.contexts == 1
             else:  # lanes without contexts yet: four calls at once lease them
-                start = threading.Barrier(4)
-
-                def call() -> None:
-                    start.wait()
-                    try:
-                        served.append(engine(x))
-                    except Exception as exc:
-                        failures.append(exc)
-
-                threads = [threading.Thread(target=call) for _ in range(4)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(timeout=60)
+                outputs, refused = all_at_once(lambda _: engine(x), 4)
+                served += outputs
+                failures += refused
             served.append(engine(x))  # the context it had still serves
             torch.cuda.synchronize()
         finally:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _threads import all_at_once
 
 from trt_runtime import RuntimeCache, RuntimeSettings
 from trt_runtime.settings import CudaGraphStrategy, DynamicShapesKernelSpecializationStrategy
@@ -120,23 +121,10 @@ def test_python_backend_ensure_materialized_from_32_threads(load, python_backend
     configs = [
         _CountingConfig(engine.trt_engine.create_runtime_config(), created, lock) for _ in range(32)
     ]
-    barrier = threading.Barrier(32)
-    results: list[Any] = [None] * 32
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = shared.ensure_materialized(configs[i], backend=python_backend, key=key)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results, errors = all_at_once(
+        lambda i: shared.ensure_materialized(configs[i], backend=python_backend, key=key), 32)
     assert not errors, errors
+    assert len(results) == 32
     assert len(created) == 1, f"{len(created)} IRuntimeCache objects were created"
     assert calls == [len(payload)], "pending bytes must be loaded exactly once"
     assert all(r is results[0] for r in results)
