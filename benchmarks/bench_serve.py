@@ -158,6 +158,17 @@ class Front:
     gpus: int
     batching: bool
     cells: tuple[tuple[str, int], ...]
+    variant: str = ""  # local server: a --variants name ("" = the CLI's defaults)
+
+
+def parse_variant(name: str) -> tuple[str, int | None]:
+    """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), with
+    ``+siN`` for a GIL switch interval of N µs in the engine processes; ``(engine_calls, µs)``."""
+    calls, _, rest = name.partition("+si")
+    if calls not in ("threads", "loop") or (rest and not rest.isdigit()) or (_ and not rest):
+        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN] "
+                                         "(e.g. loop, threads+si100)")
+    return calls, int(rest) if rest else None
 
 
 def plan(args: argparse.Namespace) -> list[Front]:
@@ -177,6 +188,11 @@ def plan(args: argparse.Namespace) -> list[Front]:
                        for w in args.workers[-2:]]
             # Without batching the engine calls set the pace: where a second GPU shows most.
             fronts.append(Front("local", main_workers, g, False, (("binary", top),)))
+    for v in args.variants:  # the same server, another way of running the engine calls
+        fronts += [Front("local", main_workers, g1, True, (("binary", top),), v),
+                   Front("local", main_workers, g1, False, (("binary", top),), v)]
+        fronts += [Front("local", main_workers, g, batching, (("binary", top),), v)
+                   for g in args.gpus if g != g1 for batching in (True, False)]
     if args.ray:
         for r in (1, 2):
             fronts += [Front("ray", r, min(r, max(args.gpus)), True, (("binary", top),)),
@@ -200,8 +216,10 @@ def started(front: Front, w: Workload, args: argparse.Namespace,
     elif front.front == "local":
         gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
         cache = None if args.smoke else args.work / "runtime.cache"
+        calls, switch_us = parse_variant(front.variant) if front.variant else (None, None)
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
-                                       args.max_batch if front.batching else 1, args.delay_us, cache) as doc:
+                                       args.max_batch if front.batching else 1, args.delay_us, cache,
+                                       engine_calls=calls, switch_interval_us=switch_us) as doc:
             pids = doc.get("pids", {})
             yield port, "/", {"front": [p for p in pids.get("fronts", ()) if p],
                               "engine": [p for p in pids.get("engines", ()) if p],
@@ -245,6 +263,7 @@ def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadlin
                             result = load.run(serve_fronts.HOST, port, path, w.body(body), TYPES[body],
                                               clients, seconds, args.warmup, w.expect(body), profile.begin)
                             row = {**{k: getattr(front, k) for k in ("front", "workers", "gpus", "batching")},
+                                   **({"variant": front.variant} if front.variant else {}),
                                    "body": body, **result.summary(), **profile.result()}
                             rows.append(row)
                             print(_line(row), flush=True)
@@ -267,14 +286,26 @@ def _profile(roles: dict[str, list[int]], load: LoadGenerator, port: int) -> Cel
 
 def _line(r: dict[str, Any]) -> str:
     batching = "on " if r["batching"] else "off"
-    return (f"{r['front']:9} workers={r['workers']} gpus={r['gpus']} batch={batching} "
+    variant = f" [{r['variant']}]" if r.get("variant") else ""
+    return (f"{r['front']:9}{variant} workers={r['workers']} gpus={r['gpus']} batch={batching} "
             f"{r['body']:6} clients={r['clients']:3}: {r['req_s']:9.1f} req/s  p50 {r['p50_ms']:8.3f} ms  "
             f"p99 {r['p99_ms']:8.3f} ms  wrong {r['wrong']}  errors {r['errors']}{describe(r)}")
 
 
 # -- targets and report --------------------------------------------------------------------------
 def evaluate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets on this run's rows (``None`` where a row is missing)."""
+    """The issue's targets on this run's rows (``None`` where a row is missing), on the rows of the
+    servers as the CLI starts them; ``variants``: the same figures for each ``--variants`` name."""
+    variants = sorted({r["variant"] for r in rows if r.get("variant")})
+    targets = _targets([r for r in rows if not r.get("variant")])
+    if variants:
+        plain = [r for r in rows if not r.get("variant") and r["front"] != "local"]
+        targets["variants"] = {v: _targets(plain + [r for r in rows if r.get("variant") == v])
+                               for v in variants}
+    return targets
+
+
+def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def best(pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
         found = [r for r in rows if pred(r)]
         return max(found, key=lambda r: r["req_s"]) if found else None
@@ -368,6 +399,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trivial-procs", type=int, default=max(2, (os.cpu_count() or 4) // 4))
     p.add_argument("--no-ray", dest="ray", action="store_false", help="leave out the Ray rows")
     p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--variants", default="",
+                   help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
+                        "the top client count) with these engine-process variants: threads|loop[+siN] "
+                        "(--engine-calls; siN: a GIL switch interval of N µs), e.g. loop,threads+si100")
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus, args.workers, args.clients, args.ray = "0", "2", "4", False
@@ -375,6 +410,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.gpus = sorted({int(g) for g in args.gpus.split(",")})
     args.workers = sorted(int(w) for w in args.workers.split(","))
     args.clients = sorted(int(c) for c in args.clients.split(","))
+    args.variants = [v for v in args.variants.split(",") if v]
+    for v in args.variants:
+        try:
+            parse_variant(v)
+        except argparse.ArgumentTypeError as exc:
+            p.error(str(exc))
     return args
 
 

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trt_runtime.serve.local.engine_process import SWITCH_INTERVAL_ENV
+
 HOST = "127.0.0.1"
 
 
@@ -149,15 +151,23 @@ def trivial(port: int, answer: bytes, content_type: str, processes: int) -> Iter
 # -- the local server --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus: str, max_batch: int,
-                 delay_us: int, runtime_cache: Path | None) -> Iterator[dict[str, Any]]:
+                 delay_us: int, runtime_cache: Path | None, *, engine_calls: str | None = None,
+                 switch_interval_us: int | None = None) -> Iterator[dict[str, Any]]:
     """``trt-runtime serve`` in a subprocess; yields its ready document (with ``supervisor``: the
-    serving process's id); SIGINT at the end (exit 0)."""
+    serving process's id); SIGINT at the end (exit 0). ``engine_calls``: its ``--engine-calls``;
+    ``switch_interval_us``: the engine processes' GIL switch interval."""
     command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", os.fspath(engine_path),
                "--port", str(port), "--workers", str(workers), "--gpus", gpus, "--max-batch", str(max_batch),
                "--max-queue-delay-us", str(delay_us), "--backend", backend, "--drain-s", "5"]
     if runtime_cache is not None:
         command += ["--runtime-cache", os.fspath(runtime_cache)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if engine_calls is not None:
+        command += ["--engine-calls", engine_calls]
+    env = dict(os.environ)
+    env.pop(SWITCH_INTERVAL_ENV, None)
+    if switch_interval_us is not None:
+        env[SWITCH_INTERVAL_ENV] = str(switch_interval_us)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     errors: list[str] = []
     threading.Thread(target=lambda: errors.extend(proc.stderr or ()), daemon=True).start()
     timer = threading.Timer(300, proc.kill)

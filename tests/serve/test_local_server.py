@@ -41,11 +41,13 @@ def _free_ports(count: int) -> list[int]:
 PORT, PORT_DRAIN, PORT_BUSY, PORT_ORPHAN, PORT_TWO = _free_ports(5)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", params=["threads", "loop"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The server with each ``--engine-calls``: the same tests hold for both."""
     engine = tmp_path_factory.mktemp("local") / "affine.mem"
     engine.write_bytes(single_engine())
-    srv = ServerProcess(engine, PORT, "--workers", "2", "--max-batch", "16", "--max-queue-delay-us", "2000")
+    srv = ServerProcess(engine, PORT, "--workers", "2", "--max-batch", "16", "--max-queue-delay-us", "2000",
+                        "--engine-calls", request.param)
     yield srv
     code = srv.stop()
     assert code == 0, "".join(srv.stderr)[-3000:]
@@ -235,6 +237,23 @@ def test_local_busy_port_and_missing_gpu_exit_2_with_one_line(tmp_path: Path) ->
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert "GPU index" in line and "does not exist" in line and "(see 'trt-runtime serve --help')" in line
+    result = _run_cli(str(engine), "--port", str(PORT_BUSY), "--engine-calls", "loop", "--contexts", "2")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "engine_calls='loop' runs one context on the event loop; got contexts=2" in line
+    result = _run_cli(str(engine), "--ray", "--engine-calls", "loop")
+    assert result.returncode == 2 and "--engine-calls apply to the local server" in result.stderr
+
+
+def test_local_bad_switch_interval_exits_1_naming_it(tmp_path: Path) -> None:
+    engine = tmp_path / "affine.mem"
+    engine.write_bytes(single_engine())
+    env = {**os.environ, "TRT_RUNTIME_SERVE_SWITCH_INTERVAL_US": "0.1ms"}
+    result = subprocess.run([sys.executable, "-m", "trt_runtime.cli", "serve", str(engine), "--port", "0"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1
+    message = "TRT_RUNTIME_SERVE_SWITCH_INTERVAL_US must be microseconds in [1, 1000000]; got '0.1ms'"
+    assert message in result.stderr
 
 
 def test_local_bad_engine_file_exits_1_with_runs_line(tmp_path: Path) -> None:

@@ -92,11 +92,13 @@ def _rows(*values: float, width: int = 4) -> tuple[np.ndarray]:
     return (np.array([[v] * width for v in values], np.float32),)
 
 
-def test_batcher_gathers_concurrent_requests_and_splits_answers() -> None:
+@pytest.mark.parametrize("on_loop", [False, True], ids=["threads", "loop"])
+def test_batcher_gathers_concurrent_requests_and_splits_answers(on_loop: bool) -> None:
     engine = _Engine(delay_s=0.01)
 
     async def main() -> list[list[np.ndarray]]:
-        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=5_000)
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=5_000,
+                                  on_loop=on_loop)
         answers = await asyncio.gather(*(batcher.submit(_rows(i)) for i in range(20)))
         await batcher.aclose(1)
         return answers
@@ -108,11 +110,13 @@ def test_batcher_gathers_concurrent_requests_and_splits_answers() -> None:
     assert max(engine.calls) <= 6, "one call never exceeds the profile's 6 rows"
 
 
-def test_batcher_enqueue_returns_futures_that_one_batch_answers() -> None:
+@pytest.mark.parametrize("on_loop", [False, True], ids=["threads", "loop"])
+def test_batcher_enqueue_returns_futures_that_one_batch_answers(on_loop: bool) -> None:
     engine = _Engine()
 
     async def main() -> list[Any]:
-        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=4, max_queue_delay_us=50_000)
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=4, max_queue_delay_us=50_000,
+                                  on_loop=on_loop)
         futures = [batcher.enqueue(_rows(i)) for i in range(4)]  # no coroutine: futures at once
         assert all(isinstance(f, asyncio.Future) and not f.done() for f in futures)
         answers = await asyncio.gather(*futures)
@@ -127,11 +131,13 @@ def test_batcher_enqueue_returns_futures_that_one_batch_answers() -> None:
         np.testing.assert_array_equal(y, _rows(i)[0] * 2 + 1)
 
 
-def test_batcher_max_batch_one_runs_each_request_alone() -> None:
+@pytest.mark.parametrize("on_loop", [False, True], ids=["threads", "loop"])
+def test_batcher_max_batch_one_runs_each_request_alone(on_loop: bool) -> None:
     engine = _Engine()
 
     async def main() -> None:
-        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=1, max_queue_delay_us=5_000)
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=1, max_queue_delay_us=5_000,
+                                  on_loop=on_loop)
         await asyncio.gather(*(batcher.submit(_rows(i)) for i in range(6)))
         await batcher.aclose(1)
 
@@ -139,11 +145,13 @@ def test_batcher_max_batch_one_runs_each_request_alone() -> None:
     assert engine.calls == [1] * 6
 
 
-def test_batcher_groups_by_signature_and_isolates_a_failing_call() -> None:
+@pytest.mark.parametrize("on_loop", [False, True], ids=["threads", "loop"])
+def test_batcher_groups_by_signature_and_isolates_a_failing_call(on_loop: bool) -> None:
     engine = _Engine(delay_s=0.01)
 
     async def main() -> list[Any]:
-        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=20_000)
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=20_000,
+                                  on_loop=on_loop)
         requests = [_rows(1), _rows(2, width=3), _rows(-1, width=3), _rows(4)]
         answers = await asyncio.gather(*(batcher.submit(r) for r in requests), return_exceptions=True)
         await batcher.aclose(1)
@@ -156,11 +164,13 @@ def test_batcher_groups_by_signature_and_isolates_a_failing_call() -> None:
     assert sorted(engine.calls) == [2, 2], "width 4 and width 3 ran as separate calls"
 
 
-def test_batcher_waits_the_queue_delay_only_when_idle() -> None:
+@pytest.mark.parametrize("on_loop", [False, True], ids=["threads", "loop"])
+def test_batcher_waits_the_queue_delay_only_when_idle(on_loop: bool) -> None:
     engine = _Engine()
 
     async def main() -> float:
-        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=100_000)
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=100_000,
+                                  on_loop=on_loop)
         started = time.perf_counter()
         first = asyncio.ensure_future(batcher.submit(_rows(1)))
         await asyncio.sleep(0.02)
@@ -205,11 +215,13 @@ def test_batcher_runs_one_thread_per_execute_function() -> None:
     assert len(engine.threads) == 3 and engine.most_active == 3
 
 
-def test_batcher_drains_then_refuses_with_503() -> None:
+@pytest.mark.parametrize("on_loop", [False, True], ids=["threads", "loop"])
+def test_batcher_drains_then_refuses_with_503(on_loop: bool) -> None:
     engine = _Engine(delay_s=0.05)
 
     async def main() -> tuple[list[Any], Any]:
-        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=2, max_queue_delay_us=0)
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=2, max_queue_delay_us=0,
+                                  on_loop=on_loop)
         pending = [asyncio.ensure_future(batcher.submit(_rows(i))) for i in range(4)]
         await asyncio.sleep(0)
         await batcher.aclose(5)
@@ -235,6 +247,53 @@ def test_batcher_drain_is_bounded() -> None:
 
     late = _run(main())
     assert len(late) == 3 and all(isinstance(e, RequestError) and e.status == 503 for e in late)
+
+
+def test_batcher_on_loop_runs_calls_on_the_loop_and_answers_before_the_next_call() -> None:
+    """No engine thread: every call on the loop's thread. A batch's answers are written before the
+    loop starts the next call: their callbacks run, and what those queue for the loop's next pass
+    (the engine process's frame writes) runs too."""
+    engine = _Engine(delay_s=0.002)
+    written: list[int] = []  # calls started when each answer's queued write ran
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=2, max_queue_delay_us=0,
+                                 on_loop=True)
+        futures = [batcher.enqueue(_rows(i)) for i in range(6)]
+        for f in futures:
+            f.add_done_callback(lambda _: loop.call_soon(lambda: written.append(len(engine.calls))))
+        await asyncio.gather(*futures)
+        await batcher.aclose(1)
+
+    _run(main())
+    assert engine.threads == {threading.main_thread().name} and engine.calls == [2, 2, 2]
+    assert written == [1, 1, 2, 2, 3, 3]
+
+
+def test_batcher_on_loop_waits_the_delay_under_uvloop() -> None:
+    """uvloop runs a timer of under half a millisecond at once; the batch still waits its delay."""
+    uvloop = pytest.importorskip("uvloop")
+    engine = _Engine()
+    delay_us = 400
+
+    async def main() -> float:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=delay_us,
+                                 on_loop=True)
+        started = time.perf_counter()
+        await batcher.submit(_rows(1))
+        took = time.perf_counter() - started
+        await batcher.aclose(1)
+        return took
+
+    took = uvloop.run(main())
+    assert engine.calls == [1] and took >= delay_us / 1e6
+
+
+def test_batcher_on_loop_takes_one_execute_function() -> None:
+    with pytest.raises(ValueError, match=r"exactly one execute function \(one context\); got 2"):
+        DynamicBatcher([_Engine().execute] * 2, _model().checker, max_batch=2, max_queue_delay_us=0,
+                       on_loop=True)
 
 
 @pytest.mark.parametrize(

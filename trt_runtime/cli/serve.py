@@ -51,6 +51,10 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
                    help="longest wait for a batch to fill once a request arrived, in µs (default: 500)")
     p.add_argument("--contexts", type=int, default=1, metavar="N",
                    help="execution contexts per engine process, one worker thread each (default: 1)")
+    p.add_argument("--engine-calls", choices=("threads", "loop"), default=None,
+                   help="where an engine process runs its calls: threads, one per context; loop, on "
+                        "its event loop with no thread (one context; no GIL shared with a thread) "
+                        "(default: threads)")
     p.add_argument("--outer-graph", action="store_true", help="wrap each engine call in an outer CUDA graph")
     p.add_argument("--drain-s", type=float, default=10.0, metavar="S",
                    help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default: 10)")
@@ -94,8 +98,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         if given:
             verb = "apply" if len(given) > 1 else "applies"
             raise UsageError(f"{', '.join(given)} {verb} to --ray only", command="serve")
-    elif args.workers is not None or args.gpus != "all":
-        raise UsageError("--workers and --gpus apply to the local server, not --ray "
+    elif args.workers is not None or args.gpus != "all" or args.engine_calls is not None:
+        raise UsageError("--workers, --gpus and --engine-calls apply to the local server, not --ray "
                          "(use --replicas and --gpus-per-replica)", command="serve")
 
 
@@ -131,6 +135,7 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
 
 
 def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str) -> int:
+    from trt_runtime.errors import SettingsError
     from trt_runtime.serve import local
 
     workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
@@ -140,8 +145,11 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
         config = local.LocalServerConfig(
             engine=args.file.resolve(), options=options, name=name, host=args.host, port=args.port,
             workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
+            engine_calls=args.engine_calls or "threads",
         )
         sock = local.bind_socket(args.host, args.port)
+    except SettingsError as exc:
+        raise UsageError(str(exc), command="serve") from None
     except local.ServeStartError as exc:
         if exc.usage and "--gpus" in str(exc):
             raise UsageError(str(exc), command="serve") from None

@@ -16,7 +16,11 @@ calls only 41-49% of the time, full batches waiting or not; ``benchmarks/probes/
 measures the share on the CPU, and ``docs/serving.md`` has its figures.)
 
 One thread per execution function (one per execution context), each running one batch at
-a time. The event loop never runs the engine.
+a time. With ``on_loop=True`` (one execution function) there is no thread: the event loop
+itself takes the batches and runs the engine calls, between two passes over its sockets.
+A process that serves one context that way never shares the GIL between its loop and an
+engine thread: each C call of an engine call that releases the GIL (copies, the launch, the
+synchronize) gets it back at once instead of waiting for the loop to let go of it.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class DynamicBatcher:
     request alone). ``max_queue_delay_us``: how long the oldest waiting request may wait
     for others once an engine thread is free. ``copy_outputs``: copy each request's slice
     (for engines that overwrite their outputs, as the outer graph's ``"view"`` mode does).
+    ``on_loop``: run the engine calls on the event loop, no thread (one execute function only;
+    each call blocks the loop while it runs).
 
     Bound to the event loop of the first :meth:`submit`; use it from that loop only. The
     engine threads start with the first request.
@@ -72,9 +78,13 @@ class DynamicBatcher:
         max_queue_delay_us: int,
         metrics: ServeMetrics | None = None,
         copy_outputs: bool = False,
+        on_loop: bool = False,
     ) -> None:
         if not execute_fns:
             raise SettingsError("DynamicBatcher needs at least one execute function; got none")
+        if on_loop and len(execute_fns) != 1:
+            raise SettingsError(f"engine calls on the event loop need exactly one execute function (one "
+                                f"context); got {len(execute_fns)}")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise SettingsError(f"max_batch must be an integer >= 1; got {max_batch!r}")
         delay = max_queue_delay_us
@@ -96,6 +106,10 @@ class DynamicBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._drained: asyncio.Event | None = None
+        self._on_loop = on_loop
+        #: on_loop: the loop's next run of a batch, and whether it runs as soon as the loop can.
+        self._next_run: asyncio.Handle | None = None
+        self._next_run_now = False
 
     @property
     def max_batch(self) -> int:
@@ -122,6 +136,11 @@ class DynamicBatcher:
             self._start()
         future: asyncio.Future[list[Any]] = loop.create_future()
         waiting = self._waiting
+        if self._on_loop:
+            waiting.append(_Request(arrays, future))  # (only this loop touches the queue)
+            if not self._next_run_now:
+                self._plan_run()
+            return future
         with self._cond:
             waiting.append(_Request(arrays, future))
             # A thread waits for a first request, or (timed) for the oldest one's batch to fill:
@@ -146,8 +165,56 @@ class DynamicBatcher:
         if self._drained is not None and drained:
             self._drained.set()
 
+    # -- engine calls on the loop (on_loop) ---------------------------------------------------
+    def _plan_run(self) -> None:
+        """Plan the loop's next batch: as soon as the loop can once a batch is full (or there is no
+        queue delay, or the batcher is closing), else when the oldest request's delay ends."""
+        waiting = self._waiting
+        if not waiting or self._stopped:
+            return
+        loop = self._loop
+        assert loop is not None
+        if len(waiting) >= self._max_batch or self._closing or self._delay_s <= 0:
+            if self._next_run is not None:
+                self._next_run.cancel()
+            self._next_run, self._next_run_now = loop.call_soon(self._run_on_loop), True
+        elif self._next_run is None:
+            wait = waiting[0].arrived + self._delay_s - time.perf_counter()
+            self._next_run = loop.call_later(max(0.0, wait), self._run_on_loop)
+
+    def _run_on_loop(self) -> None:
+        """Run one batch here, on the loop, and set its answers; the next batch runs after the loop
+        has passed over its callbacks twice, so these answers are written before that call (their
+        futures' callbacks queue the frames in the next pass, the write goes in the pass after)."""
+        self._next_run, self._next_run_now = None, False
+        waiting = self._waiting
+        if (waiting and len(waiting) < self._max_batch and not self._closing
+                and time.perf_counter() < waiting[0].arrived + self._delay_s):
+            # Early: uvloop rounds a timer to whole milliseconds (a 0.4 ms one runs at once).
+            self._plan_run()
+            return
+        batch = self._pop_batch()
+        if batch is None:
+            return
+        try:
+            answers: list[Answer] = self._runners[0].run([r.arrays for r in batch])
+        except Exception as exc:  # the runner itself failed: every request of the batch
+            answers = [exc] * len(batch)
+        self._finished(batch, answers)
+        if self._waiting and not self._stopped:
+            loop = self._loop
+            assert loop is not None
+            self._next_run_now = True  # (held until it runs: no request plans another meanwhile)
+            self._next_run = loop.call_soon(loop.call_soon, self._run_again)
+
+    def _run_again(self) -> None:
+        self._next_run, self._next_run_now = None, False
+        self._plan_run()
+
     # -- the engine threads --------------------------------------------------------------
     def _start(self) -> None:
+        if self._on_loop:
+            return
         for i, runner in enumerate(self._runners):
             thread = threading.Thread(target=self._work, args=(runner,), name=f"trt-serve-engine-{i}",
                                       daemon=True)
@@ -188,17 +255,25 @@ class DynamicBatcher:
                 if wait > 0:
                     cond.wait(wait)
                     continue
-                batch: list[_Request] = []
-                while waiting and len(batch) < most:
-                    request = waiting.popleft()
-                    if not request.future.done():
-                        batch.append(request)
+                batch = self._pop_batch()
                 if waiting:
                     cond.notify()  # another thread may take the rest
-                if batch:
-                    self._busy += 1
-                    self._running.append(batch)
-                    break
+                if batch is not None:
+                    return batch
+
+    def _pop_batch(self) -> list[_Request] | None:
+        """Up to ``max_batch`` waiting requests, oldest first, counted as running (``None``: only
+        requests whose caller went away were waiting); the caller holds the lock or is the loop."""
+        waiting, most = self._waiting, self._max_batch
+        batch: list[_Request] = []
+        while waiting and len(batch) < most:
+            request = waiting.popleft()
+            if not request.future.done():
+                batch.append(request)
+        if not batch:
+            return None
+        self._busy += 1
+        self._running.append(batch)
         metrics = self._metrics
         if metrics is not None:
             now = time.perf_counter()
@@ -230,6 +305,8 @@ class DynamicBatcher:
         with self._cond:
             busy = bool(self._waiting or self._busy)
             self._cond.notify_all()  # the queue delay no longer applies
+        if self._on_loop and self._loop is not None and not self._next_run_now:
+            self._plan_run()  # (the same: what waits runs now)
         if self._loop is not None and busy:  # (no batch can end before the wait: ends run on this loop)
             self._drained = asyncio.Event()
             try:

@@ -17,9 +17,10 @@ import dataclasses
 import functools
 import os
 import signal
+import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trt_runtime.serve.local import transport
 from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
@@ -40,21 +41,48 @@ class EngineProcessSpec:
     name: str
     max_queue_delay_us: int
     drain_s: float
+    on_loop: bool = False  # engine calls on the event loop (one context), no engine thread
 
 
 def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
     """Process entry: open the engine, tell the supervisor (``ready``) its model, serve until SIGTERM."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        _switch_interval()
+    except ValueError as exc:
+        _refuse_start(ready, str(exc))
+    try:
         engine, _cache = _open(spec)
     except Exception as exc:
-        ready.send(("error", f"cannot open {spec.engine}: {exc}"))
-        ready.close()
-        raise SystemExit(3) from None
+        _refuse_start(ready, f"cannot open {spec.engine}: {exc}")
     try:
         run_loop(_serve(spec, engine, ready))
     finally:
         engine.close()
+
+
+def _refuse_start(ready: Connection, message: str) -> NoReturn:
+    ready.send(("error", message))
+    ready.close()
+    raise SystemExit(3) from None
+
+
+#: Environment variable: the engine process's GIL switch interval in µs (``sys.setswitchinterval``;
+#: Python's default is 5,000). A thread that waits for the GIL asks for it after that long.
+SWITCH_INTERVAL_ENV = "TRT_RUNTIME_SERVE_SWITCH_INTERVAL_US"
+
+
+def _switch_interval() -> None:
+    text = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
+    if not text:
+        return
+    try:
+        us = float(text)
+    except ValueError:
+        us = -1.0
+    if not 1 <= us <= 1_000_000:
+        raise ValueError(f"{SWITCH_INTERVAL_ENV} must be microseconds in [1, 1000000]; got {text!r}")
+    sys.setswitchinterval(us / 1e6)
 
 
 def _open(spec: EngineProcessSpec) -> tuple[Any, Any]:
@@ -83,6 +111,7 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
         max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics,
         copy_outputs=bool(spec.options.outer_graph),  # answers are read after the next call may start
+        on_loop=spec.on_loop,
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await asyncio.start_unix_server(

@@ -50,6 +50,10 @@ class ServeStartError(Exception):
         self.usage = usage
 
 
+#: The values of :attr:`LocalServerConfig.engine_calls`.
+ENGINE_CALLS = ("threads", "loop")
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalServerConfig:
     """What ``trt-runtime serve`` (without ``--ray``) runs."""
@@ -64,8 +68,17 @@ class LocalServerConfig:
     max_queue_delay_us: int = 500
     drain_s: float = 10.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Where an engine process runs its calls: ``"threads"`` (one thread per context) or
+    #: ``"loop"`` (on its event loop, no thread; one context only).
+    engine_calls: str = "threads"
 
     def __post_init__(self) -> None:
+        if self.engine_calls not in ENGINE_CALLS:
+            raise SettingsError(f"engine_calls must be one of {', '.join(ENGINE_CALLS)}; "
+                                f"got {self.engine_calls!r}")
+        if self.engine_calls == "loop" and self.options.contexts != 1:
+            raise SettingsError(f"engine_calls='loop' runs one context on the event loop; got contexts="
+                                f"{self.options.contexts} (use 'threads')")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise SettingsError(f"workers must be an integer >= 1; got {self.workers!r}")
         if not 0 <= self.max_queue_delay_us <= 10_000_000:
@@ -222,6 +235,7 @@ class LocalServer:
         spec = EngineProcessSpec(
             engine=cfg.engine, options=cfg.options, device=gpu, socket_path=self._engine_socket(index),
             name=cfg.name, max_queue_delay_us=cfg.max_queue_delay_us, drain_s=cfg.drain_s,
+            on_loop=cfg.engine_calls == "loop",
         )
         return lambda pipe: self._ctx.Process(target=engine_main, args=(spec, pipe),
                                               name=f"trt-engine-{index}")
