@@ -161,14 +161,17 @@ class Front:
     variant: str = ""  # local server: a --variants name ("" = the CLI's defaults)
 
 
-def parse_variant(name: str) -> tuple[str, int | None]:
-    """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), with
-    ``+siN`` for a GIL switch interval of N µs in the engine processes; ``(engine_calls, µs)``."""
-    calls, _, rest = name.partition("+si")
-    if calls not in ("threads", "loop") or (rest and not rest.isdigit()) or (_ and not rest):
-        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN] "
-                                         "(e.g. loop, threads+si100)")
-    return calls, int(rest) if rest else None
+def parse_variant(name: str) -> tuple[str, int | None, bool]:
+    """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
+    ``+siN`` for a GIL switch interval of N µs in the engine processes and ``+pad`` for
+    ``--pad-batches``; ``(engine_calls, µs, pad)``."""
+    calls, *extras = name.split("+")
+    switch = [e[2:] for e in extras if e.startswith("si")]
+    if (calls not in ("threads", "loop") or any(e != "pad" and not e.startswith("si") for e in extras)
+            or len(switch) > 1 or not all(s.isdigit() for s in switch) or extras.count("pad") > 1):
+        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pad] "
+                                         "(e.g. loop, threads+si100, loop+pad)")
+    return calls, int(switch[0]) if switch else None, "pad" in extras
 
 
 def plan(args: argparse.Namespace) -> list[Front]:
@@ -216,10 +219,11 @@ def started(front: Front, w: Workload, args: argparse.Namespace,
     elif front.front == "local":
         gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
         cache = None if args.smoke else args.work / "runtime.cache"
-        calls, switch_us = parse_variant(front.variant) if front.variant else (None, None)
+        calls, switch_us, pad = parse_variant(front.variant) if front.variant else (None, None, False)
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache,
-                                       engine_calls=calls, switch_interval_us=switch_us) as doc:
+                                       engine_calls=calls, switch_interval_us=switch_us,
+                                       pad_batches=pad) as doc:
             pids = doc.get("pids", {})
             yield port, "/", {"front": [p for p in pids.get("fronts", ()) if p],
                               "engine": [p for p in pids.get("engines", ()) if p],
@@ -401,8 +405,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
-                        "the top client count) with these engine-process variants: threads|loop[+siN] "
-                        "(--engine-calls; siN: a GIL switch interval of N µs), e.g. loop,threads+si100")
+                        "the top client count) with these engine-process variants: threads|loop[+siN][+pad] "
+                        "(--engine-calls; siN: a GIL switch interval of N µs; pad: --pad-batches), "
+                        "e.g. loop,threads+si100,loop+pad")
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus, args.workers, args.clients, args.ray = "0", "2", "4", False

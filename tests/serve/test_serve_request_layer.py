@@ -290,6 +290,58 @@ def test_batcher_on_loop_waits_the_delay_under_uvloop() -> None:
     assert engine.calls == [1] and took >= delay_us / 1e6
 
 
+def test_batcher_on_loop_runs_what_came_in_during_a_call_without_the_delay() -> None:
+    """A request read right after a call (it reached the socket while the loop was in the call)
+    does not wait the queue delay again; the first request, to an idle engine, does."""
+    engine = _Engine(delay_s=0.01)
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        later: list[asyncio.Future[list[Any]]] = []
+
+        def execute(x: np.ndarray) -> list[np.ndarray]:
+            if not later:  # read by the loop only once the call is over
+                loop.call_soon(lambda: later.extend(batcher.enqueue(_rows(v)) for v in (7, 8)))
+            return engine.execute(x)
+
+        batcher = DynamicBatcher([execute], _model().checker, max_batch=8, max_queue_delay_us=200_000,
+                                 on_loop=True)
+        started = time.perf_counter()
+        await batcher.submit(_rows(1))
+        first = time.perf_counter() - started
+        await asyncio.gather(*later)
+        second = time.perf_counter() - started - first
+        await batcher.aclose(1)
+        return first, second
+
+    first, second = _run(main())
+    assert engine.calls == [1, 2]
+    assert first >= 0.2 and second < 0.15, (first, second)
+
+
+@pytest.mark.parametrize(
+    ("requests", "calls"),
+    [([1, 1, 1], [4]), ([2, 3], [6]), ([1], [1]), ([3], [4]), ([1] * 5, [6])],
+    ids=["3->4", "5->6 (the profile's most)", "1 stays 1", "one request of 3->4", "5->6"],
+)
+def test_batcher_pads_rows_to_a_power_of_two_and_drops_the_padding(requests: list[int],
+                                                                   calls: list[int]) -> None:
+    engine = _Engine()
+
+    async def main() -> list[Any]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=0,
+                                 on_loop=True, pad_rows=True)
+        futures = [batcher.enqueue(_rows(*[i + r / 10 for r in range(n)])) for i, n in enumerate(requests)]
+        answers = await asyncio.gather(*futures)
+        await batcher.aclose(1)
+        return answers
+
+    answers = _run(main())
+    assert engine.calls == calls
+    for i, ((y,), n) in enumerate(zip(answers, requests, strict=True)):
+        np.testing.assert_array_equal(y, _rows(*[i + r / 10 for r in range(n)])[0] * 2 + 1)
+
+
 def test_batcher_on_loop_takes_one_execute_function() -> None:
     with pytest.raises(ValueError, match=r"exactly one execute function \(one context\); got 2"):
         DynamicBatcher([_Engine().execute] * 2, _model().checker, max_batch=2, max_queue_delay_us=0,

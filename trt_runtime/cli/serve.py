@@ -55,6 +55,9 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
                    help="where an engine process runs its calls: threads, one per context; loop, on "
                         "its event loop with no thread (one context; no GIL shared with a thread) "
                         "(default: threads)")
+    p.add_argument("--pad-batches", action="store_true",
+                   help="pad each batched call's rows up to a power of two, so the engine sees a few "
+                        "shapes only")
     p.add_argument("--outer-graph", action="store_true", help="wrap each engine call in an outer CUDA graph")
     p.add_argument("--drain-s", type=float, default=10.0, metavar="S",
                    help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default: 10)")
@@ -116,6 +119,7 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
         options = ServeOptions(
             backend=backend_name, device=args.device, settings=settings_overrides(args) or None,
             contexts=args.contexts, outer_graph=args.outer_graph, max_batch=args.max_batch,
+            pad_batches=args.pad_batches,
             batch_wait_ms=args.max_queue_delay_us / 1000.0,
             runtime_cache=args.runtime_cache if args.runtime_cache is not None else "auto",
         )

@@ -63,7 +63,8 @@ class DynamicBatcher:
     for others once an engine thread is free. ``copy_outputs``: copy each request's slice
     (for engines that overwrite their outputs, as the outer graph's ``"view"`` mode does).
     ``on_loop``: run the engine calls on the event loop, no thread (one execute function only;
-    each call blocks the loop while it runs).
+    each call blocks the loop while it runs). ``pad_rows``: pad each call's rows up to a power
+    of two (:class:`~trt_runtime.serve.batching.BatchRunner`).
 
     Bound to the event loop of the first :meth:`submit`; use it from that loop only. The
     engine threads start with the first request.
@@ -79,6 +80,7 @@ class DynamicBatcher:
         metrics: ServeMetrics | None = None,
         copy_outputs: bool = False,
         on_loop: bool = False,
+        pad_rows: bool = False,
     ) -> None:
         if not execute_fns:
             raise SettingsError("DynamicBatcher needs at least one execute function; got none")
@@ -94,7 +96,7 @@ class DynamicBatcher:
         self._max_batch = max_batch if checker.batchable else 1
         self._delay_s = delay / 1e6
         self._metrics = metrics
-        self._runners = [BatchRunner(self._timed(fn), checker, copy_outputs=copy_outputs)
+        self._runners = [BatchRunner(self._timed(fn), checker, copy_outputs=copy_outputs, pad_rows=pad_rows)
                          for fn in execute_fns]
         #: Guards the queue and the counts below; the engine threads wait on it for requests.
         self._cond = threading.Condition(threading.Lock())
@@ -182,13 +184,16 @@ class DynamicBatcher:
             wait = waiting[0].arrived + self._delay_s - time.perf_counter()
             self._next_run = loop.call_later(max(0.0, wait), self._run_on_loop)
 
-    def _run_on_loop(self) -> None:
-        """Run one batch here, on the loop, and set its answers; the next batch runs after the loop
+    def _run_on_loop(self, after_call: bool = False) -> None:
+        """Run one batch here, on the loop, and set its answers. The next batch runs after the loop
         has passed over its callbacks twice, so these answers are written before that call (their
-        futures' callbacks queue the frames in the next pass, the write goes in the pass after)."""
+        futures' callbacks queue the frames in the next pass, the write goes in the pass after),
+        and with no queue delay (``after_call``): the requests read in those two passes came in
+        while the engine ran, even though the loop read them only after the call, so they have
+        waited already. Requests read later, with the engine idle, wait the delay."""
         self._next_run, self._next_run_now = None, False
         waiting = self._waiting
-        if (waiting and len(waiting) < self._max_batch and not self._closing
+        if (not after_call and waiting and len(waiting) < self._max_batch and not self._closing
                 and time.perf_counter() < waiting[0].arrived + self._delay_s):
             # Early: uvloop rounds a timer to whole milliseconds (a 0.4 ms one runs at once).
             self._plan_run()
@@ -201,15 +206,14 @@ class DynamicBatcher:
         except Exception as exc:  # the runner itself failed: every request of the batch
             answers = [exc] * len(batch)
         self._finished(batch, answers)
-        if self._waiting and not self._stopped:
+        if not self._stopped:  # (also with none waiting: the loop has not read its sockets yet)
             loop = self._loop
             assert loop is not None
             self._next_run_now = True  # (held until it runs: no request plans another meanwhile)
             self._next_run = loop.call_soon(loop.call_soon, self._run_again)
 
     def _run_again(self) -> None:
-        self._next_run, self._next_run_now = None, False
-        self._plan_run()
+        self._run_on_loop(after_call=True)
 
     # -- the engine threads --------------------------------------------------------------
     def _start(self) -> None:

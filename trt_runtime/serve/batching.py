@@ -26,7 +26,9 @@ class BatchRunner:
 
     ``copy_outputs``: copy each request's slice (needed when the engine returns arrays it
     will overwrite, as the outer graph's ``"view"`` mode does). ``on_call(rows)`` is told
-    the rows of every engine call (metrics). Not thread-safe: one batch at a time per runner.
+    the rows of every engine call (metrics). ``pad_rows``: pad each call's rows up to the next
+    power of two (at most :meth:`max_rows`) with copies of the last row; their outputs are
+    dropped. Not thread-safe: one batch at a time per runner.
     """
 
     def __init__(
@@ -37,12 +39,14 @@ class BatchRunner:
         row_limit: int | None = None,
         copy_outputs: bool = False,
         on_call: Callable[[int], None] | None = None,
+        pad_rows: bool = False,
     ) -> None:
         self._execute = execute
         self._checker = checker
         self._row_limit = row_limit
         self._copy = copy_outputs
         self._on_call = on_call
+        self._pad = pad_rows
 
     def max_rows(self, arrays: Sequence[Any]) -> int:
         rows = self._checker.max_rows(self._checker.signature(arrays))
@@ -74,24 +78,29 @@ class BatchRunner:
             for i in members:
                 n = requests[i][0].shape[0]
                 if chunk and rows + n > limit:
-                    self._run_chunk(chunk, requests, answers)
+                    self._run_chunk(chunk, requests, answers, limit if self._pad else 0)
                     chunk, rows = [], 0
                 chunk.append(i)
                 rows += n
             if chunk:
-                self._run_chunk(chunk, requests, answers)
+                self._run_chunk(chunk, requests, answers, limit if self._pad else 0)
         return answers
 
     def _run_chunk(
-        self, chunk: list[int], requests: Sequence[tuple[Any, ...]], answers: list[Answer]
+        self, chunk: list[int], requests: Sequence[tuple[Any, ...]], answers: list[Answer], pad_to: int = 0
     ) -> None:
+        """Run ``chunk`` (request indices) in one call; ``pad_to``: the most rows padding may reach."""
         import numpy as np
 
-        if len(chunk) == 1:
+        rows = sum(requests[i][0].shape[0] for i in chunk) if pad_to else 0
+        padded = min(1 << (rows - 1).bit_length(), pad_to) if rows else 0
+        if len(chunk) == 1 and padded <= rows:
             answers[chunk[0]] = self._call(requests[chunk[0]])
             return
+        last = requests[chunk[-1]]
         batch = tuple(
-            np.concatenate([requests[i][k] for i in chunk]) for k in range(len(requests[chunk[0]]))
+            np.concatenate([*(requests[i][k] for i in chunk), *_padding(last[k], padded - rows)])
+            for k in range(len(last))
         )
         if not self._checker.fits(batch):  # profiles whose min batch > 1: run one by one
             for i in chunk:
@@ -125,3 +134,10 @@ class BatchRunner:
         except Exception as exc:
             return exc
         return [o.copy() for o in outputs] if self._copy else outputs
+
+
+def _padding(last: Any, count: int) -> list[Any]:
+    """``count`` copies of ``last``'s last row, as one array to concatenate (none for 0)."""
+    import numpy as np
+
+    return [np.broadcast_to(last[-1:], (count, *last.shape[1:]))] if count > 0 else []

@@ -123,7 +123,7 @@ class EngineServer:
         self._batcher = DynamicBatcher(
             [self.engine.execute] * self.options.contexts, self.checker, max_batch=self.options.max_batch,
             max_queue_delay_us=round(self.options.batch_wait_ms * 1000), metrics=self._metrics,
-            copy_outputs=getattr(graph, "outputs", None) == "view",
+            copy_outputs=getattr(graph, "outputs", None) == "view", pad_rows=self.options.pad_batches,
         )
 
         async def ready_route(request: Any) -> Any:

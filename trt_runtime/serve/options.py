@@ -29,6 +29,10 @@ class ServeOptions:
     or ``None``. ``contexts`` > 1 needs a backend with ``supports_multiple_contexts``.
     ``warmup`` runs one call at each input's optimization-profile ``opt`` shape before
     the replica reports ready, so the first request does not pay the JIT compile.
+    ``pad_batches``: pad the rows of each batched engine call up to the next power of two (at
+    most the profile's maximum) with copies of its last row, so the engine sees a few input
+    shapes only (a context given new shapes sets itself up again; the padded rows' outputs
+    are dropped).
     """
 
     backend: str | None = None
@@ -41,6 +45,7 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     runtime_cache: str | Path | None = "auto"
     warmup: bool = True
+    pad_batches: bool = False
 
     def __post_init__(self) -> None:
         for field, low in (("contexts", 1), ("max_batch", 1), ("max_body_bytes", 1)):

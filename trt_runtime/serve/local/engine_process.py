@@ -111,7 +111,7 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
         max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics,
         copy_outputs=bool(spec.options.outer_graph),  # answers are read after the next call may start
-        on_loop=spec.on_loop,
+        on_loop=spec.on_loop, pad_rows=spec.options.pad_batches,
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await asyncio.start_unix_server(
