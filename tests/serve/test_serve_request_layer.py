@@ -69,6 +69,8 @@ class _Engine:
         self.most_active = 0
 
     def execute(self, x: np.ndarray) -> list[np.ndarray]:
+        if not x.flags.c_contiguous:  # (as every engine refuses it)
+            raise RequestError(f"input is not C-contiguous: strides {x.strides}", 400)
         with self.lock:
             self.calls.append(x.shape[0])
             self.threads.add(threading.current_thread().name)
@@ -320,16 +322,20 @@ def test_batcher_on_loop_runs_what_came_in_during_a_call_without_the_delay() -> 
 
 
 @pytest.mark.parametrize(
-    ("requests", "calls"),
-    [([1, 1, 1], [4]), ([2, 3], [6]), ([1], [1]), ([3], [4]), ([1] * 5, [6])],
-    ids=["3->4", "5->6 (the profile's most)", "1 stays 1", "one request of 3->4", "5->6"],
+    ("requests", "most", "calls"),
+    [([1, 1, 1], 16, [4]), ([2, 3], 16, [8]), ([1], 16, [1]), ([3], 16, [4]), ([1] * 9, 16, [16]),
+     ([9, 9], 16, [16, 16]), ([6, 5], 12, [12]), ([1] * 7, 12, [8])],
+    ids=["3->4", "5->8", "1 stays 1", "one request of 3->4", "9->16", "two calls of 9->16",
+         "11->12, the profile's most", "7->8"],
 )
-def test_batcher_pads_rows_to_a_power_of_two_and_drops_the_padding(requests: list[int],
+def test_batcher_pads_rows_to_a_power_of_two_and_drops_the_padding(requests: list[int], most: int,
                                                                    calls: list[int]) -> None:
     engine = _Engine()
+    wide = TensorSpec("x", "float32", (-1, -1), True, profiles=(((1, 1), (4, 4), (most, 8)),))
+    model = ModelInfo.from_specs("m", [wide], [_Y], max_batch=16)
 
     async def main() -> list[Any]:
-        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=0,
+        batcher = DynamicBatcher([engine.execute], model.checker, max_batch=16, max_queue_delay_us=0,
                                  on_loop=True, pad_rows=True)
         futures = [batcher.enqueue(_rows(*[i + r / 10 for r in range(n)])) for i, n in enumerate(requests)]
         answers = await asyncio.gather(*futures)

@@ -137,7 +137,9 @@ class BatchRunner:
 
 
 def _padding(last: Any, count: int) -> list[Any]:
-    """``count`` copies of ``last``'s last row, as one array to concatenate (none for 0)."""
+    """``count`` copies of ``last``'s last row, as one array to concatenate (none for 0). A real
+    array: with a broadcast view (stride 0) among its inputs, ``numpy.concatenate`` lays its
+    result out in another order than C (which engines refuse)."""
     import numpy as np
 
-    return [np.broadcast_to(last[-1:], (count, *last.shape[1:]))] if count > 0 else []
+    return [np.repeat(last[-1:], count, axis=0)] if count > 0 else []

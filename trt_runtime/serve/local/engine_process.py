@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
+from trt_runtime.errors import SettingsError
 from trt_runtime.serve.local import transport
 from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
@@ -49,7 +50,7 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _switch_interval()
-    except ValueError as exc:
+    except SettingsError as exc:
         _refuse_start(ready, str(exc))
     try:
         engine, _cache = _open(spec)
@@ -81,7 +82,7 @@ def _switch_interval() -> None:
     except ValueError:
         us = -1.0
     if not 1 <= us <= 1_000_000:
-        raise ValueError(f"{SWITCH_INTERVAL_ENV} must be microseconds in [1, 1000000]; got {text!r}")
+        raise SettingsError(f"{SWITCH_INTERVAL_ENV} must be microseconds in [1, 1000000]; got {text!r}")
     sys.setswitchinterval(us / 1e6)
 
 
