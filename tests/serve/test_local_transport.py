@@ -204,6 +204,24 @@ def test_local_gpus_option_and_config_refuse_bad_values() -> None:
         assert info.value.usage
     with pytest.raises(ValueError, match="workers must be an integer >= 1; got 0"):
         LocalServerConfig(Path("e.mem"), ServeOptions(), "e", workers=0)
+    with pytest.raises(ValueError, match="engine_calls must be one of auto, threads, loop; got 'fast'"):
+        LocalServerConfig(Path("e.mem"), ServeOptions(), "e", engine_calls="fast")
+
+
+@pytest.mark.parametrize(
+    ("calls", "contexts", "max_batch", "on_loop"),
+    [("auto", 1, 64, True), ("auto", 1, 1, False), ("auto", 2, 64, False), ("threads", 1, 64, False),
+     ("loop", 1, 1, True)],
+)
+def test_local_engine_calls_auto_picks_the_loop_for_one_batching_context(
+    calls: str, contexts: int, max_batch: int, on_loop: bool
+) -> None:
+    from trt_runtime.serve.local import LocalServerConfig
+    from trt_runtime.serve.options import ServeOptions
+
+    options = ServeOptions(backend="memory", contexts=contexts, max_batch=max_batch)
+    config = LocalServerConfig(Path("e.mem"), options, "e", engine_calls=calls)
+    assert config.calls_on_loop is on_loop
 
 
 def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:

@@ -51,10 +51,10 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
                    help="longest wait for a batch to fill once a request arrived, in µs (default: 500)")
     p.add_argument("--contexts", type=int, default=1, metavar="N",
                    help="execution contexts per engine process, one worker thread each (default: 1)")
-    p.add_argument("--engine-calls", choices=("threads", "loop"), default=None,
+    p.add_argument("--engine-calls", choices=("auto", "threads", "loop"), default=None,
                    help="where an engine process runs its calls: threads, one per context; loop, on "
-                        "its event loop with no thread (one context; no GIL shared with a thread) "
-                        "(default: threads)")
+                        "its event loop with no thread (one context; no GIL shared with a thread); "
+                        "auto: loop for one context with batching on, else threads (default: auto)")
     p.add_argument("--pad-batches", action="store_true",
                    help="pad each batched call's rows up to a power of two, so the engine sees a few "
                         "shapes only")
@@ -149,7 +149,7 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
         config = local.LocalServerConfig(
             engine=args.file.resolve(), options=options, name=name, host=args.host, port=args.port,
             workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
-            engine_calls=args.engine_calls or "threads",
+            engine_calls=args.engine_calls or "auto",
         )
         sock = local.bind_socket(args.host, args.port)
     except SettingsError as exc:
