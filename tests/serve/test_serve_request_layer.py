@@ -348,6 +348,34 @@ def test_batcher_pads_rows_to_a_power_of_two_and_drops_the_padding(requests: lis
         np.testing.assert_array_equal(y, _rows(*[i + r / 10 for r in range(n)])[0] * 2 + 1)
 
 
+def test_batcher_on_loop_answers_a_batch_whose_call_raised_a_base_exception() -> None:
+    """Not an ``Exception`` (an interrupt, an exit): the batch's requests get it, nothing stays
+    counted as running, and the loop is told (here its exception handler)."""
+    class Fatal(BaseException):
+        pass
+
+    def execute(x: np.ndarray) -> list[np.ndarray]:
+        raise Fatal("stop")
+
+    async def main() -> tuple[BaseException | None, int, list[Any]]:
+        handled: list[Any] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: handled.append(context))
+        batcher = DynamicBatcher([execute], _model().checker, max_batch=4, max_queue_delay_us=0, on_loop=True)
+        future = batcher.enqueue(_rows(1))
+        try:
+            await asyncio.wait_for(future, 2)
+        except Fatal as exc:
+            got: BaseException | None = exc
+        else:
+            got = None
+        await asyncio.sleep(0.01)
+        return got, batcher.pending, handled
+
+    got, pending, handled = _run(main())
+    assert isinstance(got, Fatal) and pending == 0
+    assert any(isinstance(c.get("exception"), Fatal) for c in handled)
+
+
 def test_batcher_on_loop_takes_one_execute_function() -> None:
     with pytest.raises(ValueError, match=r"exactly one execute function \(one context\); got 2"):
         DynamicBatcher([_Engine().execute] * 2, _model().checker, max_batch=2, max_queue_delay_us=0,

@@ -203,9 +203,13 @@ class DynamicBatcher:
             return
         try:
             answers: list[Answer] = self._runners[0].run([r.arrays for r in batch])
-        except Exception as exc:  # the runner itself failed: every request of the batch
-            answers = [exc] * len(batch)
-        self._finished(batch, answers)
+        except BaseException as exc:  # the runner itself failed: every request of the batch
+            self._finished(batch, [exc] * len(batch))
+            if not isinstance(exc, Exception):
+                raise  # (an interrupt is the loop's to handle, once the batch is answered)
+            answers = []
+        else:
+            self._finished(batch, answers)
         if not self._stopped:  # (also with none waiting: the loop has not read its sockets yet)
             loop = self._loop
             assert loop is not None
