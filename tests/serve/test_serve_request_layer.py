@@ -350,29 +350,36 @@ def test_batcher_pads_rows_to_a_power_of_two_and_drops_the_padding(requests: lis
 
 def test_batcher_on_loop_answers_a_batch_whose_call_raised_a_base_exception() -> None:
     """Not an ``Exception`` (an interrupt, an exit): the batch's requests get it, nothing stays
-    counted as running, and the loop is told (here its exception handler)."""
+    counted as running, the loop is told (here its exception handler), and the requests that
+    were waiting still run."""
     class Fatal(BaseException):
         pass
 
-    def execute(x: np.ndarray) -> list[np.ndarray]:
-        raise Fatal("stop")
+    engine = _Engine()
 
-    async def main() -> tuple[BaseException | None, int, list[Any]]:
+    def execute(x: np.ndarray) -> list[np.ndarray]:
+        if not engine.calls:
+            engine.calls.append(0)
+            raise Fatal("stop")
+        return engine.execute(x)
+
+    async def main() -> tuple[BaseException | None, list[Any], int, list[Any]]:
         handled: list[Any] = []
         asyncio.get_running_loop().set_exception_handler(lambda _loop, context: handled.append(context))
-        batcher = DynamicBatcher([execute], _model().checker, max_batch=4, max_queue_delay_us=0, on_loop=True)
-        future = batcher.enqueue(_rows(1))
+        batcher = DynamicBatcher([execute], _model().checker, max_batch=1, max_queue_delay_us=0, on_loop=True)
+        first, second = batcher.enqueue(_rows(1)), batcher.enqueue(_rows(2))
         try:
-            await asyncio.wait_for(future, 2)
+            await asyncio.wait_for(first, 2)
         except Fatal as exc:
             got: BaseException | None = exc
         else:
             got = None
-        await asyncio.sleep(0.01)
-        return got, batcher.pending, handled
+        answer = await asyncio.wait_for(second, 2)
+        return got, answer, batcher.pending, handled
 
-    got, pending, handled = _run(main())
+    got, (y,), pending, handled = _run(main())
     assert isinstance(got, Fatal) and pending == 0
+    np.testing.assert_array_equal(y, _rows(2)[0] * 2 + 1)
     assert any(isinstance(c.get("exception"), Fatal) for c in handled)
 
 

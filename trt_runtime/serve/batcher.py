@@ -203,18 +203,23 @@ class DynamicBatcher:
             return
         try:
             answers: list[Answer] = self._runners[0].run([r.arrays for r in batch])
-        except BaseException as exc:  # the runner itself failed: every request of the batch
+        except Exception as exc:  # the runner itself failed: every request of the batch
+            answers = [exc] * len(batch)
+        except BaseException as exc:  # an interrupt is the loop's to handle, once the batch is answered
             self._finished(batch, [exc] * len(batch))
-            if not isinstance(exc, Exception):
-                raise  # (an interrupt is the loop's to handle, once the batch is answered)
-            answers = []
-        else:
-            self._finished(batch, answers)
-        if not self._stopped:  # (also with none waiting: the loop has not read its sockets yet)
-            loop = self._loop
-            assert loop is not None
-            self._next_run_now = True  # (held until it runs: no request plans another meanwhile)
-            self._next_run = loop.call_soon(loop.call_soon, self._run_again)
+            self._plan_run_after_call()
+            raise
+        self._finished(batch, answers)
+        self._plan_run_after_call()
+
+    def _plan_run_after_call(self) -> None:
+        """The next batch, two passes of the loop from now (also with none waiting yet: the loop
+        has not read its sockets since the call began)."""
+        loop = self._loop
+        if self._stopped or loop is None:
+            return
+        self._next_run_now = True  # (held until it runs: no request plans another meanwhile)
+        self._next_run = loop.call_soon(loop.call_soon, self._run_again)
 
     def _run_again(self) -> None:
         self._run_on_loop(after_call=True)
