@@ -48,6 +48,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     engine.write_bytes(single_engine())
     srv = ServerProcess(engine, PORT, "--workers", "2", "--max-batch", "16", "--max-queue-delay-us", "2000",
                         "--engine-calls", request.param)
+    srv.engine_calls = request.param  # type: ignore[attr-defined]
     yield srv
     code = srv.stop()
     assert code == 0, "".join(srv.stderr)[-3000:]
@@ -66,6 +67,7 @@ def test_local_two_fronts_and_one_engine_process_are_up(server: ServerProcess) -
     assert server.doc["url"] == server.url
     assert server.get("/v2/health/live")[0] == 200
     assert server.get("/v2/health/ready")[0] == 200
+    assert server.doc["engine_calls"] == server.engine_calls
 
 
 def test_local_tritonclient_reads_metadata_and_infers_json_and_binary(server: ServerProcess) -> None:
