@@ -38,7 +38,7 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-PORT, PORT_DRAIN, PORT_BUSY, PORT_ORPHAN, PORT_TWO = _free_ports(5)
+PORT, PORT_DRAIN, PORT_BUSY, PORT_ORPHAN, PORT_TWO, PORT_STATIC = _free_ports(6)
 
 
 @pytest.fixture(scope="module", params=["threads", "loop"])
@@ -105,6 +105,25 @@ def test_local_concurrent_clients_get_their_own_answers_in_batches(server: Serve
         elif line.startswith("trt_runtime_batch_size_count{"):
             sizes["count"] = float(line.rsplit(" ", 1)[1])
     assert sizes["count"] > 0 and sizes["le1"] < sizes["count"], sizes  # some engine calls ran > 1 row
+
+
+def test_local_engine_that_cannot_batch_keeps_its_calls_on_a_thread(tmp_path: Path) -> None:
+    """``--engine-calls auto`` (the default) with batching asked for, on an engine of static shape:
+    every request runs alone, so the engine process keeps a thread for its calls."""
+    from trt_runtime import TensorSpec
+    from trt_runtime.testing.memory import AffineOutput, MemoryBackend
+
+    x = TensorSpec("x", "float32", (2, 4), True)
+    engine = tmp_path / "static.mem"
+    engine.write_bytes(MemoryBackend.build_engine([x], [AffineOutput("y", "x", 2.0, 1.0)], name="static"))
+    srv = ServerProcess(engine, PORT_STATIC, "--workers", "1", "--max-batch", "16")
+    try:
+        assert srv.doc["engine_calls"] == "threads"
+        values = np.arange(8, dtype=np.float32).reshape(2, 4)
+        status, body, _ = post(srv.url + "/", npy(values), "application/x-npy")
+        assert status == 200 and np.array_equal(load_npy(body), reference(values))
+    finally:
+        assert srv.stop() == 0, "".join(srv.stderr)[-3000:]
 
 
 def test_local_bad_request_gets_400_naming_the_value(server: ServerProcess) -> None:

@@ -221,7 +221,8 @@ def test_local_engine_calls_auto_picks_the_loop_for_one_batching_context(
 
     options = ServeOptions(backend="memory", contexts=contexts, max_batch=max_batch)
     config = LocalServerConfig(Path("e.mem"), options, "e", engine_calls=calls)
-    assert config.calls_on_loop is on_loop
+    assert config.calls_on_loop() is on_loop
+    assert config.calls_on_loop(batchable=False) is (calls == "loop"), "an engine that cannot batch: threads"
 
 
 def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:

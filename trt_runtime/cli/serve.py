@@ -164,11 +164,12 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
     def ready(model: Any) -> None:
         out.emit({"url": url, "model": name, "engine": str(args.file), "workers": workers,
                   "gpus": [g for g in gpus if g is not None], "pids": server.pids(),
-                  "engine_calls": "loop" if config.calls_on_loop else "threads"})
+                  "engine_calls": "loop" if config.calls_on_loop(model.checker.batchable) else "threads"})
         out.notice(f"serving {name} at {url}/v2/models/{name} ({workers} front process(es), "
                    f"{len(gpus)} engine process(es); Ctrl-C to stop)")
 
-    calls = "on each engine process's event loop" if config.calls_on_loop else "on worker threads"
+    calls = {"auto": "on the event loop if the engine can batch", "threads": "on worker threads",
+             "loop": "on the event loop"}[config.engine_calls]
     out.info(f"loading {args.file.name}: max batch {args.max_batch}, "
              f"queue delay {args.max_queue_delay_us} µs, engine calls {calls}"
              f"{', batches padded to powers of two' if options.pad_batches else ''}")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.errors import SettingsError
-from trt_runtime.serve.local.engine_process import EngineProcessSpec, engine_main
+from trt_runtime.serve.local.engine_process import EngineProcessSpec, calls_on_loop, engine_main
 from trt_runtime.serve.local.front import FrontSpec, front_main
 from trt_runtime.serve.local.transport import shm_dir
 from trt_runtime.serve.metrics import mark_process_dead
@@ -73,15 +73,10 @@ class LocalServerConfig:
     #: for one context with batching on, else ``"threads"`` (:attr:`calls_on_loop`).
     engine_calls: str = "auto"
 
-    @property
-    def calls_on_loop(self) -> bool:
-        """Whether the engine processes run their calls on their event loops. ``"auto"`` picks the
-        loop for one context with batching on: on 2x H100 it served more requests per second
-        there than threads did (docs/serving.md#engine-calls-on-the-event-loop); one call per
-        request keeps a thread, which reads the next requests while the engine runs."""
-        if self.engine_calls == "auto":
-            return self.options.contexts == 1 and self.options.batching
-        return self.engine_calls == "loop"
+    def calls_on_loop(self, batchable: bool = True) -> bool:
+        """Whether the engine processes run their calls on their event loops (:func:`calls_on_loop`),
+        for an engine that can batch (``batchable``) or not."""
+        return calls_on_loop(self.engine_calls, self.options.contexts, self.options.batching and batchable)
 
     def __post_init__(self) -> None:
         if self.engine_calls not in ENGINE_CALLS:
@@ -246,7 +241,7 @@ class LocalServer:
         spec = EngineProcessSpec(
             engine=cfg.engine, options=cfg.options, device=gpu, socket_path=self._engine_socket(index),
             name=cfg.name, max_queue_delay_us=cfg.max_queue_delay_us, drain_s=cfg.drain_s,
-            on_loop=cfg.calls_on_loop,
+            engine_calls=cfg.engine_calls,
         )
         return lambda pipe: self._ctx.Process(target=engine_main, args=(spec, pipe),
                                               name=f"trt-engine-{index}")
