@@ -54,7 +54,8 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
     p.add_argument("--engine-calls", choices=("auto", "threads", "loop"), default=None,
                    help="where an engine process runs its calls: threads, one per context; loop, on "
                         "its event loop with no thread (one context; no GIL shared with a thread); "
-                        "auto: loop for one context with batching on, else threads (default: auto)")
+                        "auto: loop for one context with batching on and an engine that can batch, "
+                        "else threads (default: auto)")
     p.add_argument("--pad-batches", action="store_true",
                    help="pad each batched call's rows up to a power of two, so the engine sees a few "
                         "shapes only")
