@@ -383,6 +383,30 @@ def test_batcher_on_loop_answers_a_batch_whose_call_raised_a_base_exception() ->
     assert any(isinstance(c.get("exception"), Fatal) for c in handled)
 
 
+def test_batcher_on_loop_waits_sub_millisecond_delays_without_polling() -> None:
+    """Requests one at a time, each to an idle engine, each waiting its 400 µs delay: the loop
+    sleeps through the waits (a loop that polled until each delay ended would spend about the
+    whole wait on the CPU)."""
+    uvloop = pytest.importorskip("uvloop")
+    engine = _Engine()
+
+    async def main() -> tuple[float, float]:
+        batcher = DynamicBatcher([engine.execute], _model().checker, max_batch=8, max_queue_delay_us=400,
+                                 on_loop=True)
+        wall = cpu = 0.0
+        for i in range(100):
+            await asyncio.sleep(0.002)  # the engine idle again: the request waits its delay
+            t0, c0 = time.perf_counter(), time.thread_time()
+            await batcher.submit(_rows(i))
+            wall, cpu = wall + time.perf_counter() - t0, cpu + time.thread_time() - c0
+        await batcher.aclose(1)
+        return wall, cpu
+
+    wall, cpu = uvloop.run(main())
+    assert wall >= 100 * 400e-6, "each request waited its delay"
+    assert cpu < 0.5 * wall, f"the loop's thread was on the CPU {cpu:.3f} s of the {wall:.3f} s waited"
+
+
 def test_batcher_on_loop_takes_one_execute_function() -> None:
     with pytest.raises(ValueError, match=r"exactly one execute function \(one context\); got 2"):
         DynamicBatcher([_Engine().execute] * 2, _model().checker, max_batch=2, max_queue_delay_us=0,

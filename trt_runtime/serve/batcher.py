@@ -16,8 +16,9 @@ calls only 41-49% of the time, full batches waiting or not; ``benchmarks/probes/
 measures the share on the CPU, and ``docs/serving.md`` has its figures.)
 
 One thread per execution function (one per execution context), each running one batch at
-a time. With ``on_loop=True`` (one execution function) there is no thread: the event loop
-itself takes the batches and runs the engine calls, between two passes over its sockets.
+a time. With ``on_loop=True`` (one execution function) there is no engine thread: the event
+loop itself takes the batches and runs the engine calls, between two passes over its sockets
+(a small alarm thread only wakes it when a batch's queue delay ends).
 A process that serves one context that way never shares the GIL between its loop and an
 engine thread: each C call of an engine call that releases the GIL (copies, the launch, the
 synchronize) gets it back at once instead of waiting for the loop to let go of it.
@@ -62,7 +63,7 @@ class DynamicBatcher:
     request alone). ``max_queue_delay_us``: how long the oldest waiting request may wait
     for others once an engine thread is free. ``copy_outputs``: copy each request's slice
     (for engines that overwrite their outputs, as the outer graph's ``"view"`` mode does).
-    ``on_loop``: run the engine calls on the event loop, no thread (one execute function only;
+    ``on_loop``: run the engine calls on the event loop, no engine thread (one execute function only;
     each call blocks the loop while it runs). ``pad_rows``: pad each call's rows up to a power
     of two (:class:`~trt_runtime.serve.batching.BatchRunner`).
 
@@ -112,6 +113,9 @@ class DynamicBatcher:
         #: on_loop: the loop's next run of a batch, and whether it runs as soon as the loop can.
         self._next_run: asyncio.Handle | None = None
         self._next_run_now = False
+        #: on_loop: what wakes the loop when a batch's queue delay ends, and when it is set to.
+        self._alarm: _Alarm | None = None
+        self._alarm_due: float | None = None
 
     @property
     def max_batch(self) -> int:
@@ -169,20 +173,34 @@ class DynamicBatcher:
 
     # -- engine calls on the loop (on_loop) ---------------------------------------------------
     def _plan_run(self) -> None:
-        """Plan the loop's next batch: as soon as the loop can once a batch is full (or there is no
-        queue delay, or the batcher is closing), else when the oldest request's delay ends."""
+        """Plan the loop's next batch: as soon as the loop can once a batch is full, the oldest
+        request's delay is over, there is no queue delay or the batcher is closing; else when that
+        delay ends (:class:`_Alarm`). Called as each request arrives, so a busy loop starts the
+        batch itself once the delay is over."""
         waiting = self._waiting
         if not waiting or self._stopped:
             return
         loop = self._loop
         assert loop is not None
-        if len(waiting) >= self._max_batch or self._closing or self._delay_s <= 0:
-            if self._next_run is not None:
-                self._next_run.cancel()
+        due = waiting[0].arrived + self._delay_s
+        if (len(waiting) >= self._max_batch or self._closing or self._delay_s <= 0
+                or time.perf_counter() >= due):
+            if self._alarm_due is not None:
+                self._alarm_due = None
+                assert self._alarm is not None
+                self._alarm.disarm()
             self._next_run, self._next_run_now = loop.call_soon(self._run_on_loop), True
-        elif self._next_run is None:
-            wait = waiting[0].arrived + self._delay_s - time.perf_counter()
-            self._next_run = loop.call_later(max(0.0, wait), self._run_on_loop)
+        elif self._alarm_due is None:
+            if self._alarm is None:
+                self._alarm = _Alarm(loop, self._alarm_rang)
+            self._alarm_due = due
+            self._alarm.arm(due)
+
+    def _alarm_rang(self) -> None:
+        """The oldest waiting request's delay is over (on the loop)."""
+        self._alarm_due = None
+        if not self._next_run_now:
+            self._run_on_loop()
 
     def _run_on_loop(self, after_call: bool = False) -> None:
         """Run one batch here, on the loop, and set its answers. The next batch runs after the loop
@@ -195,8 +213,7 @@ class DynamicBatcher:
         waiting = self._waiting
         if (not after_call and waiting and len(waiting) < self._max_batch and not self._closing
                 and time.perf_counter() < waiting[0].arrived + self._delay_s):
-            # Early: uvloop rounds a timer to whole milliseconds (a 0.4 ms one runs at once).
-            self._plan_run()
+            self._plan_run()  # (an alarm set for a request that went away meanwhile)
             return
         batch = self._pop_batch()
         if batch is None:
@@ -350,6 +367,8 @@ class DynamicBatcher:
             self._waiting.clear()
             self._stopped = True
             self._cond.notify_all()
+        if self._alarm is not None:
+            self._alarm.close()
         return late
 
     @staticmethod
@@ -360,3 +379,52 @@ class DynamicBatcher:
                 request.future.set_exception(
                     RequestError("the server stopped before answering this request", 503)
                 )
+
+
+class _Alarm:
+    """Calls ``ring`` on ``loop`` once a :func:`time.perf_counter` deadline has passed, from a thread
+    that sleeps until then. The queue delay is often a fraction of a millisecond, and uvloop's
+    timers have millisecond resolution (one of under half a millisecond runs at once), so a
+    loop timer would either cut the delay short or have the loop poll until it ends. The thread
+    holds the GIL only to hand ``ring`` to the loop; a loop busy with requests checks the
+    deadline itself as each one arrives (:meth:`DynamicBatcher._plan_run`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Callable[[], None]) -> None:
+        self._loop = loop
+        self._ring = ring
+        self._cond = threading.Condition(threading.Lock())
+        self._due: float | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="trt-serve-batch-alarm", daemon=True)
+        self._thread.start()
+
+    def arm(self, due: float) -> None:
+        with self._cond:
+            self._due = due
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._due = None  # (the thread finds it gone when it wakes)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        cond = self._cond
+        with cond:
+            while not self._closed:
+                if self._due is None:
+                    cond.wait()
+                    continue
+                wait = self._due - time.perf_counter()
+                if wait > 0:
+                    cond.wait(wait)
+                    continue
+                self._due = None
+                try:
+                    self._loop.call_soon_threadsafe(self._ring)
+                except RuntimeError:  # the loop is closed
+                    return
