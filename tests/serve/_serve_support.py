@@ -70,6 +70,12 @@ def single_engine() -> bytes:
     return MemoryBackend.build_engine([x], [AffineOutput("y", "x", 2.0, 1.0)], name="affine")
 
 
+def static_engine() -> bytes:
+    """``y = 2 x + 1`` over float32 ``x`` of the fixed shape (2, 4): an engine that cannot batch."""
+    x = TensorSpec("x", "float32", (2, 4), True)
+    return MemoryBackend.build_engine([x], [AffineOutput("y", "x", 2.0, 1.0)], name="static")
+
+
 def pair_engine() -> bytes:
     """Two inputs, two outputs: ``y = 2 x + 1`` (float32 [b, 4]) and ``z = 3 k - 1`` (int32 [b, 2])."""
     x = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (4, 4), (16, 4)),))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _local_server import ServerProcess
-from _serve_support import HOST, load_npy, npy, post, reference, single_engine
+from _serve_support import HOST, load_npy, npy, post, reference, single_engine, static_engine
 
 pytestmark = pytest.mark.slow
 
@@ -110,12 +110,8 @@ def test_local_concurrent_clients_get_their_own_answers_in_batches(server: Serve
 def test_local_engine_that_cannot_batch_keeps_its_calls_on_a_thread(tmp_path: Path) -> None:
     """``--engine-calls auto`` (the default) with batching asked for, on an engine of static shape:
     every request runs alone, so the engine process keeps a thread for its calls."""
-    from trt_runtime import TensorSpec
-    from trt_runtime.testing.memory import AffineOutput, MemoryBackend
-
-    x = TensorSpec("x", "float32", (2, 4), True)
     engine = tmp_path / "static.mem"
-    engine.write_bytes(MemoryBackend.build_engine([x], [AffineOutput("y", "x", 2.0, 1.0)], name="static"))
+    engine.write_bytes(static_engine())
     srv = ServerProcess(engine, PORT_STATIC, "--workers", "1", "--max-batch", "16")
     try:
         assert srv.doc["engine_calls"] == "threads"

@@ -110,8 +110,8 @@ class DynamicBatcher:
         self._closing = False
         self._drained: asyncio.Event | None = None
         self._on_loop = on_loop
-        #: on_loop: the loop's next run of a batch, and whether it runs as soon as the loop can.
-        self._next_run: asyncio.Handle | None = None
+        #: on_loop: whether the loop's next run of a batch is already queued (to run as soon as
+        #: the loop can); while it is, arriving requests plan nothing.
         self._next_run_now = False
         #: on_loop: what wakes the loop when a batch's queue delay ends, and when it is set to.
         self._alarm: _Alarm | None = None
@@ -189,7 +189,8 @@ class DynamicBatcher:
                 self._alarm_due = None
                 assert self._alarm is not None
                 self._alarm.disarm()
-            self._next_run, self._next_run_now = loop.call_soon(self._run_on_loop), True
+            self._next_run_now = True
+            loop.call_soon(self._run_on_loop)
         elif self._alarm_due is None:
             if self._alarm is None:
                 self._alarm = _Alarm(loop, self._alarm_rang)
@@ -209,11 +210,11 @@ class DynamicBatcher:
         and with no queue delay (``after_call``): the requests read in those two passes came in
         while the engine ran, even though the loop read them only after the call, so they have
         waited already. Requests read later, with the engine idle, wait the delay."""
-        self._next_run, self._next_run_now = None, False
+        self._next_run_now = False
         waiting = self._waiting
         if (not after_call and waiting and len(waiting) < self._max_batch and not self._closing
                 and time.perf_counter() < waiting[0].arrived + self._delay_s):
-            self._plan_run()  # (an alarm set for a request that went away meanwhile)
+            self._plan_run()  # (the alarm was set for a request that has run since)
             return
         batch = self._pop_batch()
         if batch is None:
@@ -235,11 +236,8 @@ class DynamicBatcher:
         loop = self._loop
         if self._stopped or loop is None:
             return
-        self._next_run_now = True  # (held until it runs: no request plans another meanwhile)
-        self._next_run = loop.call_soon(loop.call_soon, self._run_again)
-
-    def _run_again(self) -> None:
-        self._run_on_loop(after_call=True)
+        self._next_run_now = True
+        loop.call_soon(loop.call_soon, self._run_on_loop, True)
 
     # -- the engine threads --------------------------------------------------------------
     def _start(self) -> None:
