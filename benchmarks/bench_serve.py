@@ -42,7 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -161,17 +161,27 @@ class Front:
     variant: str = ""  # local server: a --variants name ("" = the CLI's defaults)
 
 
-def parse_variant(name: str) -> tuple[str, int | None, bool]:
+class Variant(NamedTuple):
+    """A ``--variants`` name, parsed: the local server's options it sets."""
+
+    engine_calls: str | None = None  # --engine-calls
+    switch_us: int | None = None  # the engine processes' GIL switch interval
+    pad: bool = False  # --pad-batches
+    outer: bool = False  # --outer-graph
+
+
+def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
-    ``+siN`` for a GIL switch interval of N µs in the engine processes and ``+pad`` for
-    ``--pad-batches``; ``(engine_calls, µs, pad)``."""
+    ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pad`` for
+    ``--pad-batches`` and ``+outer`` for ``--outer-graph``."""
     calls, *extras = name.split("+")
     switch = [e[2:] for e in extras if e.startswith("si")]
-    if (calls not in ("threads", "loop") or any(e != "pad" and not e.startswith("si") for e in extras)
-            or len(switch) > 1 or not all(s.isdigit() for s in switch) or extras.count("pad") > 1):
-        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pad] "
-                                         "(e.g. loop, threads+si100, loop+pad)")
-    return calls, int(switch[0]) if switch else None, "pad" in extras
+    flags = [e for e in extras if not e.startswith("si")]
+    if (calls not in ("threads", "loop") or any(f not in ("pad", "outer") for f in flags)
+            or len(set(flags)) != len(flags) or len(switch) > 1 or not all(s.isdigit() for s in switch)):
+        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pad][+outer] "
+                                         "(e.g. loop, threads+si100, loop+pad+outer)")
+    return Variant(calls, int(switch[0]) if switch else None, "pad" in flags, "outer" in flags)
 
 
 def plan(args: argparse.Namespace) -> list[Front]:
@@ -219,11 +229,11 @@ def started(front: Front, w: Workload, args: argparse.Namespace,
     elif front.front == "local":
         gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
         cache = None if args.smoke else args.work / "runtime.cache"
-        calls, switch_us, pad = parse_variant(front.variant) if front.variant else (None, None, False)
+        v = parse_variant(front.variant) if front.variant else Variant()
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache,
-                                       engine_calls=calls, switch_interval_us=switch_us,
-                                       pad_batches=pad) as doc:
+                                       engine_calls=v.engine_calls, switch_interval_us=v.switch_us,
+                                       pad_batches=v.pad, outer_graph=v.outer) as doc:
             pids = doc.get("pids", {})
             yield port, "/", {"front": [p for p in pids.get("fronts", ()) if p],
                               "engine": [p for p in pids.get("engines", ()) if p],
@@ -405,9 +415,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
-                        "the top client count) with these engine-process variants: threads|loop[+siN][+pad] "
-                        "(--engine-calls; siN: a GIL switch interval of N µs; pad: --pad-batches), "
-                        "e.g. loop,threads+si100,loop+pad")
+                        "the top client count) with these engine-process variants: "
+                        "threads|loop[+siN][+pad][+outer] (--engine-calls; siN: a GIL switch interval "
+                        "of N µs; pad: --pad-batches; outer: --outer-graph), e.g. loop,loop+pad+outer")
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus, args.workers, args.clients, args.ray = "0", "2", "4", False

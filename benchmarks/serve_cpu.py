@@ -152,6 +152,11 @@ def _engine_figures(before: dict[str, float], after: dict[str, float], wall: flo
         figures["requests_per_batch"] = round(delta("trt_runtime_batch_requests_sum") / batches, 2)
         figures["queue_ms"] = round(1e3 * delta("trt_runtime_queue_seconds_sum")
                                     / max(1.0, delta("trt_runtime_queue_seconds_count")), 3)
+    for key, series in (("request_ms", "trt_runtime_request_seconds"),
+                        ("round_trip_ms", "trt_runtime_engine_round_trip_seconds")):
+        count = delta(f"{series}_count")
+        if count > 0:
+            figures[key] = round(1e3 * delta(f"{series}_sum") / count, 3)
     if calls > 0:
         figures["rows_per_call"] = round(delta("trt_runtime_batch_size_sum") / calls, 2)
         figures["call_ms"] = round(1e3 * delta("trt_runtime_compute_seconds_sum") / calls, 3)
@@ -162,7 +167,8 @@ def _engine_figures(before: dict[str, float], after: dict[str, float], wall: flo
 
 def describe(row: Mapping[str, Any]) -> str:
     """The row line's tail: ``cpu% front 61/70 engine 98/99 (loop 80 threads 19) sup 0/0 load 30/35 |
-    batch 9.1 busy 22% call 0.210 ms`` (mean/max percent of a core; loop and threads: the max)."""
+    batch 9.1 busy 22% call 0.210 ms | ms: route 1.210 trip 0.980 queue 0.201`` (mean/max percent of a
+    core; loop and threads: the max; the route's and the engine round trip's mean times)."""
     cpu = row.get("cpu") or {}
     names = {"front": "front", "engine": "engine", "supervisor": "sup", "load": "load", "server": "server"}
     parts = [f"{short} {cpu[role]['mean']:.0f}/{cpu[role]['max']:.0f}" for role, short in names.items()
@@ -176,4 +182,8 @@ def describe(row: Mapping[str, Any]) -> str:
         text += f" | batch {engine['requests_per_batch']:.1f}"
     if "engine_busy" in engine:
         text += f" busy {100 * engine['engine_busy']:.0f}% call {engine['call_ms']:.3f} ms"
+    if "request_ms" in engine:  # where a request's time goes: the front's route, the engine round trip
+        trip = f" trip {engine['round_trip_ms']:.3f}" if "round_trip_ms" in engine else ""
+        queue = f" queue {engine['queue_ms']:.3f}" if "queue_ms" in engine else ""
+        text += f" | ms: route {engine['request_ms']:.3f}{trip}{queue}"
     return text

@@ -153,11 +153,11 @@ def trivial(port: int, answer: bytes, content_type: str, processes: int) -> Iter
 def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus: str, max_batch: int,
                  delay_us: int, runtime_cache: Path | None, *, engine_calls: str | None = None,
                  switch_interval_us: int | None = None,
-                 pad_batches: bool = False) -> Iterator[dict[str, Any]]:
+                 pad_batches: bool = False, outer_graph: bool = False) -> Iterator[dict[str, Any]]:
     """``trt-runtime serve`` in a subprocess; yields its ready document (with ``supervisor``: the
     serving process's id); SIGINT at the end (exit 0). ``engine_calls``: its ``--engine-calls``;
-    ``switch_interval_us``: the engine processes' GIL switch interval; ``pad_batches``: its
-    ``--pad-batches``."""
+    ``switch_interval_us``: the engine processes' GIL switch interval; ``pad_batches`` and
+    ``outer_graph``: its ``--pad-batches`` and ``--outer-graph``."""
     command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", os.fspath(engine_path),
                "--port", str(port), "--workers", str(workers), "--gpus", gpus, "--max-batch", str(max_batch),
                "--max-queue-delay-us", str(delay_us), "--backend", backend, "--drain-s", "5"]
@@ -167,6 +167,8 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
         command += ["--engine-calls", engine_calls]
     if pad_batches:
         command.append("--pad-batches")
+    if outer_graph:
+        command.append("--outer-graph")
     env = dict(os.environ)
     env.pop(SWITCH_INTERVAL_ENV, None)
     if switch_interval_us is not None:

@@ -98,13 +98,21 @@ def test_local_concurrent_clients_get_their_own_answers_in_batches(server: Serve
         assert all(pool.map(one, range(400)))
     status, metrics = server.get("/metrics")
     assert status == 200
-    sizes = {}
+    sizes: dict[str, float] = {}
     for line in metrics.decode().splitlines():
         if line.startswith("trt_runtime_batch_size_bucket{") and 'le="1.0"' in line:
             sizes["le1"] = float(line.rsplit(" ", 1)[1])
         elif line.startswith("trt_runtime_batch_size_count{"):
             sizes["count"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("trt_runtime_request_seconds_",
+                               "trt_runtime_engine_round_trip_seconds_")):
+            key = line.split("{", 1)[0]
+            sizes[key] = sizes.get(key, 0.0) + float(line.rsplit(" ", 1)[1])  # summed over the fronts
     assert sizes["count"] > 0 and sizes["le1"] < sizes["count"], sizes  # some engine calls ran > 1 row
+    # where the time went: every request timed at its route and on its round trip to the engine
+    trip, route = "trt_runtime_engine_round_trip_seconds", "trt_runtime_request_seconds"
+    assert sizes[f"{trip}_count"] >= 400 and sizes[f"{route}_count"] >= 400, sizes
+    assert 0 < sizes[f"{trip}_sum"] < sizes[f"{route}_sum"], sizes  # the round trip is part of the route
 
 
 def test_local_engine_that_cannot_batch_keeps_its_calls_on_a_thread(tmp_path: Path) -> None:

@@ -62,3 +62,19 @@ def test_bench_serve_load_generator_counts_wrong_answers() -> None:
     assert not expect.right(b"garbage")
     assert Expect("json", [[3.0] * 4], 1e-6, 1e-6).right(b"[[3.0, 3.0, 3.0, 3.0]]")
     assert not Expect("json", [[3.0] * 4], 1e-6, 1e-6).right(b"[[3.0, 3.0, 3.0]]")
+
+
+def test_bench_serve_variants_parse_to_the_server_options_they_name() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.bench_serve import Variant, parse_variant
+    finally:
+        sys.path.remove(str(ROOT))
+    assert parse_variant("loop+pad+outer") == Variant("loop", None, True, True)
+    assert parse_variant("threads+si50") == Variant("threads", 50, False, False)
+    assert parse_variant("loop+outer") == Variant("loop", None, False, True)
+    import argparse
+
+    for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6"):
+        with pytest.raises(argparse.ArgumentTypeError, match="threads\\|loop"):
+            parse_variant(bad)

@@ -67,3 +67,14 @@ def test_serve_cpu_engine_figures_are_deltas_over_the_window() -> None:
            "engine_loop": {"mean": 80, "max": 81}, "engine_threads": {"mean": 19, "max": 20}}
     line = describe({"cpu": cpu, "engine": figures})
     assert line == "  cpu% front 50/60 engine 99/100 (loop 81 threads 20) | batch 8.0 busy 25% call 20.000 ms"
+
+
+def test_serve_cpu_engine_figures_split_a_request_into_route_and_round_trip() -> None:
+    route, trip = "trt_runtime_request_seconds", "trt_runtime_engine_round_trip_seconds"
+    before = {f"{route}_sum": 1.0, f"{route}_count": 1000.0, f"{trip}_sum": 0.5, f"{trip}_count": 1000.0}
+    after = {f"{route}_sum": 3.0, f"{route}_count": 2000.0, f"{trip}_sum": 2.0, f"{trip}_count": 2000.0,
+             "trt_runtime_queue_seconds_sum": 0.2, "trt_runtime_queue_seconds_count": 1000.0}
+    figures = _engine_figures(before, after, wall=1.0, engines=1)
+    assert figures == {"request_ms": 2.0, "round_trip_ms": 1.5}  # no batch counted: no queue figure
+    line = describe({"engine": {**figures, "queue_ms": 0.2}})
+    assert line == " | ms: route 2.000 trip 1.500 queue 0.200"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.errors import RequestError, SettingsError
@@ -188,6 +189,7 @@ class _Endpoints:
         metrics = self.metrics
         metrics.started()
         code = 500
+        began = perf_counter()
         try:
             code, content, media, headers = await answering
         except RequestError as exc:
@@ -196,6 +198,7 @@ class _Endpoints:
         except Exception as exc:
             content, media, headers = error_body(_failure(self.model, exc)), "application/json", []
         finally:
+            metrics.request_took(perf_counter() - began)
             metrics.answered(code)
             metrics.finished()
         headers.append((b"content-length", str(len(content)).encode()))

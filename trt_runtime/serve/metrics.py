@@ -14,7 +14,12 @@ Series (label ``model`` on each):
 * ``trt_runtime_batch_requests``: requests per batch the batcher formed (histogram);
 * ``trt_runtime_queue_seconds``: from a request's arrival at the batcher to its engine call;
 * ``trt_runtime_compute_seconds``: one engine call;
-* ``trt_runtime_inflight_requests``: requests being answered now (summed over live processes).
+* ``trt_runtime_inflight_requests``: requests being answered now (summed over live processes);
+* ``trt_runtime_request_seconds``: an infer route's time, from its call with the request to its
+  answer, body read and answer made included (summary: ``_count`` and ``_sum``);
+* ``trt_runtime_engine_round_trip_seconds``: of the local server's fronts, from a request's send
+  to an engine process to its answer's arrival (summary): the engine's queue and call, and the
+  hop both ways.
 """
 
 from __future__ import annotations
@@ -98,6 +103,15 @@ class ServeMetrics:
             "trt_runtime_inflight_requests", "Requests being answered now.", ["model"],
             multiprocess_mode="livesum", **labels,
         ).labels(model)
+        self._request = client.Summary(
+            "trt_runtime_request_seconds", "Time of an infer route, from the request to its answer.",
+            ["model"], **labels,
+        ).labels(model)
+        self._round_trip = client.Summary(
+            "trt_runtime_engine_round_trip_seconds",
+            "Time from a request's send to an engine process to its answer's arrival (local server).",
+            ["model"], **labels,
+        ).labels(model)
         self._by_code: dict[int, Any] = {}
 
     # -- observations --------------------------------------------------------------------
@@ -112,6 +126,12 @@ class ServeMetrics:
 
     def finished(self) -> None:
         self._inflight.dec()
+
+    def request_took(self, seconds: float) -> None:
+        self._request.observe(seconds)
+
+    def round_trip(self, seconds: float) -> None:
+        self._round_trip.observe(seconds)
 
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)

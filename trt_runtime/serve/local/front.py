@@ -20,9 +20,10 @@ import math
 import os
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 from trt_runtime.errors import RequestError
@@ -57,14 +58,16 @@ class FrontSpec:
 class EngineLink:
     """This front's connection to one engine process; dials again whenever it drops."""
 
-    def __init__(self, path: Path, slab: Slab, on_change: Any = None) -> None:
+    def __init__(self, path: Path, slab: Slab, on_change: Any = None,
+                 on_round_trip: Callable[[float], None] | None = None) -> None:
         self.path = path
         self._on_change = on_change  # called after the link went up or down
+        self._on_round_trip = on_round_trip  # told each answer's seconds since its send
         self.outstanding = 0
         self.up = asyncio.Event()
         self._slab = slab
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future[list[Any]], int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[list[Any]], int, float]] = {}
         self._writer: asyncio.Transport | None = None
         self._out: transport.FrameWriter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -111,7 +114,7 @@ class EngineLink:
             slot = NO_SLOT
         rid = next(self._ids) & 0xFFFFFFFF
         future: asyncio.Future[list[Any]] = loop.create_future()
-        self._pending[rid] = (future, slot)
+        self._pending[rid] = (future, slot, perf_counter())
         self.outstanding += 1
         # Sent with the other requests of this loop pass; a failed send closes the connection
         # and _run fails every pending request over (EngineLost).
@@ -147,12 +150,16 @@ class EngineLink:
     def _answered(self, frames: list[transport.Frame]) -> None:
         """Hand each answer to the request waiting for it (from the connection's read callback)."""
         slab = self._slab
+        now = perf_counter()
+        told = self._on_round_trip
         for rid, slot, status, payload in frames:
             entry = self._pending.pop(rid, None)
             if entry is None:
                 continue
             self.outstanding -= 1
-            future, mine = entry
+            future, mine, sent = entry
+            if told is not None:
+                told(now - sent)
             try:
                 if status:
                     future.set_exception(RequestError(bytes(payload).decode(errors="replace"), status))
@@ -166,7 +173,7 @@ class EngineLink:
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}
         self.outstanding -= len(pending)
-        for future, slot in pending.values():
+        for future, slot, _sent in pending.values():
             self._slab.give(slot)  # nobody writes the slot any more: the connection is gone
             if not future.done():
                 future.set_exception(EngineLost(f"engine process at {self.path.name} went away", 503))
@@ -179,8 +186,9 @@ class EnginePool:
     fronts of a server do not all favour engine process 0 when they are idle.
     """
 
-    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None, first: int = 0) -> None:
-        self.links = [EngineLink(path, slab, on_change) for path in sockets]
+    def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None, first: int = 0,
+                 on_round_trip: Callable[[float], None] | None = None) -> None:
+        self.links = [EngineLink(path, slab, on_change, on_round_trip) for path in sockets]
         start = first % len(self.links) if self.links else 0
         self._order = self.links[start:] + self.links[:start]
         self.wait_for_engine_s = WAIT_FOR_ENGINE_S
@@ -248,11 +256,13 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
     def links_changed() -> None:
         ready_flag[mine] = 1 if pool.all_up() else 0
 
-    pool = EnginePool(spec.engine_sockets, slab, links_changed, first=spec.index)
+    metrics = ServeMetrics(spec.model.name)
+    pool = EnginePool(spec.engine_sockets, slab, links_changed, first=spec.index,
+                      on_round_trip=metrics.round_trip)
     pool.start()
     await pool.wait_up()
     app = make_app(
-        spec.model, pool.infer, metrics=ServeMetrics(spec.model.name),
+        spec.model, pool.infer, metrics=metrics,
         ready=lambda: all(ready_flag), max_body_bytes=spec.max_body_bytes,
     )
     config = uvicorn.Config(
