@@ -78,3 +78,20 @@ def test_bench_serve_variants_parse_to_the_server_options_they_name() -> None:
     for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6"):
         with pytest.raises(argparse.ArgumentTypeError, match="threads\\|loop"):
             parse_variant(bad)
+
+
+def test_serve_profile_probe_profiles_every_engine_and_front_process(tmp_path: Path) -> None:
+    """``TRT_RUNTIME_SERVE_PROFILE_DIR``: each process of the local server writes its cProfile stats
+    when it stops; the probe serves, stops and reads them."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "probes" / "gpu_serve_profile.py"), "--smoke", "--out",
+         str(tmp_path), "--port", "18625", "--top", "12"],
+        capture_output=True, text=True, timeout=170, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "wrong 0, errors 0" in result.stdout
+    (folder,) = tmp_path.glob("profile-*")
+    assert len(list(folder.glob("engine-*.prof"))) == 1 and len(list(folder.glob("front-*.prof"))) == 2
+    report = (tmp_path / "profile.txt").read_text()
+    assert "--- engine processes: 1 process(es)" in report and "--- one front: 1 process(es)" in report
+    assert "batcher.py" in report and "_run_on_loop" in report  # the engine process's own functions

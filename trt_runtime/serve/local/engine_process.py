@@ -68,7 +68,7 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
     except Exception as exc:
         _refuse_start(ready, f"cannot open {spec.engine}: {exc}")
     try:
-        run_loop(_serve(spec, engine, ready))
+        run_loop(_serve(spec, engine, ready), "engine")
     finally:
         engine.close()
 

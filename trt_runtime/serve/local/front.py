@@ -241,7 +241,7 @@ def front_main(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Con
     accepts. ``ready_flag`` is shared by the server's processes: ``[0]`` is the supervisor's
     word that every process is up, ``[1 + index]`` this front's that all its engine links are."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    run_loop(_serve(spec, sock, ready_flag, ready))
+    run_loop(_serve(spec, sock, ready_flag, ready), "front")
 
 
 async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
