@@ -3,9 +3,12 @@
 Run from the repository root (CPU, memory backend)::
 
     python benchmarks/probes/cpu_serve_hop.py [--clients 64] [--seconds 3] [--fronts 1] [--top 15]
+        [--engine-calls auto|threads|loop] [--metrics shared|own]
 
 Starts one real engine process (``trt_runtime.serve.local.engine_process``, batching on, max
-batch 64, queue delay 500 µs) under cProfile, and drives it from this process through
+batch 64, queue delay 500 µs, its engine calls as ``--engine-calls`` says, its metrics in
+prometheus_client's multiprocess mode as the server keeps them unless ``--metrics own``) under
+cProfile, and drives it from this process through
 ``--fronts`` :class:`~trt_runtime.serve.local.front.EnginePool` objects (each its own slab
 and connection, as a front process has) with ``--clients`` closed-loop batch-1 requests,
 every answer checked. Prints requests per second, the CPU µs per request of the engine
@@ -91,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--delay-us", type=int, default=500)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--engine-calls", default="auto", choices=("auto", "threads", "loop"))
+    p.add_argument("--metrics", default="shared", choices=("shared", "own"),
+                   help="shared: prometheus_client's multiprocess mode, as the server runs it")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="CPU per request without cProfile's own cost (no function tables)")
     args = p.parse_args(argv)
@@ -102,13 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = EngineProcessSpec(engine=engine, options=ServeOptions(backend="memory", max_batch=64,
                                                                  runtime_cache=None),
                              device=None, socket_path=run_dir / "engine.sock", name="a",
-                             max_queue_delay_us=args.delay_us, drain_s=5.0)
+                             max_queue_delay_us=args.delay_us, drain_s=5.0, engine_calls=args.engine_calls)
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     stats_path = os.fspath(run_dir / "engine.prof")
     proc = ctx.Process(target=_profiled_engine, args=(spec, send, stats_path, args.profile))
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the engine process keeps its metrics to itself
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if args.metrics == "shared":  # (for the spawned engine process only: set after this one imported)
+        (run_dir / "metrics").mkdir()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.fspath(run_dir / "metrics")
     proc.start()
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     send.close()
     status = receive.recv()
     if status[0] != "ready":
@@ -133,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     calls = 0
     if args.profile:
         engine_stats = pstats.Stats(stats_path)
-        # cProfile sees the loop thread only: count the batches it handed to the engine threads.
+        # cProfile sees the loop thread only: count the batches the batcher formed there.
         calls = sum(n for (_f, _l, name), (_c, n, *_r) in engine_stats.stats.items()  # type: ignore[attr-defined]
-                    if name == "run_in_executor")
+                    if name == "_pop_batch")
     how = "profiled" if args.profile else "not profiled"
     print(f"engine process: {1e6 * engine_cpu / max(1, done):.1f} µs CPU per request (while driven, "
           f"{how})" + (f", {done / max(1, calls):.1f} requests per batch" if args.profile else ""))

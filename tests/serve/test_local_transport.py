@@ -74,13 +74,15 @@ def test_transport_owner_removes_the_file_and_refuses_bad_geometry(tmp_path: Pat
 
 
 class _Batcher:
-    """What the engine process uses of a batcher: ``enqueue`` (a future); doubles write ``submit``."""
+    """What the engine process uses of a batcher: ``enqueue_call`` (the answer handed to a
+    callback); doubles write ``submit``."""
 
     async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
         raise NotImplementedError
 
-    def enqueue(self, arrays: tuple[Any, ...]) -> asyncio.Future[list[Any]]:
-        return asyncio.ensure_future(self.submit(arrays))
+    def enqueue_call(self, arrays: tuple[Any, ...], done: Any) -> None:
+        task = asyncio.ensure_future(self.submit(arrays))
+        task.add_done_callback(lambda t: done(t.exception() or t.result()))
 
 
 class _Held(_Batcher):

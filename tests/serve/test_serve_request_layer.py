@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import pickle
@@ -235,6 +236,48 @@ def test_batcher_drains_then_refuses_with_503(on_loop: bool) -> None:
     assert len(answers) == 4 and status == 503
 
 
+@pytest.mark.parametrize("on_loop", [False, True], ids=["threads", "loop"])
+def test_batcher_enqueue_call_hands_each_answer_to_its_callback_once(on_loop: bool) -> None:
+    """``enqueue_call``: no future; the callback gets the outputs or the engine's error, on the loop,
+    once; a request refused by a bounded drain while its call runs is not answered again after."""
+    got: dict[int, list[Any]] = {}
+
+    async def main() -> None:
+        loop_thread = threading.current_thread()
+
+        def done(i: int, answer: Any) -> None:
+            assert threading.current_thread() is loop_thread
+            got.setdefault(i, []).append(answer)
+
+        batcher = DynamicBatcher([_Engine().execute], _model().checker, max_batch=2, max_queue_delay_us=0,
+                                  on_loop=on_loop)
+        for i, rows in enumerate([_rows(1), _rows(-1), _rows(3)]):  # -1 poisons the first call
+            batcher.enqueue_call(rows, functools.partial(done, i))
+        for _ in range(500):
+            if len(got) == 3:
+                break
+            await asyncio.sleep(0.01)
+        await batcher.aclose(1)
+        batcher.close()
+        slow = DynamicBatcher([_Engine(delay_s=0.3).execute], _model().checker, max_batch=1,
+                              max_queue_delay_us=0, on_loop=on_loop)
+        slow.enqueue_call(_rows(7), functools.partial(done, 3))
+        await asyncio.sleep(0.05)  # threads: its call runs now (the loop: it ran inside the sleep)
+        await slow.aclose(0.01)
+        await asyncio.sleep(0.5)  # the call ends meanwhile
+        slow.close()
+
+    _run(main())
+    assert sorted(got) == [0, 1, 2, 3] and all(len(a) == 1 for a in got.values()), got
+    assert isinstance(got[0][0], RuntimeError) and isinstance(got[1][0], RuntimeError)  # one call
+    np.testing.assert_array_equal(got[2][0][0], _rows(3)[0] * 2 + 1)
+    (last,) = got[3]
+    if on_loop:  # the loop ran the call before it could drain
+        np.testing.assert_array_equal(last[0], _rows(7)[0] * 2 + 1)
+    else:
+        assert isinstance(last, RequestError) and last.status == 503
+
+
 def test_batcher_drain_is_bounded() -> None:
     engine = _Engine(delay_s=0.3)
 
@@ -441,6 +484,25 @@ def test_metrics_one_process() -> None:
     assert "trt_runtime_requests_total" in ServeMetrics("m").render()[0].decode()  # no clash
 
 
+def test_metrics_queued_many_counts_as_one_observation_each() -> None:
+    """A batch's queue times go in as a few counter updates, with the exposition of one ``queued``
+    per request: the same buckets (edges included), count and sum."""
+    seconds = [0.0, 25e-6, 30e-6, 0.0004, 0.0004, 0.003, 2.0, 1e-7]
+    one, many = ServeMetrics("m"), ServeMetrics("m")
+    for s in seconds:
+        one.queued(s)
+    many.queued_many(seconds)
+
+    def queue_lines(metrics: ServeMetrics) -> list[str]:
+        text = metrics.render()[0].decode()
+        return [line for line in text.splitlines() if line.startswith("trt_runtime_queue_seconds")
+                and "_created" not in line]
+
+    assert queue_lines(many) == queue_lines(one)
+    assert 'trt_runtime_queue_seconds_bucket{le="2.5e-05",model="m"} 3.0' in queue_lines(many)
+    assert 'trt_runtime_queue_seconds_count{model="m"} 8.0' in queue_lines(many)
+
+
 _CHILD = """
 import sys
 from trt_runtime.serve.metrics import ServeMetrics
@@ -448,6 +510,7 @@ metrics = ServeMetrics("m")
 for _ in range(int(sys.argv[1])):
     metrics.answered(200)
 metrics.engine_call(4, 0.002)
+metrics.queued_many([1e-5, 0.0003, 0.0003])
 metrics.started()
 if sys.argv[2] == "render":
     sys.stdout.write(metrics.render()[0].decode())
@@ -467,6 +530,8 @@ def test_metrics_sum_over_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     ).stdout
     assert 'trt_runtime_requests_total{code="200",model="m"} 5.0' in text
     assert 'trt_runtime_batch_size_count{model="m"} 2.0' in text
+    assert 'trt_runtime_queue_seconds_bucket{le="0.0005",model="m"} 6.0' in text  # a batch's, per process
+    assert 'trt_runtime_queue_seconds_count{model="m"} 6.0' in text
     # livesum: a process that exited counts until it is marked dead
     assert f'trt_runtime_inflight_requests{{model="m"}} {1.0 if mark_dead else 2.0}' in text
 

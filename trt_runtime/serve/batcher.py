@@ -45,12 +45,38 @@ __all__ = ["DynamicBatcher"]
 
 
 class _Request:
-    __slots__ = ("arrays", "arrived", "future")
+    """A waiting request: its answer goes to ``future``, or to ``done`` when there is no future
+    (:meth:`DynamicBatcher.enqueue_call`)."""
 
-    def __init__(self, arrays: tuple[Any, ...], future: asyncio.Future[list[Any]]) -> None:
+    __slots__ = ("arrays", "arrived", "done", "future")
+
+    def __init__(self, arrays: tuple[Any, ...], future: asyncio.Future[list[Any]] | None,
+                 done: Callable[[Answer], None] | None = None) -> None:
         self.arrays = arrays
         self.future = future
+        self.done = done
         self.arrived = time.perf_counter()
+
+    def gone(self) -> bool:
+        """Whether nobody waits for the answer any more (a future cancelled or set, a call made)."""
+        future = self.future
+        return self.done is None if future is None else future.done()
+
+    def answer(self, answer: Answer) -> None:
+        """Hand over ``answer`` (outputs, or the exception) once, unless nobody waits for it (on
+        the loop): a request refused at shutdown whose batch still ends later is answered once."""
+        done = self.done
+        if done is not None:
+            self.done = None
+            done(answer)
+            return
+        future = self.future
+        if future is None or future.done():  # the caller went away, or the drain gave up on it
+            return
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
 
 
 class DynamicBatcher:
@@ -132,42 +158,46 @@ class DynamicBatcher:
         return await self.enqueue(arrays)
 
     def enqueue(self, arrays: tuple[Any, ...]) -> asyncio.Future[list[Any]]:
-        """:meth:`submit` without a coroutine: the future of the request's outputs (for callers that
-        answer from a done-callback, with no task per request). Call it on the loop."""
+        """:meth:`submit` without a coroutine: the future of the request's outputs. Call it on the loop."""
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        self._add(_Request(arrays, future))
+        return future
+
+    def enqueue_call(self, arrays: tuple[Any, ...], done: Callable[[Answer], None]) -> None:
+        """Queue a request whose answer (its outputs, or the exception its engine call or the
+        shutdown gave) is handed to ``done`` on the loop, once, as its batch ends: no future and
+        no done-callback per request (the engine process answers thousands a second this way).
+        ``done`` must not raise. Call it on the loop."""
+        self._add(_Request(arrays, None, done))
+
+    def _add(self, request: _Request) -> None:
         if self._closing:
             raise RequestError("the server is shutting down; not taking requests", 503)
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
             self._start()
-        future: asyncio.Future[list[Any]] = loop.create_future()
         waiting = self._waiting
         if self._on_loop:
-            waiting.append(_Request(arrays, future))  # (only this loop touches the queue)
+            waiting.append(request)  # (only this loop touches the queue)
             if not self._next_run_now:
                 self._plan_run()
-            return future
+            return
         with self._cond:
-            waiting.append(_Request(arrays, future))
+            waiting.append(request)
             # A thread waits for a first request, or (timed) for the oldest one's batch to fill:
             # wake one only then (a thread that takes a batch wakes the next if more wait).
             if len(waiting) == 1 or len(waiting) >= self._max_batch:
                 self._cond.notify()
-        return future
 
     def _finished(self, batch: list[_Request], answers: list[Answer]) -> None:
-        """A thread's batch is done: its answers set, on the loop."""
+        """A thread's batch is done: its answers handed over, on the loop."""
         with self._cond:
             self._busy -= 1
             self._running.remove(batch)
             drained = not self._waiting and not self._busy
         for request, answer in zip(batch, answers, strict=True):
-            if request.future.done():  # the caller went away, or the drain gave up on it
-                continue
-            if isinstance(answer, BaseException):
-                request.future.set_exception(answer)
-            else:
-                request.future.set_result(answer)
+            request.answer(answer)
         if self._drained is not None and drained:
             self._drained.set()
 
@@ -296,7 +326,7 @@ class DynamicBatcher:
         batch: list[_Request] = []
         while waiting and len(batch) < most:
             request = waiting.popleft()
-            if not request.future.done():
+            if not request.gone():
                 batch.append(request)
         if not batch:
             return None
@@ -306,8 +336,7 @@ class DynamicBatcher:
         if metrics is not None:
             now = time.perf_counter()
             metrics.batched(len(batch))
-            for request in batch:
-                metrics.queued(now - request.arrived)
+            metrics.queued_many([now - request.arrived for request in batch])
         return batch
 
     def _timed(self, fn: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
@@ -373,10 +402,7 @@ class DynamicBatcher:
     def _refuse(requests: Sequence[_Request]) -> None:
         """Fail each of ``requests`` not answered yet with 503 (on their loop)."""
         for request in requests:
-            if not request.future.done():
-                request.future.set_exception(
-                    RequestError("the server stopped before answering this request", 503)
-                )
+            request.answer(RequestError("the server stopped before answering this request", 503))
 
 
 class _Alarm:

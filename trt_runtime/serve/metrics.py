@@ -25,6 +25,8 @@ Series (label ``model`` on each):
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["MULTIPROC_ENV", "ServeMetrics", "mark_process_dead"]
@@ -71,6 +73,20 @@ def mark_process_dead(pid: int) -> None:
         from prometheus_client import multiprocess as shared
 
         shared.mark_process_dead(pid)
+
+
+def _histogram_parts(histogram: Any) -> tuple[list[Any] | None, Any]:
+    """A prometheus_client histogram child's per-bucket values (the last for +Inf) and its sum;
+    ``(None, None)`` where they are not laid out as ``_buckets`` and ``_sum`` with one value per
+    bound of :data:`_SECONDS` and +Inf."""
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    if (not isinstance(buckets, list) or total is None or bounds is None
+            or list(bounds) != [*_SECONDS, float("inf")] or len(buckets) != len(bounds)
+            or not all(hasattr(b, "inc") for b in buckets) or not hasattr(total, "inc")):
+        return None, None
+    return buckets, total
 
 
 class ServeMetrics:
@@ -135,6 +151,23 @@ class ServeMetrics:
 
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)
+
+    def queued_many(self, seconds: Sequence[float]) -> None:
+        """:meth:`queued` for each of a batch's requests, as a few counter updates: each bucket's
+        count and the sum once (in multiprocess mode each update is a locked write to a shared
+        file, and a batch has dozens of requests)."""
+        buckets, total = _histogram_parts(self._queue)
+        if buckets is None or total is None:  # not the histogram layout this was written for
+            for s in seconds:
+                self._queue.observe(s)
+            return
+        counts: dict[int, int] = {}
+        for s in seconds:
+            i = bisect_left(_SECONDS, s)  # (the last bucket is +Inf)
+            counts[i] = counts.get(i, 0) + 1
+        for i, n in counts.items():
+            buckets[i].inc(n)
+        total.inc(sum(seconds))
 
     def batched(self, requests: int) -> None:
         self._requests_per_batch.observe(requests)

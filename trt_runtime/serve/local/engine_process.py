@@ -143,12 +143,13 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
 
 
 async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, batcher: Any) -> None:
-    """Serve one front: every frame read goes to the batcher at once (no task per request); each
-    answer is queued on ``out`` when its future is done, so a batch's answers leave in one write."""
+    """Serve one front: every frame read goes to the batcher at once (no task and no future per
+    request, :meth:`~trt_runtime.serve.batcher.DynamicBatcher.enqueue_call`); each answer is queued
+    on ``out`` as its batch ends, so a batch's answers leave in one write."""
     slab: Slab | None = None
-    pending: set[asyncio.Future[list[Any]]] = set()
     frames = transport.FrameReader(reader)
     out = transport.FrameWriter(writer)
+    inflight = _InFlight()
     try:
         batch = await frames.read()
         _rid, _slot, status, payload = batch[0]
@@ -158,53 +159,71 @@ async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         batch = batch[1:]
         while True:
             for rid, slot, _status, payload in batch:
-                _take(rid, slot, payload, slab, out, batcher, pending)
+                _take(rid, slot, payload, slab, out, batcher, inflight)
             batch = await frames.read()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass  # the front went away; its requests in flight are answered to no one
     finally:
-        if pending:
-            await asyncio.wait(pending)
+        await inflight.none()  # (their answers are written into the slab: keep it until then)
         writer.close()
         if slab is not None:
             slab.close()
 
 
+class _InFlight:
+    """A connection's requests given to the batcher and not answered yet."""
+
+    __slots__ = ("count", "idle")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle: asyncio.Event | None = None  # made by none(), set when the count reaches 0
+
+    def done(self) -> None:
+        self.count -= 1
+        if not self.count and self.idle is not None:
+            self.idle.set()
+
+    async def none(self) -> None:
+        if self.count:
+            self.idle = asyncio.Event()
+            await self.idle.wait()
+
+
 def _take(rid: int, slot: int, payload: memoryview, slab: Slab, out: transport.FrameWriter, batcher: Any,
-          pending: set[asyncio.Future[list[Any]]]) -> None:
-    """Decode one request and hand it to the batcher; its answer is queued when it is done."""
+          inflight: _InFlight) -> None:
+    """Decode one request and hand it to the batcher; its answer is queued when its batch ends."""
     from trt_runtime.errors import RequestError
 
     where = None if slot == NO_SLOT else slab.slot(slot)
     try:
-        future = batcher.enqueue(tuple(transport.decode_arrays(payload, where)))
+        batcher.enqueue_call(tuple(transport.decode_arrays(payload, where)),
+                             functools.partial(_answer, rid, slot, where, out, inflight))
     except RequestError as exc:
         out.frame(rid, NO_SLOT, exc.status, str(exc).encode())
         return
     except Exception as exc:
         out.frame(rid, NO_SLOT, 500, f"{type(exc).__name__}: {exc}".encode())
         return
-    pending.add(future)
-    future.add_done_callback(functools.partial(_answer, rid, slot, where, out, pending))
+    inflight.count += 1
 
 
-def _answer(rid: int, slot: int, where: memoryview | None, out: transport.FrameWriter,
-            pending: set[asyncio.Future[list[Any]]], future: asyncio.Future[list[Any]]) -> None:
+def _answer(rid: int, slot: int, where: memoryview | None, out: transport.FrameWriter, inflight: _InFlight,
+            answer: list[Any] | BaseException) -> None:
+    """Queue the frame of one request's ``answer`` (its outputs, written into its slot when they
+    fit, or the error): called by the batcher as the request's batch ends. It never raises."""
     from trt_runtime.errors import RequestError
 
-    pending.discard(future)
-    if future.cancelled():
-        return
-    error = future.exception()
-    if error is None:
+    inflight.done()
+    if not isinstance(answer, BaseException):
         try:
-            description, inline = transport.encode_arrays(future.result(), where)
+            description, inline = transport.encode_arrays(answer, where)
         except Exception as exc:  # an output that cannot cross: the request fails, not the connection
-            error = exc
+            answer = exc
         else:
             out.frame(rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
             return
-    if isinstance(error, RequestError):
-        out.frame(rid, NO_SLOT, error.status, str(error).encode())
+    if isinstance(answer, RequestError):
+        out.frame(rid, NO_SLOT, answer.status, str(answer).encode())
     else:
-        out.frame(rid, NO_SLOT, 500, f"{type(error).__name__}: {error}".encode())
+        out.frame(rid, NO_SLOT, 500, f"{type(answer).__name__}: {answer}".encode())
