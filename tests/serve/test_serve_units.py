@@ -176,6 +176,23 @@ def test_batch_runner_groups_packs_and_splits() -> None:
     assert sorted(calls) == [1, 2, 3, 4]
 
 
+def test_batch_runner_works_out_limits_and_profile_fits_once_per_shape() -> None:
+    """A group's row limit and a batch's profile fit are remembered (they cost tens of µs each and
+    repeat every batch), and kept apart by width: each width still gets its own answer."""
+    engine = _engine(single_engine())
+    checker = RequestChecker("affine", engine.inputs, engine.outputs)
+    asked: list[str] = []
+    real_rows, real_fits = checker.max_rows, checker.fits
+    checker.max_rows = lambda sig: asked.append("rows") or real_rows(sig)  # type: ignore[method-assign]
+    checker.fits = lambda arrays: asked.append("fits") or real_fits(arrays)  # type: ignore[method-assign]
+    runner = BatchRunner(engine.execute, checker, row_limit=5)
+    for _ in range(20):
+        requests = [(np.full((1, w), w, np.float32),) for w in (4, 4, 3, 4, 3)]
+        for (x,), answer in zip(requests, runner.run(requests), strict=True):
+            np.testing.assert_array_equal(answer[0], reference(x))  # type: ignore[index]
+    assert asked.count("rows") == 2 and asked.count("fits") == 2, asked  # one per width
+
+
 def test_batch_runner_failure_answers_only_its_call() -> None:
     engine = _engine(single_engine())
     checker = RequestChecker("affine", engine.inputs, engine.outputs)

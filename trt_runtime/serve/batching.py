@@ -20,6 +20,10 @@ __all__ = ["BatchRunner"]
 #: One request's answer: its outputs, or the exception its engine call raised.
 Answer = list[Any] | BaseException
 
+#: How many answers each of a runner's caches keeps (a few dtypes and shapes, and up to the
+#: profile's maximum batch of row counts, in practice).
+_REMEMBERED = 1024
+
 
 class BatchRunner:
     """Executes batches for one engine; ``execute(*arrays) -> list`` is the engine call.
@@ -47,6 +51,10 @@ class BatchRunner:
         self._copy = copy_outputs
         self._on_call = on_call
         self._pad = pad_rows
+        #: :meth:`max_rows` by a group's key and :meth:`RequestChecker.fits` by a batch's shapes:
+        #: the same few answers every batch (each costs tens of µs to work out).
+        self._limits: dict[Any, int] = {}
+        self._fits: dict[tuple[Any, ...], bool] = {}
 
     def max_rows(self, arrays: Sequence[Any]) -> int:
         rows = self._checker.max_rows(self._checker.signature(arrays))
@@ -71,8 +79,13 @@ class BatchRunner:
                 groups[key] = [i]
             else:
                 members.append(i)
-        for members in groups.values():
-            limit = self.max_rows(requests[members[0]])
+        limits = self._limits
+        for key, members in groups.items():
+            limit = limits.get(key)
+            if limit is None:
+                if len(limits) >= _REMEMBERED:
+                    limits.clear()
+                limit = limits[key] = self.max_rows(requests[members[0]])
             chunk: list[int] = []
             rows = 0
             for i in members:
@@ -102,7 +115,13 @@ class BatchRunner:
             np.concatenate([*(requests[i][k] for i in chunk), *_padding(last[k], padded - rows)])
             for k in range(len(last))
         )
-        if not self._checker.fits(batch):  # profiles whose min batch > 1: run one by one
+        shapes = tuple([a.shape for a in batch])
+        fits = self._fits.get(shapes)
+        if fits is None:
+            if len(self._fits) >= _REMEMBERED:
+                self._fits.clear()
+            fits = self._fits[shapes] = self._checker.fits(batch)
+        if not fits:  # profiles whose min batch > 1: run one by one
             for i in chunk:
                 answers[i] = self._call(requests[i])
             return
