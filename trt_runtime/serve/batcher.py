@@ -234,12 +234,14 @@ class DynamicBatcher:
             self._run_on_loop()
 
     def _run_on_loop(self, after_call: bool = False) -> None:
-        """Run one batch here, on the loop, and set its answers. The next batch runs after the loop
-        has passed over its callbacks twice, so these answers are written before that call (their
-        futures' callbacks queue the frames in the next pass, the write goes in the pass after),
-        and with no queue delay (``after_call``): the requests read in those two passes came in
-        while the engine ran, even though the loop read them only after the call, so they have
-        waited already. Requests read later, with the engine idle, wait the delay."""
+        """Run one batch here, on the loop, and hand over its answers. The next batch runs after the
+        loop has passed over its callbacks twice, so these answers are written before that call (a
+        future's callback queues its frame in the next pass, an :meth:`enqueue_call` callback at once;
+        the write goes in the pass after), and the sockets are read in between (asyncio runs the
+        reads' callbacks after those already queued), with no queue delay (``after_call``): the
+        requests read in those two passes came in while the engine ran, even though the loop read
+        them only after the call, so they have waited already. Requests read later, with the
+        engine idle, wait the delay."""
         self._next_run_now = False
         waiting = self._waiting
         if (not after_call and waiting and len(waiting) < self._max_batch and not self._closing
