@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import serve_fronts  # noqa: E402
+from benchmarks import serve_fronts, serve_pinning  # noqa: E402
 from benchmarks.serve_cpu import CellProfile, describe  # noqa: E402
 from benchmarks.serve_load import Expect, LoadGenerator, percentile  # noqa: E402
 
@@ -168,20 +168,23 @@ class Variant(NamedTuple):
     switch_us: int | None = None  # the engine processes' GIL switch interval
     pad: bool = False  # --pad-batches
     outer: bool = False  # --outer-graph
+    pin: bool = False  # cores of their own for the engine processes and fronts (serve_pinning)
 
 
 def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
     ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pad`` for
-    ``--pad-batches`` and ``+outer`` for ``--outer-graph``."""
+    ``--pad-batches``, ``+outer`` for ``--outer-graph`` and ``+pin`` for a core of its own for each
+    engine process and front (:mod:`benchmarks.serve_pinning`)."""
     calls, *extras = name.split("+")
     switch = [e[2:] for e in extras if e.startswith("si")]
     flags = [e for e in extras if not e.startswith("si")]
-    if (calls not in ("threads", "loop") or any(f not in ("pad", "outer") for f in flags)
+    if (calls not in ("threads", "loop") or any(f not in ("pad", "outer", "pin") for f in flags)
             or len(set(flags)) != len(flags) or len(switch) > 1 or not all(s.isdigit() for s in switch)):
-        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pad][+outer] "
-                                         "(e.g. loop, threads+si100, loop+pad+outer)")
-    return Variant(calls, int(switch[0]) if switch else None, "pad" in flags, "outer" in flags)
+        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not "
+                                         "threads|loop[+siN][+pad][+outer][+pin] (e.g. loop, threads+si100, "
+                                         "loop+pad+outer+pin)")
+    return Variant(calls, int(switch[0]) if switch else None, *(f in flags for f in ("pad", "outer", "pin")))
 
 
 def plan(args: argparse.Namespace) -> list[Front]:
@@ -271,14 +274,19 @@ def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadlin
                                 for b, c in front.cells]
                     continue
                 try:
-                    with started(front, w, args, ray) as (port, path, roles):
+                    with contextlib.ExitStack() as server:
+                        port, path, roles = server.enter_context(started(front, w, args, ray))
+                        pins: dict[str, Any] = {}
+                        if front.variant and parse_variant(front.variant).pin:
+                            cores = server.enter_context(serve_pinning.pinned(roles, load.pids()))
+                            pins = {"pinned": cores is not None}
                         for body, clients in front.cells:
                             profile = _profile(roles, load, port)
                             result = load.run(serve_fronts.HOST, port, path, w.body(body), TYPES[body],
                                               clients, seconds, args.warmup, w.expect(body), profile.begin)
                             row = {**{k: getattr(front, k) for k in ("front", "workers", "gpus", "batching")},
                                    **({"variant": front.variant} if front.variant else {}),
-                                   "body": body, **result.summary(), **profile.result()}
+                                   "body": body, **result.summary(), **profile.result(), **pins}
                             rows.append(row)
                             print(_line(row), flush=True)
                             save(rows, skipped)
@@ -301,6 +309,8 @@ def _profile(roles: dict[str, list[int]], load: LoadGenerator, port: int) -> Cel
 def _line(r: dict[str, Any]) -> str:
     batching = "on " if r["batching"] else "off"
     variant = f" [{r['variant']}]" if r.get("variant") else ""
+    if "pinned" in r:
+        variant += " (pinned)" if r["pinned"] else " (not pinned: too few cores)"
     return (f"{r['front']:9}{variant} workers={r['workers']} gpus={r['gpus']} batch={batching} "
             f"{r['body']:6} clients={r['clients']:3}: {r['req_s']:9.1f} req/s  p50 {r['p50_ms']:8.3f} ms  "
             f"p99 {r['p99_ms']:8.3f} ms  wrong {r['wrong']}  errors {r['errors']}{describe(r)}")
@@ -416,8 +426,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
                         "the top client count) with these engine-process variants: "
-                        "threads|loop[+siN][+pad][+outer] (--engine-calls; siN: a GIL switch interval "
-                        "of N µs; pad: --pad-batches; outer: --outer-graph), e.g. loop,loop+pad+outer")
+                        "threads|loop[+siN][+pad][+outer][+pin] (--engine-calls; siN: a GIL switch "
+                        "interval of N µs; pad: --pad-batches; outer: --outer-graph; pin: a core of its own "
+                        "for each engine process and front), e.g. loop,loop+pad+outer+pin")
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus, args.workers, args.clients, args.ray = "0", "2", "4", False

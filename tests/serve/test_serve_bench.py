@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,9 +75,10 @@ def test_bench_serve_variants_parse_to_the_server_options_they_name() -> None:
     assert parse_variant("loop+pad+outer") == Variant("loop", None, True, True)
     assert parse_variant("threads+si50") == Variant("threads", 50, False, False)
     assert parse_variant("loop+outer") == Variant("loop", None, False, True)
+    assert parse_variant("loop+pad+outer+pin") == Variant("loop", None, True, True, True)
     import argparse
 
-    for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6"):
+    for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6", "loop+pin+pin"):
         with pytest.raises(argparse.ArgumentTypeError, match="threads\\|loop"):
             parse_variant(bad)
 
@@ -95,3 +98,46 @@ def test_serve_profile_probe_profiles_every_engine_and_front_process(tmp_path: P
     report = (tmp_path / "profile.txt").read_text()
     assert "--- engine processes: 1 process(es)" in report and "--- one front: 1 process(es)" in report
     assert "batcher.py" in report and "_run_on_loop" in report  # the engine process's own functions
+
+
+def test_serve_pinning_gives_each_engine_and_front_a_core_and_the_load_the_rest() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.serve_pinning import plan_cores
+    finally:
+        sys.path.remove(str(ROOT))
+    cores = plan_cores(range(32), engines=2, fronts=16)
+    assert cores == {"engine": [[0], [1]], "front": [[c] for c in range(2, 18)],
+                     "rest": [list(range(18, 32))]}
+    assert plan_cores([5, 3, 9], engines=1, fronts=1) == {"engine": [[3]], "front": [[5]], "rest": [[9]]}
+    assert plan_cores(range(18), engines=2, fronts=16) is None  # every process its own core, and one over
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux affinity and two allowed cores")
+def test_serve_pinning_pins_every_thread_and_gives_the_load_its_cores_back() -> None:
+    """Real processes: an engine stand-in with a second thread, a load-generator stand-in."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.serve_pinning import pinned
+    finally:
+        sys.path.remove(str(ROOT))
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    engine = subprocess.Popen([sys.executable, "-c", code])
+    load = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{engine.pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pinned({"engine": [engine.pid]}, [load.pid]) as cores:
+            assert cores is not None and cores["engine"] == [[allowed[0]]]
+            tasks = [int(t) for t in os.listdir(f"/proc/{engine.pid}/task")]
+            assert len(tasks) >= 2 and all(os.sched_getaffinity(t) == {allowed[0]} for t in tasks)
+            assert os.sched_getaffinity(load.pid) == set(allowed[1:])
+        assert os.sched_getaffinity(load.pid) == set(allowed)  # the load generator serves other servers next
+    finally:
+        engine.kill()
+        load.kill()
+        engine.wait()
+        load.wait()
