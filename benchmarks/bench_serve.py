@@ -170,6 +170,10 @@ class Variant(NamedTuple):
     outer: bool = False  # --outer-graph
     pin: bool = False  # cores of their own for the engine processes and fronts (serve_pinning)
 
+    def options(self) -> list[str]:
+        """The ``trt-runtime serve`` options it adds."""
+        return ["--pad-batches"] * self.pad + ["--outer-graph"] * self.outer
+
 
 def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
@@ -236,7 +240,7 @@ def started(front: Front, w: Workload, args: argparse.Namespace,
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache,
                                        engine_calls=v.engine_calls, switch_interval_us=v.switch_us,
-                                       pad_batches=v.pad, outer_graph=v.outer) as doc:
+                                       extra=v.options()) as doc:
             pids = doc.get("pids", {})
             yield port, "/", {"front": [p for p in pids.get("fronts", ()) if p],
                               "engine": [p for p in pids.get("engines", ()) if p],

@@ -153,12 +153,11 @@ def trivial(port: int, answer: bytes, content_type: str, processes: int) -> Iter
 def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus: str, max_batch: int,
                  delay_us: int, runtime_cache: Path | None, *, engine_calls: str | None = None,
                  switch_interval_us: int | None = None,
-                 pad_batches: bool = False, outer_graph: bool = False,
                  extra: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
     """``trt-runtime serve`` in a subprocess; yields its ready document (with ``supervisor``: the
     serving process's id); SIGINT at the end (exit 0). ``engine_calls``: its ``--engine-calls``;
-    ``switch_interval_us``: the engine processes' GIL switch interval; ``pad_batches`` and
-    ``outer_graph``: its ``--pad-batches`` and ``--outer-graph``; ``extra``: more of its options."""
+    ``switch_interval_us``: the engine processes' GIL switch interval; ``extra``: more of its
+    options (``--pad-batches``, say)."""
     command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", os.fspath(engine_path),
                "--port", str(port), "--workers", str(workers), "--gpus", gpus, "--max-batch", str(max_batch),
                "--max-queue-delay-us", str(delay_us), "--backend", backend, "--drain-s", "5"]
@@ -166,10 +165,6 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
         command += ["--runtime-cache", os.fspath(runtime_cache)]
     if engine_calls is not None:
         command += ["--engine-calls", engine_calls]
-    if pad_batches:
-        command.append("--pad-batches")
-    if outer_graph:
-        command.append("--outer-graph")
     command += extra
     env = dict(os.environ)
     env.pop(SWITCH_INTERVAL_ENV, None)

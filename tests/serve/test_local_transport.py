@@ -328,7 +328,7 @@ def test_transport_request_sent_as_a_connection_breaks_goes_to_another_engine(lo
         pool.links[1]._writer.abort()  # type: ignore[union-attr]
         await asyncio.sleep(0)
         with pytest.raises(EngineLost, match=r"e1\.sock went away") as info:  # a link sent to directly
-            await pool.links[1].infer((x,))
+            await pool.links[1].send((x,))
         assert info.value.status == 503 and batchers[1].seen == 1
         assert sorted(slab._free) == list(range(8))
         await pool.close()

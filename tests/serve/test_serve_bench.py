@@ -76,6 +76,8 @@ def test_bench_serve_variants_parse_to_the_server_options_they_name() -> None:
     assert parse_variant("threads+si50") == Variant("threads", 50, False, False)
     assert parse_variant("loop+outer") == Variant("loop", None, False, True)
     assert parse_variant("loop+pad+outer+pin") == Variant("loop", None, True, True, True)
+    assert parse_variant("loop+pad+outer+pin").options() == ["--pad-batches", "--outer-graph"]
+    assert parse_variant("threads+si50").options() == []
     import argparse
 
     for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6", "loop+pin+pin"):

@@ -251,16 +251,16 @@ class DynamicBatcher:
         batch = self._pop_batch()
         if batch is None:
             return
+        answers: list[Answer] = []
         try:
-            answers: list[Answer] = self._runners[0].run([r.arrays for r in batch])
-        except Exception as exc:  # the runner itself failed: every request of the batch
+            answers = self._runners[0].run([r.arrays for r in batch])
+        except BaseException as exc:  # the runner itself failed (an interrupt: the loop's to handle next)
             answers = [exc] * len(batch)
-        except BaseException as exc:  # an interrupt is the loop's to handle, once the batch is answered
-            self._finished(batch, [exc] * len(batch))
+            if not isinstance(exc, Exception):
+                raise
+        finally:  # (the batch is answered and the next one planned either way)
+            self._finished(batch, answers)
             self._plan_run_after_call()
-            raise
-        self._finished(batch, answers)
-        self._plan_run_after_call()
 
     def _plan_run_after_call(self) -> None:
         """The next batch, two passes of the loop from now (also with none waiting yet: the loop

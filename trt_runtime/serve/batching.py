@@ -9,6 +9,7 @@ of one call is the answer of the requests in that call only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,13 +80,8 @@ class BatchRunner:
                 groups[key] = [i]
             else:
                 members.append(i)
-        limits = self._limits
         for key, members in groups.items():
-            limit = limits.get(key)
-            if limit is None:
-                if len(limits) >= _REMEMBERED:
-                    limits.clear()
-                limit = limits[key] = self.max_rows(requests[members[0]])
+            limit = _remembered(self._limits, key, functools.partial(self.max_rows, requests[members[0]]))
             chunk: list[int] = []
             rows = 0
             for i in members:
@@ -116,11 +112,7 @@ class BatchRunner:
             for k in range(len(last))
         )
         shapes = tuple([a.shape for a in batch])
-        fits = self._fits.get(shapes)
-        if fits is None:
-            if len(self._fits) >= _REMEMBERED:
-                self._fits.clear()
-            fits = self._fits[shapes] = self._checker.fits(batch)
+        fits = _remembered(self._fits, shapes, functools.partial(self._checker.fits, batch))
         if not fits:  # profiles whose min batch > 1: run one by one
             for i in chunk:
                 answers[i] = self._call(requests[i])
@@ -153,6 +145,17 @@ class BatchRunner:
         except Exception as exc:
             return exc
         return [o.copy() for o in outputs] if self._copy else outputs
+
+
+def _remembered(cache: dict[Any, Any], key: Any, work_out: Callable[[], Any]) -> Any:
+    """``cache[key]``, worked out and kept the first time (the cache emptied when it holds
+    :data:`_REMEMBERED` answers)."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= _REMEMBERED:
+            cache.clear()
+        value = cache[key] = work_out()
+    return value
 
 
 def _padding(last: Any, count: int) -> list[Any]:

@@ -94,9 +94,6 @@ class EngineLink:
             self.up.clear()
         return self.up.is_set()
 
-    async def infer(self, arrays: Sequence[Any]) -> list[Any]:
-        return await self.send(arrays)
-
     def send(self, arrays: Sequence[Any]) -> asyncio.Future[list[Any]]:
         """Queue a request for the engine process; the future gets its outputs. ``outstanding``
         counts it until its answer arrives or the connection drops (a cancelled future included:
