@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _engine_side import engine_side as _engine
 
 from trt_runtime.errors import RequestError
-from trt_runtime.serve.local.engine_process import _connection
+from trt_runtime.serve.local.engine_process import FrontLink
 from trt_runtime.serve.local.front import EngineLost, EnginePool
 from trt_runtime.serve.local.transport import NO_SLOT, Slab, decode_arrays, encode_arrays
 
@@ -116,13 +115,14 @@ def _short_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="trt-t-"))  # unix socket paths must stay short
 
 
+
+
 def test_transport_concurrent_requests_get_their_own_answers_and_refusals() -> None:
     async def main() -> None:
         where = _short_dir()
         path = where / "e.sock"
         batcher = _Doubler()
-        server = await asyncio.start_unix_server(lambda r, w: _connection(r, w, batcher),
-                                                 path=os.fspath(path))
+        server = await _engine(path, batcher)
         slab = Slab.create(where / "slab", slots=8, slot_bytes=256)
         pool = EnginePool([path], slab)
         pool.start()
@@ -150,13 +150,9 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         path = where / "e.sock"
         release = asyncio.Event()
 
-        writers: list[asyncio.StreamWriter] = []
-
-        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            writers.append(w)
-            await _connection(r, w, _Held(release))
-
-        server = await asyncio.start_unix_server(handler, path=os.fspath(path))
+        links: list[FrontLink] = []
+        held = _Held(release)
+        server = await _engine(path, held, links)
         slab = Slab.create(where / "slab", slots=4, slot_bytes=256)
         pool = EnginePool([path], slab)
         pool.wait_for_engine_s = 0.2
@@ -166,7 +162,8 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
                                  return_exceptions=True)
         await asyncio.sleep(0.05)
         server.close()
-        writers[0].transport.abort()  # the engine process dies
+        assert links[0].transport is not None
+        links[0].transport.abort()  # the engine process dies
         results = await asyncio.wait_for(pending, 5)
         # Sent again once (no other engine process here), then 503 after the wait for one.
         assert all(isinstance(r, RequestError) and r.status == 503 for r in results), results
@@ -179,7 +176,7 @@ def test_transport_lost_engine_fails_requests_with_503_and_link_redials() -> Non
         pool.wait_for_engine_s = 5.0
         late = asyncio.ensure_future(pool.infer((np.full((1, 2), 4, np.float32),)))  # waits for the successor
         release.set()
-        server = await asyncio.start_unix_server(handler, path=os.fspath(path))  # its successor
+        server = await _engine(path, held, links)  # its successor
         await asyncio.wait_for(pool.wait_up(), 5)
         (y,) = await asyncio.wait_for(late, 5)
         np.testing.assert_array_equal(y, np.full((1, 2), 4, np.float32))
@@ -231,16 +228,8 @@ def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:
     async def main() -> None:
         where = _short_dir()
         batchers = [_Doubler(), _Doubler()]
-        writers: list[list[asyncio.StreamWriter]] = [[], []]
-
-        def handler(i: int) -> Any:
-            async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-                writers[i].append(w)
-                await _connection(r, w, batchers[i])
-            return serve
-
-        servers = [await asyncio.start_unix_server(handler(i), path=os.fspath(where / f"e{i}.sock"))
-                   for i in range(2)]
+        links: list[list[FrontLink]] = [[], []]
+        servers = [await _engine(where / f"e{i}.sock", batchers[i], links[i]) for i in range(2)]
         slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
         pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
         pool.start()
@@ -250,7 +239,7 @@ def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:
         assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
         assert batchers[0].seen >= 16 and batchers[1].seen >= 16, [b.seen for b in batchers]  # least busy
         servers[1].close()
-        writers[1][0].transport.abort()  # engine process 1 dies: everything goes to engine 0
+        links[1][0].transport.abort()  # type: ignore[union-attr]  # engine process 1 dies: all to engine 0
         await asyncio.sleep(0.05)
         before = batchers[0].seen
         answers = await asyncio.gather(*(pool.infer((x,)) for x in xs))
@@ -266,21 +255,15 @@ def test_transport_pool_spreads_over_engines_and_survives_losing_one() -> None:
 def test_transport_requests_of_a_lost_engine_run_again_on_another() -> None:
     async def main() -> None:
         where = _short_dir()
-        writers: list[asyncio.StreamWriter] = []
+        links: list[FrontLink] = []
 
         class Never(_Batcher):
             async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
                 await asyncio.Event().wait()  # hangs until its process dies
                 raise AssertionError("unreachable")
 
-        async def stuck(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            writers.append(w)
-            await _connection(r, w, Never())
-
-        good = _Doubler()
-        servers = [await asyncio.start_unix_server(lambda r, w: _connection(r, w, good),
-                                                   path=os.fspath(where / "e0.sock")),
-                   await asyncio.start_unix_server(stuck, path=os.fspath(where / "e1.sock"))]
+        servers = [await _engine(where / "e0.sock", _Doubler()),
+                   await _engine(where / "e1.sock", Never(), links)]
         slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
         pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
         pool.start()
@@ -290,7 +273,7 @@ def test_transport_requests_of_a_lost_engine_run_again_on_another() -> None:
         await asyncio.sleep(0.1)
         assert pool.links[1].outstanding > 0  # some requests wait on the stuck engine process
         servers[1].close()
-        writers[0].transport.abort()
+        links[0].transport.abort()  # type: ignore[union-attr]
         answers = await asyncio.wait_for(pending, 5)
         assert all(np.array_equal(a[0], x * 2) for a, x in zip(answers, xs, strict=True))
         await pool.close()
@@ -310,9 +293,7 @@ def test_transport_request_sent_as_a_connection_breaks_goes_to_another_engine(lo
     async def main() -> None:
         where = _short_dir()
         batchers = [_Doubler(), _Doubler()]
-        servers = [await asyncio.start_unix_server(functools.partial(_connection, batcher=b),
-                                                   path=os.fspath(where / f"e{i}.sock"))
-                   for i, b in enumerate(batchers)]
+        servers = [await _engine(where / f"e{i}.sock", b) for i, b in enumerate(batchers)]
         slab = Slab.create(where / "slab", slots=8, slot_bytes=256)
         pool = EnginePool([where / "e0.sock", where / "e1.sock"], slab)
         pool.start()
@@ -434,12 +415,13 @@ def test_transport_engine_answers_a_batch_to_one_front_in_one_write() -> None:
 
         sends: list[int] = []
 
-        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            real = w.write
-            w.write = lambda data: (sends.append(len(data)), real(data))[1]  # type: ignore[method-assign]
-            await _connection(r, w, _Held(gate, add=1))
+        class Counting(FrontLink):
+            def connection_made(self, transport_: asyncio.BaseTransport) -> None:
+                real = transport_.write  # type: ignore[attr-defined]
+                transport_.write = lambda data: (sends.append(len(data)), real(data))[1]  # type: ignore[attr-defined]
+                super().connection_made(transport_)
 
-        server = await asyncio.start_unix_server(handler, path=os.fspath(path))
+        server = await _engine(path, _Held(gate, add=1), link=Counting)
         slab = Slab.create(where / "slab", slots=64, slot_bytes=256)
         pool = EnginePool([path], slab)
         pool.start()

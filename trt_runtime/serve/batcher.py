@@ -46,15 +46,17 @@ __all__ = ["DynamicBatcher"]
 
 class _Request:
     """A waiting request: its answer goes to ``future``, or to ``done`` when there is no future
-    (:meth:`DynamicBatcher.enqueue_call`)."""
+    (:meth:`DynamicBatcher.enqueue_call`). ``count``: how many clients' requests it stands for (a
+    bundle of requests packed along the batch axis counts each of them)."""
 
-    __slots__ = ("arrays", "arrived", "done", "future")
+    __slots__ = ("arrays", "arrived", "count", "done", "future")
 
     def __init__(self, arrays: tuple[Any, ...], future: asyncio.Future[list[Any]] | None,
-                 done: Callable[[Answer], None] | None = None) -> None:
+                 done: Callable[[Answer], None] | None = None, count: int = 1) -> None:
         self.arrays = arrays
         self.future = future
         self.done = done
+        self.count = count
         self.arrived = time.perf_counter()
 
     def gone(self) -> bool:
@@ -128,6 +130,7 @@ class DynamicBatcher:
         #: Guards the queue and the counts below; the engine threads wait on it for requests.
         self._cond = threading.Condition(threading.Lock())
         self._waiting: collections.deque[_Request] = collections.deque()
+        self._queued = 0  # the clients' requests in ``_waiting`` (a bundle counts each of its own)
         self._busy = 0
         self._running: list[list[_Request]] = []
         self._threads: list[threading.Thread] = []
@@ -149,8 +152,13 @@ class DynamicBatcher:
 
     @property
     def pending(self) -> int:
-        """Requests waiting or running."""
-        return len(self._waiting) + self._busy
+        """Requests waiting, and batches running."""
+        return self._queued + self._busy
+
+    def max_rows(self, arrays: tuple[Any, ...]) -> int:
+        """The most rows one engine call takes for requests shaped like ``arrays`` (the profile's
+        maximum batch); at least 1."""
+        return self._runners[0].max_rows(arrays)
 
     # -- requests (on the loop) ------------------------------------------------------------
     async def submit(self, arrays: tuple[Any, ...]) -> list[Any]:
@@ -164,12 +172,17 @@ class DynamicBatcher:
         self._add(_Request(arrays, future))
         return future
 
-    def enqueue_call(self, arrays: tuple[Any, ...], done: Callable[[Answer], None]) -> None:
+    def enqueue_call(self, arrays: tuple[Any, ...], done: Callable[[Answer], None], count: int = 1) -> None:
         """Queue a request whose answer (its outputs, or the exception its engine call or the
         shutdown gave) is handed to ``done`` on the loop, once, as its batch ends: no future and
         no done-callback per request (the engine process answers thousands a second this way).
-        ``done`` must not raise. Call it on the loop."""
-        self._add(_Request(arrays, None, done))
+        ``done`` must not raise. Call it on the loop.
+
+        ``count``: the request is a bundle of that many clients' requests, already packed along the
+        batch axis (at most :attr:`max_batch` of them, and at most :meth:`max_rows` rows). It runs
+        whole in one engine call and counts as ``count`` requests towards a batch and in the
+        metrics."""
+        self._add(_Request(arrays, None, done, count))
 
     def _add(self, request: _Request) -> None:
         if self._closing:
@@ -180,14 +193,16 @@ class DynamicBatcher:
         waiting = self._waiting
         if self._on_loop:
             waiting.append(request)  # (only this loop touches the queue)
+            self._queued += request.count
             if not self._next_run_now:
                 self._plan_run()
             return
         with self._cond:
             waiting.append(request)
+            self._queued += request.count
             # A thread waits for a first request, or (timed) for the oldest one's batch to fill:
             # wake one only then (a thread that takes a batch wakes the next if more wait).
-            if len(waiting) == 1 or len(waiting) >= self._max_batch:
+            if len(waiting) == 1 or self._queued >= self._max_batch:
                 self._cond.notify()
 
     def _finished(self, batch: list[_Request], answers: list[Answer]) -> None:
@@ -213,7 +228,7 @@ class DynamicBatcher:
         loop = self._loop
         assert loop is not None
         due = waiting[0].arrived + self._delay_s
-        if (len(waiting) >= self._max_batch or self._closing or self._delay_s <= 0
+        if (self._queued >= self._max_batch or self._closing or self._delay_s <= 0
                 or time.perf_counter() >= due):
             if self._alarm_due is not None:
                 self._alarm_due = None
@@ -244,7 +259,7 @@ class DynamicBatcher:
         engine idle, wait the delay."""
         self._next_run_now = False
         waiting = self._waiting
-        if (not after_call and waiting and len(waiting) < self._max_batch and not self._closing
+        if (not after_call and waiting and self._queued < self._max_batch and not self._closing
                 and time.perf_counter() < waiting[0].arrived + self._delay_s):
             self._plan_run()  # (the alarm was set for a request that has run since)
             return
@@ -305,7 +320,7 @@ class DynamicBatcher:
             while True:
                 if self._stopped:
                     return None
-                if waiting and (len(waiting) >= most or self._closing or self._delay_s <= 0):
+                if waiting and (self._queued >= most or self._closing or self._delay_s <= 0):
                     wait = 0.0
                 elif waiting:
                     wait = waiting[0].arrived + self._delay_s - time.perf_counter()
@@ -322,14 +337,18 @@ class DynamicBatcher:
                     return batch
 
     def _pop_batch(self) -> list[_Request] | None:
-        """Up to ``max_batch`` waiting requests, oldest first, counted as running (``None``: only
-        requests whose caller went away were waiting); the caller holds the lock or is the loop."""
+        """Up to ``max_batch`` waiting requests (a bundle counting each of its own), oldest first,
+        counted as running (``None``: only requests whose caller went away were waiting); the
+        caller holds the lock or is the loop."""
         waiting, most = self._waiting, self._max_batch
         batch: list[_Request] = []
-        while waiting and len(batch) < most:
+        taken = 0
+        while waiting and (not batch or taken + waiting[0].count <= most):
             request = waiting.popleft()
+            self._queued -= request.count
             if not request.gone():
                 batch.append(request)
+                taken += request.count
         if not batch:
             return None
         self._busy += 1
@@ -337,8 +356,12 @@ class DynamicBatcher:
         metrics = self._metrics
         if metrics is not None:
             now = time.perf_counter()
-            metrics.batched(len(batch))
-            metrics.queued_many([now - request.arrived for request in batch])
+            metrics.batched(taken)
+            if taken == len(batch):
+                metrics.queued_many([now - request.arrived for request in batch])
+            else:
+                metrics.queued_many([now - request.arrived for request in batch],
+                                    [request.count for request in batch])
         return batch
 
     def _timed(self, fn: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
@@ -394,6 +417,7 @@ class DynamicBatcher:
         with self._cond:
             late = list(self._waiting)
             self._waiting.clear()
+            self._queued = 0
             self._stopped = True
             self._cond.notify_all()
         if self._alarm is not None:

@@ -152,22 +152,25 @@ class ServeMetrics:
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)
 
-    def queued_many(self, seconds: Sequence[float]) -> None:
+    def queued_many(self, seconds: Sequence[float], counts: Sequence[int] | None = None) -> None:
         """:meth:`queued` for each of a batch's requests, as a few counter updates: each bucket's
         count and the sum once (in multiprocess mode each update is a locked write to a shared
-        file, and a batch has dozens of requests)."""
+        file, and a batch has dozens of requests). ``counts``: how many requests each time stands
+        for (a bundle's requests waited together); one each when left out."""
+        weights = [1] * len(seconds) if counts is None else counts
         buckets, total = _histogram_parts(self._queue)
         if buckets is None or total is None:  # not the histogram layout this was written for
-            for s in seconds:
-                self._queue.observe(s)
+            for s, n in zip(seconds, weights, strict=True):
+                for _ in range(n):
+                    self._queue.observe(s)
             return
-        counts: dict[int, int] = {}
-        for s in seconds:
+        by_bucket: dict[int, int] = {}
+        for s, n in zip(seconds, weights, strict=True):
             i = bisect_left(_SECONDS, s)  # (the last bucket is +Inf)
-            counts[i] = counts.get(i, 0) + 1
-        for i, n in counts.items():
+            by_bucket[i] = by_bucket.get(i, 0) + n
+        for i, n in by_bucket.items():
             buckets[i].inc(n)
-        total.inc(sum(seconds))
+        total.inc(sum(s * n for s, n in zip(seconds, weights, strict=True)))
 
     def batched(self, requests: int) -> None:
         self._requests_per_batch.observe(requests)

@@ -3,9 +3,11 @@
 It listens on a unix socket; each front connects once, says which :class:`Slab` it owns
 (:data:`~trt_runtime.serve.local.transport.HELLO`), then sends requests whose arrays sit in
 that slab. Every request goes through one :class:`~trt_runtime.serve.batcher.DynamicBatcher`
-(one worker thread per execution context), so concurrent batch-1 requests from all fronts
-become a few engine calls; each answer is written into the request's slot and announced on
-the connection that brought it, the answers of one batch to one front in one write.
+(on the event loop, or one worker thread per execution context), so concurrent batch-1 requests
+from all fronts become a few engine calls; the requests of one read that share dtypes and shapes
+travel through the batcher as one bundle (:class:`FrontLink`). Each answer is written into the
+request's slot and announced on the connection that brought it, the answers of one batch to one
+front in one write.
 SIGTERM: stop accepting, finish what is queued (at most ``drain_s``), close the engine,
 exit 0. SIGINT is ignored: the supervisor decides.
 """
@@ -18,6 +20,7 @@ import functools
 import os
 import signal
 import sys
+import typing
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
@@ -28,7 +31,7 @@ from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 from trt_runtime.serve.options import ServeOptions
 
-__all__ = ["EngineProcessSpec", "calls_on_loop", "engine_main"]
+__all__ = ["EngineProcessSpec", "FrontLink", "calls_on_loop", "engine_main", "listen"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +131,7 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
         pad_rows=spec.options.pad_batches,
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
-    server = await asyncio.start_unix_server(
-        lambda r, w: _connection(r, w, batcher), path=os.fspath(spec.socket_path)
-    )
+    server = await listen(spec.socket_path, batcher)
     ready.send(("ready", model))
     ready.close()
     orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
@@ -142,88 +143,196 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     batcher.close()  # waits for a call still running after the drain: never close the engine under it
 
 
-async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, batcher: Any) -> None:
-    """Serve one front: every frame read goes to the batcher at once (no task and no future per
-    request, :meth:`~trt_runtime.serve.batcher.DynamicBatcher.enqueue_call`); each answer is queued
-    on ``out`` as its batch ends, so a batch's answers leave in one write."""
-    slab: Slab | None = None
-    frames = transport.FrameReader(reader)
-    out = transport.FrameWriter(writer)
-    inflight = _InFlight()
-    try:
-        batch = await frames.read()
-        _rid, _slot, status, payload = batch[0]
-        if status != transport.HELLO:
-            return
-        slab = Slab.attach(bytes(payload))
-        batch = batch[1:]
-        while True:
-            for rid, slot, _status, payload in batch:
-                _take(rid, slot, payload, slab, out, batcher, inflight)
-            batch = await frames.read()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass  # the front went away; its requests in flight are answered to no one
-    finally:
-        await inflight.none()  # (their answers are written into the slab: keep it until then)
-        writer.close()
-        if slab is not None:
-            slab.close()
+class FrontLink(transport.FrameProtocol):
+    """One front's connection: its frames go to the batcher as they arrive (from the loop's read
+    callback: no stream, task or future per request), and each answer is queued on the connection
+    as its batch ends, so a batch's answers leave in one write.
 
+    Requests whose arrays sit in a slot are bundled: those of one read that share a description
+    (dtype and shape of every array) are gathered out of their slots in one copy per input and
+    given to the batcher as one request of that many rows
+    (:meth:`~trt_runtime.serve.batcher.DynamicBatcher.enqueue_call` with ``count``); their outputs
+    go back into the slots in one copy per output. Per request, the engine process then does little
+    more than read a frame header. A bundle never exceeds the batcher's ``max_batch`` requests or
+    its ``max_rows`` rows; with a batcher that has neither, or a request that travels inline, a
+    request goes alone.
+    """
 
-class _InFlight:
-    """A connection's requests given to the batcher and not answered yet."""
+    def __init__(self, batcher: Any) -> None:
+        super().__init__(self._take_frames)
+        self._batcher = batcher
+        self._bundles = hasattr(batcher, "max_rows") and hasattr(batcher, "max_batch")
+        self._slab: Slab | None = None
+        self._out: transport.FrameWriter | None = None
+        self.transport: asyncio.Transport | None = None
+        self._inflight = 0  # requests and bundles given to the batcher and not answered yet
+        self._lost = False
+        #: Per description: its layout and the most requests a bundle of it takes (``None``: alone).
+        self._forms: dict[bytes, tuple[transport.Layout, int] | None] = {}
 
-    __slots__ = ("count", "idle")
+    def connection_made(self, transport_: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport_)  # (uvloop's is not a subclass)
+        self._out = transport.FrameWriter(self.transport)
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.idle: asyncio.Event | None = None  # made by none(), set when the count reaches 0
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The front went away: its requests in flight are answered to no one (their answers are
+        written into the slab, which stays mapped until the last of them)."""
+        self._lost = True
+        self._release()
+        super().connection_lost(exc)
 
-    def done(self) -> None:
-        self.count -= 1
-        if not self.count and self.idle is not None:
-            self.idle.set()
+    def _release(self) -> None:
+        if self._lost and not self._inflight and self._slab is not None:
+            self._slab.close()
+            self._slab = None
 
-    async def none(self) -> None:
-        if self.count:
-            self.idle = asyncio.Event()
-            await self.idle.wait()
+    def _take_frames(self, frames: list[transport.Frame]) -> None:
+        slab = self._slab
+        if slab is None:
+            if self._lost:
+                return
+            _rid, _slot, status, payload = frames[0]
+            if status != transport.HELLO:
+                assert self.transport is not None
+                self.transport.close()
+                return
+            slab = self._slab = Slab.attach(bytes(payload))
+            frames = frames[1:]
+        bundles: dict[bytes, tuple[list[int], list[int]]] = {}
+        for rid, slot, _status, payload in frames:
+            if slot == NO_SLOT or not self._bundles:
+                self._take(rid, slot, payload, slab)
+                continue
+            key = bytes(payload)
+            bundle = bundles.get(key)
+            if bundle is None:
+                bundles[key] = ([rid], [slot])
+            else:
+                bundle[0].append(rid)
+                bundle[1].append(slot)
+        for key, (rids, slots) in bundles.items():
+            self._take_bundle(key, rids, slots, slab)
 
-
-def _take(rid: int, slot: int, payload: memoryview, slab: Slab, out: transport.FrameWriter, batcher: Any,
-          inflight: _InFlight) -> None:
-    """Decode one request and hand it to the batcher; its answer is queued when its batch ends."""
-    from trt_runtime.errors import RequestError
-
-    where = None if slot == NO_SLOT else slab.slot(slot)
-    try:
-        batcher.enqueue_call(tuple(transport.decode_arrays(payload, where)),
-                             functools.partial(_answer, rid, slot, where, out, inflight))
-    except RequestError as exc:
-        out.frame(rid, NO_SLOT, exc.status, str(exc).encode())
-        return
-    except Exception as exc:
-        out.frame(rid, NO_SLOT, 500, f"{type(exc).__name__}: {exc}".encode())
-        return
-    inflight.count += 1
-
-
-def _answer(rid: int, slot: int, where: memoryview | None, out: transport.FrameWriter, inflight: _InFlight,
-            answer: list[Any] | BaseException) -> None:
-    """Queue the frame of one request's ``answer`` (its outputs, written into its slot when they
-    fit, or the error): called by the batcher as the request's batch ends. It never raises."""
-    from trt_runtime.errors import RequestError
-
-    inflight.done()
-    if not isinstance(answer, BaseException):
+    def _take(self, rid: int, slot: int, payload: memoryview, slab: Slab) -> None:
+        """Decode one request and hand it to the batcher; its answer is queued when its batch ends."""
+        where = None if slot == NO_SLOT else slab.slot(slot)
         try:
-            description, inline = transport.encode_arrays(answer, where)
-        except Exception as exc:  # an output that cannot cross: the request fails, not the connection
-            answer = exc
-        else:
-            out.frame(rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
+            arrays = tuple(transport.decode_arrays(payload, where))
+            self._batcher.enqueue_call(arrays, functools.partial(self._answer, rid, slot, where))
+        except Exception as exc:
+            self._refuse([rid], exc)
             return
-    if isinstance(answer, RequestError):
-        out.frame(rid, NO_SLOT, answer.status, str(answer).encode())
-    else:
-        out.frame(rid, NO_SLOT, 500, f"{type(answer).__name__}: {answer}".encode())
+        self._inflight += 1
+
+    def _form(self, key: bytes, slab: Slab, slot: int) -> tuple[transport.Layout, int] | None:
+        form = self._forms.get(key, False)
+        if form is False:
+            form = None
+            layout = transport.slot_layout(key, slab.slot_bytes)
+            if layout is not None:
+                most = self._batcher.max_batch
+                if most > 1:
+                    sample = tuple(transport.decode_arrays(memoryview(key), slab.slot(slot)))
+                    most = min(most, self._batcher.max_rows(sample) // layout[0][1][0])
+                form = (layout, most) if most >= 1 else None
+            if len(self._forms) >= 256:
+                self._forms.clear()
+            self._forms[key] = form
+        return form  # type: ignore[return-value]
+
+    def _take_bundle(self, key: bytes, rids: list[int], slots: list[int], slab: Slab) -> None:
+        import numpy as np
+
+        try:
+            form = self._form(key, slab, slots[0])
+        except Exception:  # (a description this process cannot read: each request says why)
+            form = None
+        if form is None:
+            for rid, slot in zip(rids, slots, strict=True):
+                self._take(rid, slot, memoryview(key), slab)
+            return
+        layout, most = form
+        rows = slab.rows()
+        for start in range(0, len(rids), most):
+            ids, where = rids[start:start + most], slots[start:start + most]
+            index = np.array(where, np.intp)
+            try:
+                arrays = transport.gather(rows, index, layout)
+                answer = functools.partial(self._answer_bundle, ids, where, index, layout[0][1][0])
+                self._batcher.enqueue_call(arrays, answer, len(ids))
+            except Exception as exc:
+                self._refuse(ids, exc)
+                continue
+            self._inflight += 1
+
+    def _answer_bundle(self, rids: list[int], slots: list[int], index: Any, step: int,
+                       answer: list[Any] | BaseException) -> None:
+        """Write a bundle's outputs (``step`` rows per request) into its slots and queue one frame
+        per request; a bundle whose answer does not fit a slot is answered request by request,
+        inline. Called by the batcher as the bundle's batch ends; it never raises."""
+        from trt_runtime.errors import EngineError
+
+        self._inflight -= 1
+        out, slab = self._out, self._slab
+        try:
+            if self._lost or out is None or slab is None:
+                return  # (the front went away: nobody reads these)
+            if isinstance(answer, BaseException):
+                raise answer
+            total = len(rids) * step
+            bad = [o.shape for o in answer if o.ndim == 0 or o.shape[0] != total]
+            if bad:
+                raise EngineError(f"engine outputs {bad} do not have the batch's {total} rows first; "
+                                  "cannot split")
+            description = transport.scatter(slab.rows(), index, answer, slab.slot_bytes)
+            if description is None:  # too big for a slot: each request's part inline
+                for i, rid in enumerate(rids):
+                    part = [o[i * step:(i + 1) * step] for o in answer]
+                    self._answer(rid, NO_SLOT, None, part, counted=False)
+                return
+            out.frames(rids, slots, 0, description)
+        except Exception as exc:
+            self._refuse(rids, exc)
+        finally:
+            self._release()
+
+    def _answer(self, rid: int, slot: int, where: memoryview | None, answer: list[Any] | BaseException,
+                counted: bool = True) -> None:
+        """Queue the frame of one request's ``answer`` (its outputs, written into its slot when they
+        fit, or the error): called by the batcher as the request's batch ends. It never raises."""
+        if counted:
+            self._inflight -= 1
+        out = self._out
+        try:
+            if out is None or self._lost:
+                return
+            if not isinstance(answer, BaseException):
+                try:
+                    description, inline = transport.encode_arrays(answer, where)
+                except Exception as exc:  # an output that cannot cross: the request fails, not the connection
+                    answer = exc
+                else:
+                    out.frame(rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
+                    return
+            self._refuse([rid], answer)
+        finally:
+            if counted:
+                self._release()
+
+    def _refuse(self, rids: list[int], error: BaseException) -> None:
+        """Answer each of ``rids`` with ``error``: its HTTP status for a refusal, else 500."""
+        from trt_runtime.errors import RequestError
+
+        out = self._out
+        if out is None or self._lost:
+            return
+        if isinstance(error, RequestError):
+            out.frames(rids, [NO_SLOT] * len(rids), error.status, str(error).encode())
+        else:
+            out.frames(rids, [NO_SLOT] * len(rids), 500, f"{type(error).__name__}: {error}".encode())
+
+
+async def listen(path: Path, batcher: Any) -> asyncio.AbstractServer:
+    """Serve fronts on the unix socket ``path``, every request through ``batcher``."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_unix_server(lambda: FrontLink(batcher), path=os.fspath(path))

@@ -36,13 +36,18 @@ __all__ = [
     "HEADER",
     "HELLO",
     "NO_SLOT",
+    "Layout",
     "FrameProtocol",
     "FrameReader",
     "FrameWriter",
     "Slab",
     "decode_arrays",
+    "describe",
     "encode_arrays",
+    "gather",
+    "scatter",
     "shm_dir",
+    "slot_layout",
     "split_frames",
 ]
 
@@ -99,6 +104,7 @@ class Slab:
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), slots * slot_bytes)
         self.view = memoryview(self._map)
+        self._rows: Any = None  # rows(), made on first use
         self._free = list(range(slots - 1, -1, -1)) if owner else []
 
     @classmethod
@@ -134,10 +140,20 @@ class Slab:
         start = index * self.slot_bytes
         return self.view[start:start + self.slot_bytes]
 
+    def rows(self) -> Any:
+        """The slab as a writable ``numpy.uint8`` array of ``(slots, slot_bytes)``: one slot per
+        row, so a list of slots is read or written in one indexing (:func:`gather`, :func:`scatter`)."""
+        if self._rows is None:
+            import numpy as np
+
+            self._rows = np.frombuffer(self._map, np.uint8).reshape(self.slots, self.slot_bytes)
+        return self._rows
+
     def close(self) -> None:
         """Unmap; the owner also removes the file. Idempotent."""
         if self._map.closed:
             return
+        self._rows = None
         self.view.release()
         try:
             self._map.close()
@@ -151,12 +167,9 @@ def _padded(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes, list[Any]]:
-    """``(description, inline buffers)``: the arrays go into ``slot`` when it holds them all.
-
-    Returns no inline buffers when the data went into the slot; else the buffers to send
-    after the description, in order.
-    """
+def describe(arrays: Sequence[Any]) -> tuple[bytes, list[Any], int]:
+    """``(description, the arrays C-contiguous, the bytes they take in a slot)``; ``InputError``
+    for an array that cannot cross (not numeric)."""
     import numpy as np
 
     parts = [bytes((len(arrays),))]
@@ -178,7 +191,16 @@ def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes
         contiguous.append(a)
         parts.append(meta)
         total += _padded(a.nbytes)
-    description = b"".join(parts)
+    return b"".join(parts), contiguous, total
+
+
+def encode_arrays(arrays: Sequence[Any], slot: memoryview | None) -> tuple[bytes, list[Any]]:
+    """``(description, inline buffers)``: the arrays go into ``slot`` when it holds them all.
+
+    Returns no inline buffers when the data went into the slot; else the buffers to send
+    after the description, in order.
+    """
+    description, contiguous, total = describe(arrays)
     if slot is None or total > len(slot):
         return description, [memoryview(a).cast("B") for a in contiguous if a.nbytes]  # type: ignore[arg-type]
     offset = 0
@@ -198,10 +220,8 @@ def _dtype(code: bytes) -> Any:
     return dtype
 
 
-def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
-    """The arrays a payload describes, copied out of ``slot`` or out of the inline bytes."""
-    import numpy as np
-
+def _read_metas(payload: memoryview) -> tuple[list[tuple[Any, tuple[int, ...], int]], int]:
+    """Each array's ``(dtype, shape, bytes)`` from a description, and where the description ends."""
     count = payload[0]
     pos = 1
     metas = []
@@ -217,6 +237,14 @@ def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
                 _READ[key] = meta
         metas.append(meta)
         pos = end
+    return metas, pos
+
+
+def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
+    """The arrays a payload describes, copied out of ``slot`` or out of the inline bytes."""
+    import numpy as np
+
+    metas, pos = _read_metas(payload)
     arrays = []
     inline = slot is None
     source = payload if inline else slot
@@ -230,6 +258,56 @@ def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
             arrays.append(np.empty(shape, dtype))
         offset += nbytes if inline else _padded(nbytes)
     return arrays
+
+
+#: Where each array of a request sits in its slot: ``(dtype, shape, bytes, offset)`` per array.
+Layout = tuple[tuple[Any, tuple[int, ...], int, int], ...]
+
+
+def slot_layout(description: bytes | memoryview, slot_bytes: int) -> Layout | None:
+    """The layout of a description's arrays in a slot, for :func:`gather`; ``None`` when they
+    cannot be gathered by rows: an array with no rows or no batch axis, or arrays whose row counts
+    differ, or that do not fit ``slot_bytes``."""
+    metas, _end = _read_metas(memoryview(description))
+    layout = []
+    offset = 0
+    for dtype, shape, nbytes in metas:
+        if not shape or not nbytes or shape[0] != metas[0][1][0]:
+            return None
+        layout.append((dtype, shape, nbytes, offset))
+        offset += _padded(nbytes)
+    return tuple(layout) if layout and offset <= slot_bytes else None
+
+
+def gather(rows: Any, slots: Any, layout: Layout) -> tuple[Any, ...]:
+    """The arrays of the requests in ``slots`` (an index array into :meth:`Slab.rows`), all laid out
+    as ``layout`` says, packed along the batch axis: one copy per array for all of them."""
+    count = len(slots)
+    return tuple(
+        rows[slots, offset:offset + nbytes].view(dtype).reshape((count * shape[0], *shape[1:]))
+        for dtype, shape, nbytes, offset in layout
+    )
+
+
+def scatter(rows: Any, slots: Any, outputs: Sequence[Any], slot_bytes: int) -> bytes | None:
+    """Write ``outputs`` (each of ``len(slots)`` equal parts along its first axis, one per request)
+    into the requests' slots, one copy per output; the description of one request's part (the same
+    for each), or ``None`` when a part does not fit a slot (nothing written).
+    ``InputError`` for an output that cannot cross."""
+    import numpy as np
+
+    count = len(slots)
+    parts = [o[:o.shape[0] // count] for o in outputs]
+    description, _contiguous, total = describe(parts)
+    if total > slot_bytes:
+        return None
+    offset = 0
+    for o, part in zip(outputs, parts, strict=True):
+        if part.nbytes:
+            flat = np.ascontiguousarray(o).reshape(count, -1).view(np.uint8)
+            rows[slots, offset:offset + part.nbytes] = flat
+        offset += _padded(part.nbytes)
+    return description
 
 
 #: One frame as read: ``(request id, slot, status, payload)``.
@@ -326,6 +404,15 @@ class FrameWriter:
         length = len(payload) + sum(len(b) for b in extra)
         parts.append(HEADER.pack(length, request_id, slot, status) + payload)
         parts.extend(extra)
+
+    def frames(self, request_ids: Sequence[int], slots: Sequence[int], status: int, payload: bytes) -> None:
+        """:meth:`frame` for each request id and slot, with the same status and payload."""
+        parts = self._parts
+        if not parts:
+            self._loop.call_soon(self.flush)
+        pack, length = HEADER.pack, len(payload)
+        parts.extend([pack(length, rid, slot, status) + payload
+                      for rid, slot in zip(request_ids, slots, strict=True)])
 
     def flush(self) -> None:
         """Send what is queued now (also called by the loop once per pass)."""
