@@ -440,14 +440,23 @@ def test_transport_engine_answers_a_batch_to_one_front_in_one_write() -> None:
     asyncio.run(main())
 
 
-def test_transport_fronts_break_ties_between_engines_from_their_own_index(slab: Slab) -> None:
-    """Idle fronts do not all send to engine process 0: front i starts its scan at link i."""
-    paths = [Path("e0.sock"), Path("e1.sock")]
-    pools = [EnginePool(paths, slab, first=i) for i in range(3)]
+def test_transport_fronts_send_home_and_spill_to_the_least_busy(slab: Slab) -> None:
+    """Front i sends to engine process i % n (so each engine process reads from part of the fronts)
+    until it has SPILL_AFTER more requests outstanding there than at the least busy one."""
+    from trt_runtime.serve.local.front import SPILL_AFTER
+
+    paths = [Path("e0.sock"), Path("e1.sock"), Path("e2.sock")]
+    pools = [EnginePool(paths, slab, first=i) for i in range(4)]
     for pool in pools:
         for link in pool.links:
             link.up.set()
         assert [link.path for link in pool.links] == paths  # the links keep the sockets' order
-    assert [pool._least_busy() is pool.links[i % 2] for i, pool in enumerate(pools)] == [True] * 3
-    pools[1].links[1].outstanding = 1  # busier: the least busy still wins over the rotation
-    assert pools[1]._least_busy() is pools[1].links[0]
+    assert [pool._pick() is pool.links[i % 3] for i, pool in enumerate(pools)] == [True] * 4
+    home, other, third = pools[1].links[1], pools[1].links[0], pools[1].links[2]
+    home.outstanding, third.outstanding = SPILL_AFTER - 1, 1
+    assert pools[1]._pick() is home  # busier, but not by SPILL_AFTER
+    home.outstanding = SPILL_AFTER
+    assert pools[1]._pick() is other  # the least busy takes it
+    home.up.clear()
+    other.outstanding = 2
+    assert pools[1]._pick() is third  # home down: the next in the rotation is home now

@@ -3,7 +3,8 @@
 The app (:func:`~trt_runtime.serve.http.make_app`) decodes and checks requests on this
 process's event loop and calls :meth:`EnginePool.infer`, which writes the arrays into
 this front's :class:`~trt_runtime.serve.local.transport.Slab` and sends a small frame to
-the engine process with the fewest requests outstanding; the answer comes back on the same
+the front's home engine process, or to the least busy one when home is much busier
+(:data:`SPILL_AFTER`); the answer comes back on the same
 connection. The requests in flight to an engine process that died run once more on
 another (or on its successor), and the link dials again until the successor listens.
 SIGTERM: stop accepting, finish in-flight requests (at most ``drain_s``), exit 0; SIGINT
@@ -176,11 +177,19 @@ class EngineLink:
                 future.set_exception(EngineLost(f"engine process at {self.path.name} went away", 503))
 
 
-class EnginePool:
-    """Every engine process this front talks to; a request goes to the least busy one that is up.
+#: A front sends to its home engine process until this front has this many more requests outstanding
+#: there than at the least busy one. Each engine process then reads from and writes to a part of the
+#: fronts in each pass of its loop (a read and a write per front connection cost it more than a
+#: request does), while a front with more clients than the rest still spreads them.
+SPILL_AFTER = 4
 
-    Ties go to the first in a rotation that starts at link ``first`` (the front's index), so the
-    fronts of a server do not all favour engine process 0 when they are idle.
+
+class EnginePool:
+    """Every engine process this front talks to; a request goes to the front's home engine process
+    (link ``first`` modulo their count, ``first`` being the front's index) unless it has
+    :data:`SPILL_AFTER` more requests outstanding than the least busy one that is up, which then
+    takes it. Fronts thus split over the engine processes in turn (and none favours engine
+    process 0), and a link that is down hands its turn to the next.
     """
 
     def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None, first: int = 0,
@@ -203,30 +212,37 @@ class EnginePool:
     async def infer(self, arrays: Sequence[Any]) -> list[Any]:
         """The engine's outputs for ``arrays``. A request whose engine process died before it
         answered runs once more elsewhere (an inference has no side effects to repeat)."""
-        link = self._least_busy() or await self._wait_for_one()
+        link = self._pick() or await self._wait_for_one()
         try:
             return await link.send(arrays)
         except EngineLost:
-            return await (self._least_busy() or await self._wait_for_one()).send(arrays)
+            return await (self._pick() or await self._wait_for_one()).send(arrays)
 
     async def _wait_for_one(self) -> EngineLink:
-        """The least busy link once one is up: an engine process is being restarted."""
-        best = self._least_busy()
+        """The link to send to once one is up: an engine process is being restarted."""
+        best = self._pick()
         if best is None:
             waits = [asyncio.ensure_future(link.up.wait()) for link in self.links]
             await asyncio.wait(waits, timeout=self.wait_for_engine_s, return_when=asyncio.FIRST_COMPLETED)
             for waiting in waits:
                 waiting.cancel()
-            best = self._least_busy()
+            best = self._pick()
         if best is None:
             raise RequestError("no engine process is up; try again shortly", 503)
         return best
 
-    def _least_busy(self) -> EngineLink | None:
-        best = None
+    def _pick(self) -> EngineLink | None:
+        """The home link (the first usable one in this front's rotation) unless it is
+        :data:`SPILL_AFTER` busier than the least busy; ``None`` when no link is usable."""
+        home = best = None
         for link in self._order:
-            if link.usable() and (best is None or link.outstanding < best.outstanding):
-                best = link
+            if link.usable():
+                if home is None:
+                    home = link
+                if best is None or link.outstanding < best.outstanding:
+                    best = link
+        if home is not None and best is not None and home.outstanding - best.outstanding < SPILL_AFTER:
+            return home
         return best
 
     async def close(self) -> None:
