@@ -181,7 +181,7 @@ class EngineLink:
 #: there than at the least busy one. Each engine process then reads from and writes to a part of the
 #: fronts in each pass of its loop (a read and a write per front connection cost it more than a
 #: request does), while a front with more clients than the rest still spreads them.
-SPILL_AFTER = 4
+SPILL_AFTER = 16
 
 
 class EnginePool:
