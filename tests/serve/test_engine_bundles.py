@@ -52,7 +52,7 @@ class _Spy(DynamicBatcher):
         super().enqueue_call(arrays, done, count)
 
 
-async def _serve(batcher: DynamicBatcher, inputs: list[Any], slot_bytes: int = 256) -> list[Any]:
+async def _serve(batcher: Any, inputs: list[Any], slot_bytes: int = 256) -> list[Any]:
     """Send every input at once through one front's pool; each answer or error, in order."""
     where = Path(tempfile.mkdtemp(prefix="trt-b-"))
     server = await engine_side(where / "e.sock", batcher)
@@ -66,8 +66,9 @@ async def _serve(batcher: DynamicBatcher, inputs: list[Any], slot_bytes: int = 2
     finally:
         assert sorted(slab._free) == list(range(64))  # every slot given back
         await pool.close()
-        await batcher.aclose(1.0)
-        batcher.close()
+        if isinstance(batcher, DynamicBatcher):
+            await batcher.aclose(1.0)
+            batcher.close()
         server.close()
         slab.close()
 
@@ -133,6 +134,30 @@ def test_bundles_whose_call_fails_answer_every_request_with_the_error(engine: _E
     for answer in answers:
         assert isinstance(answer, RequestError) and answer.status == status, answer
         assert re.search(match, str(answer)), answer
+
+
+def test_bundles_answered_with_an_interrupt_get_a_500_each() -> None:
+    """A batch whose runner was interrupted answers each request with the interrupt (the loop then
+    handles it): every request of a bundle gets a 500 naming it, and the link goes on."""
+
+    class Interrupted:
+        max_batch = 8
+
+        def __init__(self) -> None:
+            self.counts: list[int] = []
+
+        def max_rows(self, arrays: tuple[Any, ...]) -> int:
+            return 8
+
+        def enqueue_call(self, arrays: tuple[Any, ...], done: Any, count: int = 1) -> None:
+            self.counts.append(count)
+            asyncio.get_running_loop().call_soon(done, KeyboardInterrupt())
+
+    batcher = Interrupted()
+    answers = asyncio.run(_serve(batcher, [np.full((1, 4), i, np.float32) for i in range(5)]))
+    assert max(batcher.counts) > 1
+    assert all(isinstance(a, RequestError) and a.status == 500 and "KeyboardInterrupt" in str(a)
+               for a in answers), answers
 
 
 def test_batcher_counts_a_bundle_as_its_requests_when_it_fills_a_batch() -> None:

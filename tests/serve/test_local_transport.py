@@ -363,7 +363,7 @@ def test_transport_frame_protocol_hands_over_whole_frames_as_they_arrive() -> No
 
 
 def test_transport_frames_of_one_loop_pass_leave_in_one_write_and_read_back_whole() -> None:
-    from trt_runtime.serve.local.transport import FrameReader, FrameWriter
+    from trt_runtime.serve.local.transport import FrameProtocol, FrameWriter
 
     async def main() -> None:
         sink = _CountingWriter()
@@ -376,27 +376,21 @@ def test_transport_frames_of_one_loop_pass_leave_in_one_write_and_read_back_whol
         assert sink.writes == []  # nothing sent until the loop's pass is over
         await asyncio.sleep(0)
         assert len(sink.writes) == 1  # 42 frames, one send
-        reader = asyncio.StreamReader()
-        frames = FrameReader(reader)
+        reads: list[list[Any]] = []
+        protocol = FrameProtocol(reads.append)  # how an engine process reads them
         stream = sink.writes[0]
-        reader.feed_data(stream[:10])  # a header cut in two: nothing complete yet
-        got = asyncio.ensure_future(frames.read())
-        await asyncio.sleep(0)
-        assert not got.done()
-        reader.feed_data(stream[10:1000])
-        first = await got
+        protocol.data_received(stream[:10])  # a header cut in two: nothing complete yet
+        assert reads == []
+        protocol.data_received(stream[10:1000])
+        (first,) = reads
         assert [f[:3] for f in first] == [(rid, rid % 7, 0) for rid in range(1, len(first) + 1)]
         assert bytes(first[0][3]) == b"d1"
-        reader.feed_data(stream[1000:])
-        reader.feed_eof()
-        rest: list[Any] = []
-        while len(first) + len(rest) < 42:
-            rest += await frames.read()
+        for start in range(1000, len(stream), 65536):  # the big frame arrives a socket's worth at a time
+            protocol.data_received(stream[start:start + 65536])
+        rest = [f for frames in reads[1:] for f in frames]
         assert [f[0] for f in first + rest] == list(range(1, 43))
         assert bytes(rest[-2][3]) == b"head" + big
         assert (rest[-1][2], bytes(rest[-1][3])) == (503, b"engine gone")
-        with pytest.raises(asyncio.IncompleteReadError):
-            await frames.read()
         sink.closing = True  # the reader went away: later frames are dropped, not sent
         out.frame(43, NO_SLOT, 0, b"x")
         await asyncio.sleep(0)

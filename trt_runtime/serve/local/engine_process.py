@@ -278,7 +278,8 @@ class FrontLink(transport.FrameProtocol):
             if self._lost or out is None or slab is None:
                 return  # (the front went away: nobody reads these)
             if isinstance(answer, BaseException):
-                raise answer
+                self._refuse(rids, answer)
+                return
             total = len(rids) * step
             bad = [o.shape for o in answer if o.ndim == 0 or o.shape[0] != total]
             if bad:

@@ -15,9 +15,10 @@ the slab's path and slot geometry.
 
 Frames are gathered both ways: a :class:`FrameWriter` queues the frames of one pass of the
 event loop and sends them with one write (the answers of a whole batch to one front, the
-requests a front took in one pass), and a :class:`FrameReader` (the engine process) or a
-:class:`FrameProtocol` (a front) reads what the socket holds and hands over every complete frame
-in it. Per request, the hop costs no syscall of its own.
+requests a front took in one pass), and a :class:`FrameProtocol` (a front's, or an engine
+process's :class:`~trt_runtime.serve.local.engine_process.FrontLink`) hands over every complete
+frame of what the socket held, from the loop's read callback. Per request, the hop costs no
+syscall of its own.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ __all__ = [
     "NO_SLOT",
     "Layout",
     "FrameProtocol",
-    "FrameReader",
     "FrameWriter",
     "Slab",
     "decode_arrays",
@@ -312,7 +312,6 @@ def scatter(rows: Any, slots: Any, outputs: Sequence[Any], slot_bytes: int) -> b
 
 #: One frame as read: ``(request id, slot, status, payload)``.
 Frame = tuple[int, int, int, memoryview]
-_READ_BYTES = 256 * 1024
 
 
 def split_frames(buffer: bytes | bytearray) -> tuple[list[Frame], int]:
@@ -328,32 +327,6 @@ def split_frames(buffer: bytes | bytearray) -> tuple[list[Frame], int]:
         frames.append((request_id, slot, status, memoryview(bytes(buffer[start:start + length]))))
         pos = start + length
     return frames, pos
-
-
-class FrameReader:
-    """Reads frames from ``reader`` a socket's worth at a time (one await for all that arrived)."""
-
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        self._reader = reader
-        self._buffer = bytearray()
-
-    async def read(self) -> list[Frame]:
-        """Every complete frame received so far, at least one; ``asyncio.IncompleteReadError``
-        at end of stream."""
-        buffer = self._buffer
-        while True:
-            frames, used = split_frames(buffer)
-            if frames:
-                del buffer[:used]
-                return frames
-            chunk = await self._reader.read(max(_READ_BYTES, HEADER.size + _pending_length(buffer)))
-            if not chunk:
-                raise asyncio.IncompleteReadError(bytes(buffer), None)
-            buffer += chunk
-
-
-def _pending_length(buffer: bytearray) -> int:
-    return HEADER.unpack_from(buffer)[0] if len(buffer) >= HEADER.size else 0
 
 
 class FrameProtocol(asyncio.Protocol):
