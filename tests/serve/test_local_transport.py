@@ -435,12 +435,12 @@ def test_transport_engine_answers_a_batch_to_one_front_in_one_write() -> None:
 
 
 def test_transport_fronts_send_home_and_spill_to_the_least_busy(slab: Slab) -> None:
-    """Front i sends to engine process i % n (so each engine process reads from part of the fronts)
-    until it has SPILL_AFTER more requests outstanding there than at the least busy one."""
+    """Front i of 4 sends to engine process i % 3 (so each engine process reads from part of the
+    fronts) until it has SPILL_AFTER more requests outstanding there than at the least busy one."""
     from trt_runtime.serve.local.front import SPILL_AFTER
 
     paths = [Path("e0.sock"), Path("e1.sock"), Path("e2.sock")]
-    pools = [EnginePool(paths, slab, first=i) for i in range(4)]
+    pools = [EnginePool(paths, slab, first=i, fronts=4) for i in range(4)]
     for pool in pools:
         for link in pool.links:
             link.up.set()
@@ -454,3 +454,29 @@ def test_transport_fronts_send_home_and_spill_to_the_least_busy(slab: Slab) -> N
     home.up.clear()
     other.outstanding = 2
     assert pools[1]._pick() is third  # home down: the next in the rotation is home now
+
+
+def test_transport_fewer_fronts_than_engines_share_them_out(slab: Slab) -> None:
+    """With 2 fronts and 4 engine processes front 0 is home at 0 and 2, front 1 at 1 and 3 (every
+    engine process serves someone), each sending to the least busy of its homes; one front alone
+    (``fronts=1``, the default) has every engine process as home."""
+    paths = [Path(f"e{i}.sock") for i in range(4)]
+    pools = [EnginePool(paths, slab, first=i, fronts=2) for i in range(2)] + [EnginePool(paths, slab)]
+    for pool in pools:
+        for link in pool.links:
+            link.up.set()
+
+    def picks(pool: EnginePool, sends: int) -> list[int]:
+        for link in pool.links:
+            link.outstanding = 0
+        chosen = []
+        for _ in range(sends):
+            link = pool._pick()
+            assert link is not None
+            link.outstanding += 1
+            chosen.append(pool.links.index(link))
+        return chosen
+
+    assert picks(pools[0], 4) == [0, 2, 0, 2]
+    assert picks(pools[1], 4) == [1, 3, 1, 3]
+    assert picks(pools[2], 4) == [0, 1, 2, 3]  # alone: the least busy of all

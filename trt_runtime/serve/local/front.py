@@ -54,6 +54,7 @@ class FrontSpec:
     slab_path: Path
     max_body_bytes: int
     drain_s: float
+    fronts: int = 1  # the server's front processes (the supervisor's ``workers``)
 
 
 class EngineLink:
@@ -177,7 +178,7 @@ class EngineLink:
                 future.set_exception(EngineLost(f"engine process at {self.path.name} went away", 503))
 
 
-#: A front sends to its home engine process until this front has this many more requests outstanding
+#: A front sends to its home engine processes until this front has this many more requests outstanding
 #: there than at the least busy one. Each engine process then reads from and writes to a part of the
 #: fronts in each pass of its loop (a read and a write per front connection cost it more than a
 #: request does), while a front with more clients than the rest still spreads them.
@@ -185,18 +186,25 @@ SPILL_AFTER = 16
 
 
 class EnginePool:
-    """Every engine process this front talks to; a request goes to the front's home engine process
-    (link ``first`` modulo their count, ``first`` being the front's index) unless it has
-    :data:`SPILL_AFTER` more requests outstanding than the least busy one that is up, which then
-    takes it. Fronts thus split over the engine processes in turn (and none favours engine
-    process 0), and a link that is down hands its turn to the next.
+    """Every engine process this front talks to. A request goes to the least busy of the front's
+    home engine processes unless it has :data:`SPILL_AFTER` more requests outstanding than the least
+    busy of all, which then takes it. Front ``first`` of ``fronts`` has one home, engine process
+    ``first`` modulo their count, when there are at least as many fronts as engine processes; with
+    fewer, every engine process ``j`` with ``j % fronts == first % fronts``. So every engine process
+    is some front's home, and ``fronts=1`` (the default) makes every engine process home: the least
+    busy one takes each request. Ties go to the first in a rotation that starts at link ``first``
+    (none favours engine process 0), and when every home is down the next in the rotation is home.
     """
 
     def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None, first: int = 0,
-                 on_round_trip: Callable[[float], None] | None = None) -> None:
+                 on_round_trip: Callable[[float], None] | None = None, fronts: int = 1) -> None:
         self.links = [EngineLink(path, slab, on_change, on_round_trip) for path in sockets]
-        start = first % len(self.links) if self.links else 0
-        self._order = self.links[start:] + self.links[:start]
+        count = len(self.links)
+        start = first % count if count else 0
+        fronts = max(1, fronts)
+        homes = {start} if fronts >= count else {j for j in range(count) if j % fronts == first % fronts}
+        #: ``(link, home)`` in this front's rotation.
+        self._order = [(self.links[j % count], j % count in homes) for j in range(start, start + count)]
         self.wait_for_engine_s = WAIT_FOR_ENGINE_S
 
     def start(self) -> None:
@@ -232,15 +240,19 @@ class EnginePool:
         return best
 
     def _pick(self) -> EngineLink | None:
-        """The home link (the first usable one in this front's rotation) unless it is
-        :data:`SPILL_AFTER` busier than the least busy; ``None`` when no link is usable."""
-        home = best = None
-        for link in self._order:
-            if link.usable():
-                if home is None:
-                    home = link
-                if best is None or link.outstanding < best.outstanding:
-                    best = link
+        """The least busy usable home link unless it is :data:`SPILL_AFTER` busier than the least
+        busy usable link, which is then the pick; ``None`` when no link is usable."""
+        home = best = first = None
+        for link, is_home in self._order:
+            if not link.usable():
+                continue
+            if first is None:
+                first = link
+            if best is None or link.outstanding < best.outstanding:
+                best = link
+            if is_home and (home is None or link.outstanding < home.outstanding):
+                home = link
+        home = home or first
         if home is not None and best is not None and home.outstanding - best.outstanding < SPILL_AFTER:
             return home
         return best
@@ -271,7 +283,7 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
 
     metrics = ServeMetrics(spec.model.name)
     pool = EnginePool(spec.engine_sockets, slab, links_changed, first=spec.index,
-                      on_round_trip=metrics.round_trip)
+                      on_round_trip=metrics.round_trip, fronts=spec.fronts)
     pool.start()
     await pool.wait_up()
     app = make_app(

@@ -254,6 +254,7 @@ class LocalServer:
                 index=index, model=self.model, engine_sockets=sockets,
                 slab_path=self._run_dir / f"slab-{index}-{self._front_starts}",
                 max_body_bytes=self.config.max_body_bytes, drain_s=self.config.drain_s,
+                fronts=self.config.workers,
             )
             return self._ctx.Process(target=front_main, args=(spec, self._sock, self._ready_flag, pipe),
                                      name=f"trt-front-{index}")
