@@ -357,11 +357,8 @@ class DynamicBatcher:
         if metrics is not None:
             now = time.perf_counter()
             metrics.batched(taken)
-            if taken == len(batch):
-                metrics.queued_many([now - request.arrived for request in batch])
-            else:
-                metrics.queued_many([now - request.arrived for request in batch],
-                                    [request.count for request in batch])
+            metrics.queued_many([now - request.arrived for request in batch],
+                                [request.count for request in batch])
         return batch
 
     def _timed(self, fn: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
