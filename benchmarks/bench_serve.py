@@ -160,6 +160,10 @@ class Front:
     cells: tuple[tuple[str, int], ...]
     variant: str = ""  # local server: a --variants name ("" = the CLI's defaults)
 
+    def options(self) -> Variant:
+        """Its ``variant``, parsed (the CLI's defaults for none)."""
+        return parse_variant(self.variant) if self.variant else Variant()
+
 
 class Variant(NamedTuple):
     """A ``--variants`` name, parsed: the local server's options it sets."""
@@ -236,7 +240,7 @@ def started(front: Front, w: Workload, args: argparse.Namespace,
     elif front.front == "local":
         gpus = "all" if front.gpus == 0 else ",".join(map(str, range(front.gpus)))
         cache = None if args.smoke else args.work / "runtime.cache"
-        v = parse_variant(front.variant) if front.variant else Variant()
+        v = front.options()
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache,
                                        engine_calls=v.engine_calls, switch_interval_us=v.switch_us,
@@ -281,7 +285,7 @@ def run_plan(fronts: list[Front], w: Workload, args: argparse.Namespace, deadlin
                     with contextlib.ExitStack() as server:
                         port, path, roles = server.enter_context(started(front, w, args, ray))
                         pins: dict[str, Any] = {}
-                        if front.variant and parse_variant(front.variant).pin:
+                        if front.options().pin:
                             cores = server.enter_context(serve_pinning.pinned(roles, load.pids()))
                             pins = {"pinned": cores is not None}
                         for body, clients in front.cells:

@@ -222,14 +222,12 @@ class DynamicBatcher:
         request's delay is over, there is no queue delay or the batcher is closing; else when that
         delay ends (:class:`_Alarm`). Called as each request arrives, so a busy loop starts the
         batch itself once the delay is over."""
-        waiting = self._waiting
-        if not waiting or self._stopped:
+        if not self._waiting or self._stopped:
             return
         loop = self._loop
         assert loop is not None
-        due = waiting[0].arrived + self._delay_s
-        if (self._queued >= self._max_batch or self._closing or self._delay_s <= 0
-                or time.perf_counter() >= due):
+        due = self._due()
+        if due is None:
             if self._alarm_due is not None:
                 self._alarm_due = None
                 assert self._alarm is not None
@@ -258,9 +256,7 @@ class DynamicBatcher:
         them only after the call, so they have waited already. Requests read later, with the
         engine idle, wait the delay."""
         self._next_run_now = False
-        waiting = self._waiting
-        if (not after_call and waiting and self._queued < self._max_batch and not self._closing
-                and time.perf_counter() < waiting[0].arrived + self._delay_s):
+        if not after_call and self._waiting and self._due() is not None:
             self._plan_run()  # (the alarm was set for a request that has run since)
             return
         batch = self._pop_batch()
@@ -315,26 +311,32 @@ class DynamicBatcher:
         ``max_batch - 1`` more, after waiting up to the queue delay from the oldest one's
         arrival for the batch to fill (no wait while closing). Requests whose caller went away
         are left out."""
-        cond, waiting, most = self._cond, self._waiting, self._max_batch
+        cond, waiting = self._cond, self._waiting
         with cond:
             while True:
                 if self._stopped:
                     return None
-                if waiting and (self._queued >= most or self._closing or self._delay_s <= 0):
-                    wait = 0.0
-                elif waiting:
-                    wait = waiting[0].arrived + self._delay_s - time.perf_counter()
-                else:
+                if not waiting:
                     cond.wait()
                     continue
-                if wait > 0:
-                    cond.wait(wait)
+                due = self._due()
+                if due is not None:
+                    cond.wait(max(0.0, due - time.perf_counter()))
                     continue
                 batch = self._pop_batch()
                 if waiting:
                     cond.notify()  # another thread may take the rest
                 if batch is not None:
                     return batch
+
+    def _due(self) -> float | None:
+        """When the waiting requests' batch may start (:func:`time.perf_counter`), or ``None``: now,
+        as it is full, the batcher is closing, there is no queue delay, or the oldest request has
+        waited it out. Some request waits; the caller holds the lock or is the loop."""
+        if self._queued >= self._max_batch or self._closing or self._delay_s <= 0:
+            return None
+        due = self._waiting[0].arrived + self._delay_s
+        return None if time.perf_counter() >= due else due
 
     def _pop_batch(self) -> list[_Request] | None:
         """Up to ``max_batch`` waiting requests (a bundle counting each of its own), oldest first,

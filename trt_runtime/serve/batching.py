@@ -16,7 +16,7 @@ from typing import Any
 from trt_runtime.errors import EngineError
 from trt_runtime.serve.validation import RequestChecker
 
-__all__ = ["BatchRunner"]
+__all__ = ["BatchRunner", "unsplittable"]
 
 #: One request's answer: its outputs, or the exception its engine call raised.
 Answer = list[Any] | BaseException
@@ -123,11 +123,8 @@ class BatchRunner:
                 answers[i] = result
             return
         total = batch[0].shape[0]
-        bad = [o.shape for o in result if o.ndim == 0 or o.shape[0] != total]
-        if bad:
-            error = EngineError(
-                f"engine outputs {bad} do not have the batch's {total} rows first; cannot split"
-            )
+        error = unsplittable(result, total)
+        if error is not None:
             for i in chunk:
                 answers[i] = error
             return
@@ -145,6 +142,15 @@ class BatchRunner:
         except Exception as exc:
             return exc
         return [o.copy() for o in outputs] if self._copy else outputs
+
+
+def unsplittable(outputs: Sequence[Any], rows: int) -> EngineError | None:
+    """The error for a batched call's ``outputs`` that cannot be split back by request: one that
+    does not have the call's ``rows`` first; ``None`` when all do."""
+    bad = [o.shape for o in outputs if o.ndim == 0 or o.shape[0] != rows]
+    if not bad:
+        return None
+    return EngineError(f"engine outputs {bad} do not have the batch's {rows} rows first; cannot split")
 
 
 def _remembered(cache: dict[Any, Any], key: Any, work_out: Callable[[], Any]) -> Any:

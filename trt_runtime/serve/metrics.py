@@ -129,6 +129,9 @@ class ServeMetrics:
             ["model"], **labels,
         ).labels(model)
         self._by_code: dict[int, Any] = {}
+        #: The queue histogram's bucket values and sum, for :meth:`queued_many` (``None``: its layout
+        #: is not the one that was written for; each time is observed instead).
+        self._queue_parts = _histogram_parts(self._queue)
 
     # -- observations --------------------------------------------------------------------
     def answered(self, code: int) -> None:
@@ -158,7 +161,7 @@ class ServeMetrics:
         file, and a batch has dozens of requests). ``counts``: how many requests each time stands
         for (a bundle's requests waited together); one each when left out."""
         weights = [1] * len(seconds) if counts is None else counts
-        buckets, total = _histogram_parts(self._queue)
+        buckets, total = self._queue_parts
         if buckets is None or total is None:  # not the histogram layout this was written for
             for s, n in zip(seconds, weights, strict=True):
                 for _ in range(n):

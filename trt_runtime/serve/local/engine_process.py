@@ -31,6 +31,9 @@ from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
 from trt_runtime.serve.options import ServeOptions
 
+if typing.TYPE_CHECKING:
+    from trt_runtime.serve.batching import Answer
+
 __all__ = ["EngineProcessSpec", "FrontLink", "calls_on_loop", "engine_main", "listen"]
 
 
@@ -45,7 +48,7 @@ class EngineProcessSpec:
     name: str
     max_queue_delay_us: int
     drain_s: float
-    engine_calls: str = "threads"  # LocalServerConfig.engine_calls: "auto", "threads" or "loop"
+    engine_calls: str = "auto"  # LocalServerConfig.engine_calls: "auto", "threads" or "loop"
 
 
 def calls_on_loop(engine_calls: str, contexts: int, batching: bool) -> bool:
@@ -225,20 +228,22 @@ class FrontLink(transport.FrameProtocol):
         self._inflight += 1
 
     def _form(self, key: bytes, slab: Slab, slot: int) -> tuple[transport.Layout, int] | None:
-        form = self._forms.get(key, False)
-        if form is False:
-            form = None
-            layout = transport.slot_layout(key, slab.slot_bytes)
-            if layout is not None:
-                most = self._batcher.max_batch
-                if most > 1:
-                    sample = tuple(transport.decode_arrays(memoryview(key), slab.slot(slot)))
-                    most = min(most, self._batcher.max_rows(sample) // layout[0][1][0])
-                form = (layout, most) if most >= 1 else None
-            if len(self._forms) >= 256:
-                self._forms.clear()
-            self._forms[key] = form
-        return form  # type: ignore[return-value]
+        """The layout of the description ``key`` and the most requests a bundle of it takes, worked
+        out once (from the request in ``slot``); ``None``: its requests go alone."""
+        if key in self._forms:
+            return self._forms[key]
+        form = None
+        layout = transport.slot_layout(key, slab.slot_bytes)
+        if layout is not None:
+            most = self._batcher.max_batch
+            if most > 1:
+                sample = tuple(transport.decode_arrays(memoryview(key), slab.slot(slot)))
+                most = min(most, self._batcher.max_rows(sample) // layout[0][1][0])
+            form = (layout, most) if most >= 1 else None
+        if len(self._forms) >= 256:
+            self._forms.clear()
+        self._forms[key] = form
+        return form
 
     def _take_bundle(self, key: bytes, rids: list[int], slots: list[int], slab: Slab) -> None:
         import numpy as np
@@ -266,59 +271,63 @@ class FrontLink(transport.FrameProtocol):
             self._inflight += 1
 
     def _answer_bundle(self, rids: list[int], slots: list[int], index: Any, step: int,
-                       answer: list[Any] | BaseException) -> None:
-        """Write a bundle's outputs (``step`` rows per request) into its slots and queue one frame
-        per request; a bundle whose answer does not fit a slot is answered request by request,
-        inline. Called by the batcher as the bundle's batch ends; it never raises."""
-        from trt_runtime.errors import EngineError
-
+                       answer: Answer) -> None:
+        """The batcher's callback as a bundle's batch ends (it never raises): :meth:`_reply_bundle`."""
         self._inflight -= 1
-        out, slab = self._out, self._slab
         try:
-            if self._lost or out is None or slab is None:
-                return  # (the front went away: nobody reads these)
-            if isinstance(answer, BaseException):
-                self._refuse(rids, answer)
-                return
-            total = len(rids) * step
-            bad = [o.shape for o in answer if o.ndim == 0 or o.shape[0] != total]
-            if bad:
-                raise EngineError(f"engine outputs {bad} do not have the batch's {total} rows first; "
-                                  "cannot split")
-            description = transport.scatter(slab.rows(), index, answer, slab.slot_bytes)
-            if description is None:  # too big for a slot: each request's part inline
-                for i, rid in enumerate(rids):
-                    part = [o[i * step:(i + 1) * step] for o in answer]
-                    self._answer(rid, NO_SLOT, None, part, counted=False)
-                return
-            out.frames(rids, slots, 0, description)
-        except Exception as exc:
-            self._refuse(rids, exc)
+            if not self._lost:  # (else the front went away: nobody reads these)
+                self._reply_bundle(rids, slots, index, step, answer)
         finally:
             self._release()
 
-    def _answer(self, rid: int, slot: int, where: memoryview | None, answer: list[Any] | BaseException,
-                counted: bool = True) -> None:
-        """Queue the frame of one request's ``answer`` (its outputs, written into its slot when they
-        fit, or the error): called by the batcher as the request's batch ends. It never raises."""
-        if counted:
-            self._inflight -= 1
-        out = self._out
+    def _answer(self, rid: int, slot: int, where: memoryview | None, answer: Answer) -> None:
+        """The batcher's callback as a lone request's batch ends (it never raises): :meth:`_reply`."""
+        self._inflight -= 1
         try:
-            if out is None or self._lost:
-                return
-            if not isinstance(answer, BaseException):
-                try:
-                    description, inline = transport.encode_arrays(answer, where)
-                except Exception as exc:  # an output that cannot cross: the request fails, not the connection
-                    answer = exc
-                else:
-                    out.frame(rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
-                    return
-            self._refuse([rid], answer)
+            if not self._lost:
+                self._reply(rid, slot, where, answer)
         finally:
-            if counted:
-                self._release()
+            self._release()
+
+    def _reply_bundle(self, rids: list[int], slots: list[int], index: Any, step: int,
+                      answer: Answer) -> None:
+        """Write a bundle's outputs (``step`` rows per request) into its slots and queue one frame
+        per request; a bundle whose answer does not fit a slot is answered request by request,
+        inline; an error, to each request."""
+        from trt_runtime.serve.batching import unsplittable
+
+        slab, out = self._slab, self._out
+        assert slab is not None and out is not None  # (both stay until the last answer)
+        if isinstance(answer, BaseException):
+            self._refuse(rids, answer)
+            return
+        try:
+            error = unsplittable(answer, len(rids) * step)
+            if error is not None:
+                raise error
+            description = transport.scatter(slab.rows(), index, answer, slab.slot_bytes)
+        except Exception as exc:  # outputs that cannot be split, or cannot cross
+            self._refuse(rids, exc)
+            return
+        if description is None:  # too big for a slot: each request's part inline
+            for i, rid in enumerate(rids):
+                self._reply(rid, NO_SLOT, None, [o[i * step:(i + 1) * step] for o in answer])
+            return
+        out.frames(rids, slots, 0, description)
+
+    def _reply(self, rid: int, slot: int, where: memoryview | None, answer: Answer) -> None:
+        """Queue the frame of one request's ``answer``: its outputs, written into its slot when they
+        fit (``where``), else inline; or the error."""
+        assert self._out is not None
+        if not isinstance(answer, BaseException):
+            try:
+                description, inline = transport.encode_arrays(answer, where)
+            except Exception as exc:  # an output that cannot cross: the request fails, not the connection
+                answer = exc
+            else:
+                self._out.frame(rid, NO_SLOT if inline or where is None else slot, 0, description, inline)
+                return
+        self._refuse([rid], answer)
 
     def _refuse(self, rids: list[int], error: BaseException) -> None:
         """Answer each of ``rids`` with ``error``: its HTTP status for a refusal, else 500."""
