@@ -213,3 +213,33 @@ def test_slot_layout_gather_and_scatter_move_many_slots_in_one_copy(tmp_path: Pa
     assert slot_layout(describe([np.zeros((1, 100), np.float32)])[0], 256) is None
     slab.close()
     assert not slab.path.exists()
+
+
+def test_one_slot_is_gathered_as_views_and_scattered_in_place(tmp_path: Path) -> None:
+    """A bundle of one request (the usual read at a few clients per front) moves no extra copy: its
+    inputs are views of its slot, its answer is written into the slot by plain slicing; the
+    description is the same as for many, and an answer that cannot cross is still refused."""
+    from trt_runtime.errors import InputError
+    from trt_runtime.serve.local.transport import describe
+
+    slab = Slab.create(tmp_path / "s", slots=3, slot_bytes=256)
+    rows = slab.rows()
+    x = np.arange(6, dtype=np.float16).reshape(2, 3)
+    rows[2, :12] = x.view(np.uint8).ravel()
+    layout = slot_layout(describe([x])[0], slab.slot_bytes)
+    assert layout is not None
+    (got,) = gather(rows, 2, layout)
+    np.testing.assert_array_equal(got, x)
+    assert np.shares_memory(got, rows[2]) and not np.shares_memory(got, rows[1])  # a view, no copy
+    y = np.stack([x[:, 0].astype(np.float32) * 3, x[:, 1].astype(np.float32)], axis=1)  # (2, 2) f32
+    transposed = np.asfortranarray(y)  # not C-contiguous: written in C order all the same
+    for answer in ([y], [transposed]):
+        rows[2, :] = 0
+        assert scatter(rows, 2, answer, slab.slot_bytes) == describe([y])[0]
+        np.testing.assert_array_equal(rows[2, :16].view(np.float32).reshape(2, 2), y)
+        assert not rows[1].any()  # only its own slot
+    assert scatter(rows, 2, [np.zeros((1, 100), np.float32)], slab.slot_bytes) is None  # 400 > 256
+    with pytest.raises(InputError, match="object"):
+        scatter(rows, 2, [np.array([[None]], dtype=object)], slab.slot_bytes)
+    del got
+    slab.close()

@@ -201,22 +201,28 @@ class FrontLink(transport.FrameProtocol):
                 return
             slab = self._slab = Slab.attach(bytes(payload))
             frames = frames[1:]
+        if len(frames) == 1:  # the usual read: one request
+            rid, slot, _status, payload = frames[0]
+            if slot == NO_SLOT or not self._bundles:
+                self._take(rid, slot, payload, slab)
+            else:
+                self._take_bundle(payload, [rid], [slot], slab)
+            return
         bundles: dict[bytes, tuple[list[int], list[int]]] = {}
         for rid, slot, _status, payload in frames:
             if slot == NO_SLOT or not self._bundles:
                 self._take(rid, slot, payload, slab)
                 continue
-            key = bytes(payload)
-            bundle = bundles.get(key)
+            bundle = bundles.get(payload)
             if bundle is None:
-                bundles[key] = ([rid], [slot])
+                bundles[payload] = ([rid], [slot])
             else:
                 bundle[0].append(rid)
                 bundle[1].append(slot)
         for key, (rids, slots) in bundles.items():
             self._take_bundle(key, rids, slots, slab)
 
-    def _take(self, rid: int, slot: int, payload: memoryview, slab: Slab) -> None:
+    def _take(self, rid: int, slot: int, payload: bytes, slab: Slab) -> None:
         """Decode one request and hand it to the batcher; its answer is queued when its batch ends."""
         where = None if slot == NO_SLOT else slab.slot(slot)
         try:
@@ -237,7 +243,7 @@ class FrontLink(transport.FrameProtocol):
         if layout is not None:
             most = self._batcher.max_batch
             if most > 1:
-                sample = tuple(transport.decode_arrays(memoryview(key), slab.slot(slot)))
+                sample = tuple(transport.decode_arrays(key, slab.slot(slot)))
                 most = min(most, self._batcher.max_rows(sample) // layout[0][1][0])
             form = (layout, most) if most >= 1 else None
         if len(self._forms) >= 256:
@@ -254,13 +260,13 @@ class FrontLink(transport.FrameProtocol):
             form = None
         if form is None:
             for rid, slot in zip(rids, slots, strict=True):
-                self._take(rid, slot, memoryview(key), slab)
+                self._take(rid, slot, key, slab)
             return
         layout, most = form
         rows = slab.rows()
         for start in range(0, len(rids), most):
             ids, where = rids[start:start + most], slots[start:start + most]
-            index = np.array(where, np.intp)
+            index = where[0] if len(where) == 1 else np.array(where, np.intp)  # (one: a slot number)
             try:
                 arrays = transport.gather(rows, index, layout)
                 answer = functools.partial(self._answer_bundle, ids, where, index, layout[0][1][0])

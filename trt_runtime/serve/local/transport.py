@@ -220,7 +220,7 @@ def _dtype(code: bytes) -> Any:
     return dtype
 
 
-def _read_metas(payload: memoryview) -> tuple[list[tuple[Any, tuple[int, ...], int]], int]:
+def _read_metas(payload: bytes | memoryview) -> tuple[list[tuple[Any, tuple[int, ...], int]], int]:
     """Each array's ``(dtype, shape, bytes)`` from a description, and where the description ends."""
     count = payload[0]
     pos = 1
@@ -240,7 +240,7 @@ def _read_metas(payload: memoryview) -> tuple[list[tuple[Any, tuple[int, ...], i
     return metas, pos
 
 
-def decode_arrays(payload: memoryview, slot: memoryview | None) -> list[Any]:
+def decode_arrays(payload: bytes | memoryview, slot: memoryview | None) -> list[Any]:
     """The arrays a payload describes, copied out of ``slot`` or out of the inline bytes."""
     import numpy as np
 
@@ -281,7 +281,14 @@ def slot_layout(description: bytes | memoryview, slot_bytes: int) -> Layout | No
 
 def gather(rows: Any, slots: Any, layout: Layout) -> tuple[Any, ...]:
     """The arrays of the requests in ``slots`` (an index array into :meth:`Slab.rows`), all laid out
-    as ``layout`` says, packed along the batch axis: one copy per array for all of them."""
+    as ``layout`` says, packed along the batch axis: one copy per array for all of them. One
+    request (``slots`` a slot number) gets views of its slot, no copy: a batch of several copies
+    them together, and a call of that request alone reads them before its answer goes into the
+    same slot."""
+    if isinstance(slots, int):
+        row = rows[slots]
+        return tuple([row[offset:offset + nbytes].view(dtype).reshape(shape)
+                      for dtype, shape, nbytes, offset in layout])
     count = len(slots)
     return tuple(
         rows[slots, offset:offset + nbytes].view(dtype).reshape((count * shape[0], *shape[1:]))
@@ -289,29 +296,47 @@ def gather(rows: Any, slots: Any, layout: Layout) -> tuple[Any, ...]:
     )
 
 
+#: One request's answer described, by its outputs' ``(dtype, shape)``: ``(description, bytes in a slot)``.
+_ANSWERS: dict[tuple[tuple[Any, tuple[int, ...]], ...], tuple[bytes, int]] = {}
+
+
 def scatter(rows: Any, slots: Any, outputs: Sequence[Any], slot_bytes: int) -> bytes | None:
     """Write ``outputs`` (each of ``len(slots)`` equal parts along its first axis, one per request)
     into the requests' slots, one copy per output; the description of one request's part (the same
-    for each), or ``None`` when a part does not fit a slot (nothing written).
-    ``InputError`` for an output that cannot cross."""
+    for each), or ``None`` when a part does not fit a slot (nothing written). ``slots`` a slot
+    number: one request, whose outputs are all of it. ``InputError`` for an output that cannot
+    cross."""
     import numpy as np
 
-    count = len(slots)
-    parts = [o[:o.shape[0] // count] for o in outputs]
-    description, _contiguous, total = describe(parts)
+    one = isinstance(slots, int)
+    parts = outputs if one else [o[:o.shape[0] // len(slots)] for o in outputs]
+    key = tuple([(o.dtype, o.shape) for o in parts])
+    known = _ANSWERS.get(key)
+    if known is None:
+        description, _contiguous, total = describe(parts)  # (checks each output can cross)
+        known = (description, total)
+        if len(_ANSWERS) >= _KEPT:
+            _ANSWERS.clear()
+        _ANSWERS[key] = known
+    description, total = known
     if total > slot_bytes:
         return None
     offset = 0
+    row: Any = rows[slots] if one else None
     for o, part in zip(outputs, parts, strict=True):
-        if part.nbytes:
-            flat = np.ascontiguousarray(o).reshape(count, -1).view(np.uint8)
-            rows[slots, offset:offset + part.nbytes] = flat
-        offset += _padded(part.nbytes)
+        n = part.nbytes
+        if n:
+            flat = np.ascontiguousarray(o).view(np.uint8)
+            if one:
+                row[offset:offset + n] = flat.reshape(-1)
+            else:
+                rows[slots, offset:offset + n] = flat.reshape(len(slots), -1)
+        offset += _padded(n)
     return description
 
 
 #: One frame as read: ``(request id, slot, status, payload)``.
-Frame = tuple[int, int, int, memoryview]
+Frame = tuple[int, int, int, bytes]
 
 
 def split_frames(buffer: bytes | bytearray) -> tuple[list[Frame], int]:
@@ -324,7 +349,8 @@ def split_frames(buffer: bytes | bytearray) -> tuple[list[Frame], int]:
         if end - pos - HEADER.size < length:
             break
         start = pos + HEADER.size
-        frames.append((request_id, slot, status, memoryview(bytes(buffer[start:start + length]))))
+        payload = buffer[start:start + length]
+        frames.append((request_id, slot, status, payload if type(payload) is bytes else bytes(payload)))
         pos = start + length
     return frames, pos
 
