@@ -10,7 +10,8 @@ Run on a GPU host from the repository root::
 record``, no slowdown of the Python code; the ``py-spy`` wheel travels in ``.whl/``): per process,
 the share of wall time its main thread was busy, and the shares of its busy samples by function
 (own and inclusive), so the per-pass work of an engine process's loop can be split without
-cProfile's distortion. ``--native`` adds the C frames (inside TensorRT and CUDA calls).
+cProfile's distortion. ``--native`` adds the C frames (inside TensorRT and CUDA calls); py-spy
+then pauses the process for each sample, so use a lower ``--rate``.
 
 Builds the mlp engine of ``bench_serve.py``, starts ``trt-runtime serve`` (16 fronts, batching on)
 with every front and engine process under cProfile (``TRT_RUNTIME_SERVE_PROFILE_DIR``), drives it
@@ -70,9 +71,10 @@ def _sample(pids: dict[str, int], out: Path, seconds: float, rate: int, native: 
     for label, pid in pids.items():
         files[label] = out / f"{label}.stacks"
         command = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-                   "--rate", str(rate), "--format", "raw", "--output", str(files[label]), "--nonblocking"]
-        procs.append(subprocess.Popen([*command, *(["--native"] * native)], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))
+                   "--rate", str(rate), "--format", "raw", "--output", str(files[label])]
+        # (C frames need the process paused for each sample; Python frames alone are read without)
+        command.append("--native" if native else "--nonblocking")
+        procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     for proc in procs:
         _, err = proc.communicate()
         if proc.returncode:
@@ -83,7 +85,7 @@ def _sample(pids: dict[str, int], out: Path, seconds: float, rate: int, native: 
 def _frame_name(frame: str) -> str:
     """``function (file:line)`` as py-spy writes it, shortened to ``function (file)``."""
     name, _, where = frame.partition(" (")
-    return f"{name} ({where.rsplit(':', 1)[0].rsplit('/', 1)[-1]})" if where else name
+    return f"{name} ({where.rstrip(')').rsplit(':', 1)[0].rsplit('/', 1)[-1]})" if where else name
 
 
 def _stack_report(path: Path, label: str, seconds: float, rate: int, top: int) -> str:
