@@ -173,6 +173,7 @@ class Variant(NamedTuple):
     pad: bool = False  # --pad-batches
     outer: bool = False  # --outer-graph
     pin: bool = False  # cores of their own for the engine processes and fronts (serve_pinning)
+    shared: bool = False  # the fronts accept from the shared socket (TRT_RUNTIME_SERVE_DISPATCH=off)
 
     def options(self) -> list[str]:
         """The ``trt-runtime serve`` options it adds."""
@@ -182,17 +183,19 @@ class Variant(NamedTuple):
 def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
     ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pad`` for
-    ``--pad-batches``, ``+outer`` for ``--outer-graph`` and ``+pin`` for a core of its own for each
-    engine process and front (:mod:`benchmarks.serve_pinning`)."""
+    ``--pad-batches``, ``+outer`` for ``--outer-graph``, ``+pin`` for a core of its own for each
+    engine process and front (:mod:`benchmarks.serve_pinning`) and ``+shared`` for fronts that accept
+    from the shared listening socket themselves (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
     calls, *extras = name.split("+")
     switch = [e[2:] for e in extras if e.startswith("si")]
     flags = [e for e in extras if not e.startswith("si")]
-    if (calls not in ("threads", "loop") or any(f not in ("pad", "outer", "pin") for f in flags)
+    if (calls not in ("threads", "loop") or any(f not in ("pad", "outer", "pin", "shared") for f in flags)
             or len(set(flags)) != len(flags) or len(switch) > 1 or not all(s.isdigit() for s in switch)):
         raise argparse.ArgumentTypeError(f"--variants: {name!r} is not "
-                                         "threads|loop[+siN][+pad][+outer][+pin] (e.g. loop, threads+si100, "
-                                         "loop+pad+outer+pin)")
-    return Variant(calls, int(switch[0]) if switch else None, *(f in flags for f in ("pad", "outer", "pin")))
+                                         "threads|loop[+siN][+pad][+outer][+pin][+shared] (e.g. loop, "
+                                         "threads+si100, loop+pad+outer+pin)")
+    return Variant(calls, int(switch[0]) if switch else None,
+                   *(f in flags for f in ("pad", "outer", "pin", "shared")))
 
 
 def plan(args: argparse.Namespace) -> list[Front]:
@@ -244,6 +247,7 @@ def started(front: Front, w: Workload, args: argparse.Namespace,
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache,
                                        engine_calls=v.engine_calls, switch_interval_us=v.switch_us,
+                                       dispatch="off" if v.shared else None,
                                        extra=v.options()) as doc:
             pids = doc.get("pids", {})
             yield port, "/", {"front": [p for p in pids.get("fronts", ()) if p],
@@ -434,9 +438,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
                         "the top client count) with these engine-process variants: "
-                        "threads|loop[+siN][+pad][+outer][+pin] (--engine-calls; siN: a GIL switch "
+                        "threads|loop[+siN][+pad][+outer][+pin][+shared] (--engine-calls; siN: a GIL switch "
                         "interval of N µs; pad: --pad-batches; outer: --outer-graph; pin: a core of its own "
-                        "for each engine process and front), e.g. loop,loop+pad+outer+pin")
+                        "for each engine process and front; shared: the fronts accept from the shared "
+                        "socket), e.g. loop,loop+pad+outer+pin")
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus, args.workers, args.clients, args.ray = "0", "2", "4", False

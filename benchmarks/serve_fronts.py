@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from trt_runtime.serve.local.dispatch import DISPATCH_ENV
 from trt_runtime.serve.local.engine_process import SWITCH_INTERVAL_ENV
 
 HOST = "127.0.0.1"
@@ -152,11 +153,12 @@ def trivial(port: int, answer: bytes, content_type: str, processes: int) -> Iter
 @contextlib.contextmanager
 def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus: str, max_batch: int,
                  delay_us: int, runtime_cache: Path | None, *, engine_calls: str | None = None,
-                 switch_interval_us: int | None = None,
+                 switch_interval_us: int | None = None, dispatch: str | None = None,
                  extra: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
     """``trt-runtime serve`` in a subprocess; yields its ready document (with ``supervisor``: the
     serving process's id); SIGINT at the end (exit 0). ``engine_calls``: its ``--engine-calls``;
-    ``switch_interval_us``: the engine processes' GIL switch interval; ``extra``: more of its
+    ``switch_interval_us``: the engine processes' GIL switch interval; ``dispatch``: its
+    ``TRT_RUNTIME_SERVE_DISPATCH`` (``None``: as the environment says); ``extra``: more of its
     options (``--pad-batches``, say)."""
     command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", os.fspath(engine_path),
                "--port", str(port), "--workers", str(workers), "--gpus", gpus, "--max-batch", str(max_batch),
@@ -170,6 +172,8 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
     env.pop(SWITCH_INTERVAL_ENV, None)
     if switch_interval_us is not None:
         env[SWITCH_INTERVAL_ENV] = str(switch_interval_us)
+    if dispatch is not None:
+        env[DISPATCH_ENV] = dispatch
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     errors: list[str] = []
     threading.Thread(target=lambda: errors.extend(proc.stderr or ()), daemon=True).start()

@@ -4,26 +4,30 @@ Run from the repository root (CPU, memory backend; the GPU host's cores give the
 
     python benchmarks/probes/cpu_front_balance.py [--fronts 16] [--connections 64] [--rounds 3]
 
-Every front accepts from one shared listening socket, and an event loop that wakes accepts every
-connection waiting, so the first front awake can take several. This starts the real
-``trt-runtime serve`` (the memory backend's engine, batching on), opens ``--connections``
-keep-alive connections one after another as a client pool does, sends one request on each (every
-answer checked), and counts the connections each front process holds (``ss``, Linux), sorted. The
-same count over ``--connections`` sockets bound with ``SO_REUSEPORT`` (the kernel's hash instead of
-the accept race) is printed beside it. Even is ``connections / fronts`` each.
+Fronts that accept from one shared listening socket take what they find when they wake (an event
+loop that wakes accepts every connection waiting); the server's supervisor hands the connections
+out in turn instead (``trt_runtime.serve.local.dispatch``; ``TRT_RUNTIME_SERVE_DISPATCH=off``: the
+shared socket). This starts the real ``trt-runtime serve`` (the memory backend's engine, batching
+on) both ways, opens ``--connections`` keep-alive connections one after another as a client pool
+does, sends one request on each (every answer checked), and counts the connections each front
+process holds (``ss``, Linux), sorted. The same count over sockets bound with ``SO_REUSEPORT`` (the
+kernel's hash) is printed beside them. Even is ``connections / fronts`` each.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import http.client
+import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,13 +35,29 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def _served(fronts: int, connections: int, port: int, work: Path) -> list[int]:
+@contextlib.contextmanager
+def _dispatch(mode: str) -> Iterator[None]:
+    from trt_runtime.serve.local.dispatch import DISPATCH_ENV
+
+    before = os.environ.get(DISPATCH_ENV)
+    os.environ[DISPATCH_ENV] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DISPATCH_ENV, None)
+        else:
+            os.environ[DISPATCH_ENV] = before
+
+
+def _served(fronts: int, connections: int, port: int, work: Path, mode: str) -> list[int]:
     """Connections per front process of a real server (fronts holding none count as 0)."""
     from benchmarks import serve_fronts
     from benchmarks.bench_serve import TYPES, smoke_workload
 
     w = smoke_workload(work)
-    with serve_fronts.local_server(w.path, w.backend, port, fronts, "all", 64, 500, None) as doc:
+    serving = serve_fronts.local_server(w.path, w.backend, port, fronts, "all", 64, 500, None)
+    with _dispatch(mode), serving as doc:
         clients = []
         try:
             for _ in range(connections):
@@ -103,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.connections} connections over {args.fronts} fronts: even is {even:g} each", flush=True)
     with tempfile.TemporaryDirectory(prefix="front-balance-") as work:
         for r in range(args.rounds):
-            served = _served(args.fronts, args.connections, args.port, Path(work))
+            for label, mode in (("handed out in turn", "on"), ("shared socket", "off")):
+                got = _served(args.fronts, args.connections, args.port, Path(work), mode)
+                print(f"round {r + 1}, {label}: {got} (most {max(got)}, {got.count(0)} with none)",
+                      flush=True)
             spread = _reuseport(args.fronts, args.connections)
-            print(f"round {r + 1}: shared socket {served} (most {max(served)}, {served.count(0)} with none); "
-                  f"SO_REUSEPORT {spread} (most {max(spread)})", flush=True)
+            print(f"round {r + 1}, SO_REUSEPORT: {spread} (most {max(spread)})", flush=True)
     return 0
 
 

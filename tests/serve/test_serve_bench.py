@@ -78,9 +78,12 @@ def test_bench_serve_variants_parse_to_the_server_options_they_name() -> None:
     assert parse_variant("loop+pad+outer+pin") == Variant("loop", None, True, True, True)
     assert parse_variant("loop+pad+outer+pin").options() == ["--pad-batches", "--outer-graph"]
     assert parse_variant("threads+si50").options() == []
+    assert parse_variant("loop+shared") == Variant("loop", None, False, False, False, True)
+    assert parse_variant("loop+shared").options() == []  # (an environment variable, not an option)
     import argparse
 
-    for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6", "loop+pin+pin"):
+    for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6", "loop+pin+pin",
+                "loop+shared+shared"):
         with pytest.raises(argparse.ArgumentTypeError, match="threads\\|loop"):
             parse_variant(bad)
 

@@ -142,6 +142,7 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
 def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str) -> int:
     from trt_runtime.errors import SettingsError
     from trt_runtime.serve import local
+    from trt_runtime.serve.local import dispatch
 
     workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
     try:
@@ -152,6 +153,7 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
             workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
             engine_calls=args.engine_calls or "auto",
         )
+        dispatch.supported()  # (a bad TRT_RUNTIME_SERVE_DISPATCH: a usage error, before the port)
         sock = local.bind_socket(args.host, args.port)
     except SettingsError as exc:
         raise UsageError(str(exc), command="serve") from None

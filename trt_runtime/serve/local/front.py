@@ -55,6 +55,9 @@ class FrontSpec:
     max_body_bytes: int
     drain_s: float
     fronts: int = 1  # the server's front processes (the supervisor's ``workers``)
+    #: The connections come handed over on the socket :func:`front_main` gets (a channel of
+    #: :mod:`~trt_runtime.serve.local.dispatch`), not accepted from it.
+    handed_over: bool = False
 
 
 class EngineLink:
@@ -262,9 +265,11 @@ class EnginePool:
 
 
 def front_main(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: Connection) -> None:
-    """Process entry: serve on ``sock`` until SIGTERM; ``ready`` gets one message once this front
-    accepts. ``ready_flag`` is shared by the server's processes: ``[0]`` is the supervisor's
-    word that every process is up, ``[1 + index]`` this front's that all its engine links are."""
+    """Process entry: serve on ``sock`` until SIGTERM (the listening socket, or with
+    ``spec.handed_over`` the channel the connections come on); ``ready`` gets one message once
+    this front takes connections. ``ready_flag`` is shared by the server's processes: ``[0]`` is
+    the supervisor's word that every process is up, ``[1 + index]`` this front's that all its
+    engine links are."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     run_loop(_serve(spec, sock, ready_flag, ready), "front")
 
@@ -309,8 +314,10 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
     announcer = asyncio.create_task(announce())
     orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
     orphaned.add_done_callback(lambda _: server.stop())
+    if spec.handed_over:
+        server.take_handed_over(sock)
     try:
-        await server.serve(sockets=[sock])
+        await server.serve(sockets=[] if spec.handed_over else [sock])
     finally:
         announcer.cancel()
         orphaned.cancel()
@@ -342,9 +349,62 @@ class _Server:
 
     def stop(self) -> None:
         self._server.should_exit = True
+        self._close_channel()
 
     async def serve(self, sockets: list[socket.socket]) -> None:
         await self._server.serve(sockets=sockets)
+
+    # -- connections handed over (dispatch) ----------------------------------------------------
+    _channel: socket.socket | None = None
+
+    def take_handed_over(self, channel: socket.socket) -> None:
+        """Serve the connections that come on ``channel`` (file descriptors, one per message), each
+        as uvicorn serves one it accepted, from when the server has started until :meth:`stop`."""
+        self._channel = channel
+        channel.setblocking(False)
+        asyncio.get_running_loop().add_reader(channel.fileno(), self._handed_over)
+
+    def _handed_over(self) -> None:
+        channel = self._channel
+        if channel is None:
+            return
+        try:
+            data, fds, _flags, _address = socket.recv_fds(channel, 16, 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, fds = b"", []
+        if not data and not fds:  # the supervisor is gone: nothing more will come
+            self._close_channel()
+            return
+        server = self._server
+        for fd in fds:
+            conn = socket.socket(fileno=fd)
+            if not server.started or server.should_exit:  # (not yet, or draining: the client retries)
+                conn.close()
+                continue
+            asyncio.get_running_loop().create_task(self._serve_connection(conn))
+
+    async def _serve_connection(self, conn: socket.socket) -> None:
+        server = self._server
+        config = server.config
+
+        make: Callable[..., asyncio.Protocol] = config.http_protocol_class
+
+        def protocol() -> asyncio.Protocol:  # what uvicorn's server makes for a connection it accepts
+            return make(config=config, server_state=server.server_state, app_state=server.lifespan.state)
+
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(protocol, conn)
+        except OSError:  # the client went away meanwhile
+            conn.close()
+
+    def _close_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            with contextlib.suppress(Exception):  # (no loop any more at exit)
+                asyncio.get_running_loop().remove_reader(channel.fileno())
+            channel.close()
 
 
 def _importable(name: str) -> bool:

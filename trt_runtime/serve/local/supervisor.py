@@ -2,9 +2,11 @@
 
 Why processes and not threads: processes calling engines on one GPU time-slice it, so
 the GPU gets exactly one engine process, which batches for everyone; parsing HTTP is
-what one core cannot keep up with, so the fronts are several processes on one listening
-socket (bound here, inherited by every front). Every child is started with the
-``spawn`` method (a CUDA context does not survive ``fork``).
+what one core cannot keep up with, so the fronts are several processes. The listening socket
+is bound here; on Linux a thread here accepts and hands each connection to the fronts in turn
+(:mod:`~trt_runtime.serve.local.dispatch`), elsewhere every front inherits the socket and
+accepts from it. Every child is started with the ``spawn`` method (a CUDA context does not
+survive ``fork``).
 
 Readiness: ``/v2/health/ready`` answers 200 only while every process is up and every
 front reaches every engine process (flags in shared memory: one this process sets, one per
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.errors import SettingsError
+from trt_runtime.serve.local import dispatch
 from trt_runtime.serve.local.engine_process import EngineProcessSpec, calls_on_loop, engine_main
 from trt_runtime.serve.local.front import FrontSpec, front_main
 from trt_runtime.serve.local.transport import shm_dir
@@ -157,6 +160,10 @@ class _Child:
     ready: bool = False
     restarts: int = 0
     due: float = 0.0
+    #: Our end of a front's dispatch channel while it runs (the dispatcher's once the front is up),
+    #: and the front's end until the front has started with its own copy.
+    channel: socket.socket | None = None
+    theirs: socket.socket | None = None
 
     @property
     def label(self) -> str:
@@ -179,6 +186,8 @@ class LocalServer:
         self._engines: list[_Child] = []
         self._fronts: list[_Child] = []
         self._front_starts = 0
+        #: Hands the connections to the fronts in turn (``None``: they accept from the socket).
+        self._dispatch = dispatch.Dispatcher(sock, log) if dispatch.supported() else None
 
     def pids(self) -> dict[str, list[int | None]]:
         """Process ids of the engine processes and the fronts now (``None``: being restarted)."""
@@ -201,10 +210,14 @@ class LocalServer:
             self._fronts = [_Child("front", i, self._front_starter(i)) for i in range(self.config.workers)]
             for child in self._fronts:
                 self._launch(child)
+            if self._dispatch is not None:
+                self._dispatch.start()
             self._supervise(on_ready)
             return 0
         finally:
             self._ready_flag[0] = 0
+            if self._dispatch is not None:
+                self._dispatch.stop()  # no new connection while the fronts drain
             self._stop_all()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -254,9 +267,14 @@ class LocalServer:
                 index=index, model=self.model, engine_sockets=sockets,
                 slab_path=self._run_dir / f"slab-{index}-{self._front_starts}",
                 max_body_bytes=self.config.max_body_bytes, drain_s=self.config.drain_s,
-                fronts=self.config.workers,
+                fronts=self.config.workers, handed_over=self._dispatch is not None,
             )
-            return self._ctx.Process(target=front_main, args=(spec, self._sock, self._ready_flag, pipe),
+            sock = self._sock
+            if self._dispatch is not None:
+                child = self._fronts[index]
+                child.channel, child.theirs = dispatch.channel()
+                sock = child.theirs
+            return self._ctx.Process(target=front_main, args=(spec, sock, self._ready_flag, pipe),
                                      name=f"trt-front-{index}")
 
         return start
@@ -269,6 +287,9 @@ class LocalServer:
         child.process = child.start(send)
         child.process.start()
         send.close()
+        if child.theirs is not None:
+            child.theirs.close()  # (the front has its own copy now)
+            child.theirs = None
         child.pipe = receive
         child.ready = False
 
@@ -286,6 +307,8 @@ class LocalServer:
             child.ready = True
             if child.role == "engine" and self.model is None:
                 self.model = message[1]
+            if child.channel is not None and self._dispatch is not None:  # it takes connections now
+                self._dispatch.up(child.index, child.channel)
         return message
 
     # -- supervision ---------------------------------------------------------------------
@@ -311,6 +334,11 @@ class LocalServer:
                     except Exception as exc:  # metrics must never stop the supervision
                         self._log(f"metrics of {child.label} not cleared: {exc}")
                     child.process, child.ready = None, False
+                    if child.channel is not None:  # no more connections for it
+                        if self._dispatch is not None:
+                            self._dispatch.down(child.index)
+                        child.channel.close()
+                        child.channel = None
                     if child.pipe is not None:
                         child.pipe.close()
                         child.pipe = None
