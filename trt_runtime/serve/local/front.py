@@ -356,11 +356,13 @@ class _Server:
 
     # -- connections handed over (dispatch) ----------------------------------------------------
     _channel: socket.socket | None = None
+    _starting: set[asyncio.Task[None]]
 
     def take_handed_over(self, channel: socket.socket) -> None:
         """Serve the connections that come on ``channel`` (file descriptors, one per message), each
         as uvicorn serves one it accepted, from when the server has started until :meth:`stop`."""
         self._channel = channel
+        self._starting = set()
         channel.setblocking(False)
         asyncio.get_running_loop().add_reader(channel.fileno(), self._handed_over)
 
@@ -383,7 +385,9 @@ class _Server:
             if not server.started or server.should_exit:  # (not yet, or draining: the client retries)
                 conn.close()
                 continue
-            asyncio.get_running_loop().create_task(self._serve_connection(conn))
+            task = asyncio.get_running_loop().create_task(self._serve_connection(conn))
+            self._starting.add(task)  # (a task nothing references may be collected before it runs)
+            task.add_done_callback(self._starting.discard)
 
     async def _serve_connection(self, conn: socket.socket) -> None:
         server = self._server
