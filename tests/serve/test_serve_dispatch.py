@@ -192,3 +192,72 @@ def test_dispatch_stop_returns_while_a_connection_waits_for_a_front() -> None:
     assert done.wait(5), "stop() hung while a connection waited for a front"
     client.close()
     listener.close()
+
+
+def test_dispatch_keeps_accepting_after_an_accept_fails() -> None:
+    """An accept that fails (out of file descriptors, say) is logged, and the next connection is
+    still handed over: the thread does not end while the listener is open."""
+    logged: list[str] = []
+
+    class Flaky(socket.socket):
+        failures = 1
+
+        def accept(self) -> tuple[socket.socket, object]:
+            if Flaky.failures:
+                Flaky.failures -= 1
+                raise OSError(24, "Too many open files")
+            return super().accept()
+
+    listener = Flaky()
+    listener.bind((HOST, 0))
+    listener.listen(8)
+    d = dispatch.Dispatcher(listener, logged.append)
+    ours, theirs = dispatch.channel()
+    d.up(0, ours)
+    d.start()
+    client = socket.create_connection((HOST, listener.getsockname()[1]))
+    try:
+        conn = _taken(theirs)
+        conn.sendall(b"ok")
+        assert client.recv(2) == b"ok"
+        conn.close()
+        assert any("accepting a connection failed (Too many open files)" in line for line in logged), logged
+    finally:
+        d.stop()
+        client.close()
+        listener.close()
+
+
+def test_dispatch_passes_a_front_that_does_not_read_and_keeps_it_in_the_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front whose channel is full (it stopped reading) does not stall the others: after the
+    send timeout the next front gets the connection, and the full one stays registered."""
+    monkeypatch.setattr(dispatch, "_SEND_S", 0.2)
+    logged: list[str] = []
+    listener = _listener()
+    port = listener.getsockname()[1]
+    d = dispatch.Dispatcher(listener, logged.append)
+    stuck_ours, stuck_theirs = dispatch.channel()
+    stuck_ours.setblocking(False)
+    try:
+        while True:  # fill front 0's channel: it never reads
+            stuck_ours.send(b"x" * 1024)
+    except BlockingIOError:
+        pass
+    d.up(0, stuck_ours)
+    ours, theirs = dispatch.channel()
+    d.up(1, ours)
+    d.start()
+    client = socket.create_connection((HOST, port))
+    try:
+        conn = _taken(theirs)
+        conn.sendall(b"ok")
+        assert client.recv(2) == b"ok"
+        conn.close()
+        assert any("front 0 did not take a connection within 0.2 s" in line for line in logged), logged
+        assert 0 in d._channels  # still in the turn
+    finally:
+        d.stop()
+        client.close()
+        stuck_theirs.close()
+        listener.close()

@@ -32,6 +32,9 @@ DISPATCH_ENV = "TRT_RUNTIME_SERVE_DISPATCH"
 
 #: How often the accepting thread looks whether it was asked to stop (seconds).
 _POLL_S = 0.2
+#: How long a hand-over may wait for a front that does not read its channel before the next
+#: front gets the connection (seconds); the front stays in the turn.
+_SEND_S = 1.0
 
 
 def supported() -> bool:
@@ -70,6 +73,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
 
     def up(self, index: int, ours: socket.socket) -> None:
+        ours.settimeout(_SEND_S)
         with self._cond:
             old = self._channels.pop(index, None)
             self._channels[index] = ours
@@ -109,8 +113,14 @@ class Dispatcher:
                 conn, _address = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:  # the listener was closed under us
-                return
+            except OSError as exc:
+                if self._listener.fileno() == -1:  # the listener was closed under us
+                    return
+                # out of file descriptors, a connection reset before it was taken, ...: the
+                # server keeps accepting (after a pause, so a lasting shortage does not spin)
+                self._log(f"accepting a connection failed ({exc.strerror or exc}); accepting on")
+                self._stopped.wait(_POLL_S / 4)
+                continue
             with conn:  # (our copy: the front has its own once handed over)
                 self._hand_over(conn)
 
@@ -128,6 +138,9 @@ class Dispatcher:
             try:
                 socket.send_fds(ours, [b"c"], [conn.fileno()])
                 return
+            except TimeoutError:  # a front that does not read (busy, or hung): the next one gets it
+                self._log(f"front {index} did not take a connection within {_SEND_S:g} s; handing it on")
+                continue
             except OSError as exc:  # the front went away: the next one gets it
                 self._log(f"front {index} did not take a connection ({exc.strerror or exc}); handing it on")
                 with self._cond:
