@@ -42,6 +42,16 @@ def _taken(theirs: socket.socket, timeout: float = 5.0) -> socket.socket:
     return socket.socket(fileno=fds[0])
 
 
+def _handed_to(theirs: socket.socket, client: socket.socket) -> None:
+    """Assert that ``client``'s connection was handed over on ``theirs``: what the front's end
+    writes reaches the client."""
+    conn = _taken(theirs)
+    conn.sendall(b"ok")
+    client.settimeout(5)
+    assert client.recv(2) == b"ok"
+    conn.close()
+
+
 def test_dispatch_hands_connections_to_the_fronts_up_in_turn() -> None:
     listener = _listener()
     port = listener.getsockname()[1]
@@ -82,10 +92,7 @@ def test_dispatch_skips_a_front_that_went_away_and_waits_while_none_is_up() -> N
         assert any("front 0 did not take a connection" in line for line in logged), logged
         ours, theirs = dispatch.channel()
         d.up(1, ours)  # a front comes up: it gets the waiting connection
-        conn = _taken(theirs)
-        conn.sendall(b"hi")
-        assert client.recv(2) == b"hi"
-        conn.close()
+        _handed_to(theirs, client)
     finally:
         d.stop()
         d.stop()  # idempotent
@@ -217,10 +224,7 @@ def test_dispatch_keeps_accepting_after_an_accept_fails() -> None:
     d.start()
     client = socket.create_connection((HOST, listener.getsockname()[1]))
     try:
-        conn = _taken(theirs)
-        conn.sendall(b"ok")
-        assert client.recv(2) == b"ok"
-        conn.close()
+        _handed_to(theirs, client)
         assert any("accepting a connection failed (Too many open files)" in line for line in logged), logged
     finally:
         d.stop()
@@ -250,10 +254,7 @@ def test_dispatch_passes_a_front_that_does_not_read_and_keeps_it_in_the_turn(
     d.start()
     client = socket.create_connection((HOST, port))
     try:
-        conn = _taken(theirs)
-        conn.sendall(b"ok")
-        assert client.recv(2) == b"ok"
-        conn.close()
+        _handed_to(theirs, client)
         assert any("front 0 did not take a connection within 0.2 s" in line for line in logged), logged
         assert 0 in d._channels  # still in the turn
     finally:
