@@ -40,9 +40,10 @@ _SEND_S = 1.0
 def supported() -> bool:
     """Whether connections are handed over here: on Linux (``send_fds`` over ``SOCK_SEQPACKET``)
     unless :data:`DISPATCH_ENV` says ``off``; ``SettingsError`` for another value of it."""
-    choice = os.environ.get(DISPATCH_ENV, "").strip().lower()
+    given = os.environ.get(DISPATCH_ENV, "")
+    choice = given.strip().lower()
     if choice not in ("", "on", "off"):
-        raise SettingsError(f"{DISPATCH_ENV} must be 'on' or 'off'; got {choice!r}")
+        raise SettingsError(f"{DISPATCH_ENV} must be 'on' or 'off'; got {given!r}")
     linux = sys.platform.startswith("linux")
     return choice != "off" and linux and hasattr(socket, "send_fds") and hasattr(socket, "SOCK_SEQPACKET")
 
