@@ -158,7 +158,7 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
     """``trt-runtime serve`` in a subprocess; yields its ready document (with ``supervisor``: the
     serving process's id); SIGINT at the end (exit 0). ``engine_calls``: its ``--engine-calls``;
     ``switch_interval_us``: the engine processes' GIL switch interval; ``dispatch``: its
-    ``TRT_RUNTIME_SERVE_DISPATCH`` (``None``: as the environment says); ``extra``: more of its
+    ``TRT_RUNTIME_SERVE_DISPATCH`` (``None``: the default); ``extra``: more of its
     options (``--pad-batches``, say)."""
     command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", os.fspath(engine_path),
                "--port", str(port), "--workers", str(workers), "--gpus", gpus, "--max-batch", str(max_batch),
@@ -170,6 +170,7 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
     command += extra
     env = dict(os.environ)
     env.pop(SWITCH_INTERVAL_ENV, None)
+    env.pop(DISPATCH_ENV, None)  # (the rows are the CLI's defaults unless a variant says otherwise)
     if switch_interval_us is not None:
         env[SWITCH_INTERVAL_ENV] = str(switch_interval_us)
     if dispatch is not None:

@@ -18,36 +18,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import http.client
-import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-
-@contextlib.contextmanager
-def _dispatch(mode: str) -> Iterator[None]:
-    from trt_runtime.serve.local.dispatch import DISPATCH_ENV
-
-    before = os.environ.get(DISPATCH_ENV)
-    os.environ[DISPATCH_ENV] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(DISPATCH_ENV, None)
-        else:
-            os.environ[DISPATCH_ENV] = before
 
 
 def _served(fronts: int, connections: int, port: int, work: Path, mode: str) -> list[int]:
@@ -56,8 +38,8 @@ def _served(fronts: int, connections: int, port: int, work: Path, mode: str) -> 
     from benchmarks.bench_serve import TYPES, smoke_workload
 
     w = smoke_workload(work)
-    serving = serve_fronts.local_server(w.path, w.backend, port, fronts, "all", 64, 500, None)
-    with _dispatch(mode), serving as doc:
+    serving = serve_fronts.local_server(w.path, w.backend, port, fronts, "all", 64, 500, None, dispatch=mode)
+    with serving as doc:
         clients = []
         try:
             for _ in range(connections):

@@ -262,3 +262,29 @@ def test_dispatch_passes_a_front_that_does_not_read_and_keeps_it_in_the_turn(
         client.close()
         stuck_theirs.close()
         listener.close()
+
+
+def test_dispatch_front_refuses_a_uvicorn_without_a_protocol_class_at_start() -> None:
+    """A front serves handed-over connections with uvicorn's own protocol class; a uvicorn that has
+    none (or no server state) is refused when the front starts, naming the way back."""
+    import asyncio
+
+    import uvicorn
+
+    from trt_runtime.serve.local.front import _Server
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        pass
+
+    async def main() -> None:
+        server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+        del server._server.server_state
+        ours, theirs = dispatch.channel()
+        try:
+            with pytest.raises(RuntimeError, match=r"no protocol class .* TRT_RUNTIME_SERVE_DISPATCH=off"):
+                server.take_handed_over(theirs)
+        finally:
+            ours.close()
+            theirs.close()
+
+    asyncio.run(main())

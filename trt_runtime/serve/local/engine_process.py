@@ -201,13 +201,6 @@ class FrontLink(transport.FrameProtocol):
                 return
             slab = self._slab = Slab.attach(bytes(payload))
             frames = frames[1:]
-        if len(frames) == 1:  # the usual read: one request
-            rid, slot, _status, payload = frames[0]
-            if slot == NO_SLOT or not self._bundles:
-                self._take(rid, slot, payload, slab)
-            else:
-                self._take_bundle(payload, [rid], [slot], slab)
-            return
         bundles: dict[bytes, tuple[list[int], list[int]]] = {}
         for rid, slot, _status, payload in frames:
             if slot == NO_SLOT or not self._bundles:

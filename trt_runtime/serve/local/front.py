@@ -338,6 +338,8 @@ class _Server:
                 yield
 
         self._server = Quiet(config)
+        self._channel: socket.socket | None = None  # connections handed over (take_handed_over)
+        self._starting: set[asyncio.Task[None]] = set()
 
     @property
     def started(self) -> bool:
@@ -355,14 +357,20 @@ class _Server:
         await self._server.serve(sockets=sockets)
 
     # -- connections handed over (dispatch) ----------------------------------------------------
-    _channel: socket.socket | None = None
-    _starting: set[asyncio.Task[None]]
-
     def take_handed_over(self, channel: socket.socket) -> None:
         """Serve the connections that come on ``channel`` (file descriptors, one per message), each
-        as uvicorn serves one it accepted, from when the server has started until :meth:`stop`."""
+        as uvicorn serves one it accepted, from when the server has started until :meth:`stop`.
+        That needs uvicorn's protocol class for a connection: a uvicorn without it is refused here,
+        at start, not found out connection by connection."""
+        config = self._server.config
+        if not config.loaded:
+            config.load()
+        if not hasattr(config, "http_protocol_class") or not hasattr(self._server, "server_state"):
+            import uvicorn
+
+            raise RuntimeError(f"uvicorn {uvicorn.__version__} has no protocol class to hand connections to; "
+                               "set TRT_RUNTIME_SERVE_DISPATCH=off")
         self._channel = channel
-        self._starting = set()
         channel.setblocking(False)
         asyncio.get_running_loop().add_reader(channel.fileno(), self._handed_over)
 
@@ -402,6 +410,9 @@ class _Server:
             await asyncio.get_running_loop().connect_accepted_socket(protocol, conn)
         except OSError:  # the client went away meanwhile
             conn.close()
+        except BaseException:  # (closed, then the loop's exception handler reports it)
+            conn.close()
+            raise
 
     def _close_channel(self) -> None:
         channel, self._channel = self._channel, None
