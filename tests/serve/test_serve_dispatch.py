@@ -271,6 +271,7 @@ def test_dispatch_front_refuses_a_uvicorn_without_a_protocol_class_at_start() ->
 
     import uvicorn
 
+    from trt_runtime.errors import SettingsError
     from trt_runtime.serve.local.front import _Server
 
     async def app(scope: object, receive: object, send: object) -> None:
@@ -281,7 +282,7 @@ def test_dispatch_front_refuses_a_uvicorn_without_a_protocol_class_at_start() ->
         del server._server.server_state
         ours, theirs = dispatch.channel()
         try:
-            with pytest.raises(RuntimeError, match=r"no protocol class .* TRT_RUNTIME_SERVE_DISPATCH=off"):
+            with pytest.raises(SettingsError, match=r"no protocol class .* TRT_RUNTIME_SERVE_DISPATCH=off"):
                 server.take_handed_over(theirs)
         finally:
             ours.close()

@@ -368,8 +368,10 @@ class _Server:
         if not hasattr(config, "http_protocol_class") or not hasattr(self._server, "server_state"):
             import uvicorn
 
-            raise RuntimeError(f"uvicorn {uvicorn.__version__} has no protocol class to hand connections to; "
-                               "set TRT_RUNTIME_SERVE_DISPATCH=off")
+            from trt_runtime.errors import SettingsError
+
+            raise SettingsError(f"uvicorn {uvicorn.__version__} has no protocol class to hand connections "
+                                "to; set TRT_RUNTIME_SERVE_DISPATCH=off")
         self._channel = channel
         channel.setblocking(False)
         asyncio.get_running_loop().add_reader(channel.fileno(), self._handed_over)
