@@ -174,28 +174,46 @@ class Variant(NamedTuple):
     outer: bool = False  # --outer-graph
     pin: bool = False  # cores of their own for the engine processes and fronts (serve_pinning)
     shared: bool = False  # the fronts accept from the shared socket (TRT_RUNTIME_SERVE_DISPATCH=off)
+    engine_poll_us: int | None = None  # --engine-poll-us
+    front_poll_us: int | None = None  # --front-poll-us
 
     def options(self) -> list[str]:
         """The ``trt-runtime serve`` options it adds."""
-        return ["--pad-batches"] * self.pad + ["--outer-graph"] * self.outer
+        polls = [(flag, us) for flag, us in (("--engine-poll-us", self.engine_poll_us),
+                                              ("--front-poll-us", self.front_poll_us)) if us is not None]
+        return (["--pad-batches"] * self.pad + ["--outer-graph"] * self.outer
+                + [part for flag, us in polls for part in (flag, str(us))])
+
+
+#: ``--variants`` parts that take a number of µs, and the Variant field each sets.
+_NUMBERED = {"si": "switch_us", "poll": "engine_poll_us", "fpoll": "front_poll_us"}
+_FLAGS = ("pad", "outer", "pin", "shared")
 
 
 def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
-    ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pad`` for
-    ``--pad-batches``, ``+outer`` for ``--outer-graph``, ``+pin`` for a core of its own for each
-    engine process and front (:mod:`benchmarks.serve_pinning`) and ``+shared`` for fronts that accept
-    from the shared listening socket themselves (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
+    ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pollN`` for
+    ``--engine-poll-us N``, ``+fpollN`` for ``--front-poll-us N``, ``+pad`` for ``--pad-batches``,
+    ``+outer`` for ``--outer-graph``, ``+pin`` for a core of its own for each engine process and front
+    (:mod:`benchmarks.serve_pinning`) and ``+shared`` for fronts that accept from the shared listening
+    socket themselves (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
     calls, *extras = name.split("+")
-    switch = [e[2:] for e in extras if e.startswith("si")]
-    flags = [e for e in extras if not e.startswith("si")]
-    if (calls not in ("threads", "loop") or any(f not in ("pad", "outer", "pin", "shared") for f in flags)
-            or len(set(flags)) != len(flags) or len(switch) > 1 or not all(s.isdigit() for s in switch)):
-        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not "
-                                         "threads|loop[+siN][+pad][+outer][+pin][+shared] (e.g. loop, "
-                                         "threads+si100, loop+pad+outer+pin)")
-    return Variant(calls, int(switch[0]) if switch else None,
-                   *(f in flags for f in ("pad", "outer", "pin", "shared")))
+    numbers: dict[str, int] = {}
+    flags: list[str] = []
+    bad = calls not in ("threads", "loop")
+    for extra in extras:
+        prefix = extra.rstrip("0123456789")
+        if prefix in _NUMBERED and extra != prefix and _NUMBERED[prefix] not in numbers:
+            numbers[_NUMBERED[prefix]] = int(extra[len(prefix):])
+        elif extra in _FLAGS and extra not in flags:
+            flags.append(extra)
+        else:
+            bad = True
+    if bad:
+        raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pollN][+fpollN]"
+                                         "[+pad][+outer][+pin][+shared] (e.g. loop, threads+si100, "
+                                         "loop+pad+outer+pin, loop+poll500+fpoll500)")
+    return Variant(calls, **numbers, **{f: f in flags for f in _FLAGS})
 
 
 def plan(args: argparse.Namespace) -> list[Front]:
@@ -215,11 +233,10 @@ def plan(args: argparse.Namespace) -> list[Front]:
                        for w in args.workers[-2:]]
             # Without batching the engine calls set the pace: where a second GPU shows most.
             fronts.append(Front("local", main_workers, g, False, (("binary", top),)))
+    batchings = (True,) if args.variants_batching_only else (True, False)
     for v in args.variants:  # the same server, another way of running the engine calls
-        fronts += [Front("local", main_workers, g1, True, (("binary", top),), v),
-                   Front("local", main_workers, g1, False, (("binary", top),), v)]
         fronts += [Front("local", main_workers, g, batching, (("binary", top),), v)
-                   for g in args.gpus if g != g1 for batching in (True, False)]
+                   for g in args.gpus for batching in batchings]
     if args.ray:
         for r in (1, 2):
             fronts += [Front("ray", r, min(r, max(args.gpus)), True, (("binary", top),)),
@@ -438,10 +455,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
                         "the top client count) with these engine-process variants: "
-                        "threads|loop[+siN][+pad][+outer][+pin][+shared] (--engine-calls; siN: a GIL switch "
-                        "interval of N µs; pad: --pad-batches; outer: --outer-graph; pin: a core of its own "
+                        "threads|loop[+siN][+pollN][+fpollN][+pad][+outer][+pin][+shared] (--engine-calls; "
+                        "siN: a GIL switch interval of N µs; pollN: --engine-poll-us N; fpollN: "
+                        "--front-poll-us N; pad: --pad-batches; outer: --outer-graph; pin: a core of its own "
                         "for each engine process and front; shared: the fronts accept from the shared "
                         "socket), e.g. loop,loop+pad+outer+pin")
+    p.add_argument("--variants-batching-only", action="store_true",
+                   help="measure the variants with batching on only (not also with --max-batch 1)")
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus, args.workers, args.clients, args.ray = "0", "2", "4", False

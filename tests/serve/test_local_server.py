@@ -41,14 +41,17 @@ def _free_ports(count: int) -> list[int]:
 PORT, PORT_DRAIN, PORT_BUSY, PORT_ORPHAN, PORT_TWO, PORT_STATIC = _free_ports(6)
 
 
-@pytest.fixture(scope="module", params=["threads", "loop"])
+@pytest.fixture(scope="module", params=["threads", "loop", "loop-polling"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The server with each ``--engine-calls``: the same tests hold for both."""
+    """The server with each ``--engine-calls``, and with its loops polling instead of sleeping
+    (``--engine-poll-us``, ``--front-poll-us``): the same tests hold for all."""
     engine = tmp_path_factory.mktemp("local") / "affine.mem"
     engine.write_bytes(single_engine())
+    calls, _, polling = request.param.partition("-")
+    polls = ["--engine-poll-us", "3000", "--front-poll-us", "1000"] if polling else []
     srv = ServerProcess(engine, PORT, "--workers", "2", "--max-batch", "16", "--max-queue-delay-us", "2000",
-                        "--engine-calls", request.param)
-    srv.engine_calls = request.param  # type: ignore[attr-defined]
+                        "--engine-calls", calls, *polls)
+    srv.engine_calls = calls  # type: ignore[attr-defined]
     yield srv
     code = srv.stop()
     assert code == 0, "".join(srv.stderr)[-3000:]
@@ -267,7 +270,18 @@ def test_local_busy_port_and_missing_gpu_exit_2_with_one_line(tmp_path: Path) ->
     (line,) = result.stderr.strip().splitlines()
     assert "engine_calls='loop' runs one context on the event loop; got contexts=2" in line
     result = _run_cli(str(engine), "--ray", "--engine-calls", "loop")
-    assert result.returncode == 2 and "--engine-calls apply to the local server" in result.stderr
+    assert result.returncode == 2 and "--engine-calls, --engine-poll-us and" in result.stderr
+    result = _run_cli(str(engine), "--port", str(PORT_BUSY), "--engine-poll-us", "-5")
+    assert result.returncode == 2
+    assert "engine_poll_us must be an integer number of µs in [0, 1000000]; got -5" in result.stderr
+    result = _run_cli(str(engine), "--port", str(PORT_BUSY), "--engine-poll-us", "100", "--engine-calls",
+                      "threads")
+    assert result.returncode == 2
+    assert "engine_poll_us polls an engine process's event loop" in result.stderr
+    assert "got engine_calls='threads', contexts=1" in result.stderr
+    result = _run_cli(str(engine), "--port", str(PORT_BUSY), "--front-poll-us", "2000000")
+    assert result.returncode == 2
+    assert "front_poll_us must be" in result.stderr and "got 2000000" in result.stderr
 
 
 def test_local_bad_switch_interval_exits_1_naming_it(tmp_path: Path) -> None:

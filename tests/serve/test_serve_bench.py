@@ -80,10 +80,14 @@ def test_bench_serve_variants_parse_to_the_server_options_they_name() -> None:
     assert parse_variant("threads+si50").options() == []
     assert parse_variant("loop+shared") == Variant("loop", None, False, False, False, True)
     assert parse_variant("loop+shared").options() == []  # (an environment variable, not an option)
+    polled = parse_variant("loop+poll500+fpoll200+outer")
+    assert (polled.engine_poll_us, polled.front_poll_us, polled.outer) == (500, 200, True)
+    assert polled.options() == ["--outer-graph", "--engine-poll-us", "500", "--front-poll-us", "200"]
+    assert parse_variant("loop+poll0").options() == ["--engine-poll-us", "0"]
     import argparse
 
     for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6", "loop+pin+pin",
-                "loop+shared+shared"):
+                "loop+shared+shared", "loop+poll", "loop+poll5+poll6", "loop+fpollx", "loop+si-5"):
         with pytest.raises(argparse.ArgumentTypeError, match="threads\\|loop"):
             parse_variant(bad)
 

@@ -56,6 +56,13 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
                         "its event loop with no thread (one context; no GIL shared with a thread); "
                         "auto: loop for one context with batching on and an engine that can batch, "
                         "else threads (default: auto)")
+    p.add_argument("--engine-poll-us", type=int, default=None, metavar="T",
+                   help="an engine process's event loop polls its sockets instead of sleeping for T µs "
+                        "after each request and batch (a core kept busy meanwhile; where its engine calls "
+                        "run on the loop); 0: it sleeps (default: 0)")
+    p.add_argument("--front-poll-us", type=int, default=None, metavar="T",
+                   help="the same for each front process, after each request it sends and each answer "
+                        "(default: 0)")
     p.add_argument("--pad-batches", action="store_true",
                    help="pad each batched call's rows up to a power of two, so the engine sees a few "
                         "shapes only")
@@ -102,9 +109,11 @@ def _check_numbers(args: argparse.Namespace) -> None:
         if given:
             verb = "apply" if len(given) > 1 else "applies"
             raise UsageError(f"{', '.join(given)} {verb} to --ray only", command="serve")
-    elif args.workers is not None or args.gpus != "all" or args.engine_calls is not None:
-        raise UsageError("--workers, --gpus and --engine-calls apply to the local server, not --ray "
-                         "(use --replicas and --gpus-per-replica)", command="serve")
+    elif (args.workers is not None or args.gpus != "all" or args.engine_calls is not None
+          or args.engine_poll_us is not None or args.front_poll_us is not None):
+        raise UsageError("--workers, --gpus, --engine-calls, --engine-poll-us and --front-poll-us apply to "
+                         "the local server, not --ray (use --replicas and --gpus-per-replica)",
+                         command="serve")
 
 
 def serve_command(args: argparse.Namespace, out: Output) -> int:
@@ -151,7 +160,8 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
         config = local.LocalServerConfig(
             engine=args.file.resolve(), options=options, name=name, host=args.host, port=args.port,
             workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
-            engine_calls=args.engine_calls or "auto",
+            engine_calls=args.engine_calls or "auto", engine_poll_us=args.engine_poll_us or 0,
+            front_poll_us=args.front_poll_us or 0,
         )
         dispatch.supported()  # (a bad TRT_RUNTIME_SERVE_DISPATCH: a usage error, before the port)
         sock = local.bind_socket(args.host, args.port)

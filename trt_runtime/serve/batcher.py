@@ -18,7 +18,9 @@ measures the share on the CPU, and ``docs/serving.md`` has its figures.)
 One thread per execution function (one per execution context), each running one batch at
 a time. With ``on_loop=True`` (one execution function) there is no engine thread: the event
 loop itself takes the batches and runs the engine calls, between two passes over its sockets
-(a small alarm thread only wakes it when a batch's queue delay ends).
+(a small alarm thread only wakes it when a batch's queue delay ends). With ``poll_us`` the loop
+polls its sockets instead of sleeping for that long after each request and each batch
+(:class:`~trt_runtime.serve.polling.LoopPoller`), and checks the queue delay on each pass itself.
 A process that serves one context that way never shares the GIL between its loop and an
 engine thread: each C call of an engine call that releases the GIL (copies, the launch, the
 synchronize) gets it back at once instead of waiting for the loop to let go of it.
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from trt_runtime.errors import RequestError, SettingsError
 from trt_runtime.serve.batching import Answer, BatchRunner
+from trt_runtime.serve.polling import LoopPoller, check_poll_us
 from trt_runtime.serve.validation import RequestChecker
 
 if TYPE_CHECKING:
@@ -93,7 +96,9 @@ class DynamicBatcher:
     (for engines that overwrite their outputs, as the outer graph's ``"view"`` mode does).
     ``on_loop``: run the engine calls on the event loop, no engine thread (one execute function only;
     each call blocks the loop while it runs). ``pad_rows``: pad each call's rows up to a power
-    of two (:class:`~trt_runtime.serve.batching.BatchRunner`).
+    of two (:class:`~trt_runtime.serve.batching.BatchRunner`). ``poll_us`` (``on_loop`` only): keep the
+    loop polling its sockets, with no sleep, for that many µs after each request and each batch, and
+    until a waiting batch's queue delay ends (0: sleep, and let the alarm thread end the delay).
 
     Bound to the event loop of the first :meth:`submit`; use it from that loop only. The
     engine threads start with the first request.
@@ -110,6 +115,7 @@ class DynamicBatcher:
         copy_outputs: bool = False,
         on_loop: bool = False,
         pad_rows: bool = False,
+        poll_us: int = 0,
     ) -> None:
         if not execute_fns:
             raise SettingsError("DynamicBatcher needs at least one execute function; got none")
@@ -121,6 +127,10 @@ class DynamicBatcher:
         delay = max_queue_delay_us
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= 10_000_000:
             raise SettingsError(f"max_queue_delay_us must be an integer in [0, 10000000]; got {delay!r}")
+        if check_poll_us("poll_us", poll_us) and not on_loop:
+            raise SettingsError(f"poll_us needs the engine calls on the event loop (on_loop=True); got "
+                                f"poll_us={poll_us} with engine threads")
+        self._poll_us = poll_us
         self._checker = checker
         self._max_batch = max_batch if checker.batchable else 1
         self._delay_s = delay / 1e6
@@ -145,6 +155,8 @@ class DynamicBatcher:
         #: on_loop: what wakes the loop when a batch's queue delay ends, and when it is set to.
         self._alarm: _Alarm | None = None
         self._alarm_due: float | None = None
+        #: on_loop with poll_us: what keeps the loop polling (made with the first request).
+        self._poller: LoopPoller | None = None
 
     @property
     def max_batch(self) -> int:
@@ -194,6 +206,8 @@ class DynamicBatcher:
         if self._on_loop:
             waiting.append(request)  # (only this loop touches the queue)
             self._queued += request.count
+            if self._poller is not None:
+                self._poller.poke()
             if not self._next_run_now:
                 self._plan_run()
             return
@@ -230,15 +244,24 @@ class DynamicBatcher:
         if due is None:
             if self._alarm_due is not None:
                 self._alarm_due = None
-                assert self._alarm is not None
-                self._alarm.disarm()
+                if self._alarm is not None:
+                    self._alarm.disarm()
             self._next_run_now = True
             loop.call_soon(self._run_on_loop)
         elif self._alarm_due is None:
+            self._alarm_due = due
+            if self._poller is not None:  # (each pass of the polling loop checks the delay)
+                self._poller.poke(until=due)
+                return
             if self._alarm is None:
                 self._alarm = _Alarm(loop, self._alarm_rang)
-            self._alarm_due = due
             self._alarm.arm(due)
+
+    def _check_due(self) -> None:
+        """A pass of the polling loop: run the waiting batch if its queue delay has ended."""
+        due = self._alarm_due
+        if due is not None and time.perf_counter() >= due:
+            self._alarm_rang()
 
     def _alarm_rang(self) -> None:
         """The oldest waiting request's delay is over (on the loop)."""
@@ -272,6 +295,8 @@ class DynamicBatcher:
         finally:  # (the batch is answered and the next one planned either way)
             self._finished(batch, answers)
             self._plan_run_after_call()
+            if self._poller is not None:
+                self._poller.poke()
 
     def _plan_run_after_call(self) -> None:
         """The next batch, two passes of the loop from now (also with none waiting yet: the loop
@@ -285,6 +310,9 @@ class DynamicBatcher:
     # -- the engine threads --------------------------------------------------------------
     def _start(self) -> None:
         if self._on_loop:
+            if self._poll_us:
+                assert self._loop is not None
+                self._poller = LoopPoller(self._loop, self._poll_us, self._check_due)
             return
         for i, runner in enumerate(self._runners):
             thread = threading.Thread(target=self._work, args=(runner,), name=f"trt-serve-engine-{i}",
@@ -421,6 +449,8 @@ class DynamicBatcher:
             self._cond.notify_all()
         if self._alarm is not None:
             self._alarm.close()
+        if self._poller is not None:
+            self._poller.close()
         return late
 
     @staticmethod

@@ -49,6 +49,7 @@ class EngineProcessSpec:
     max_queue_delay_us: int
     drain_s: float
     engine_calls: str = "auto"  # LocalServerConfig.engine_calls: "auto", "threads" or "loop"
+    poll_us: int = 0  # LocalServerConfig.engine_poll_us (where the calls run on the loop)
 
 
 def calls_on_loop(engine_calls: str, contexts: int, batching: bool) -> bool:
@@ -126,12 +127,12 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     metrics = ServeMetrics(model.name)
+    on_loop = calls_on_loop(spec.engine_calls, spec.options.contexts, batching)
     batcher = DynamicBatcher(
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
         max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics,
         copy_outputs=bool(spec.options.outer_graph),  # answers are read after the next call may start
-        on_loop=calls_on_loop(spec.engine_calls, spec.options.contexts, batching),
-        pad_rows=spec.options.pad_batches,
+        on_loop=on_loop, pad_rows=spec.options.pad_batches, poll_us=spec.poll_us if on_loop else 0,
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await listen(spec.socket_path, batcher)

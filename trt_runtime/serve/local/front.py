@@ -31,6 +31,7 @@ from trt_runtime.errors import RequestError
 from trt_runtime.serve.local import transport
 from trt_runtime.serve.local.lifeline import run_loop, wait_orphaned
 from trt_runtime.serve.local.transport import NO_SLOT, Slab
+from trt_runtime.serve.polling import LoopPoller
 
 __all__ = ["EngineLink", "EngineLost", "EnginePool", "FrontSpec", "front_main"]
 
@@ -58,14 +59,19 @@ class FrontSpec:
     #: The connections come handed over on the socket :func:`front_main` gets (a channel of
     #: :mod:`~trt_runtime.serve.local.dispatch`), not accepted from it.
     handed_over: bool = False
+    #: µs this front's event loop keeps polling, instead of sleeping, after each request sent to an
+    #: engine process and each answer (LocalServerConfig.front_poll_us; 0: it sleeps).
+    poll_us: int = 0
 
 
 class EngineLink:
     """This front's connection to one engine process; dials again whenever it drops."""
 
     def __init__(self, path: Path, slab: Slab, on_change: Any = None,
-                 on_round_trip: Callable[[float], None] | None = None) -> None:
+                 on_round_trip: Callable[[float], None] | None = None,
+                 poller: LoopPoller | None = None) -> None:
         self.path = path
+        self._poller = poller  # poked as each request leaves and each read of answers comes
         self._on_change = on_change  # called after the link went up or down
         self._on_round_trip = on_round_trip  # told each answer's seconds since its send
         self.outstanding = 0
@@ -121,6 +127,8 @@ class EngineLink:
         # Sent with the other requests of this loop pass; a failed send closes the connection
         # and _run fails every pending request over (EngineLost).
         out.frame(rid, slot, 0, description, inline)
+        if self._poller is not None:
+            self._poller.poke()
         return future
 
     async def _run(self) -> None:
@@ -154,6 +162,8 @@ class EngineLink:
         slab = self._slab
         now = perf_counter()
         told = self._on_round_trip
+        if self._poller is not None:  # (the client's next request is likely close behind)
+            self._poller.poke()
         for rid, slot, status, payload in frames:
             entry = self._pending.pop(rid, None)
             if entry is None:
@@ -200,8 +210,10 @@ class EnginePool:
     """
 
     def __init__(self, sockets: Sequence[Path], slab: Slab, on_change: Any = None, first: int = 0,
-                 on_round_trip: Callable[[float], None] | None = None, fronts: int = 1) -> None:
-        self.links = [EngineLink(path, slab, on_change, on_round_trip) for path in sockets]
+                 on_round_trip: Callable[[float], None] | None = None, fronts: int = 1,
+                 poller: LoopPoller | None = None) -> None:
+        self.links = [EngineLink(path, slab, on_change, on_round_trip, poller) for path in sockets]
+        self._poller = poller
         count = len(self.links)
         start = first % count if count else 0
         fronts = max(1, fronts)
@@ -261,6 +273,8 @@ class EnginePool:
         return best
 
     async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.close()
         await asyncio.gather(*(link.close() for link in self.links))
 
 
@@ -287,8 +301,9 @@ async def _serve(spec: FrontSpec, sock: socket.socket, ready_flag: Any, ready: C
         ready_flag[mine] = 1 if pool.all_up() else 0
 
     metrics = ServeMetrics(spec.model.name)
+    poller = LoopPoller(asyncio.get_running_loop(), spec.poll_us) if spec.poll_us else None
     pool = EnginePool(spec.engine_sockets, slab, links_changed, first=spec.index,
-                      on_round_trip=metrics.round_trip, fronts=spec.fronts)
+                      on_round_trip=metrics.round_trip, fronts=spec.fronts, poller=poller)
     pool.start()
     await pool.wait_up()
     app = make_app(

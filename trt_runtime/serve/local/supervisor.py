@@ -38,6 +38,7 @@ from trt_runtime.serve.local.front import FrontSpec, front_main
 from trt_runtime.serve.local.transport import shm_dir
 from trt_runtime.serve.metrics import mark_process_dead
 from trt_runtime.serve.options import DEFAULT_MAX_BODY_BYTES, ServeOptions
+from trt_runtime.serve.polling import check_poll_us
 
 __all__ = ["LocalServer", "LocalServerConfig", "ServeStartError", "bind_socket", "resolve_gpus"]
 
@@ -75,6 +76,12 @@ class LocalServerConfig:
     #: ``"loop"`` (on its event loop, no thread; one context only) or ``"auto"``: ``"loop"``
     #: for one context with batching on, else ``"threads"`` (:attr:`calls_on_loop`).
     engine_calls: str = "auto"
+    #: µs an engine process's event loop keeps polling its sockets, instead of sleeping, after each
+    #: request and batch (:class:`~trt_runtime.serve.polling.LoopPoller`); where the calls run on
+    #: the loop only. 0: it sleeps.
+    engine_poll_us: int = 0
+    #: The same for each front process's event loop, after each request it sends and answer it gets.
+    front_poll_us: int = 0
 
     def calls_on_loop(self, batchable: bool = True) -> bool:
         """Whether the engine processes run their calls on their event loops (:func:`calls_on_loop`),
@@ -88,6 +95,12 @@ class LocalServerConfig:
         if self.engine_calls == "loop" and self.options.contexts != 1:
             raise SettingsError(f"engine_calls='loop' runs one context on the event loop; got contexts="
                                 f"{self.options.contexts} (use 'threads')")
+        check_poll_us("engine_poll_us", self.engine_poll_us)
+        check_poll_us("front_poll_us", self.front_poll_us)
+        if self.engine_poll_us and (self.engine_calls == "threads" or self.options.contexts != 1):
+            raise SettingsError(f"engine_poll_us polls an engine process's event loop, which needs the "
+                                f"engine calls on it (one context, engine_calls 'auto' or 'loop'); got "
+                                f"engine_calls={self.engine_calls!r}, contexts={self.options.contexts}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise SettingsError(f"workers must be an integer >= 1; got {self.workers!r}")
         if not 0 <= self.max_queue_delay_us <= 10_000_000:
@@ -254,7 +267,7 @@ class LocalServer:
         spec = EngineProcessSpec(
             engine=cfg.engine, options=cfg.options, device=gpu, socket_path=self._engine_socket(index),
             name=cfg.name, max_queue_delay_us=cfg.max_queue_delay_us, drain_s=cfg.drain_s,
-            engine_calls=cfg.engine_calls,
+            engine_calls=cfg.engine_calls, poll_us=cfg.engine_poll_us,
         )
         return lambda pipe: self._ctx.Process(target=engine_main, args=(spec, pipe),
                                               name=f"trt-engine-{index}")
@@ -268,6 +281,7 @@ class LocalServer:
                 slab_path=self._run_dir / f"slab-{index}-{self._front_starts}",
                 max_body_bytes=self.config.max_body_bytes, drain_s=self.config.drain_s,
                 fronts=self.config.workers, handed_over=self._dispatch is not None,
+                poll_us=self.config.front_poll_us,
             )
             sock = self._sock
             if self._dispatch is not None:
