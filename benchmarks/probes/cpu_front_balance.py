@@ -10,7 +10,7 @@ out in turn instead (``trt_runtime.serve.local.dispatch``; ``TRT_RUNTIME_SERVE_D
 shared socket). This starts the real ``trt-runtime serve`` (the memory backend's engine, batching
 on) both ways, opens ``--connections`` keep-alive connections one after another as a client pool
 does, sends one request on each (every answer checked), and counts the connections each front
-process holds (``ss``, Linux), sorted. The same count over sockets bound with ``SO_REUSEPORT`` (the
+process holds (Linux ``/proc``), sorted. The same count over sockets bound with ``SO_REUSEPORT`` (the
 kernel's hash) is printed beside them. Even is ``connections / fronts`` each.
 """
 
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import http.client
-import re
-import shutil
+import os
 import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -50,13 +49,34 @@ def _served(fronts: int, connections: int, port: int, work: Path, mode: str) -> 
                 if response.status != 200 or not w.expect("binary").right(body):
                     raise RuntimeError(f"wrong answer: HTTP {response.status}")
                 clients.append(c)
-            listing = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
-                                     capture_output=True, text=True, check=True).stdout
+            fronts_pids = doc["pids"]["fronts"]
+            held = _held(fronts_pids, port)
         finally:
             for c in clients:
                 c.close()
-        held = collections.Counter(int(p) for p in re.findall(r"pid=(\d+)", listing))
-        return sorted((held.get(pid, 0) for pid in doc["pids"]["fronts"]), reverse=True)
+        return sorted((held.get(pid, 0) for pid in fronts_pids), reverse=True)
+
+
+def _held(pids: list[int], port: int) -> collections.Counter[int]:
+    """Established TCP connections on local ``port`` held by each of ``pids`` (Linux ``/proc``: the
+    sockets' inodes in ``/proc/net/tcp*``, matched to each process's open file descriptors)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+                    inodes.add(inode)
+    held: collections.Counter[int] = collections.Counter()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        for fd in fd_dir.iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    held[pid] += 1
+    return held
 
 
 def _reuseport(sockets: int, connections: int) -> list[int]:
@@ -99,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--port", type=int, default=8141)
     args = p.parse_args(argv)
-    if shutil.which("ss") is None:
-        raise SystemExit("needs ss (iproute2) to count each process's connections")
+    if not Path("/proc/net/tcp").exists():
+        raise SystemExit("needs Linux's /proc to count each process's connections")
     even = args.connections / args.fronts
     print(f"{args.connections} connections over {args.fronts} fronts: even is {even:g} each", flush=True)
     with tempfile.TemporaryDirectory(prefix="front-balance-") as work:
