@@ -176,27 +176,30 @@ class Variant(NamedTuple):
     shared: bool = False  # the fronts accept from the shared socket (TRT_RUNTIME_SERVE_DISPATCH=off)
     engine_poll_us: int | None = None  # --engine-poll-us
     front_poll_us: int | None = None  # --front-poll-us
+    eager: bool = False  # --no-outer-graph --no-pad-batches (the defaults before the outer graph was)
 
     def options(self) -> list[str]:
         """The ``trt-runtime serve`` options it adds."""
         polls = [(flag, us) for flag, us in (("--engine-poll-us", self.engine_poll_us),
                                               ("--front-poll-us", self.front_poll_us)) if us is not None]
         return (["--pad-batches"] * self.pad + ["--outer-graph"] * self.outer
+                + ["--no-outer-graph", "--no-pad-batches"] * self.eager
                 + [part for flag, us in polls for part in (flag, str(us))])
 
 
 #: ``--variants`` parts that take a number of µs, and the Variant field each sets.
 _NUMBERED = {"si": "switch_us", "poll": "engine_poll_us", "fpoll": "front_poll_us"}
-_FLAGS = ("pad", "outer", "pin", "shared")
+_FLAGS = ("pad", "outer", "pin", "shared", "eager")
 
 
 def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
     ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pollN`` for
     ``--engine-poll-us N``, ``+fpollN`` for ``--front-poll-us N``, ``+pad`` for ``--pad-batches``,
-    ``+outer`` for ``--outer-graph``, ``+pin`` for a core of its own for each engine process and front
-    (:mod:`benchmarks.serve_pinning`) and ``+shared`` for fronts that accept from the shared listening
-    socket themselves (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
+    ``+outer`` for ``--outer-graph``, ``+eager`` for ``--no-outer-graph --no-pad-batches``, ``+pin`` for
+    a core of its own for each engine process and front (:mod:`benchmarks.serve_pinning`) and ``+shared``
+    for fronts that accept from the shared listening socket themselves
+    (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
     calls, *extras = name.split("+")
     numbers: dict[str, int] = {}
     flags: list[str] = []
@@ -211,8 +214,8 @@ def parse_variant(name: str) -> Variant:
             bad = True
     if bad:
         raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pollN][+fpollN]"
-                                         "[+pad][+outer][+pin][+shared] (e.g. loop, threads+si100, "
-                                         "loop+pad+outer+pin, loop+poll500+fpoll500)")
+                                         "[+pad][+outer][+eager][+pin][+shared] (e.g. loop, threads+si100, "
+                                         "loop+pad+outer+pin, loop+eager, loop+poll500+fpoll500)")
     return Variant(calls, **numbers, **{f: f in flags for f in _FLAGS})
 
 
@@ -455,11 +458,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
                         "the top client count) with these engine-process variants: "
-                        "threads|loop[+siN][+pollN][+fpollN][+pad][+outer][+pin][+shared] (--engine-calls; "
-                        "siN: a GIL switch interval of N µs; pollN: --engine-poll-us N; fpollN: "
-                        "--front-poll-us N; pad: --pad-batches; outer: --outer-graph; pin: a core of its own "
-                        "for each engine process and front; shared: the fronts accept from the shared "
-                        "socket), e.g. loop,loop+pad+outer+pin")
+                        "threads|loop[+siN][+pollN][+fpollN][+pad][+outer][+eager][+pin][+shared] "
+                        "(--engine-calls; siN: a GIL switch interval of N µs; pollN: --engine-poll-us N; "
+                        "fpollN: --front-poll-us N; pad: --pad-batches; outer: --outer-graph; eager: "
+                        "--no-outer-graph --no-pad-batches; pin: a core of its own for each engine process "
+                        "and front; shared: the fronts accept from the shared socket), e.g. "
+                        "loop,loop+eager,loop+pad+outer+pin")
     p.add_argument("--variants-batching-only", action="store_true",
                    help="measure the variants with batching on only (not also with --max-batch 1)")
     args = p.parse_args(argv)

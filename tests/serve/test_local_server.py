@@ -44,13 +44,16 @@ PORT, PORT_DRAIN, PORT_BUSY, PORT_ORPHAN, PORT_TWO, PORT_STATIC = _free_ports(6)
 @pytest.fixture(scope="module", params=["threads", "loop", "loop-polling"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The server with each ``--engine-calls``, and with its loops polling instead of sleeping
-    (``--engine-poll-us``, ``--front-poll-us``): the same tests hold for all."""
+    (``--engine-poll-us``, ``--front-poll-us``): the same tests hold for all. The threads run the
+    calls eagerly (``--no-outer-graph --no-pad-batches``); the loops under the outer graph with
+    padded batches, the default for an engine that can batch."""
     engine = tmp_path_factory.mktemp("local") / "affine.mem"
     engine.write_bytes(single_engine())
     calls, _, polling = request.param.partition("-")
     polls = ["--engine-poll-us", "3000", "--front-poll-us", "1000"] if polling else []
+    eager = ["--no-outer-graph", "--no-pad-batches"] if calls == "threads" else []
     srv = ServerProcess(engine, PORT, "--workers", "2", "--max-batch", "16", "--max-queue-delay-us", "2000",
-                        "--engine-calls", calls, *polls)
+                        "--engine-calls", calls, *polls, *eager)
     srv.engine_calls = calls  # type: ignore[attr-defined]
     yield srv
     code = srv.stop()

@@ -79,6 +79,54 @@ def test_poller_polls_until_a_later_deadline_and_stops_when_closed() -> None:
     assert not active
 
 
+def test_poller_last_pass_sees_a_deadline_given_as_until(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Time passes during a pass: the pass that ends the polling must still run ``on_pass`` at or after
+    the deadline (a queue delay's end), or a batch waits for a poke that may never come (a request
+    to an idle engine process hung that way once)."""
+    import trt_runtime.serve.polling as polling
+
+    clock = [0.0]
+    monkeypatch.setattr(polling, "perf_counter", lambda: clock[0])
+    seen: list[float] = []
+
+    def on_pass() -> None:
+        seen.append(clock[0])
+        clock[0] += 0.6  # the pass itself took that long
+
+    async def main() -> bool:
+        poller = LoopPoller(asyncio.get_running_loop(), 0, on_pass)
+        poller.poke(until=1.0)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return poller.active
+
+    active = asyncio.run(main())
+    assert not active and seen and seen[-1] >= 1.0, seen
+
+
+def test_poller_stays_usable_after_on_pass_raised() -> None:
+    async def main() -> tuple[int, list[Any]]:
+        loop = asyncio.get_running_loop()
+        errors: list[Any] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context.get("exception")))
+        passes = [0]
+
+        def on_pass() -> None:
+            passes[0] += 1
+            if passes[0] == 1:
+                raise RuntimeError("first pass fails")
+
+        poller = LoopPoller(loop, 2_000, on_pass)
+        poller.poke()
+        await asyncio.sleep(0.01)
+        poller.poke()
+        await asyncio.sleep(0.01)
+        return passes[0], errors
+
+    passes, errors = asyncio.run(main())
+    assert passes > 2 and len(errors) == 1 and isinstance(errors[0], RuntimeError)
+
+
 @pytest.mark.parametrize("bad", [-1, 1_000_001, 0.5, True, "100"])
 def test_poller_and_batcher_refuse_a_bad_window(bad: Any) -> None:
     with pytest.raises(SettingsError, match=r"must be an integer number of µs in \[0, 1000000\]; got "):

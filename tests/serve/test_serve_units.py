@@ -280,3 +280,65 @@ def test_checker_refuses_after_accepting_the_same_input_in_another_shape_or_dtyp
         checker.check((np.zeros((2, 4), np.float64),), {})
     with pytest.raises(RequestError, match=r"must have shape \[-1, 4\]"):
         checker.check((np.zeros((2, 5), np.float32),), {})
+
+
+# -- the outer graph and padding left to the engine ("auto", trt-runtime serve's default) ----------
+def _static_engine() -> bytes:
+    x = TensorSpec("x", "float32", (2, 4), True)
+    return MemoryBackend.build_engine([x], [AffineOutput("y", "x", 2.0, 1.0)], name="static")
+
+
+@pytest.mark.parametrize(
+    ("source", "max_batch", "graph"),
+    [(single_engine, 16, True), (single_engine, 1, False), (_static_engine, 16, False)],
+    ids=["batching an engine that can batch", "batching off", "an engine that cannot batch"],
+)
+def test_open_engine_auto_runs_the_outer_graph_and_pads_where_batches_form(source: object, max_batch: int,
+                                                                          graph: bool) -> None:
+    from trt_runtime.serve.replica import pads_batches
+
+    options = ServeOptions(backend="memory", runtime_cache=None, max_batch=max_batch, outer_graph="auto",
+                           pad_batches="auto", warmup=False)
+    engine, _ = open_engine(source(), options)  # type: ignore[operator]
+    try:
+        assert (engine.outer_graph is not None) is graph  # type: ignore[attr-defined]
+        assert pads_batches(engine, options) is graph
+        never = ServeOptions(backend="memory", pad_batches=False, max_batch=max_batch)
+        assert pads_batches(engine, never) is False
+        if graph:  # the warm-up ran (made by "auto" even with warmup=False) and captured its graph
+            assert engine.graph_captures >= 1  # type: ignore[attr-defined]
+    finally:
+        engine.close()
+
+
+def test_open_engine_auto_runs_eagerly_an_engine_whose_context_cannot_be_captured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trt_runtime.errors import CapabilityError
+    from trt_runtime.serve.replica import pads_batches
+    from trt_runtime.testing.memory import MemoryLane
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise CapabilityError("this context cannot be captured (test)")
+
+    monkeypatch.setattr(MemoryLane, "capture", refuse)
+    options = ServeOptions(backend="memory", runtime_cache=None, outer_graph="auto", pad_batches="auto")
+    engine, _ = open_engine(single_engine(), options)
+    try:
+        assert engine.outer_graph is None  # type: ignore[attr-defined]
+        assert not pads_batches(engine, options)
+        x = np.full((3, 4), 0.5, np.float32)
+        np.testing.assert_array_equal(engine.execute(x)[0], reference(x))
+    finally:
+        engine.close()
+    with pytest.raises(CapabilityError, match="cannot be captured"):  # asked for, not left to "auto"
+        open_engine(single_engine(), ServeOptions(backend="memory", runtime_cache=None, outer_graph=True))
+
+
+def test_serve_options_take_auto_and_refuse_other_words() -> None:
+    options = ServeOptions(outer_graph="auto", pad_batches="auto")
+    assert (options.outer_graph, options.pad_batches) == ("auto", "auto")
+    with pytest.raises(ValueError, match="pad_batches must be True, False or 'auto'; got 'sometimes'"):
+        ServeOptions(pad_batches="sometimes")
+    with pytest.raises((TypeError, ValueError), match="fast"):
+        ServeOptions(outer_graph="fast")

@@ -63,10 +63,12 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
     p.add_argument("--front-poll-us", type=int, default=None, metavar="T",
                    help="the same for each front process, after each request it sends and each answer "
                         "(default: 0)")
-    p.add_argument("--pad-batches", action="store_true",
+    p.add_argument("--outer-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap each engine call in an outer CUDA graph (default: on where batching is on, "
+                        "the engine can batch and the backend supports it)")
+    p.add_argument("--pad-batches", action=argparse.BooleanOptionalAction, default=None,
                    help="pad each batched call's rows up to a power of two, so the engine sees a few "
-                        "shapes only")
-    p.add_argument("--outer-graph", action="store_true", help="wrap each engine call in an outer CUDA graph")
+                        "shapes only (default: wherever the outer graph runs)")
     p.add_argument("--drain-s", type=float, default=10.0, metavar="S",
                    help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default: 10)")
     p.add_argument("--backend", metavar="NAME", default=None,
@@ -93,6 +95,13 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
                      help="send the engine's bytes to every replica (default: each node reads FILE)")
     p.set_defaults(handler=serve_command)
     return p  # type: ignore[no-any-return]
+
+
+def _auto(flag: bool | None) -> bool | str:
+    """``--outer-graph``/``--no-outer-graph`` (and the same for padding): given, or ``"auto"``."""
+    from trt_runtime.serve.options import AUTO
+
+    return AUTO if flag is None else flag
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -128,8 +137,8 @@ def serve_command(args: argparse.Namespace, out: Output) -> int:
     try:
         options = ServeOptions(
             backend=backend_name, device=args.device, settings=settings_overrides(args) or None,
-            contexts=args.contexts, outer_graph=args.outer_graph, max_batch=args.max_batch,
-            pad_batches=args.pad_batches,
+            contexts=args.contexts, outer_graph=_auto(args.outer_graph), max_batch=args.max_batch,
+            pad_batches=_auto(args.pad_batches),
             batch_wait_ms=args.max_queue_delay_us / 1000.0,
             runtime_cache=args.runtime_cache if args.runtime_cache is not None else "auto",
         )
@@ -152,6 +161,7 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
     from trt_runtime.errors import SettingsError
     from trt_runtime.serve import local
     from trt_runtime.serve.local import dispatch
+    from trt_runtime.serve.options import AUTO
 
     workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
     try:
@@ -183,9 +193,10 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
 
     calls = {"auto": "on the event loop if the engine can batch", "threads": "on worker threads",
              "loop": "on the event loop"}[config.engine_calls]
-    out.info(f"loading {args.file.name}: max batch {args.max_batch}, "
-             f"queue delay {args.max_queue_delay_us} µs, engine calls {calls}"
-             f"{', batches padded to powers of two' if options.pad_batches else ''}")
+    graph = {AUTO: "where the engine can batch", True: "on", False: "off"}[options.outer_graph]
+    pad = {AUTO: "wherever the outer graph runs", True: "to powers of two", False: "off"}[options.pad_batches]
+    out.info(f"loading {args.file.name}: max batch {args.max_batch}, queue delay "
+             f"{args.max_queue_delay_us} µs, engine calls {calls}, outer graph {graph}, batches padded {pad}")
     server = local.LocalServer(config, sock, log=out.warn)
     try:
         code = server.run(on_ready=ready)

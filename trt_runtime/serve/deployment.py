@@ -29,7 +29,7 @@ from trt_runtime.serve.metrics import ServeMetrics
 from trt_runtime.serve.model import ModelInfo
 from trt_runtime.serve.model import model_name as served_name
 from trt_runtime.serve.options import ServeOptions
-from trt_runtime.serve.replica import open_engine
+from trt_runtime.serve.replica import open_engine, pads_batches
 
 __all__ = ["EngineServer", "build_app"]
 
@@ -123,7 +123,8 @@ class EngineServer:
         self._batcher = DynamicBatcher(
             [self.engine.execute] * self.options.contexts, self.checker, max_batch=self.options.max_batch,
             max_queue_delay_us=round(self.options.batch_wait_ms * 1000), metrics=self._metrics,
-            copy_outputs=getattr(graph, "outputs", None) == "view", pad_rows=self.options.pad_batches,
+            copy_outputs=getattr(graph, "outputs", None) == "view",
+            pad_rows=pads_batches(self.engine, self.options),
         )
 
         async def ready_route(request: Any) -> Any:

@@ -11,7 +11,11 @@ from trt_runtime.errors import SettingsError
 from trt_runtime.graphs import OuterGraph
 from trt_runtime.settings import RuntimeSettings, SettingsLike
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServeOptions"]
+__all__ = ["AUTO", "DEFAULT_MAX_BODY_BYTES", "ServeOptions"]
+
+#: The value of :attr:`ServeOptions.outer_graph` and :attr:`ServeOptions.pad_batches` that leaves the
+#: choice to the engine and the backend (:func:`trt_runtime.serve.replica.open_engine`).
+AUTO = "auto"
 
 #: Largest HTTP body a replica reads (64 MiB); larger ones get 413 before they are read.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -33,19 +37,26 @@ class ServeOptions:
     most the profile's maximum) with copies of its last row, so the engine sees a few input
     shapes only (a context given new shapes sets itself up again; the padded rows' outputs
     are dropped).
+
+    ``outer_graph`` and ``pad_batches`` also take ``"auto"`` (what ``trt-runtime serve`` passes
+    unless told otherwise): the outer CUDA graph when batching is on, the engine can batch (a
+    dynamic leading dimension everywhere) and the backend has ``supports_outer_cuda_graph``, with
+    the batches padded wherever the outer graph runs, so each padded size is captured once. An
+    engine whose context cannot be captured then runs without the outer graph (found by the
+    warm-up call, which ``"auto"`` always makes).
     """
 
     backend: str | None = None
     device: int | None = None
     settings: SettingsLike = None
     contexts: int = 1
-    outer_graph: bool | str = False
+    outer_graph: bool | str = False  # or an OuterGraph mode, or "auto"
     max_batch: int = 16
     batch_wait_ms: float = 2.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     runtime_cache: str | Path | None = "auto"
     warmup: bool = True
-    pad_batches: bool = False
+    pad_batches: bool | str = False  # or "auto"
 
     def __post_init__(self) -> None:
         for field, low in (("contexts", 1), ("max_batch", 1), ("max_body_bytes", 1)):
@@ -58,7 +69,10 @@ class ServeOptions:
         if self.device is not None and (isinstance(self.device, bool) or not isinstance(self.device, int)
                                         or self.device < 0):
             raise SettingsError(f"device must be None or a CUDA device index >= 0; got {self.device!r}")
-        OuterGraph.coerce(self.outer_graph)  # raises TypeError naming the bad value
+        if self.outer_graph != AUTO:
+            OuterGraph.coerce(self.outer_graph)  # raises TypeError naming the bad value
+        if not isinstance(self.pad_batches, bool) and self.pad_batches != AUTO:
+            raise SettingsError(f"pad_batches must be True, False or 'auto'; got {self.pad_batches!r}")
         object.__setattr__(self, "settings", RuntimeSettings.coerce(self.settings))
         cache = self.runtime_cache
         if isinstance(cache, str) and cache != "auto":

@@ -33,8 +33,9 @@ def check_poll_us(name: str, value: object) -> int:
 class LoopPoller:
     """Keeps ``loop`` polling (no sleep) until ``window_us`` after the last :meth:`poke`.
 
-    ``on_pass``: called once per pass of the loop while it polls (a deadline to check, say). Use it
-    on the loop's own thread only.
+    ``on_pass``: called once per pass of the loop while it polls (a deadline to check, say); the last
+    pass begins at or after the end of the window, so a deadline given to :meth:`poke` as ``until``
+    is always seen as passed by some pass. Use it on the loop's own thread only.
     """
 
     __slots__ = ("_active", "_closed", "_loop", "_on_pass", "_until", "_window_s")
@@ -68,13 +69,17 @@ class LoopPoller:
             self._loop.call_soon(self._pass)
 
     def _pass(self) -> None:
-        on_pass = self._on_pass
-        if on_pass is not None:
-            on_pass()
-        if not self._closed and perf_counter() < self._until:
-            self._loop.call_soon(self._pass)
-        else:
-            self._active = False
+        # The time is read before ``on_pass``: the pass that ends the polling began at or after
+        # ``_until``, so an ``on_pass`` deadline at or before it (``poke(until=)``) is seen as passed.
+        now = perf_counter()
+        try:
+            if self._on_pass is not None:
+                self._on_pass()
+        finally:  # (an on_pass that raised is the loop's to report; the polling stays consistent)
+            if not self._closed and now < self._until:
+                self._loop.call_soon(self._pass)
+            else:
+                self._active = False
 
     def close(self) -> None:
         """Stop polling (the pass queued now is the last one). Idempotent."""

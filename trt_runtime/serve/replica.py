@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.cache import RuntimeCache, default_cache_dir
+from trt_runtime.errors import CapabilityError
 from trt_runtime.protocols import Backend, Engine
 from trt_runtime.registry import get_backend
-from trt_runtime.serve.options import ServeOptions
+from trt_runtime.serve.options import AUTO, ServeOptions
 from trt_runtime.serve.validation import RequestChecker
 
-__all__ = ["node_cache_path", "open_engine"]
+__all__ = ["node_cache_path", "open_engine", "pads_batches"]
 
 
 def node_cache_path(backend: Backend, device: int | None = None, node: str | None = None) -> Path:
@@ -41,6 +42,9 @@ def open_engine(
 
     With a runtime cache, the cache file is loaded first and saved after the warm-up
     call, so the next replica on this node starts with the kernels this one compiled.
+    ``options.outer_graph == "auto"``: the outer graph where batching is on, the engine can batch
+    and the backend supports it; the warm-up call is made whatever ``options.warmup`` says, and an
+    engine whose context it finds cannot be captured runs without (``engine.outer_graph`` says which).
     """
     import trt_runtime
 
@@ -59,15 +63,35 @@ def open_engine(
         extra["contexts"] = options.contexts
     engine = trt_runtime.load(source, backend, device=device, settings=settings, **extra)
     try:
-        if options.outer_graph:
+        checker = RequestChecker(getattr(engine, "name", "engine"), engine.inputs, engine.outputs)
+        auto = options.outer_graph == AUTO
+        if auto:
+            wanted = (options.batching and checker.batchable
+                      and backend.capabilities.supports_outer_cuda_graph)
+            if wanted:
+                engine.outer_graph = True  # type: ignore[attr-defined]
+        elif options.outer_graph:
             engine.outer_graph = options.outer_graph  # type: ignore[attr-defined]
         engine.ensure_context()  # type: ignore[attr-defined]
-        if options.warmup:
-            checker = RequestChecker(getattr(engine, "name", "engine"), engine.inputs, engine.outputs)
-            engine.execute(*checker.warmup_arrays())
+        if options.warmup or auto:
+            try:
+                engine.execute(*checker.warmup_arrays())
+            except CapabilityError:
+                if not auto or getattr(engine, "outer_graph", None) is None:
+                    raise
+                engine.outer_graph = None  # type: ignore[attr-defined]  # (cannot be captured: eager)
+                engine.execute(*checker.warmup_arrays())
         if cache is not None:
             cache.save()
     except BaseException:
         engine.close()
         raise
     return engine, cache
+
+
+def pads_batches(engine: Engine, options: ServeOptions) -> bool:
+    """Whether batched calls of ``engine`` (opened by :func:`open_engine`) are padded to a power of two:
+    ``options.pad_batches``, where ``"auto"`` means wherever the outer graph runs."""
+    if options.pad_batches == AUTO:
+        return options.batching and getattr(engine, "outer_graph", None) is not None
+    return bool(options.pad_batches)

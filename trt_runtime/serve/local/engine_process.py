@@ -120,6 +120,7 @@ def model_info(engine: Any, spec: EngineProcessSpec) -> Any:
 async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> None:
     from trt_runtime.serve.batcher import DynamicBatcher
     from trt_runtime.serve.metrics import ServeMetrics
+    from trt_runtime.serve.replica import pads_batches
 
     model = model_info(engine, spec)
     batching = spec.options.batching and model.checker.batchable
@@ -131,8 +132,9 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     batcher = DynamicBatcher(
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
         max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics,
-        copy_outputs=bool(spec.options.outer_graph),  # answers are read after the next call may start
-        on_loop=on_loop, pad_rows=spec.options.pad_batches, poll_us=spec.poll_us if on_loop else 0,
+        # (with the outer graph, answers are read after the next call may start)
+        copy_outputs=getattr(engine, "outer_graph", None) is not None,
+        on_loop=on_loop, pad_rows=pads_batches(engine, spec.options), poll_us=spec.poll_us if on_loop else 0,
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await listen(spec.socket_path, batcher)
