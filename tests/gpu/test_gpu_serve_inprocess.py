@@ -82,3 +82,36 @@ def test_gpu_inprocess_wrong_datatype_is_400(served: Any) -> None:
     x = built.random_inputs(batch=1, seed=0)[0].astype(np.float32)
     status, answer = _infer(server.url, model.input_names[0], x, datatype="FP32")
     assert status == 400 and "has datatype FP16; got 'FP32'" in answer["error"]
+
+
+@pytest.mark.parametrize("backend_name", ["python", "torchbind"])
+def test_gpu_serve_auto_pads_batches_under_the_outer_graph(served: Any, backend_name: str) -> None:
+    """``trt-runtime serve``'s default on each backend: an engine that can batch opens with the outer
+    graph on and its batches padded to powers of two; batches of mixed row counts come back right,
+    each padded size captured once."""
+    from _gpu_stress import usable_backend
+
+    from trt_runtime.serve import ServeOptions, open_engine
+    from trt_runtime.serve.batching import BatchRunner
+    from trt_runtime.serve.replica import pads_batches
+
+    usable_backend(backend_name)
+    built, model, _server = served
+    options = ServeOptions(backend=backend_name, outer_graph="auto", pad_batches="auto", max_batch=64,
+                           runtime_cache=None)
+    engine, _ = open_engine(built.plan, options)
+    try:
+        assert engine.outer_graph is not None and pads_batches(engine, options)
+        runner = BatchRunner(engine.execute, model.checker, copy_outputs=True, pad_rows=True)
+        rtol, atol = built.tolerance
+        captured = engine.graph_captures
+        for rows in ([1, 2, 2], [3], [1, 1, 1, 1, 1], [2, 2, 3], [4]):  # 5, 3, 5, 7, 4 rows -> 8, 4, 8, 8, 4
+            requests = [(built.random_inputs(batch=n, seed=10 * n + i)[0],) for i, n in enumerate(rows)]
+            answers = runner.run(requests)
+            for (x,), answer in zip(requests, answers, strict=True):
+                assert not isinstance(answer, BaseException), answer
+                np.testing.assert_allclose(np.asarray(answer[0]).astype(np.float64), built.reference(x)[0],
+                                           rtol=rtol, atol=atol)
+        assert engine.graph_captures - captured <= 2, "one capture per padded size (4 and 8) at most"
+    finally:
+        engine.close()

@@ -47,6 +47,8 @@ def test_gpu_serve_local_one_engine_process_per_gpu(served: Any) -> None:
     _built, server = served
     _err, count = runtime.cudaGetDeviceCount()
     assert len(server.doc["pids"]["engines"]) == count == len(server.doc["gpus"])
+    # the default for an engine that can batch: its batches padded and run under the outer CUDA graph
+    assert (server.doc["outer_graph"], server.doc["pad_batches"]) == (True, True)
 
 
 def test_gpu_serve_local_concurrent_answers_match_the_reference(served: Any) -> None:

@@ -74,6 +74,8 @@ def test_local_two_fronts_and_one_engine_process_are_up(server: ServerProcess) -
     assert server.get("/v2/health/live")[0] == 200
     assert server.get("/v2/health/ready")[0] == 200
     assert server.doc["engine_calls"] == server.engine_calls
+    graphs = server.engine_calls == "loop"  # (the threads' server runs with --no-outer-graph)
+    assert (server.doc["outer_graph"], server.doc["pad_batches"]) == (graphs, graphs)
 
 
 def test_local_tritonclient_reads_metadata_and_infers_json_and_binary(server: ServerProcess) -> None:
@@ -129,6 +131,7 @@ def test_local_engine_that_cannot_batch_keeps_its_calls_on_a_thread(tmp_path: Pa
     srv = ServerProcess(engine, PORT_STATIC, "--workers", "1", "--max-batch", "16")
     try:
         assert srv.doc["engine_calls"] == "threads"
+        assert (srv.doc["outer_graph"], srv.doc["pad_batches"]) == (False, False)  # ("auto": cannot batch)
         values = np.arange(8, dtype=np.float32).reshape(2, 4)
         status, body, _ = post(srv.url + "/", npy(values), "application/x-npy")
         assert status == 200 and np.array_equal(load_npy(body), reference(values))

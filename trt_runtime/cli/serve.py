@@ -187,7 +187,8 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
     def ready(model: Any) -> None:
         out.emit({"url": url, "model": name, "engine": str(args.file), "workers": workers,
                   "gpus": [g for g in gpus if g is not None], "pids": server.pids(),
-                  "engine_calls": "loop" if config.calls_on_loop(model.checker.batchable) else "threads"})
+                  "engine_calls": "loop" if config.calls_on_loop(model.checker.batchable) else "threads",
+                  **{k: server.calls[k] for k in ("outer_graph", "pad_batches") if k in server.calls}})
         out.notice(f"serving {name} at {url}/v2/models/{name} ({workers} front process(es), "
                    f"{len(gpus)} engine process(es); Ctrl-C to stop)")
 

@@ -138,7 +138,9 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await listen(spec.socket_path, batcher)
-    ready.send(("ready", model))
+    # (how the calls run, as "auto" resolved them: the supervisor's ready document says so)
+    ready.send(("ready", model, {"outer_graph": getattr(engine, "outer_graph", None) is not None,
+                                 "pad_batches": pads_batches(engine, spec.options)}))
     ready.close()
     orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
     orphaned.add_done_callback(lambda _: stop.set())

@@ -196,6 +196,9 @@ class LocalServer:
         self._stopping = False
         self._run_dir = Path(tempfile.mkdtemp(prefix="trt-serve-", dir=shm_dir()))
         self.model: Any = None
+        #: How the first engine process runs its calls (``outer_graph``, ``pad_batches``: what
+        #: ``"auto"`` resolved to), from its ready message.
+        self.calls: dict[str, Any] = {}
         self._engines: list[_Child] = []
         self._fronts: list[_Child] = []
         self._front_starts = 0
@@ -321,6 +324,7 @@ class LocalServer:
             child.ready = True
             if child.role == "engine" and self.model is None:
                 self.model = message[1]
+                self.calls = dict(message[2]) if len(message) > 2 else {}
             if child.channel is not None and self._dispatch is not None:  # it takes connections now
                 self._dispatch.up(child.index, child.channel)
         return message
