@@ -72,6 +72,9 @@ class LoopPoller:
         # The time is read before ``on_pass``: the pass that ends the polling began at or after
         # ``_until``, so an ``on_pass`` deadline at or before it (``poke(until=)``) is seen as passed.
         now = perf_counter()
+        if self._closed:
+            self._active = False
+            return
         try:
             if self._on_pass is not None:
                 self._on_pass()
@@ -82,5 +85,5 @@ class LoopPoller:
                 self._active = False
 
     def close(self) -> None:
-        """Stop polling (the pass queued now is the last one). Idempotent."""
+        """Stop polling: the pass queued now ends it without calling ``on_pass``. Idempotent."""
         self._closed = True
