@@ -28,6 +28,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 MESSAGE = b"p" * 16
 
@@ -58,6 +59,7 @@ class _Echo(asyncio.Protocol):
 
 
 def _echo_loop(sock: socket.socket, poll: bool) -> None:
+    new_loop: Callable[[], asyncio.AbstractEventLoop]
     try:
         import uvloop
 
@@ -80,7 +82,8 @@ def _echo_loop(sock: socket.socket, poll: bool) -> None:
     loop.close()
 
 
-def _echo(mode: str, fd: int) -> None:
+def _echo(mode: str, fd: int, other: int) -> None:
+    os.close(other)  # (the pinger's end, inherited by fork: closed here, its close is our end of file)
     sock = socket.socket(fileno=fd)
     if mode == "block":
         _echo_block(sock)
@@ -97,7 +100,7 @@ def _spin(seconds: float) -> None:
 def _round_trips(mode: str, pings: int, gap_s: float) -> list[float]:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ctx = multiprocessing.get_context("fork")
-    echo = ctx.Process(target=_echo, args=(mode, theirs.fileno()), daemon=True)
+    echo = ctx.Process(target=_echo, args=(mode, theirs.fileno(), mine.fileno()), daemon=True)
     echo.start()
     theirs.close()
     mine.setblocking(False)
@@ -123,7 +126,7 @@ def _round_trips(mode: str, pings: int, gap_s: float) -> list[float]:
     return times
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pings", type=int, default=5000)
     parser.add_argument("--gaps-us", default="0,100,500,2000", help="comma-separated µs between pings")
@@ -146,6 +149,8 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"cores": os.cpu_count(), "pings": args.pings, "rows": rows}, f, indent=1)
+
+    return 0
 
 
 if __name__ == "__main__":

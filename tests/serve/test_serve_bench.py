@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -152,3 +153,18 @@ def test_serve_pinning_pins_every_thread_and_gives_the_load_its_cores_back() -> 
         load.kill()
         engine.wait()
         load.wait()
+
+
+@pytest.mark.parametrize(("probe", "args", "expect"), [
+    ("cpu_wakeup.py", ["--pings", "50", "--gaps-us", "0,200"],
+     r"gap +200 µs: block [\d.]+ / .* loop-poll [\d.]+"),
+    ("cpu_shm_queue.py", ["--fronts", "4", "--per-front", "1,3", "--rounds", "100"],
+     r"shm, 3 per front: +[\d.]+ rounds/s, engine +[\d.]+ µs per round"),
+])
+def test_transport_probes_measure_every_mode(probe: str, args: list[str], expect: str) -> None:
+    """The two probes behind the polling options and the next transport: every mode runs, every message
+    comes back (the queue probe stops with an error when its engine process saw fewer requests)."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probes" / probe), *args],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(expect, result.stdout), result.stdout
