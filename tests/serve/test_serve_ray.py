@@ -338,12 +338,24 @@ def _check_distinct(handle: Any, ids: Any) -> None:
         np.testing.assert_array_equal(response.result(timeout_s=30), reference(inputs[i]))
 
 
+def test_serve_replica_says_what_auto_resolved_to() -> None:
+    """The options ``trt-runtime serve --ray`` passes: a replica of an engine that can batch runs padded
+    batches under the outer graph, and its ``/ready`` document says so."""
+    options = ServeOptions(backend="memory", runtime_cache=None, outer_graph="auto", pad_batches="auto")
+    server = EngineServer(single_engine(), options)
+    try:
+        assert (server.describe()["outer_graph"], server.describe()["pad_batches"]) == (True, True)
+    finally:
+        server.close()
+
+
 def test_serve_health_check_fails_without_a_context() -> None:
     server = EngineServer(single_engine(), ServeOptions(backend="memory", runtime_cache=None))
     try:
         server.check_health()  # constructed: engine and first context exist
         info = server.describe()
         assert (info["engine"], info["max_batch"], info["runtime_cache"]) == ("affine", 16, None)
+        assert (info["outer_graph"], info["pad_batches"]) == (False, False)  # (ServeOptions' own default)
         server.engine.invalidate_context()
         with pytest.raises(EngineError, match="'affine' is closed or has no execution context"):
             server.check_health()

@@ -169,6 +169,9 @@ class EngineServer:
             "max_batch": self.options.max_batch, "batch_wait_ms": self.options.batch_wait_ms,
             "batchable": self.checker.batchable, "node_id": self._node, "pid": os.getpid(),
             "runtime_cache": None if self.cache is None else str(self.cache.path),
+            # (as "auto" resolved them)
+            "outer_graph": getattr(self.engine, "outer_graph", None) is not None,
+            "pad_batches": pads_batches(self.engine, self.options),
         }
 
     def stats(self) -> dict[str, Any]:
