@@ -93,7 +93,7 @@ def test_gpu_serve_auto_pads_batches_under_the_outer_graph(served: Any, backend_
 
     from trt_runtime.serve import ServeOptions, open_engine
     from trt_runtime.serve.batching import BatchRunner
-    from trt_runtime.serve.replica import pads_batches
+    from trt_runtime.serve.replica import call_modes
 
     usable_backend(backend_name)
     built, model, _server = served
@@ -101,8 +101,9 @@ def test_gpu_serve_auto_pads_batches_under_the_outer_graph(served: Any, backend_
                            runtime_cache=None)
     engine, _ = open_engine(built.plan, options)
     try:
-        assert engine.outer_graph is not None and pads_batches(engine, options)
-        runner = BatchRunner(engine.execute, model.checker, copy_outputs=True, pad_rows=True)
+        modes = call_modes(engine, options)
+        assert modes.outer_graph and modes.pad_batches and not modes.copy_outputs
+        runner = BatchRunner(engine.execute, model.checker, copy_outputs=False, pad_rows=True)
         rtol, atol = built.tolerance
         captured = engine.graph_captures
         for rows in ([1, 2, 2], [3], [1, 1, 1, 1, 1], [2, 2, 3], [4]):  # 5, 3, 5, 7, 4 rows -> 8, 4, 8, 8, 4

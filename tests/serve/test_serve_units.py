@@ -295,16 +295,17 @@ def _static_engine() -> bytes:
 )
 def test_open_engine_auto_runs_the_outer_graph_and_pads_where_batches_form(source: object, max_batch: int,
                                                                           graph: bool) -> None:
-    from trt_runtime.serve.replica import pads_batches
+    from trt_runtime.serve.replica import CallModes, call_modes
 
     options = ServeOptions(backend="memory", runtime_cache=None, max_batch=max_batch, outer_graph="auto",
                            pad_batches="auto", warmup=False)
     engine, _ = open_engine(source(), options)  # type: ignore[operator]
     try:
         assert (engine.outer_graph is not None) is graph  # type: ignore[attr-defined]
-        assert pads_batches(engine, options) is graph
+        # (the outer graph's "copy" mode returns new arrays: nothing to copy again)
+        assert call_modes(engine, options) == CallModes(graph, graph, copy_outputs=False)
         never = ServeOptions(backend="memory", pad_batches=False, max_batch=max_batch)
-        assert pads_batches(engine, never) is False
+        assert call_modes(engine, never).pad_batches is False
         if graph:  # the warm-up ran (made by "auto" even with warmup=False) and captured its graph
             assert engine.graph_captures >= 1  # type: ignore[attr-defined]
     finally:
@@ -315,7 +316,7 @@ def test_open_engine_auto_runs_eagerly_an_engine_whose_context_cannot_be_capture
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from trt_runtime.errors import CapabilityError
-    from trt_runtime.serve.replica import pads_batches
+    from trt_runtime.serve.replica import CallModes, call_modes
     from trt_runtime.testing.memory import MemoryLane
 
     def refuse(*args: object, **kwargs: object) -> None:
@@ -326,13 +327,25 @@ def test_open_engine_auto_runs_eagerly_an_engine_whose_context_cannot_be_capture
     engine, _ = open_engine(single_engine(), options)
     try:
         assert engine.outer_graph is None  # type: ignore[attr-defined]
-        assert not pads_batches(engine, options)
+        assert call_modes(engine, options) == CallModes(False, False, False)
         x = np.full((3, 4), 0.5, np.float32)
         np.testing.assert_array_equal(engine.execute(x)[0], reference(x))
     finally:
         engine.close()
     with pytest.raises(CapabilityError, match="cannot be captured"):  # asked for, not left to "auto"
         open_engine(single_engine(), ServeOptions(backend="memory", runtime_cache=None, outer_graph=True))
+
+
+def test_call_modes_copy_outputs_only_of_an_outer_graph_in_view_mode() -> None:
+    """Views of the graph's static buffers are overwritten by the next call: a batcher copies them."""
+    from trt_runtime.serve.replica import CallModes, call_modes
+
+    options = ServeOptions(backend="memory", runtime_cache=None, outer_graph="view", pad_batches=True)
+    engine, _ = open_engine(single_engine(), options)
+    try:
+        assert call_modes(engine, options) == CallModes(True, True, copy_outputs=True)
+    finally:
+        engine.close()
 
 
 def test_serve_options_take_auto_and_refuse_other_words() -> None:

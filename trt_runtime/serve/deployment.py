@@ -29,7 +29,7 @@ from trt_runtime.serve.metrics import ServeMetrics
 from trt_runtime.serve.model import ModelInfo
 from trt_runtime.serve.model import model_name as served_name
 from trt_runtime.serve.options import ServeOptions
-from trt_runtime.serve.replica import open_engine, pads_batches
+from trt_runtime.serve.replica import call_modes, open_engine
 
 __all__ = ["EngineServer", "build_app"]
 
@@ -119,12 +119,11 @@ class EngineServer:
         self.model = ModelInfo.from_engine(self.engine, served, max_batch=self.options.max_batch)
         self.checker = self.model.checker
         self._metrics = _ReplicaMetrics(self.model.name, self.name)
-        graph = getattr(self.engine, "outer_graph", None)
+        self._modes = call_modes(self.engine, self.options)
         self._batcher = DynamicBatcher(
             [self.engine.execute] * self.options.contexts, self.checker, max_batch=self.options.max_batch,
             max_queue_delay_us=round(self.options.batch_wait_ms * 1000), metrics=self._metrics,
-            copy_outputs=getattr(graph, "outputs", None) == "view",
-            pad_rows=pads_batches(self.engine, self.options),
+            copy_outputs=self._modes.copy_outputs, pad_rows=self._modes.pad_batches,
         )
 
         async def ready_route(request: Any) -> Any:
@@ -169,9 +168,7 @@ class EngineServer:
             "max_batch": self.options.max_batch, "batch_wait_ms": self.options.batch_wait_ms,
             "batchable": self.checker.batchable, "node_id": self._node, "pid": os.getpid(),
             "runtime_cache": None if self.cache is None else str(self.cache.path),
-            # (as "auto" resolved them)
-            "outer_graph": getattr(self.engine, "outer_graph", None) is not None,
-            "pad_batches": pads_batches(self.engine, self.options),
+            "outer_graph": self._modes.outer_graph, "pad_batches": self._modes.pad_batches,
         }
 
     def stats(self) -> dict[str, Any]:

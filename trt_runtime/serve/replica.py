@@ -10,7 +10,7 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trt_runtime.cache import RuntimeCache, default_cache_dir
 from trt_runtime.errors import CapabilityError
@@ -19,7 +19,7 @@ from trt_runtime.registry import get_backend
 from trt_runtime.serve.options import AUTO, ServeOptions
 from trt_runtime.serve.validation import RequestChecker
 
-__all__ = ["node_cache_path", "open_engine", "pads_batches"]
+__all__ = ["CallModes", "call_modes", "node_cache_path", "open_engine"]
 
 
 def node_cache_path(backend: Backend, device: int | None = None, node: str | None = None) -> Path:
@@ -89,9 +89,21 @@ def open_engine(
     return engine, cache
 
 
-def pads_batches(engine: Engine, options: ServeOptions) -> bool:
-    """Whether batched calls of ``engine`` (opened by :func:`open_engine`) are padded to a power of two:
-    ``options.pad_batches``, where ``"auto"`` means wherever the outer graph runs."""
-    if options.pad_batches == AUTO:
-        return options.batching and getattr(engine, "outer_graph", None) is not None
-    return bool(options.pad_batches)
+class CallModes(NamedTuple):
+    """How an engine opened by :func:`open_engine` runs batched calls (what ``"auto"`` resolved to)."""
+
+    outer_graph: bool  # each call under the outer CUDA graph
+    pad_batches: bool  # each call's rows padded to a power of two
+    #: Each call's outputs copied before they are answered: they are views of buffers that the next
+    #: call overwrites (the outer graph's ``"view"`` mode; every other call returns new arrays).
+    copy_outputs: bool
+
+
+def call_modes(engine: Engine, options: ServeOptions) -> CallModes:
+    """:class:`CallModes` of ``engine`` as ``options`` opened it; ``options.pad_batches == "auto"``
+    pads wherever the outer graph runs."""
+    graph = getattr(engine, "outer_graph", None)
+    pad = options.pad_batches
+    if pad == AUTO:
+        pad = options.batching and graph is not None
+    return CallModes(graph is not None, bool(pad), getattr(graph, "outputs", None) == "view")

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import typing
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
@@ -120,7 +121,7 @@ def model_info(engine: Any, spec: EngineProcessSpec) -> Any:
 async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> None:
     from trt_runtime.serve.batcher import DynamicBatcher
     from trt_runtime.serve.metrics import ServeMetrics
-    from trt_runtime.serve.replica import pads_batches
+    from trt_runtime.serve.replica import call_modes
 
     model = model_info(engine, spec)
     batching = spec.options.batching and model.checker.batchable
@@ -129,18 +130,16 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     metrics = ServeMetrics(model.name)
     on_loop = calls_on_loop(spec.engine_calls, spec.options.contexts, batching)
+    modes = call_modes(engine, spec.options)
     batcher = DynamicBatcher(
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
-        max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics,
-        # (with the outer graph, answers are read after the next call may start)
-        copy_outputs=getattr(engine, "outer_graph", None) is not None,
-        on_loop=on_loop, pad_rows=pads_batches(engine, spec.options), poll_us=spec.poll_us if on_loop else 0,
+        max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics, copy_outputs=modes.copy_outputs,
+        on_loop=on_loop, pad_rows=modes.pad_batches, poll_us=spec.poll_us if on_loop else 0,
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await listen(spec.socket_path, batcher)
     # (how the calls run, as "auto" resolved them: the supervisor's ready document says so)
-    ready.send(("ready", model, {"outer_graph": getattr(engine, "outer_graph", None) is not None,
-                                 "pad_batches": pads_batches(engine, spec.options)}))
+    ready.send(("ready", model, {"outer_graph": modes.outer_graph, "pad_batches": modes.pad_batches}))
     ready.close()
     orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
     orphaned.add_done_callback(lambda _: stop.set())
@@ -225,7 +224,8 @@ class FrontLink(transport.FrameProtocol):
         where = None if slot == NO_SLOT else slab.slot(slot)
         try:
             arrays = tuple(transport.decode_arrays(payload, where))
-            self._batcher.enqueue_call(arrays, functools.partial(self._answer, rid, slot, where))
+            done = functools.partial(self._answered, self._reply, rid, slot, where)
+            self._batcher.enqueue_call(arrays, done)
         except Exception as exc:
             self._refuse([rid], exc)
             return
@@ -267,29 +267,22 @@ class FrontLink(transport.FrameProtocol):
             index = where[0] if len(where) == 1 else np.array(where, np.intp)  # (one: a slot number)
             try:
                 arrays = transport.gather(rows, index, layout)
-                answer = functools.partial(self._answer_bundle, ids, where, index, layout[0][1][0])
+                answer = functools.partial(self._answered, self._reply_bundle, ids, where, index,
+                                           layout[0][1][0])
                 self._batcher.enqueue_call(arrays, answer, len(ids))
             except Exception as exc:
                 self._refuse(ids, exc)
                 continue
             self._inflight += 1
 
-    def _answer_bundle(self, rids: list[int], slots: list[int], index: Any, step: int,
-                       answer: Answer) -> None:
-        """The batcher's callback as a bundle's batch ends (it never raises): :meth:`_reply_bundle`."""
-        self._inflight -= 1
-        try:
-            if not self._lost:  # (else the front went away: nobody reads these)
-                self._reply_bundle(rids, slots, index, step, answer)
-        finally:
-            self._release()
-
-    def _answer(self, rid: int, slot: int, where: memoryview | None, answer: Answer) -> None:
-        """The batcher's callback as a lone request's batch ends (it never raises): :meth:`_reply`."""
+    def _answered(self, reply: Callable[..., None], *args: Any) -> None:
+        """The batcher's callback as a request's or a bundle's batch ends (it never raises): ``reply``
+        (:meth:`_reply` or :meth:`_reply_bundle`) with ``args``, the answer last, unless the front
+        went away (nobody reads it then)."""
         self._inflight -= 1
         try:
             if not self._lost:
-                self._reply(rid, slot, where, answer)
+                reply(*args)
         finally:
             self._release()
 
