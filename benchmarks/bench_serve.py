@@ -177,26 +177,29 @@ class Variant(NamedTuple):
     engine_poll_us: int | None = None  # --engine-poll-us
     front_poll_us: int | None = None  # --front-poll-us
     eager: bool = False  # --no-outer-graph --no-pad-batches (the defaults before the outer graph was)
+    serial: bool = False  # --no-overlap (each engine call waited for, as before overlapped calls)
+    in_flight: int | None = None  # the engine processes' TRT_RUNTIME_SERVE_IN_FLIGHT
 
     def options(self) -> list[str]:
         """The ``trt-runtime serve`` options it adds."""
         polls = [(flag, us) for flag, us in (("--engine-poll-us", self.engine_poll_us),
                                               ("--front-poll-us", self.front_poll_us)) if us is not None]
         return (["--pad-batches"] * self.pad + ["--outer-graph"] * self.outer
-                + ["--no-outer-graph", "--no-pad-batches"] * self.eager
+                + ["--no-outer-graph", "--no-pad-batches"] * self.eager + ["--no-overlap"] * self.serial
                 + [part for flag, us in polls for part in (flag, str(us))])
 
 
 #: ``--variants`` parts that take a number of µs, and the Variant field each sets.
-_NUMBERED = {"si": "switch_us", "poll": "engine_poll_us", "fpoll": "front_poll_us"}
-_FLAGS = ("pad", "outer", "pin", "shared", "eager")
+_NUMBERED = {"si": "switch_us", "poll": "engine_poll_us", "fpoll": "front_poll_us", "fly": "in_flight"}
+_FLAGS = ("pad", "outer", "pin", "shared", "eager", "serial")
 
 
 def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
     ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pollN`` for
     ``--engine-poll-us N``, ``+fpollN`` for ``--front-poll-us N``, ``+pad`` for ``--pad-batches``,
-    ``+outer`` for ``--outer-graph``, ``+eager`` for ``--no-outer-graph --no-pad-batches``, ``+pin`` for
+    ``+outer`` for ``--outer-graph``, ``+eager`` for ``--no-outer-graph --no-pad-batches``, ``+serial``
+    for ``--no-overlap``, ``+flyN`` for N overlapped batches at once (``TRT_RUNTIME_SERVE_IN_FLIGHT``), ``+pin`` for
     a core of its own for each engine process and front (:mod:`benchmarks.serve_pinning`) and ``+shared``
     for fronts that accept from the shared listening socket themselves
     (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
@@ -214,7 +217,8 @@ def parse_variant(name: str) -> Variant:
             bad = True
     if bad:
         raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pollN][+fpollN]"
-                                         "[+pad][+outer][+eager][+pin][+shared] (e.g. loop, threads+si100, "
+                                         "[+flyN][+pad][+outer][+eager][+serial][+pin][+shared] (e.g. loop, "
+                                         "threads+si100, "
                                          "loop+pad+outer+pin, loop+eager, loop+poll500+fpoll500)")
     return Variant(calls, **numbers, **{f: f in flags for f in _FLAGS})
 
@@ -267,7 +271,7 @@ def started(front: Front, w: Workload, args: argparse.Namespace,
         with serve_fronts.local_server(w.path, w.backend, port, front.workers, gpus,
                                        args.max_batch if front.batching else 1, args.delay_us, cache,
                                        engine_calls=v.engine_calls, switch_interval_us=v.switch_us,
-                                       dispatch="off" if v.shared else None,
+                                       dispatch="off" if v.shared else None, in_flight=v.in_flight,
                                        extra=v.options()) as doc:
             pids = doc.get("pids", {})
             yield port, "/", {"front": [p for p in pids.get("fronts", ()) if p],
@@ -458,10 +462,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
                         "the top client count) with these engine-process variants: "
-                        "threads|loop[+siN][+pollN][+fpollN][+pad][+outer][+eager][+pin][+shared] "
-                        "(--engine-calls; siN: a GIL switch interval of N µs; pollN: --engine-poll-us N; "
-                        "fpollN: --front-poll-us N; pad: --pad-batches; outer: --outer-graph; eager: "
-                        "--no-outer-graph --no-pad-batches; pin: a core of its own for each engine process "
+                        "threads|loop[+siN][+pollN][+fpollN][+flyN][+pad][+outer][+eager][+serial][+pin]"
+                        "[+shared] (--engine-calls; siN: a GIL switch interval of N µs; pollN: --engine-poll-us "
+                        "N; fpollN: --front-poll-us N; flyN: N overlapped batches at once; pad: --pad-batches; "
+                        "outer: --outer-graph; eager: --no-outer-graph --no-pad-batches; serial: --no-overlap; "
+                        "pin: a core of its own for each engine process "
                         "and front; shared: the fronts accept from the shared socket), e.g. "
                         "loop,loop+eager,loop+pad+outer+pin")
     p.add_argument("--variants-batching-only", action="store_true",

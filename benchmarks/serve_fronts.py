@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_runtime.serve.local.dispatch import DISPATCH_ENV
-from trt_runtime.serve.local.engine_process import SWITCH_INTERVAL_ENV
+from trt_runtime.serve.local.engine_process import IN_FLIGHT_ENV, SWITCH_INTERVAL_ENV
 
 HOST = "127.0.0.1"
 
@@ -154,12 +154,12 @@ def trivial(port: int, answer: bytes, content_type: str, processes: int) -> Iter
 def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus: str, max_batch: int,
                  delay_us: int, runtime_cache: Path | None, *, engine_calls: str | None = None,
                  switch_interval_us: int | None = None, dispatch: str | None = None,
-                 extra: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
+                 in_flight: int | None = None, extra: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
     """``trt-runtime serve`` in a subprocess; yields its ready document (with ``supervisor``: the
     serving process's id); SIGINT at the end (exit 0). ``engine_calls``: its ``--engine-calls``;
     ``switch_interval_us``: the engine processes' GIL switch interval; ``dispatch``: its
-    ``TRT_RUNTIME_SERVE_DISPATCH`` (``None``: the default); ``extra``: more of its
-    options (``--pad-batches``, say)."""
+    ``TRT_RUNTIME_SERVE_DISPATCH`` (``None``: the default); ``in_flight``: the engine processes'
+    ``TRT_RUNTIME_SERVE_IN_FLIGHT``; ``extra``: more of its options (``--pad-batches``, say)."""
     command = [sys.executable, "-m", "trt_runtime.cli", "--json", "serve", os.fspath(engine_path),
                "--port", str(port), "--workers", str(workers), "--gpus", gpus, "--max-batch", str(max_batch),
                "--max-queue-delay-us", str(delay_us), "--backend", backend, "--drain-s", "5"]
@@ -170,7 +170,10 @@ def local_server(engine_path: Path, backend: str, port: int, workers: int, gpus:
     command += extra
     env = dict(os.environ)
     env.pop(SWITCH_INTERVAL_ENV, None)
+    env.pop(IN_FLIGHT_ENV, None)
     env.pop(DISPATCH_ENV, None)  # (the rows are the CLI's defaults unless a variant says otherwise)
+    if in_flight is not None:
+        env[IN_FLIGHT_ENV] = str(in_flight)
     if switch_interval_us is not None:
         env[SWITCH_INTERVAL_ENV] = str(switch_interval_us)
     if dispatch is not None:

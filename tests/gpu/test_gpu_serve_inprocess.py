@@ -116,3 +116,47 @@ def test_gpu_serve_auto_pads_batches_under_the_outer_graph(served: Any, backend_
         assert engine.graph_captures - captured <= 2, "one capture per padded size (4 and 8) at most"
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("backend_name", ["python", "torchbind"])
+def test_gpu_overlapped_calls_in_flight_together_match_the_reference(served: Any, backend_name: str) -> None:
+    """The engine process's overlapped calls (:class:`CudaStager`) on each backend: five batches
+    started back to back before any is collected, two of them of the same padded size (the same
+    static buffers, reused in stream order), each answer within tolerance of the reference."""
+    from _gpu_stress import usable_backend
+
+    from trt_runtime.serve import ServeOptions, open_engine
+    from trt_runtime.serve.batching import BatchRunner
+    from trt_runtime.serve.local.staging import open_stager, stager_refusal
+
+    usable_backend(backend_name)
+    built, model, _server = served
+    options = ServeOptions(backend=backend_name, outer_graph="auto", pad_batches="auto", max_batch=64,
+                           runtime_cache=None)
+    engine, _ = open_engine(built.plan, options)
+    stager = None
+    try:
+        assert stager_refusal(engine, 64, True) is None
+        stager = open_stager(engine, 64, True)
+        assert stager is not None and engine.outer_graph.outputs == "view"
+        runner = BatchRunner(engine.execute, model.checker, pad_rows=True, stager=stager)
+        rtol, atol = built.tolerance
+        batches = [[1, 2, 2], [3], [1, 1, 1, 1, 1], [2, 2, 3], [40, 9]]  # 8, 4, 8, 8, 64 rows
+        requests = [[(built.random_inputs(batch=n, seed=100 * b + i)[0],) for i, n in enumerate(rows)]
+                    for b, rows in enumerate(batches)]
+        started = [runner.start(batch) for batch in requests]
+        assert all(s.calls for s in started) and stager.in_use() == 5
+        for batch, run in zip(requests, started, strict=True):
+            while not run.done():
+                pass
+            answers = run.finish(copy=True)
+            run.release()
+            for (x,), answer in zip(batch, answers, strict=True):
+                assert not isinstance(answer, BaseException), answer
+                np.testing.assert_allclose(np.asarray(answer[0]).astype(np.float64), built.reference(x)[0],
+                                           rtol=rtol, atol=atol)
+        assert stager.in_use() == 0
+    finally:
+        if stager is not None:
+            stager.close()
+        engine.close()

@@ -1,4 +1,5 @@
-"""The local server on the GPU: the mlp engine (python backend), one engine process per GPU.
+"""The local server on the GPU: the mlp engine (python backend), one engine process per GPU, its
+calls overlapped (the default).
 
 What the CPU tests prove with the memory backend, on real TensorRT-RTX: concurrent clients
 (binary KServe requests and ``.npy`` bodies) get answers within the builder's tolerance of
@@ -49,6 +50,7 @@ def test_gpu_serve_local_one_engine_process_per_gpu(served: Any) -> None:
     assert len(server.doc["pids"]["engines"]) == count == len(server.doc["gpus"])
     # the default for an engine that can batch: its batches padded and run under the outer CUDA graph
     assert (server.doc["outer_graph"], server.doc["pad_batches"]) == (True, True)
+    assert server.doc["overlap"] is True  # (the loop starts each call and collects it later)
 
 
 def test_gpu_serve_local_concurrent_answers_match_the_reference(served: Any) -> None:

@@ -76,6 +76,7 @@ def test_local_two_fronts_and_one_engine_process_are_up(server: ServerProcess) -
     assert server.doc["engine_calls"] == server.engine_calls
     graphs = server.engine_calls == "loop"  # (the threads' server runs with --no-outer-graph)
     assert (server.doc["outer_graph"], server.doc["pad_batches"]) == (graphs, graphs)
+    assert server.doc["overlap"] is False  # (the memory backend's static inputs are host arrays)
 
 
 def test_local_tritonclient_reads_metadata_and_infers_json_and_binary(server: ServerProcess) -> None:
@@ -276,7 +277,7 @@ def test_local_busy_port_and_missing_gpu_exit_2_with_one_line(tmp_path: Path) ->
     (line,) = result.stderr.strip().splitlines()
     assert "engine_calls='loop' runs one context on the event loop; got contexts=2" in line
     result = _run_cli(str(engine), "--ray", "--engine-calls", "loop")
-    assert result.returncode == 2 and "--engine-calls, --engine-poll-us and" in result.stderr
+    assert result.returncode == 2 and "--engine-calls, --engine-poll-us," in result.stderr
     result = _run_cli(str(engine), "--port", str(PORT_BUSY), "--engine-poll-us", "-5")
     assert result.returncode == 2
     assert "engine_poll_us must be an integer number of µs in [0, 1000000]; got -5" in result.stderr

@@ -83,5 +83,7 @@ def test_serve_cli_refuses_a_missing_file_and_bad_options(
     assert main(["serve", str(engine), "--backend", "memory", "--replicas", "2"]) == 2
     assert "--replicas applies to --ray only" in capsys.readouterr().err
     assert main(["serve", str(engine), "--ray", "--workers", "2"]) == 2
-    local_only = "--engine-calls, --engine-poll-us and --front-poll-us apply to the local server"
+    local_only = "--engine-poll-us, --front-poll-us and --overlap apply to the local server"
+    assert local_only in capsys.readouterr().err
+    assert main(["serve", str(engine), "--ray", "--no-overlap"]) == 2
     assert local_only in capsys.readouterr().err

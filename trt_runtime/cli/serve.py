@@ -63,6 +63,10 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
     p.add_argument("--front-poll-us", type=int, default=None, metavar="T",
                    help="the same for each front process, after each request it sends and each answer "
                         "(default: 0)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="an engine process starts each batch's call and reads its sockets while the GPU "
+                        "runs it, instead of waiting for it (default: on where its calls run on the loop, "
+                        "padded under the outer graph, with every dimension but the batch fixed)")
     p.add_argument("--outer-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap each engine call in an outer CUDA graph (default: on where batching is on, "
                         "the engine can batch and the backend supports it)")
@@ -119,9 +123,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
             verb = "apply" if len(given) > 1 else "applies"
             raise UsageError(f"{', '.join(given)} {verb} to --ray only", command="serve")
     elif (args.workers is not None or args.gpus != "all" or args.engine_calls is not None
-          or args.engine_poll_us is not None or args.front_poll_us is not None):
-        raise UsageError("--workers, --gpus, --engine-calls, --engine-poll-us and --front-poll-us apply to "
-                         "the local server, not --ray (use --replicas and --gpus-per-replica)",
+          or args.engine_poll_us is not None or args.front_poll_us is not None or args.overlap is not None):
+        raise UsageError("--workers, --gpus, --engine-calls, --engine-poll-us, --front-poll-us and --overlap "
+                         "apply to the local server, not --ray (use --replicas and --gpus-per-replica)",
                          command="serve")
 
 
@@ -171,7 +175,7 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
             engine=args.file.resolve(), options=options, name=name, host=args.host, port=args.port,
             workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
             engine_calls=args.engine_calls or "auto", engine_poll_us=args.engine_poll_us or 0,
-            front_poll_us=args.front_poll_us or 0,
+            front_poll_us=args.front_poll_us or 0, engine_overlap=args.overlap is not False,
         )
         dispatch.supported()  # (a bad TRT_RUNTIME_SERVE_DISPATCH: a usage error, before the port)
         sock = local.bind_socket(args.host, args.port)
@@ -185,10 +189,11 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
     url = f"http://{args.host}:{port}"
 
     def ready(model: Any) -> None:
+        calls = {k: v for k, v in server.calls.items() if k in ("outer_graph", "pad_batches", "overlap")}
         out.emit({"url": url, "model": name, "engine": str(args.file), "workers": workers,
                   "gpus": [g for g in gpus if g is not None], "pids": server.pids(),
                   "engine_calls": "loop" if config.calls_on_loop(model.checker.batchable) else "threads",
-                  **{k: server.calls[k] for k in ("outer_graph", "pad_batches") if k in server.calls}})
+                  **calls})
         out.notice(f"serving {name} at {url}/v2/models/{name} ({workers} front process(es), "
                    f"{len(gpus)} engine process(es); Ctrl-C to stop)")
 

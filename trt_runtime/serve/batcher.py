@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trt_runtime.errors import RequestError, SettingsError
-from trt_runtime.serve.batching import Answer, BatchRunner
+from trt_runtime.serve.batching import Answer, BatchRunner, Stager, Started
 from trt_runtime.serve.polling import LoopPoller, check_poll_us
 from trt_runtime.serve.validation import RequestChecker
 
@@ -99,6 +99,10 @@ class DynamicBatcher:
     of two (:class:`~trt_runtime.serve.batching.BatchRunner`). ``poll_us`` (``on_loop`` only): keep the
     loop polling its sockets, with no sleep, for that many µs after each request and each batch, and
     until a waiting batch's queue delay ends (0: sleep, and let the alarm thread end the delay).
+    ``stager`` (``on_loop`` only): the loop only starts each batch's calls
+    (:meth:`BatchRunner.start <trt_runtime.serve.batching.BatchRunner.start>`) and collects them on
+    its later passes, reading its sockets meanwhile; up to ``in_flight`` batches at once (the next
+    one starts as the queue allows while fewer run, else as soon as the oldest ends).
 
     Bound to the event loop of the first :meth:`submit`; use it from that loop only. The
     engine threads start with the first request.
@@ -116,6 +120,8 @@ class DynamicBatcher:
         on_loop: bool = False,
         pad_rows: bool = False,
         poll_us: int = 0,
+        stager: Stager | None = None,
+        in_flight: int = 2,
     ) -> None:
         if not execute_fns:
             raise SettingsError("DynamicBatcher needs at least one execute function; got none")
@@ -130,13 +136,23 @@ class DynamicBatcher:
         if check_poll_us("poll_us", poll_us) and not on_loop:
             raise SettingsError(f"poll_us needs the engine calls on the event loop (on_loop=True); got "
                                 f"poll_us={poll_us} with engine threads")
+        if stager is not None and not on_loop:
+            raise SettingsError("a stager's calls are collected by the event loop: it needs on_loop=True")
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or not 1 <= in_flight <= 8:
+            raise SettingsError(f"in_flight must be an integer in [1, 8]; got {in_flight!r}")
         self._poll_us = poll_us
         self._checker = checker
         self._max_batch = max_batch if checker.batchable else 1
         self._delay_s = delay / 1e6
         self._metrics = metrics
-        self._runners = [BatchRunner(self._timed(fn), checker, copy_outputs=copy_outputs, pad_rows=pad_rows)
+        self._runners = [BatchRunner(self._timed(fn), checker, copy_outputs=copy_outputs, pad_rows=pad_rows,
+                                     stager=stager)
                          for fn in execute_fns]
+        self._stager = stager
+        self._in_flight = in_flight
+        #: stager: the batches whose calls were started, oldest first, with when they started.
+        self._flying: collections.deque[tuple[list[_Request], Started, float]] = collections.deque()
+        self._collecting = False  # whether a pass of the loop will look for ended calls
         #: Guards the queue and the counts below; the engine threads wait on it for requests.
         self._cond = threading.Condition(threading.Lock())
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -236,7 +252,7 @@ class DynamicBatcher:
         request's delay is over, there is no queue delay or the batcher is closing; else when that
         delay ends (:class:`_Alarm`). Called as each request arrives, so a busy loop starts the
         batch itself once the delay is over."""
-        if not self._waiting or self._stopped:
+        if not self._waiting or self._stopped or self._full():
             return
         loop = self._loop
         assert loop is not None
@@ -282,8 +298,13 @@ class DynamicBatcher:
         if not after_call and self._waiting and self._due() is not None:
             self._plan_run()  # (the alarm was set for a request that has run since)
             return
+        if self._full():
+            return  # (the end of the oldest call starts the next batch: :meth:`_collect`)
         batch = self._pop_batch()
         if batch is None:
+            return
+        if self._stager is not None:
+            self._launch(batch)
             return
         answers: list[Answer] = []
         try:
@@ -297,6 +318,69 @@ class DynamicBatcher:
             self._plan_run_after_call()
             if self._poller is not None:
                 self._poller.poke()
+
+    def _full(self) -> bool:
+        """Whether as many batches run as may (a stager's started calls; never without a stager)."""
+        return len(self._flying) >= self._in_flight
+
+    def _launch(self, batch: list[_Request]) -> None:
+        """Start ``batch``'s calls through the stager and have the loop look for their end."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            started = self._runners[0].start([r.arrays for r in batch])
+        except BaseException as exc:  # the runner itself failed (an interrupt: the loop's to handle next)
+            self._finished(batch, [exc] * len(batch))
+            self._plan_run()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._flying.append((batch, started, time.perf_counter()))
+        if not self._collecting:
+            self._collecting = True
+            loop.call_soon(self._collect)
+        if self._poller is not None:
+            self._poller.poke()
+        self._plan_run()  # (one more batch, as the queue allows, while fewer than in_flight run)
+
+    def _collect(self) -> None:
+        """A pass of the loop: hand over the answers of the batches whose calls have ended, oldest
+        first, and start the next batch at once (its requests came in while the calls ran); look
+        again in the next pass while calls run. The loop keeps passing over its sockets with no
+        sleep meanwhile, for as long as the GPU takes (a call that waited for it spun too)."""
+        self._collecting = False
+        if self._stopped:
+            return  # (the requests were refused; closing the stager waits for its stream)
+        flying, metrics = self._flying, self._metrics
+        ended = False
+        while flying and flying[0][1].done():
+            batch, started, began = flying.popleft()
+            if metrics is not None:
+                took = time.perf_counter() - began
+                for launched in started.calls:
+                    metrics.engine_call(launched.rows, took)
+            try:
+                answers = started.finish()
+                for j, request in enumerate(batch):  # (a future's answer is read later: its own copy)
+                    answer = answers[j]
+                    if request.future is not None and not isinstance(answer, BaseException):
+                        answers[j] = [o.copy() for o in answer]
+            except BaseException as exc:  # (splitting failed: every request of the batch)
+                answers = [exc] * len(batch)
+            try:
+                self._finished(batch, answers)  # (the answers are read here: written into their slots)
+            finally:
+                started.release()
+            ended = True
+        if flying:
+            self._collecting = True
+            assert self._loop is not None
+            self._loop.call_soon(self._collect)
+        if ended:
+            if self._poller is not None:
+                self._poller.poke()
+            if self._waiting and not self._next_run_now:
+                self._run_on_loop(after_call=True)
 
     def _plan_run_after_call(self) -> None:
         """The next batch, two passes of the loop from now (also with none waiting yet: the loop

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from trt_runtime.errors import EngineError
 from trt_runtime.serve.validation import RequestChecker
 
-__all__ = ["BatchRunner", "unsplittable"]
+__all__ = ["BatchRunner", "StagedCall", "Stager", "Started", "unsplittable"]
 
 #: One request's answer: its outputs, or the exception its engine call raised.
 Answer = list[Any] | BaseException
@@ -26,6 +26,36 @@ Answer = list[Any] | BaseException
 _REMEMBERED = 1024
 
 
+class StagedCall(Protocol):
+    """One call that a :class:`Stager` starts and the caller collects later."""
+
+    #: Host buffers of the call's rows, one per input, for the caller to fill before :meth:`launch`.
+    inputs: list[Any]
+
+    def launch(self) -> None:
+        """Start the call with what :attr:`inputs` hold; returns without waiting for it."""
+
+    def done(self) -> bool:
+        """Whether the call has ended (raises the error it ended with)."""
+
+    def outputs(self) -> list[Any]:
+        """Its outputs, once :meth:`done`: arrays valid until :meth:`release`."""
+
+    def release(self) -> None:
+        """Hand its buffers back to the stager."""
+
+
+class Stager(Protocol):
+    """Starts engine calls without waiting for them (an engine process's overlapped calls:
+    :class:`~trt_runtime.serve.local.staging.CudaStager`)."""
+
+    #: The most rows one call takes.
+    max_rows: int
+
+    def call(self, rows: int) -> StagedCall:
+        """A call of ``rows`` rows, its :attr:`StagedCall.inputs` to fill."""
+
+
 class BatchRunner:
     """Executes batches for one engine; ``execute(*arrays) -> list`` is the engine call.
 
@@ -33,7 +63,9 @@ class BatchRunner:
     will overwrite, as the outer graph's ``"view"`` mode does). ``on_call(rows)`` is told
     the rows of every engine call (metrics). ``pad_rows``: pad each call's rows up to the next
     power of two (at most :meth:`max_rows`) with copies of the last row; their outputs are
-    dropped. Not thread-safe: one batch at a time per runner.
+    dropped. ``stager``: :meth:`start` only starts the calls that it takes (rows gathered into its
+    buffers), to be collected later (:class:`Started`). Not thread-safe: one batch at a time per
+    runner (with a stager: one thread).
     """
 
     def __init__(
@@ -45,8 +77,10 @@ class BatchRunner:
         copy_outputs: bool = False,
         on_call: Callable[[int], None] | None = None,
         pad_rows: bool = False,
+        stager: Stager | None = None,
     ) -> None:
         self._execute = execute
+        self._stager = stager
         self._checker = checker
         self._row_limit = row_limit
         self._copy = copy_outputs
@@ -62,12 +96,25 @@ class BatchRunner:
         return rows if self._row_limit is None else max(1, min(rows, self._row_limit))
 
     def run(self, requests: Sequence[tuple[Any, ...]]) -> list[Answer]:
-        """One answer per request, in order."""
-        answers: list[Answer] = [EngineError("request was not run")] * len(requests)
+        """One answer per request, in order (with a stager: after waiting for its calls, copied)."""
+        started = self.start(requests)
+        if not started.calls:
+            return started.answers
+        try:
+            while not started.done():
+                pass
+            return started.finish(copy=True)
+        finally:
+            started.release()
+
+    def start(self, requests: Sequence[tuple[Any, ...]]) -> Started:
+        """Run ``requests``: with a stager, the calls that it takes are only started (see
+        :class:`Started`); every other call has run when this returns."""
+        started = Started([EngineError("request was not run")] * len(requests))
         if not self._checker.batchable:
             for i in range(len(requests)):
-                self._run_chunk([i], requests, answers)
-            return answers
+                self._run_chunk([i], requests, started)
+            return started
         # Grouped by dtype objects and shape tuples as they are: the same grouping as
         # :meth:`RequestChecker.signature` (which spells the dtypes out, at about 2.5 µs a
         # request) at a tenth of the cost; the signature itself is made once per group.
@@ -87,22 +134,26 @@ class BatchRunner:
             for i in members:
                 n = requests[i][0].shape[0]
                 if chunk and rows + n > limit:
-                    self._run_chunk(chunk, requests, answers, limit if self._pad else 0)
+                    self._run_chunk(chunk, requests, started, limit if self._pad else 0)
                     chunk, rows = [], 0
                 chunk.append(i)
                 rows += n
             if chunk:
-                self._run_chunk(chunk, requests, answers, limit if self._pad else 0)
-        return answers
+                self._run_chunk(chunk, requests, started, limit if self._pad else 0)
+        return started
 
     def _run_chunk(
-        self, chunk: list[int], requests: Sequence[tuple[Any, ...]], answers: list[Answer], pad_to: int = 0
+        self, chunk: list[int], requests: Sequence[tuple[Any, ...]], started: Started, pad_to: int = 0
     ) -> None:
         """Run ``chunk`` (request indices) in one call; ``pad_to``: the most rows padding may reach."""
         import numpy as np
 
+        answers = started.answers
         rows = sum(requests[i][0].shape[0] for i in chunk) if pad_to else 0
         padded = min(1 << (rows - 1).bit_length(), pad_to) if rows else 0
+        stager = self._stager
+        if stager is not None and rows and self._stage(chunk, requests, started, rows, max(rows, padded)):
+            return
         if len(chunk) == 1 and padded <= rows:
             answers[chunk[0]] = self._call(requests[chunk[0]])
             return
@@ -122,17 +173,49 @@ class BatchRunner:
             for i in chunk:
                 answers[i] = result
             return
-        total = batch[0].shape[0]
-        error = unsplittable(result, total)
+        error = unsplittable(result, batch[0].shape[0])
         if error is not None:
             for i in chunk:
                 answers[i] = error
             return
-        start = 0
-        for i in chunk:
-            stop = start + requests[i][0].shape[0]
-            answers[i] = [o[start:stop] for o in result]
-            start = stop
+        _split(result, chunk, [requests[i][0].shape[0] for i in chunk], answers)
+
+    def _stage(self, chunk: list[int], requests: Sequence[tuple[Any, ...]], started: Started, rows: int,
+               padded: int) -> bool:
+        """Start ``chunk``'s call of ``rows`` rows (``padded`` with padding) through the stager: its
+        rows gathered into the call's host buffers. ``False``: the stager does not take it (too many
+        rows, or rows outside every profile), and nothing was started."""
+        import numpy as np
+
+        stager = self._stager
+        assert stager is not None
+        if padded > stager.max_rows:
+            return False
+        call = stager.call(padded)
+        buffers = call.inputs
+        if not _remembered(self._fits, tuple([b.shape for b in buffers]),
+                           functools.partial(self._checker.fits, buffers)):
+            call.release()
+            return False
+        try:
+            for k, buffer in enumerate(buffers):
+                parts = [requests[i][k] for i in chunk]
+                if len(parts) == 1:
+                    buffer[:rows] = parts[0]
+                else:
+                    np.concatenate(parts, out=buffer[:rows])
+                if padded > rows:
+                    buffer[rows:] = parts[-1][-1:]
+            if self._on_call is not None:
+                self._on_call(padded)
+            call.launch()
+        except Exception as exc:  # (copies already queued only read these buffers: reusing them is safe)
+            call.release()
+            for i in chunk:
+                started.answers[i] = exc
+            return True
+        started.calls.append(_Launched(call, chunk, [requests[i][0].shape[0] for i in chunk], padded))
+        return True
 
     def _call(self, arrays: tuple[Any, ...]) -> Answer:
         if self._on_call is not None:
@@ -142,6 +225,72 @@ class BatchRunner:
         except Exception as exc:
             return exc
         return [o.copy() for o in outputs] if self._copy else outputs
+
+
+class Started:
+    """A batch that :meth:`BatchRunner.start` ran or started: :attr:`answers` (one per request, in
+    order) holds those of every call that has run; :attr:`calls` the stager's calls still to collect.
+    Once :meth:`done`, :meth:`finish` splits their outputs into the answers; :meth:`release` then
+    hands their buffers back."""
+
+    __slots__ = ("answers", "calls")
+
+    def __init__(self, answers: list[Answer]) -> None:
+        self.answers = answers
+        self.calls: list[_Launched] = []
+
+    def done(self) -> bool:
+        """Whether every started call has ended (a call that failed on the GPU has ended too)."""
+        for launched in self.calls:
+            if launched.error is None:
+                try:
+                    if not launched.call.done():
+                        return False
+                except Exception as exc:
+                    launched.error = exc
+        return True
+
+    def finish(self, copy: bool = False) -> list[Answer]:
+        """The answers, each call's outputs split back by request: views of the call's host buffers
+        (valid until :meth:`release`) unless ``copy``. Call it once :meth:`done`."""
+        answers = self.answers
+        for launched in self.calls:
+            if launched.error is not None:
+                for i in launched.chunk:
+                    answers[i] = launched.error
+                continue
+            outputs = launched.call.outputs()
+            _split([o.copy() for o in outputs] if copy else outputs, launched.chunk, launched.counts, answers)
+        return answers
+
+    def release(self) -> None:
+        """Hand every call's buffers back (once it has ended, or once nothing will read them)."""
+        for launched in self.calls:
+            launched.call.release()
+        self.calls = []
+
+
+class _Launched:
+    """One started call: the requests (indices) it holds, their row counts, its rows, and its error
+    once known."""
+
+    __slots__ = ("call", "chunk", "counts", "error", "rows")
+
+    def __init__(self, call: StagedCall, chunk: list[int], counts: list[int], rows: int) -> None:
+        self.call = call
+        self.chunk = chunk
+        self.counts = counts
+        self.rows = rows  # the call's rows, padding included
+        self.error: BaseException | None = None
+
+
+def _split(outputs: Sequence[Any], chunk: list[int], counts: Sequence[int], answers: list[Answer]) -> None:
+    """Each request of ``chunk`` its ``counts`` rows of ``outputs``, in order."""
+    start = 0
+    for i, n in zip(chunk, counts, strict=True):
+        stop = start + n
+        answers[i] = [o[start:stop] for o in outputs]
+        start = stop
 
 
 def unsplittable(outputs: Sequence[Any], rows: int) -> EngineError | None:

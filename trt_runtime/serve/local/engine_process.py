@@ -51,6 +51,7 @@ class EngineProcessSpec:
     drain_s: float
     engine_calls: str = "auto"  # LocalServerConfig.engine_calls: "auto", "threads" or "loop"
     poll_us: int = 0  # LocalServerConfig.engine_poll_us (where the calls run on the loop)
+    overlap: bool = True  # LocalServerConfig.engine_overlap (where the calls run on the loop)
 
 
 def calls_on_loop(engine_calls: str, contexts: int, batching: bool) -> bool:
@@ -69,6 +70,7 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _switch_interval()
+        in_flight = _in_flight()
     except SettingsError as exc:
         _refuse_start(ready, str(exc))
     try:
@@ -76,7 +78,7 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
     except Exception as exc:
         _refuse_start(ready, f"cannot open {spec.engine}: {exc}")
     try:
-        run_loop(_serve(spec, engine, ready), "engine")
+        run_loop(_serve(spec, engine, ready, in_flight), "engine")
     finally:
         engine.close()
 
@@ -118,7 +120,7 @@ def model_info(engine: Any, spec: EngineProcessSpec) -> Any:
     return ModelInfo.from_engine(engine, spec.name, max_batch=spec.options.max_batch)
 
 
-async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> None:
+async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_flight: int = 2) -> None:
     from trt_runtime.serve.batcher import DynamicBatcher
     from trt_runtime.serve.metrics import ServeMetrics
     from trt_runtime.serve.replica import call_modes
@@ -130,16 +132,19 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     metrics = ServeMetrics(model.name)
     on_loop = calls_on_loop(spec.engine_calls, spec.options.contexts, batching)
-    modes = call_modes(engine, spec.options)
+    stager = _stager(engine, spec, model, on_loop, call_modes(engine, spec.options)) if batching else None
+    modes = call_modes(engine, spec.options)  # (after the stager: it puts the outer graph in "view" mode)
     batcher = DynamicBatcher(
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
         max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics, copy_outputs=modes.copy_outputs,
         on_loop=on_loop, pad_rows=modes.pad_batches, poll_us=spec.poll_us if on_loop else 0,
+        stager=stager, in_flight=in_flight,
     )
     spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
     server = await listen(spec.socket_path, batcher)
     # (how the calls run, as "auto" resolved them: the supervisor's ready document says so)
-    ready.send(("ready", model, {"outer_graph": modes.outer_graph, "pad_batches": modes.pad_batches}))
+    ready.send(("ready", model, {"outer_graph": modes.outer_graph, "pad_batches": modes.pad_batches,
+                                 "overlap": stager is not None}))
     ready.close()
     orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
     orphaned.add_done_callback(lambda _: stop.set())
@@ -148,6 +153,35 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection) -> Non
     server.close()
     await batcher.aclose(spec.drain_s)
     batcher.close()  # waits for a call still running after the drain: never close the engine under it
+    if stager is not None:
+        stager.close()  # (waits for its stream: the engine is closed after)
+
+
+#: Environment variable: how many batches an engine process's overlapped calls keep started at once
+#: (1 to 8; default 2): the next batch starts while that many run only once it is full or its queue
+#: delay is over.
+IN_FLIGHT_ENV = "TRT_RUNTIME_SERVE_IN_FLIGHT"
+
+
+def _in_flight() -> int:
+    text = os.environ.get(IN_FLIGHT_ENV, "").strip()
+    if not text:
+        return 2
+    if not text.isdigit() or not 1 <= int(text) <= 8:
+        raise SettingsError(f"{IN_FLIGHT_ENV} must be an integer in [1, 8]; got {text!r}")
+    return int(text)
+
+
+def _stager(engine: Any, spec: EngineProcessSpec, model: Any, on_loop: bool, modes: Any) -> Any:
+    """The engine process's :class:`~trt_runtime.serve.local.staging.CudaStager` (overlapped calls),
+    where they apply: ``spec.overlap``, the calls on the loop, padded batches under the outer graph
+    (:func:`~trt_runtime.serve.local.staging.stager_refusal` says the rest); else ``None``."""
+    if not (spec.overlap and on_loop and modes.outer_graph and modes.pad_batches):
+        return None
+    from trt_runtime.serve.local.staging import open_stager
+
+    checker = model.checker
+    return open_stager(engine, checker.max_rows(checker.signature(checker.warmup_arrays())), True)
 
 
 class FrontLink(transport.FrameProtocol):

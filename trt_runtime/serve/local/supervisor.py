@@ -82,6 +82,10 @@ class LocalServerConfig:
     engine_poll_us: int = 0
     #: The same for each front process's event loop, after each request it sends and answer it gets.
     front_poll_us: int = 0
+    #: Overlapped calls: an engine process only starts each batch's call and reads its sockets while
+    #: the GPU runs it (:mod:`~trt_runtime.serve.local.staging`), where its calls run on the loop,
+    #: padded under the outer graph, for an engine whose dimensions are fixed but the batch's.
+    engine_overlap: bool = True
 
     def calls_on_loop(self, batchable: bool = True) -> bool:
         """Whether the engine processes run their calls on their event loops (:func:`calls_on_loop`),
@@ -197,7 +201,7 @@ class LocalServer:
         self._run_dir = Path(tempfile.mkdtemp(prefix="trt-serve-", dir=shm_dir()))
         self.model: Any = None
         #: How the first engine process runs its calls (``outer_graph``, ``pad_batches``: what
-        #: ``"auto"`` resolved to), from its ready message.
+        #: ``"auto"`` resolved to; ``overlap``: whether its calls overlap), from its ready message.
         self.calls: dict[str, Any] = {}
         self._engines: list[_Child] = []
         self._fronts: list[_Child] = []
@@ -270,7 +274,7 @@ class LocalServer:
         spec = EngineProcessSpec(
             engine=cfg.engine, options=cfg.options, device=gpu, socket_path=self._engine_socket(index),
             name=cfg.name, max_queue_delay_us=cfg.max_queue_delay_us, drain_s=cfg.drain_s,
-            engine_calls=cfg.engine_calls, poll_us=cfg.engine_poll_us,
+            engine_calls=cfg.engine_calls, poll_us=cfg.engine_poll_us, overlap=cfg.engine_overlap,
         )
         return lambda pipe: self._ctx.Process(target=engine_main, args=(spec, pipe),
                                               name=f"trt-engine-{index}")
