@@ -157,6 +157,6 @@ def test_gpu_overlapped_calls_in_flight_together_match_the_reference(served: Any
                                            rtol=rtol, atol=atol)
         assert stager.in_use() == 0
     finally:
+        engine.close()  # (first: the engine may still hold the stager's stream, which closing it destroys)
         if stager is not None:
             stager.close()
-        engine.close()

@@ -77,10 +77,13 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
         engine, _cache = _open(spec)
     except Exception as exc:
         _refuse_start(ready, f"cannot open {spec.engine}: {exc}")
+    stagers: list[Any] = []
     try:
-        run_loop(_serve(spec, engine, ready, in_flight), "engine")
+        run_loop(_serve(spec, engine, ready, in_flight, stagers), "engine")
     finally:
         engine.close()
+        for stager in stagers:  # (after the engine, which may still hold its stream: see CudaStager.close)
+            stager.close()
 
 
 def _refuse_start(ready: Connection, message: str) -> NoReturn:
@@ -120,7 +123,8 @@ def model_info(engine: Any, spec: EngineProcessSpec) -> Any:
     return ModelInfo.from_engine(engine, spec.name, max_batch=spec.options.max_batch)
 
 
-async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_flight: int = 2) -> None:
+async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_flight: int = 2,
+                 stagers: list[Any] | None = None) -> None:
     from trt_runtime.serve.batcher import DynamicBatcher
     from trt_runtime.serve.metrics import ServeMetrics
     from trt_runtime.serve.replica import call_modes
@@ -133,6 +137,8 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_fli
     metrics = ServeMetrics(model.name)
     on_loop = calls_on_loop(spec.engine_calls, spec.options.contexts, batching)
     stager = _stager(engine, spec, model, on_loop, call_modes(engine, spec.options)) if batching else None
+    if stager is not None and stagers is not None:
+        stagers.append(stager)  # (closed by engine_main, after the engine)
     modes = call_modes(engine, spec.options)  # (after the stager: it puts the outer graph in "view" mode)
     batcher = DynamicBatcher(
         [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
@@ -154,7 +160,7 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_fli
     await batcher.aclose(spec.drain_s)
     batcher.close()  # waits for a call still running after the drain: never close the engine under it
     if stager is not None:
-        stager.close()  # (waits for its stream: the engine is closed after)
+        stager.wait()  # (its calls may still run after a drain that gave up: the engine is closed next)
 
 
 #: Environment variable: how many batches an engine process's overlapped calls keep started at once

@@ -214,8 +214,15 @@ class CudaStager:
             found = self._statics[rows] = (statics, [_address(s) for s in statics])
         return found
 
+    def wait(self) -> None:
+        """Wait for every call started on the stream."""
+        if not self._closed:
+            self.rt.cudaStreamSynchronize(self.stream)
+
     def close(self) -> None:
-        """Wait for the stream, free every buffer and the stream; idempotent."""
+        """Wait for the stream, free every buffer and the stream; idempotent. Close the engine
+        first: a backend may keep the last stream a call was ordered on (the torchbind backend
+        synchronizes it when its context is dropped), and this one is destroyed here."""
         if self._closed:
             return
         self._closed = True
