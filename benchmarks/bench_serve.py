@@ -89,17 +89,19 @@ class Workload:
         return buffer.getvalue()
 
 
-def mlp_workload(out: Path) -> Workload:
+def mlp_workload(out: Path, mlp: tuple[int, int] = (256, 8)) -> Workload:
     from trt_runtime import builders
 
     t0 = time.perf_counter()
-    built = builders.build_mlp(width=256, layers=8, batch=None, dtype="float16", max_batch=64)
-    path = out / "engines" / "mlp.plan"
+    width, layers = mlp
+    built = builders.build_mlp(width=width, layers=layers, batch=None, dtype="float16", max_batch=64)
+    name = "mlp" if mlp == (256, 8) else f"mlp{width}x{layers}"
+    path = out / "engines" / f"{name}.plan"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(built.plan)
     x = built.random_inputs(batch=1)[0]
-    print(f"built mlp in {time.perf_counter() - t0:.1f} s", flush=True)
-    return Workload("mlp", path, "python", x, built.reference(x)[0], built.tolerance)
+    print(f"built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return Workload(name, path, "python", x, built.reference(x)[0], built.tolerance)
 
 
 def smoke_workload(out: Path) -> Workload:
@@ -177,7 +179,7 @@ class Variant(NamedTuple):
     engine_poll_us: int | None = None  # --engine-poll-us
     front_poll_us: int | None = None  # --front-poll-us
     eager: bool = False  # --no-outer-graph --no-pad-batches (the defaults before the outer graph was)
-    serial: bool = False  # --no-overlap (each engine call waited for, as before overlapped calls)
+    overlap: bool = False  # --overlap (overlapped engine calls)
     in_flight: int | None = None  # the engine processes' TRT_RUNTIME_SERVE_IN_FLIGHT
 
     def options(self) -> list[str]:
@@ -185,21 +187,21 @@ class Variant(NamedTuple):
         polls = [(flag, us) for flag, us in (("--engine-poll-us", self.engine_poll_us),
                                               ("--front-poll-us", self.front_poll_us)) if us is not None]
         return (["--pad-batches"] * self.pad + ["--outer-graph"] * self.outer
-                + ["--no-outer-graph", "--no-pad-batches"] * self.eager + ["--no-overlap"] * self.serial
+                + ["--no-outer-graph", "--no-pad-batches"] * self.eager + ["--overlap"] * self.overlap
                 + [part for flag, us in polls for part in (flag, str(us))])
 
 
 #: ``--variants`` parts that take a number of µs, and the Variant field each sets.
 _NUMBERED = {"si": "switch_us", "poll": "engine_poll_us", "fpoll": "front_poll_us", "fly": "in_flight"}
-_FLAGS = ("pad", "outer", "pin", "shared", "eager", "serial")
+_FLAGS = ("pad", "outer", "pin", "shared", "eager", "overlap")
 
 
 def parse_variant(name: str) -> Variant:
     """A ``--variants`` name: ``threads`` or ``loop`` (the engine processes' ``--engine-calls``), then
     ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pollN`` for
     ``--engine-poll-us N``, ``+fpollN`` for ``--front-poll-us N``, ``+pad`` for ``--pad-batches``,
-    ``+outer`` for ``--outer-graph``, ``+eager`` for ``--no-outer-graph --no-pad-batches``, ``+serial``
-    for ``--no-overlap``, ``+flyN`` for N overlapped batches at once (``TRT_RUNTIME_SERVE_IN_FLIGHT``), ``+pin`` for
+    ``+outer`` for ``--outer-graph``, ``+eager`` for ``--no-outer-graph --no-pad-batches``, ``+overlap``
+    for ``--overlap``, ``+flyN`` for N overlapped batches at once (``TRT_RUNTIME_SERVE_IN_FLIGHT``), ``+pin`` for
     a core of its own for each engine process and front (:mod:`benchmarks.serve_pinning`) and ``+shared``
     for fronts that accept from the shared listening socket themselves
     (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
@@ -217,7 +219,7 @@ def parse_variant(name: str) -> Variant:
             bad = True
     if bad:
         raise argparse.ArgumentTypeError(f"--variants: {name!r} is not threads|loop[+siN][+pollN][+fpollN]"
-                                         "[+flyN][+pad][+outer][+eager][+serial][+pin][+shared] (e.g. loop, "
+                                         "[+flyN][+pad][+outer][+eager][+overlap][+pin][+shared] (e.g. loop, "
                                          "threads+si100, "
                                          "loop+pad+outer+pin, loop+eager, loop+poll500+fpoll500)")
     return Variant(calls, **numbers, **{f: f in flags for f in _FLAGS})
@@ -442,6 +444,14 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _mlp_size(text: str) -> tuple[int, int]:
+    width, _, layers = text.partition("x")
+    if not (width.isdigit() and layers.isdigit() and 8 <= int(width) <= 8192 and 1 <= int(layers) <= 64):
+        raise argparse.ArgumentTypeError(f"--mlp must be WIDTHxLAYERS, a width in [8, 8192] and 1 to 64 layers; "
+                                         f"got {text!r}")
+    return int(width), int(layers)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "bench-out"))
@@ -453,6 +463,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each cell's window")
     p.add_argument("--budget-s", type=float, default=420.0, help="the whole run must fit this (seconds)")
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--mlp", type=_mlp_size, default=(256, 8), metavar="WIDTHxLAYERS",
+                   help="the served mlp engine: layers of WIDTH x WIDTH matmul + ReLU, fp16 (default: 256x8)")
     p.add_argument("--delay-us", type=int, default=500, help="the local server's --max-queue-delay-us")
     p.add_argument("--procs", type=int, default=max(2, (os.cpu_count() or 4) // 3),
                    help="load-generator processes (default: a third of the CPUs)")
@@ -462,10 +474,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
                         "the top client count) with these engine-process variants: "
-                        "threads|loop[+siN][+pollN][+fpollN][+flyN][+pad][+outer][+eager][+serial][+pin]"
+                        "threads|loop[+siN][+pollN][+fpollN][+flyN][+pad][+outer][+eager][+overlap][+pin]"
                         "[+shared] (--engine-calls; siN: a GIL switch interval of N µs; pollN: --engine-poll-us "
                         "N; fpollN: --front-poll-us N; flyN: N overlapped batches at once; pad: --pad-batches; "
-                        "outer: --outer-graph; eager: --no-outer-graph --no-pad-batches; serial: --no-overlap; "
+                        "outer: --outer-graph; eager: --no-outer-graph --no-pad-batches; overlap: --overlap; "
                         "pin: a core of its own for each engine process "
                         "and front; shared: the fronts accept from the shared socket), e.g. "
                         "loop,loop+eager,loop+pad+outer+pin")
@@ -501,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, t0: float, deadline: float) -> int:
-    w = smoke_workload(args.work) if args.smoke else mlp_workload(args.work)
+    w = smoke_workload(args.work) if args.smoke else mlp_workload(args.work, args.mlp)
     rows = [measure_direct(w, outer, 1.0, max(args.gpus)) for outer in (False, True)]
     for row in rows:
         print(_line(row), flush=True)

@@ -1,5 +1,5 @@
 """The local server on the GPU: the mlp engine (python backend), one engine process per GPU, its
-calls overlapped (the default).
+calls overlapped (``--overlap``).
 
 What the CPU tests prove with the memory backend, on real TensorRT-RTX: concurrent clients
 (binary KServe requests and ``.npy`` bodies) get answers within the builder's tolerance of
@@ -36,6 +36,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     where = tmp_path_factory.mktemp("serve-local")
     (where / "mlp.plan").write_bytes(built.plan)
     server = ServerProcess(where / "mlp.plan", PORT, "--workers", "2", "--gpus", "all", "--backend", "python",
+                           "--overlap",
                            "--runtime-cache", str(where / "runtime.cache"), "--max-queue-delay-us", "2000",
                            ready_s=300)
     yield built, server
@@ -50,7 +51,7 @@ def test_gpu_serve_local_one_engine_process_per_gpu(served: Any) -> None:
     assert len(server.doc["pids"]["engines"]) == count == len(server.doc["gpus"])
     # the default for an engine that can batch: its batches padded and run under the outer CUDA graph
     assert (server.doc["outer_graph"], server.doc["pad_batches"]) == (True, True)
-    assert server.doc["overlap"] is True  # (the loop starts each call and collects it later)
+    assert server.doc["overlap"] is True  # (--overlap: the loop starts each call and collects it later)
 
 
 def test_gpu_serve_local_concurrent_answers_match_the_reference(served: Any) -> None:

@@ -76,7 +76,7 @@ def test_local_two_fronts_and_one_engine_process_are_up(server: ServerProcess) -
     assert server.doc["engine_calls"] == server.engine_calls
     graphs = server.engine_calls == "loop"  # (the threads' server runs with --no-outer-graph)
     assert (server.doc["outer_graph"], server.doc["pad_batches"]) == (graphs, graphs)
-    assert server.doc["overlap"] is False  # (the memory backend's static inputs are host arrays)
+    assert server.doc["overlap"] is False  # (off unless --overlap)
 
 
 def test_local_tritonclient_reads_metadata_and_infers_json_and_binary(server: ServerProcess) -> None:

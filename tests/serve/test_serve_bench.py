@@ -86,12 +86,12 @@ def test_bench_serve_variants_parse_to_the_server_options_they_name() -> None:
     assert polled.options() == ["--outer-graph", "--engine-poll-us", "500", "--front-poll-us", "200"]
     assert parse_variant("loop+poll0").options() == ["--engine-poll-us", "0"]
     assert parse_variant("loop+eager").options() == ["--no-outer-graph", "--no-pad-batches"]
-    assert parse_variant("loop+serial").options() == ["--no-overlap"]
+    assert parse_variant("loop+overlap").options() == ["--overlap"]
     assert parse_variant("loop+fly1").in_flight == 1 and parse_variant("loop+fly1").options() == []
     import argparse
 
     for bad in ("loop+outer+outer", "fast", "loop+padded", "threads+si", "loop+si5+si6", "loop+pin+pin",
-                "loop+shared+shared", "loop+eager+eager", "loop+serial+serial", "loop+fly",
+                "loop+shared+shared", "loop+eager+eager", "loop+overlap+overlap", "loop+fly",
                 "loop+poll", "loop+poll5+poll6", "loop+fpollx", "loop+si-5"):
         with pytest.raises(argparse.ArgumentTypeError, match="threads\\|loop"):
             parse_variant(bad)

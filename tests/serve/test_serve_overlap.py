@@ -6,6 +6,7 @@ call ends, so a buffer reused too early gives wrong answers."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -355,3 +356,26 @@ def test_engine_process_reads_in_flight_from_the_environment(monkeypatch: pytest
         monkeypatch.setenv(engine_process.IN_FLIGHT_ENV, bad)
         with pytest.raises(SettingsError, match=rf"TRT_RUNTIME_SERVE_IN_FLIGHT must be .*got '{bad}'"):
             engine_process._in_flight()
+
+
+def test_an_engine_process_asked_to_overlap_a_memory_engine_runs_its_calls_waited_for() -> None:
+    """--overlap where it cannot apply (this engine's second dimension is dynamic; the memory backend's
+    static inputs are host arrays anyway): no stager, the calls run as without it."""
+    pytest.importorskip("cuda.bindings")
+    from _serve_support import single_engine
+
+    from trt_runtime.serve import ServeOptions, open_engine
+    from trt_runtime.serve.local.engine_process import EngineProcessSpec, _stager, model_info
+    from trt_runtime.serve.replica import call_modes
+
+    options = ServeOptions(backend="memory", runtime_cache=None, outer_graph="auto", pad_batches="auto")
+    engine, _ = open_engine(single_engine(), options)
+    try:
+        spec = EngineProcessSpec(engine=Path("x.mem"), options=options, device=None, socket_path=Path("s"),
+                                 name="m", max_queue_delay_us=0, drain_s=1, overlap=True)
+        modes = call_modes(engine, options)
+        assert modes.outer_graph and modes.pad_batches
+        assert _stager(engine, spec, model_info(engine, spec), True, modes) is None
+        assert "'x' has a dynamic dimension besides the batch" in (stager_refusal(engine, 16, True) or "")
+    finally:
+        engine.close()

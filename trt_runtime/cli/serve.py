@@ -65,8 +65,8 @@ def add_serve_parser(command: Any) -> argparse.ArgumentParser:
                         "(default: 0)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="an engine process starts each batch's call and reads its sockets while the GPU "
-                        "runs it, instead of waiting for it (default: on where its calls run on the loop, "
-                        "padded under the outer graph, with every dimension but the batch fixed)")
+                        "runs it, instead of waiting for it; applies where its calls run on the loop, padded "
+                        "under the outer graph, with every dimension but the batch fixed (default: off)")
     p.add_argument("--outer-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap each engine call in an outer CUDA graph (default: on where batching is on, "
                         "the engine can batch and the backend supports it)")
@@ -175,7 +175,7 @@ def _serve_local(args: argparse.Namespace, out: Output, options: Any, name: str)
             engine=args.file.resolve(), options=options, name=name, host=args.host, port=args.port,
             workers=workers, gpus=gpus, max_queue_delay_us=args.max_queue_delay_us, drain_s=args.drain_s,
             engine_calls=args.engine_calls or "auto", engine_poll_us=args.engine_poll_us or 0,
-            front_poll_us=args.front_poll_us or 0, engine_overlap=args.overlap is not False,
+            front_poll_us=args.front_poll_us or 0, engine_overlap=bool(args.overlap),
         )
         dispatch.supported()  # (a bad TRT_RUNTIME_SERVE_DISPATCH: a usage error, before the port)
         sock = local.bind_socket(args.host, args.port)

@@ -51,7 +51,7 @@ class EngineProcessSpec:
     drain_s: float
     engine_calls: str = "auto"  # LocalServerConfig.engine_calls: "auto", "threads" or "loop"
     poll_us: int = 0  # LocalServerConfig.engine_poll_us (where the calls run on the loop)
-    overlap: bool = True  # LocalServerConfig.engine_overlap (where the calls run on the loop)
+    overlap: bool = False  # LocalServerConfig.engine_overlap (where the calls run on the loop)
 
 
 def calls_on_loop(engine_calls: str, contexts: int, batching: bool) -> bool:

@@ -84,8 +84,10 @@ class LocalServerConfig:
     front_poll_us: int = 0
     #: Overlapped calls: an engine process only starts each batch's call and reads its sockets while
     #: the GPU runs it (:mod:`~trt_runtime.serve.local.staging`), where its calls run on the loop,
-    #: padded under the outer graph, for an engine whose dimensions are fixed but the batch's.
-    engine_overlap: bool = True
+    #: padded under the outer graph, for an engine whose dimensions are fixed but the batch's. Off by
+    #: default: on the mlp engine at 64 clients its batches halved and it served fewer requests
+    #: (docs/serving.md#overlapped-engine-calls).
+    engine_overlap: bool = False
 
     def calls_on_loop(self, batchable: bool = True) -> bool:
         """Whether the engine processes run their calls on their event loops (:func:`calls_on_loop`),
