@@ -101,7 +101,10 @@ def mlp_workload(out: Path, mlp: tuple[int, int] = (256, 8)) -> Workload:
     path.write_bytes(built.plan)
     x = built.random_inputs(batch=1)[0]
     print(f"built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
-    return Workload(name, path, "python", x, built.reference(x)[0], built.tolerance)
+    # (other sizes: answers checked loosely, for garbage only; 16 fp16 layers of 4096 gave errors above the
+    # default's 2e-2 in batched calls on the H200 host, in every row, the bare server's included)
+    tolerance = built.tolerance if mlp == (256, 8) else (0.5, 0.5)
+    return Workload(name, path, "python", x, built.reference(x)[0], tolerance)
 
 
 def smoke_workload(out: Path) -> Workload:
@@ -464,7 +467,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=420.0, help="the whole run must fit this (seconds)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--mlp", type=_mlp_size, default=(256, 8), metavar="WIDTHxLAYERS",
-                   help="the served mlp engine: layers of WIDTH x WIDTH matmul + ReLU, fp16 (default: 256x8)")
+                   help="the served mlp engine: layers of WIDTH x WIDTH matmul + ReLU, fp16; answers of "
+                        "another size are checked within 0.5 only (default: 256x8)")
     p.add_argument("--delay-us", type=int, default=500, help="the local server's --max-queue-delay-us")
     p.add_argument("--procs", type=int, default=max(2, (os.cpu_count() or 4) // 3),
                    help="load-generator processes (default: a third of the CPUs)")

@@ -161,18 +161,17 @@ class CallerDevice:
     device (runtime API) and context (driver API) are as it had them. One
     ``cuCtxGetCurrent`` per call when the caller is on the engine's device already."""
 
-    __slots__ = ("_get", "_ours", "_ours_handle", "_set")
+    __slots__ = ("_get", "_ours", "_set")
 
     def __init__(self, state: DeviceState, driver: Any = None) -> None:
         driver = _driver() if driver is None else driver
         self._get = driver.cuCtxGetCurrent
         self._set = driver.cuCtxSetCurrent
         self._ours = state.primary_context()
-        self._ours_handle = int(self._ours)
 
     def enter(self) -> Any:
         err, previous = self._get()
-        if int(err) == 0 and int(previous) == self._ours_handle:
+        if previous == self._ours:  # (CUcontext compares handles; a failed get gives another)
             return None
         _check_driver(self._set(self._ours), "cuCtxSetCurrent")
         return previous if int(err) == 0 else None
