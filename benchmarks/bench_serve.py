@@ -204,9 +204,9 @@ def parse_variant(name: str) -> Variant:
     ``+siN`` for a GIL switch interval of N µs in the engine processes, ``+pollN`` for
     ``--engine-poll-us N``, ``+fpollN`` for ``--front-poll-us N``, ``+pad`` for ``--pad-batches``,
     ``+outer`` for ``--outer-graph``, ``+eager`` for ``--no-outer-graph --no-pad-batches``, ``+overlap``
-    for ``--overlap``, ``+flyN`` for N overlapped batches at once (``TRT_RUNTIME_SERVE_IN_FLIGHT``), ``+pin`` for
-    a core of its own for each engine process and front (:mod:`benchmarks.serve_pinning`) and ``+shared``
-    for fronts that accept from the shared listening socket themselves
+    for ``--overlap``, ``+flyN`` for N overlapped batches at once (``TRT_RUNTIME_SERVE_IN_FLIGHT``),
+    ``+pin`` for a core of its own for each engine process and front (:mod:`benchmarks.serve_pinning`)
+    and ``+shared`` for fronts that accept from the shared listening socket themselves
     (``TRT_RUNTIME_SERVE_DISPATCH=off``)."""
     calls, *extras = name.split("+")
     numbers: dict[str, int] = {}
@@ -450,8 +450,8 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
 def _mlp_size(text: str) -> tuple[int, int]:
     width, _, layers = text.partition("x")
     if not (width.isdigit() and layers.isdigit() and 8 <= int(width) <= 8192 and 1 <= int(layers) <= 64):
-        raise argparse.ArgumentTypeError(f"--mlp must be WIDTHxLAYERS, a width in [8, 8192] and 1 to 64 layers; "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"--mlp must be WIDTHxLAYERS, a width in [8, 8192] and 1 to 64 "
+                                         f"layers; got {text!r}")
     return int(width), int(layers)
 
 
@@ -479,9 +479,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
                         "the top client count) with these engine-process variants: "
                         "threads|loop[+siN][+pollN][+fpollN][+flyN][+pad][+outer][+eager][+overlap][+pin]"
-                        "[+shared] (--engine-calls; siN: a GIL switch interval of N µs; pollN: --engine-poll-us "
-                        "N; fpollN: --front-poll-us N; flyN: N overlapped batches at once; pad: --pad-batches; "
-                        "outer: --outer-graph; eager: --no-outer-graph --no-pad-batches; overlap: --overlap; "
+                        "[+shared] (--engine-calls; siN: a GIL switch interval of N µs; pollN: "
+                        "--engine-poll-us N; fpollN: --front-poll-us N; flyN: N overlapped batches at once; "
+                        "pad: --pad-batches; outer: --outer-graph; eager: --no-outer-graph --no-pad-batches; "
+                        "overlap: --overlap; "
                         "pin: a core of its own for each engine process "
                         "and front; shared: the fronts accept from the shared socket), e.g. "
                         "loop,loop+eager,loop+pad+outer+pin")
