@@ -206,11 +206,16 @@ class CudaStager:
 
     def static_inputs(self, rows: int) -> tuple[list[Any], list[int]]:
         """The engine's static inputs for ``rows`` rows and their addresses (asked once per row count:
-        they stay the engine's while nothing drops its graphs, and nothing does in an engine process)."""
+        they stay the engine's while nothing drops its graphs, and nothing does in an engine process;
+        the first time, once the device has finished filling them)."""
         found = self._statics.get(rows)
         if found is None:
             shapes: Sequence[tuple[int, ...]] = [(rows, *shape) for shape, _ in self.in_rows]
             statics = self.engine.static_inputs(*shapes)
+            # New buffers are filled on the backend's stream (torch zero-fills them on its current
+            # one), which this stream does not wait for: a copy in could land before the fill and
+            # be wiped (the torchbind backend answered zeros so, on the H200 host). Once per row count.
+            _check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
             found = self._statics[rows] = (statics, [_address(s) for s in statics])
         return found
 
