@@ -365,7 +365,7 @@ class DynamicBatcher:
                     answer = answers[j]
                     if request.future is not None and not isinstance(answer, BaseException):
                         answers[j] = [o.copy() for o in answer]
-            except BaseException as exc:  # (splitting failed: every request of the batch)
+            except Exception as exc:  # (splitting failed: every request of the batch)
                 answers = [exc] * len(batch)
             try:
                 self._finished(batch, answers)  # (the answers are read here: written into their slots)

@@ -209,7 +209,7 @@ class BatchRunner:
             if self._on_call is not None:
                 self._on_call(padded)
             call.launch()
-        except Exception as exc:  # (copies already queued only read these buffers: reusing them is safe)
+        except Exception as exc:  # (copies queued before the failure feed no call: the buffers can go back)
             call.release()
             for i in chunk:
                 started.answers[i] = exc
