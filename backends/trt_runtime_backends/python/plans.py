@@ -276,15 +276,27 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
     (``cudaMemcpyAsync``), the captured graph launched, the static outputs handed over
     (``views``) or copied out (``results``). A call whose every input is copied goes to the
     slot's own plan when that is another (through copy nodes). ``checked=True``: handed over
-    by another plan of the lane, past the input checks."""
+    by another plan of the lane, past the input checks.
+
+    A single input that was its static buffer itself is remembered (the tensor object): that
+    same object again skips the type, dtype and contiguity checks, as a pre-bound call's
+    arrays do (nothing is copied from it; its shape and address are still checked, and one
+    changed in place takes the general path)."""
     core = lane.lane  # the core lane: its context and current plan
     n = len(shapes)
     one, key = n == 1, slot.key
     d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
+    static: list[Any] = [None]  # the static buffer's tensor, once a call gave it (one input)
 
     def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
+        known = False
         if checked:
             x = inputs[0]
+        elif one and outputs is None and len(inputs) == 1 and (x := inputs[0]) is static[0]:
+            if x.shape != s0 or x.data_ptr() != dst0:  # (changed in place: checked in full)
+                static[0] = None
+                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+            known = True
         elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor
               or x.dtype is not d0 or not x.is_contiguous()
               or not (one or _fit(inputs, tensor, dtypes, None))):
@@ -295,9 +307,13 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
         graph = slot.graph
         if graph is None:
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if one:
+        if known:
+            moved = foreign = False
+        elif one:
             moved = (src := x.data_ptr()) != dst0  # not its static buffer: copied in
             foreign = moved and x.get_device() != device
+            if not moved:
+                static[0] = x
         else:
             srcs = [x.data_ptr() for x in inputs]
             moved = all(map(operator.ne, srcs, dsts))

@@ -127,6 +127,40 @@ def test_python_outer_graph_static_input_replays_the_plain_graph(torch: FakeTorc
         assert rt.calls[0][1] == slot.graph
 
 
+def test_python_outer_graph_the_same_static_tensor_again_skips_its_checks_until_changed_in_place(
+        torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain plan remembers the static buffer's tensor once a call gave it: the same object
+    again is replayed without its type, dtype and contiguity checks. Moved or reshaped in place,
+    it takes the general path (copied in, or a graph of its new shape), and is checked again."""
+    from _python_doubles import _Size
+
+    engine, rt = _nodes_engine()
+    looks: list[int] = []
+    original = torch.Tensor.is_contiguous
+    monkeypatch.setattr(torch.Tensor, "is_contiguous", lambda self: looks.append(1) or original(self))
+    with enable_cudagraphs(engine, outer="view"):
+        engine(torch.cuda_tensor((2, 4)))
+        engine(torch.cuda_tensor((2, 4)))  # the plan
+        (slot,) = engine._lanes[0].outer_graphs.shortcuts.values()
+        (static,) = engine.static_inputs((2, 4), as_torch=True)
+        engine(static)  # checked once, remembered
+        for _ in range(3):
+            looks.clear()
+            rt.calls.clear()
+            engine(static)
+            assert looks == [] and [c[:2] for c in rt.calls] == [("launch", slot.graph)]
+        static._ptr += 1 << 12  # (its storage swapped in place: now another buffer)
+        rt.calls.clear()
+        engine(static)
+        assert looks and any(c[0] == "set_copy" for c in rt.calls)  # checked in full, copied in
+        static._ptr -= 1 << 12
+        engine(static)  # (its static buffer again: remembered again)
+        looks.clear()
+        static.shape = _Size((1, 4))  # (reshaped in place)
+        y = engine(static)
+        assert looks and tuple(y.shape) == (1, 4)  # checked in full: the graph of its new shape
+
+
 @pytest.mark.parametrize("mode", ["copy", "view"])
 def test_python_outer_graph_static_and_fresh_inputs_each_go_straight_to_their_plan(
         torch: FakeTorch, mode: str) -> None:
