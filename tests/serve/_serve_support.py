@@ -64,6 +64,16 @@ def ray_init_args(num_cpus: int) -> dict[str, Any]:
     }
 
 
+def rows4_checker() -> Any:
+    """The request checker of a model ``x`` float32 (-1, 4) (batches of 1 to 16 rows) -> ``y``,
+    16 requests a batch: what the batcher's unit tests run requests through."""
+    from trt_runtime.serve.model import ModelInfo
+
+    x = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (4, 4), (16, 4)),))
+    y = TensorSpec("y", "float32", (-1, 4), False)
+    return ModelInfo.from_specs("m", [x], [y], max_batch=16).checker
+
+
 def single_engine() -> bytes:
     """``y = 2 x + 1`` over float32 ``x`` of shape (batch 1..16, width 1..8)."""
     x = TensorSpec("x", "float32", (-1, -1), True, profiles=(((1, 1), (4, 4), (16, 8)),))

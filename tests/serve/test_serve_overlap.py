@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _serve_support import rows4_checker
 
 from trt_runtime import TensorSpec
 from trt_runtime.errors import EngineError, RequestError, SettingsError
@@ -19,16 +20,10 @@ from trt_runtime.graphs import OuterGraph
 from trt_runtime.serve.batcher import DynamicBatcher
 from trt_runtime.serve.batching import BatchRunner
 from trt_runtime.serve.local.staging import stager_refusal
-from trt_runtime.serve.model import ModelInfo
 
 uvloop = pytest.importorskip("uvloop")
 
-_X = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (4, 4), (16, 4)),))
-_Y = TensorSpec("y", "float32", (-1, 4), False)
-
-
-def _checker() -> Any:
-    return ModelInfo.from_specs("m", [_X], [_Y], max_batch=16).checker
+_checker = rows4_checker
 
 
 class _HostCall:

@@ -10,21 +10,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _serve_support import rows4_checker
 
-from trt_runtime import TensorSpec
 from trt_runtime.errors import SettingsError
 from trt_runtime.serve.batcher import DynamicBatcher
-from trt_runtime.serve.model import ModelInfo
 from trt_runtime.serve.polling import LoopPoller
 
 uvloop = pytest.importorskip("uvloop")
 
-_X = TensorSpec("x", "float32", (-1, 4), True, profiles=(((1, 4), (4, 4), (16, 4)),))
-_Y = TensorSpec("y", "float32", (-1, 4), False)
-
-
-def _checker() -> Any:
-    return ModelInfo.from_specs("m", [_X], [_Y], max_batch=16).checker
+_checker = rows4_checker
 
 
 class _Calls:
