@@ -94,10 +94,14 @@ class GraphCache(Generic[K, G]):
     replay with :meth:`touch`.
     """
 
-    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses", "updates")
+    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses", "refresh",
+                 "updates")
 
     def __init__(self, release: Callable[[G], None], max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
         self._entries: OrderedDict[K, G] = OrderedDict()
+        #: ``refresh(key)``: ``key`` becomes the most recently used, uncounted (a replay plan that
+        #: found its graph itself counts the hit in :attr:`hits` and calls this: :meth:`touch` inline).
+        self.refresh: Callable[[K], None] = self._entries.move_to_end
         self._release = release
         self.max_graphs = max_graphs
         self.hits = self.misses = self.captures = self.evictions = self.updates = 0
@@ -131,7 +135,7 @@ class GraphCache(Generic[K, G]):
     def touch(self, key: K) -> None:
         """A replay of ``key`` found through a backend's own shortcut: count it, refresh it."""
         self.hits += 1
-        self._entries.move_to_end(key)
+        self.refresh(key)
 
     def add(self, key: K, graph: G, *, captured: bool = True) -> list[G]:
         """Keep ``graph`` for ``key``; returns the graphs evicted to stay within

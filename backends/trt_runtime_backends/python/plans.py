@@ -267,7 +267,7 @@ def _enter(lane: Any, miss: Any, table: dict[Any, Any], plain_first: bool, input
 
 
 def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
-                  shapes: tuple[Any, ...], table: dict[Any, Any], touch: Any, device: int, raw_stream: Any,
+                  shapes: tuple[Any, ...], table: dict[Any, Any], cache: Any, device: int, raw_stream: Any,
                   dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
                   copy: Any, d2d: Any, results: Any) -> Plan:
     """The plain plan of a captured ``slot``: inputs of type ``tensor`` exactly, of ``dtypes``,
@@ -284,7 +284,7 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
     changed in place takes the general path)."""
     core = lane.lane  # the core lane: its context and current plan
     n = len(shapes)
-    one, key = n == 1, slot.key
+    one, key, refresh = n == 1, slot.key, cache.refresh
     d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
     static: list[Any] = [None]  # the static buffer's tensor, once a call gave it (one input)
 
@@ -324,7 +324,8 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
         if moved and (other := slot.plan) is not None and other is not core.fast_entry:
             core.fast_entry = other
             return other(inputs, stream, outputs, True)  # type: ignore[no-any-return]
-        touch(key)
+        cache.hits += 1  # (GraphCache.touch, inline)
+        refresh(key)
         if stream is None and (c := raw_stream(device)) in order.skip and order.tail == order.ours:
             caller, run = None, order.ours
         else:
@@ -348,7 +349,7 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
 
 
 def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
-                  shapes: tuple[Any, ...], table: dict[Any, Any], touch: Any, device: int, raw_stream: Any,
+                  shapes: tuple[Any, ...], table: dict[Any, Any], cache: Any, device: int, raw_stream: Any,
                   dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
                   empty: Any, torch_device: Any, nodes: Any, plain: Any, out_specs: Sequence[Any], slabs: Any
                   ) -> Plan:
@@ -362,7 +363,7 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
     with). ``checked=True``: handed over by another plan of the lane, past the input checks."""
     core = lane.lane  # the core lane: its context and current plan
     n = len(shapes)
-    one, one_out, key = n == 1, len(out_specs) == 1, slot.key
+    one, one_out, key, refresh = n == 1, len(out_specs) == 1, slot.key, cache.refresh
     d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
     shape0, dtype0, so0, onb0 = out_specs[0] if out_specs else (None, None, 0, 0)
     graph0, cexec, last, point = slot.graph, nodes.exec, nodes.last, nodes.point
@@ -389,7 +390,8 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
         if static:  # a static buffer given: nothing to copy in for it, the plain way
             core.fast_entry = plain
             return plain(inputs, stream, outputs, True)  # type: ignore[no-any-return]
-        touch(key)
+        cache.hits += 1  # (GraphCache.touch, inline)
+        refresh(key)
         c = raw_stream(device) if stream is None or pools is not None else None
         if stream is None and c in order.skip and order.tail == order.ours:
             caller, run = None, order.ours
@@ -469,7 +471,7 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     views = slot.output_views  # "view" mode: handed over as they are
     common = dict(lane=lane, miss=lane.call_fast, order=lane._order, own=lane._stream, slot=slot,
                   tensor=bridge.tensor, dtypes=bridge.in_dtypes, shapes=shapes, table=graphs.shortcuts,
-                  touch=graphs.cache.touch, device=lane._device, raw_stream=bridge.raw_stream,
+                  cache=graphs.cache, device=lane._device, raw_stream=bridge.raw_stream,
                   dsts=tuple(slot.in_ptrs), nbs=tuple(slot.in_nbytes), launch=ops.rt.cudaGraphLaunch,
                   failed=functools.partial(replay_failed, lane), views=views)
     results = functools.partial(torch_results, lane, slot, view=False)

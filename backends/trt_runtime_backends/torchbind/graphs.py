@@ -163,7 +163,8 @@ class TorchbindGraphs(GraphOps):
         name = lane.name
         current = CURRENT
         miss = lane.call_fast
-        touch = outer.cache.touch
+        cache = outer.cache
+        refresh = cache.refresh
         shortcuts = outer.shortcuts  # keyed as TorchbindLane.torch_key keys
         key = slot.key
         statics = tuple(slot.inputs)
@@ -234,7 +235,8 @@ class TorchbindGraphs(GraphOps):
                 lane._get_device() != device or any(x.get_device() != device for x in inputs)
             )):
                 return miss(inputs, stream, outs)
-            touch(key)
+            cache.hits += 1  # (GraphCache.touch, inline)
+            refresh(key)
             raw: Any = None
             if launch is None:
                 ops.follow(bridge.current_stream(device))
