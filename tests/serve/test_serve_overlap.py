@@ -374,3 +374,34 @@ def test_an_engine_process_asked_to_overlap_a_memory_engine_runs_its_calls_waite
         assert "'x' has a dynamic dimension besides the batch" in (stager_refusal(engine, 16, True) or "")
     finally:
         engine.close()
+
+
+def test_an_engine_process_whose_stager_cannot_open_refuses_to_start_with_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA failure while opening the overlapped calls: the engine process tells the supervisor why
+    (one line, which ``trt-runtime serve`` prints) and exits 3, as for an engine that cannot load."""
+    import multiprocessing
+
+    from _serve_support import single_engine
+
+    from trt_runtime.serve import ServeOptions, open_engine
+    from trt_runtime.serve.local import engine_process
+
+    def refuse(*args: Any) -> Any:
+        raise EngineError("cudaHostAlloc failed: <cudaError_t.cudaErrorMemoryAllocation: 2> (test)")
+
+    monkeypatch.setattr(engine_process, "_stager", refuse)
+    options = ServeOptions(backend="memory", runtime_cache=None, outer_graph="auto", pad_batches="auto")
+    engine, _ = open_engine(single_engine(), options)
+    ours, theirs = multiprocessing.Pipe()
+    spec = engine_process.EngineProcessSpec(engine=Path("x.mem"), options=options, device=None,
+                                            socket_path=Path("s"), name="m", max_queue_delay_us=0, drain_s=1,
+                                            overlap=True)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            asyncio.run(engine_process._serve(spec, engine, theirs))
+        assert exited.value.code == 3
+        assert ours.recv() == ("error", "cannot overlap the engine calls (--overlap): cudaHostAlloc failed: "
+                                        "<cudaError_t.cudaErrorMemoryAllocation: 2> (test)")
+    finally:
+        engine.close()

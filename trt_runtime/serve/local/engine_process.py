@@ -136,7 +136,10 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_fli
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     metrics = ServeMetrics(model.name)
     on_loop = calls_on_loop(spec.engine_calls, spec.options.contexts, batching)
-    stager = _stager(engine, spec, model, on_loop, call_modes(engine, spec.options)) if batching else None
+    try:
+        stager = _stager(engine, spec, model, on_loop, call_modes(engine, spec.options)) if batching else None
+    except Exception as exc:  # (CUDA refused a stream, an event or page-locked memory)
+        _refuse_start(ready, f"cannot overlap the engine calls (--overlap): {exc}")
     if stager is not None and stagers is not None:
         stagers.append(stager)  # (closed by engine_main, after the engine)
     modes = call_modes(engine, spec.options)  # (after the stager: it puts the outer graph in "view" mode)
