@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trt_runtime.bench import CudaEventTimer, percentile
-from trt_runtime.errors import BackendError
+from trt_runtime.contract import cuda_result
 from trt_runtime.extras import install_hint
 
 __all__ = ["TransferSplit", "transfer_split"]
@@ -49,9 +49,7 @@ def _ignore_stream(fn: Any, value: Any, _stream: Any) -> Any:
 
 def _memcpy(rt: Any, dst: int, src: int, nbytes: int, kind: Any, stream: Any) -> None:
     if nbytes:
-        err = rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream)[0]
-        if int(err) != 0:
-            raise BackendError(f"cudaMemcpyAsync of {nbytes} bytes failed: {err!s}")
+        cuda_result(rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream), f"cudaMemcpyAsync of {nbytes} bytes")
 
 
 def transfer_split(

@@ -30,6 +30,8 @@ __all__ = [
     "ArrayKind",
     "CallKind",
     "ShapeChecker",
+    "cuda_result",
+    "device_address",
     "fmt_shape",
     "numel",
     "output_kind",
@@ -304,3 +306,25 @@ def stream_handle(stream: Any) -> int:
         "stream must be None, an int cudaStream_t, a cuda.core Stream, a torch.cuda.Stream, a cupy "
         f"Stream, a cuda-python CUstream or an object with __cuda_stream__; got {type(stream).__name__}"
     )
+
+
+# -- cuda-python ------------------------------------------------------------------------------------
+def cuda_result(result: Any, what: str) -> Any:
+    """The value of a cuda-python call's ``result`` (``(error, value...)``): the value, a tuple of
+    them for several, ``()`` for none; :class:`~trt_runtime.BackendError` naming ``what`` and the
+    error when the call failed."""
+    err = result[0]
+    if int(err) != 0:
+        from trt_runtime.errors import BackendError
+
+        raise BackendError(f"{what} failed: {err!s}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def device_address(array: Any) -> int:
+    """Where the data of a CUDA array starts: a torch tensor's ``data_ptr()``, else its
+    ``__cuda_array_interface__``."""
+    data_ptr = getattr(array, "data_ptr", None)
+    if data_ptr is not None and callable(data_ptr):
+        return int(data_ptr())
+    return int(array.__cuda_array_interface__["data"][0])

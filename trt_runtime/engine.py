@@ -409,8 +409,8 @@ class EngineBase(abc.ABC):
 
     def _lease_call(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
                     profile: int | None) -> list[Any]:
-        """One call: lease a lane, then its fast entry or its general path, inside the lane's device
-        guard where it has one (a thread's first call through :meth:`Lane.guarded_call`)."""
+        """One call: lease a lane, then its fast entry or its general path (a thread's first
+        call, or a call inside a device guard, through :meth:`Lane.guarded_call`)."""
         pool = self._pool
         try:
             slot: Slot[Lane] | None = pool.local.slot  # (an attribute read: cheaper than getattr)
@@ -422,17 +422,12 @@ class EngineBase(abc.ABC):
         lane = slot.lane
         result: list[Any] | None
         try:
-            if first:
+            if first or lane.device_guard is not None:
                 result = lane.guarded_call(first, inputs, stream, outputs, profile)
-            else:  # (the device guard, where there is one, inline: a frame less per call)
-                token = None if (guard := lane.device_guard) is None else guard.enter()
-                try:
-                    result = lane.fast_entry(inputs, stream, outputs) if profile is None else None
-                    if result is None:
-                        result = lane.call(inputs, stream, outputs, profile)
-                finally:
-                    if token is not None:
-                        guard.exit(token)  # type: ignore[union-attr]
+            else:
+                result = lane.fast_entry(inputs, stream, outputs) if profile is None else None
+                if result is None:
+                    result = lane.call(inputs, stream, outputs, profile)
         finally:
             if pool.waiters:  # (close() holds every lane: no call is in flight then)
                 pool.give_back(slot)

@@ -168,13 +168,11 @@ class DeviceGuard(Protocol):
     An engine whose backend sets one (``EngineBase._device_guard``) has every call and every
     change of its state (settings, contexts, outer graph, static inputs, ``close()``) run
     between :meth:`enter` and :meth:`exit` in the calling thread. A backend sets one only
-    where it is needed (several GPUs visible): a call costs one method call more, two when the
-    caller was on another device.
+    where it is needed (several GPUs visible): a call costs two method calls more.
     """
 
     def enter(self) -> object:
-        """Before the work: make the engine's device current if need be; a token for :meth:`exit`
-        (``None``: nothing to give back, and a call skips :meth:`exit`)."""
+        """Before the work: make the engine's device current if need be; a token for :meth:`exit`."""
         ...
 
     def exit(self, token: object) -> None:

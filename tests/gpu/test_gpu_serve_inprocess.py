@@ -136,8 +136,8 @@ def test_gpu_overlapped_calls_in_flight_together_match_the_reference(served: Any
     engine, _ = open_engine(built.plan, options)
     stager = None
     try:
-        assert stager_refusal(engine, 64, True) is None
-        stager = open_stager(engine, 64, True)
+        assert stager_refusal(engine, 64) is None
+        stager = open_stager(engine, 64)
         assert stager is not None and engine.outer_graph.outputs == "view"
         runner = BatchRunner(engine.execute, model.checker, pad_rows=True, stager=stager)
         rtol, atol = built.tolerance

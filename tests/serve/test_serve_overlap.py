@@ -277,14 +277,23 @@ def test_aclose_gives_up_on_a_call_that_never_ends_and_never_looks_at_it_again()
     assert isinstance(error, RequestError) and error.status == 503
 
 
-def test_runner_run_with_a_stager_waits_for_its_calls_and_copies_the_answers() -> None:
+def test_runner_start_with_a_stager_starts_the_call_and_finish_splits_it() -> None:
+    """Outside the batcher: start() starts the call, done() says when it ended, finish(copy=True)
+    gives answers that outlive the buffers; run() refuses a runner with a stager."""
     stager = _HostStager(ticks=4)
     runner = BatchRunner(_eager, _checker(), pad_rows=True, stager=stager)
-    answers = runner.run([(_rows(1, 2),), (_rows(2, 3),)])
-    assert stager.rows == [8] and len(stager.free) == 1
+    started = runner.start([(_rows(1, 2),), (_rows(2, 3),)])
+    looks = 0
+    while not started.done():
+        looks += 1
+    answers = started.finish(copy=True)
+    started.release()
+    assert looks == 3 and stager.rows == [8] and len(stager.free) == 1
     stager.free[0].take(8).inputs[0][:] = 99  # (the buffers reused: the answers are copies)
     np.testing.assert_array_equal(answers[0][0], _rows(2, 2))  # type: ignore[index]
     np.testing.assert_array_equal(answers[1][0], _rows(3, 3))  # type: ignore[index]
+    with pytest.raises(SettingsError, match=r"BatchRunner\.run waits for its calls"):
+        runner.run([(_rows(1),)])
 
 
 def test_a_batch_beyond_the_stagers_rows_runs_eagerly() -> None:
@@ -296,9 +305,9 @@ def test_a_batch_beyond_the_stagers_rows_runs_eagerly() -> None:
         return [x + 1]
 
     runner = BatchRunner(execute, _checker(), pad_rows=True, stager=stager)
-    answers = runner.run([(_rows(1, 3),), (_rows(2, 3),)])  # 6 rows, padded to 8: not the stager's
-    assert calls == [8] and stager.rows == []
-    np.testing.assert_array_equal(answers[1][0], _rows(3, 3))  # type: ignore[index]
+    started = runner.start([(_rows(1, 3),), (_rows(2, 3),)])  # 6 rows, padded to 8: not the stager's
+    assert calls == [8] and stager.rows == [] and not started.calls and started.done()
+    np.testing.assert_array_equal(started.answers[1][0], _rows(3, 3))  # type: ignore[index]
 
 
 def test_batcher_refuses_a_stager_off_the_loop_and_a_bad_in_flight() -> None:
@@ -322,22 +331,30 @@ class _CudaLike:
         return {"data": (1 << 20, False), "shape": (4, 4), "typestr": "<f4", "version": 3}
 
 
-@pytest.mark.parametrize(("engine", "pad", "reason"), [
-    (_engine(graph=None), True, "does not run under the outer CUDA graph"),
-    (_engine(), False, "batches are not padded"),
-    (_engine(graph=OuterGraph(max_graphs=4)), True, "keeps 4 graphs; padded batches need up to 6"),
-    (_engine(shape=(-1, -1)), True, "'x' has a dynamic dimension besides the batch: [-1, -1]"),
-    (_engine(), True, "static inputs are not CUDA arrays (a ndarray)"),
+@pytest.mark.parametrize(("engine", "reason"), [
+    (_engine(graph=None), "does not run under the outer CUDA graph"),
+    (_engine(graph=OuterGraph(max_graphs=4)), "keeps 4 graphs; padded batches need up to 6"),
+    (_engine(shape=(-1, -1)), "'x' has a dynamic dimension besides the batch: [-1, -1]"),
+    (_engine(), "static inputs are not CUDA arrays (a ndarray)"),
 ])
-def test_stager_refusal_names_why_an_engine_cannot_overlap(engine: Any, pad: bool, reason: str) -> None:
+def test_stager_refusal_names_why_an_engine_cannot_overlap(engine: Any, reason: str) -> None:
     pytest.importorskip("cuda.bindings")
-    refusal = stager_refusal(engine, 16, pad)
+    refusal = stager_refusal(engine, 16)
     assert refusal is not None and reason in refusal
 
 
 def test_stager_refusal_takes_an_engine_whose_static_inputs_are_cuda_arrays() -> None:
     pytest.importorskip("cuda.bindings")
-    assert stager_refusal(_engine(statics=[_CudaLike()]), 16, True) is None
+    assert stager_refusal(_engine(statics=[_CudaLike()]), 16) is None
+
+
+def test_a_cuda_stager_refuses_an_engine_whose_outer_graph_hands_out_copies() -> None:
+    """open_stager puts the outer graph in its "view" mode; the stager itself only checks it."""
+    pytest.importorskip("cuda.bindings")
+    from trt_runtime.serve.local.staging import CudaStager
+
+    with pytest.raises(SettingsError, match='outer graph in its "view" mode'):
+        CudaStager(_engine(graph="copy", statics=[_CudaLike()]), 16)
 
 
 def test_engine_process_reads_in_flight_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -371,7 +388,7 @@ def test_an_engine_process_asked_to_overlap_a_memory_engine_runs_its_calls_waite
         modes = call_modes(engine, options)
         assert modes.outer_graph and modes.pad_batches
         assert _stager(engine, spec, model_info(engine, spec), True, modes) is None
-        assert "'x' has a dynamic dimension besides the batch" in (stager_refusal(engine, 16, True) or "")
+        assert "'x' has a dynamic dimension besides the batch" in (stager_refusal(engine, 16) or "")
     finally:
         engine.close()
 

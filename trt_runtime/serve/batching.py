@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from trt_runtime.errors import EngineError
+from trt_runtime.errors import EngineError, SettingsError
 from trt_runtime.serve.validation import RequestChecker
 
 __all__ = ["BatchRunner", "StagedCall", "Stager", "Started", "unsplittable"]
@@ -96,16 +96,11 @@ class BatchRunner:
         return rows if self._row_limit is None else max(1, min(rows, self._row_limit))
 
     def run(self, requests: Sequence[tuple[Any, ...]]) -> list[Answer]:
-        """One answer per request, in order (with a stager: after waiting for its calls, copied)."""
-        started = self.start(requests)
-        if not started.calls:
-            return started.answers
-        try:
-            while not started.done():
-                pass
-            return started.finish(copy=True)
-        finally:
-            started.release()
+        """One answer per request, in order (a runner without a stager: with one, :meth:`start`)."""
+        if self._stager is not None:
+            raise SettingsError("BatchRunner.run waits for its calls; a runner with a stager starts them "
+                                "(start) and its caller collects them")
+        return self.start(requests).answers
 
     def start(self, requests: Sequence[tuple[Any, ...]]) -> Started:
         """Run ``requests``: with a stager, the calls that it takes are only started (see

@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from trt_runtime.contract import cuda_result
+
 __all__ = ["CudaArray", "cuda_unavailable", "device_to_numpy", "gpu_unavailable", "pointer_device"]
 
 
@@ -23,11 +25,7 @@ def _rt() -> Any:
     return runtime
 
 
-def _check(result: Any, what: str) -> Any:
-    err = result[0]
-    if int(err) != 0:
-        raise RuntimeError(f"{what} failed: {err!s}")
-    return result[1] if len(result) == 2 else result[1:]
+_check = cuda_result
 
 
 @functools.lru_cache(maxsize=1)

@@ -77,13 +77,10 @@ def engine_main(spec: EngineProcessSpec, ready: Connection) -> None:
         engine, _cache = _open(spec)
     except Exception as exc:
         _refuse_start(ready, f"cannot open {spec.engine}: {exc}")
-    stagers: list[Any] = []
     try:
-        run_loop(_serve(spec, engine, ready, in_flight, stagers), "engine")
+        run_loop(_serve(spec, engine, ready, in_flight), "engine")
     finally:
         engine.close()
-        for stager in stagers:  # (after the engine, which may still hold its stream: see CudaStager.close)
-            stager.close()
 
 
 def _refuse_start(ready: Connection, message: str) -> NoReturn:
@@ -123,8 +120,7 @@ def model_info(engine: Any, spec: EngineProcessSpec) -> Any:
     return ModelInfo.from_engine(engine, spec.name, max_batch=spec.options.max_batch)
 
 
-async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_flight: int = 2,
-                 stagers: list[Any] | None = None) -> None:
+async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_flight: int = 2) -> None:
     from trt_runtime.serve.batcher import DynamicBatcher
     from trt_runtime.serve.metrics import ServeMetrics
     from trt_runtime.serve.replica import call_modes
@@ -136,34 +132,38 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_fli
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     metrics = ServeMetrics(model.name)
     on_loop = calls_on_loop(spec.engine_calls, spec.options.contexts, batching)
+    modes = call_modes(engine, spec.options)
     try:
-        stager = _stager(engine, spec, model, on_loop, call_modes(engine, spec.options)) if batching else None
+        stager = _stager(engine, spec, model, on_loop, modes) if batching else None
     except Exception as exc:  # (CUDA refused a stream, an event or page-locked memory)
         _refuse_start(ready, f"cannot overlap the engine calls (--overlap): {exc}")
-    if stager is not None and stagers is not None:
-        stagers.append(stager)  # (closed by engine_main, after the engine)
-    modes = call_modes(engine, spec.options)  # (after the stager: it puts the outer graph in "view" mode)
-    batcher = DynamicBatcher(
-        [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
-        max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics, copy_outputs=modes.copy_outputs,
-        on_loop=on_loop, pad_rows=modes.pad_batches, poll_us=spec.poll_us if on_loop else 0,
-        stager=stager, in_flight=in_flight,
-    )
-    spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
-    server = await listen(spec.socket_path, batcher)
-    # (how the calls run, as "auto" resolved them: the supervisor's ready document says so)
-    ready.send(("ready", model, {"outer_graph": modes.outer_graph, "pad_batches": modes.pad_batches,
-                                 "overlap": stager is not None}))
-    ready.close()
-    orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
-    orphaned.add_done_callback(lambda _: stop.set())
-    await stop.wait()
-    orphaned.cancel()
-    server.close()
-    await batcher.aclose(spec.drain_s)
-    batcher.close()  # waits for a call still running after the drain: never close the engine under it
-    if stager is not None:
-        stager.wait()  # (its calls may still run after a drain that gave up: the engine is closed next)
+    if stager is not None:  # (its outer graph is in "view" mode now: calls it does not take copy)
+        modes = call_modes(engine, spec.options)
+    try:
+        batcher = DynamicBatcher(
+            [engine.execute] * spec.options.contexts, model.checker, max_batch=spec.options.max_batch,
+            max_queue_delay_us=spec.max_queue_delay_us, metrics=metrics, copy_outputs=modes.copy_outputs,
+            on_loop=on_loop, pad_rows=modes.pad_batches, poll_us=spec.poll_us if on_loop else 0,
+            stager=stager, in_flight=in_flight,
+        )
+        spec.socket_path.unlink(missing_ok=True)  # a predecessor that was killed left it
+        server = await listen(spec.socket_path, batcher)
+        # (how the calls run, as "auto" resolved them: the supervisor's ready document says so)
+        ready.send(("ready", model, {"outer_graph": modes.outer_graph, "pad_batches": modes.pad_batches,
+                                     "overlap": stager is not None}))
+        ready.close()
+        orphaned = asyncio.create_task(wait_orphaned(os.getppid()))
+        orphaned.add_done_callback(lambda _: stop.set())
+        await stop.wait()
+        orphaned.cancel()
+        server.close()
+        await batcher.aclose(spec.drain_s)
+        batcher.close()  # waits for a call still running after the drain: never close the engine under it
+    finally:
+        if stager is not None:
+            stager.wait()  # (its calls may still run after a drain that gave up)
+            engine.close()  # (before the stager's stream goes: see CudaStager.close)
+            stager.close()
 
 
 #: Environment variable: how many batches an engine process's overlapped calls keep started at once
@@ -190,7 +190,7 @@ def _stager(engine: Any, spec: EngineProcessSpec, model: Any, on_loop: bool, mod
     from trt_runtime.serve.local.staging import open_stager
 
     checker = model.checker
-    return open_stager(engine, checker.max_rows(checker.signature(checker.warmup_arrays())), True)
+    return open_stager(engine, checker.max_rows(checker.signature(checker.warmup_arrays())))
 
 
 class FrontLink(transport.FrameProtocol):

@@ -16,8 +16,9 @@ Every call goes on the one stream in order, so a call's copies into the static i
 the previous call's graph and its copies out. The host buffers of a call are its own until
 :meth:`CudaCall.release`, so the loop can fill the next call's while one runs.
 
-:func:`open_stager` says which engines qualify: batching with padded rows under the outer graph,
-every dimension but the batch fixed, and cuda-python's runtime bindings importable.
+:func:`stager_refusal` says which engines qualify (under the outer graph, every dimension but the
+batch fixed, static inputs that are CUDA arrays, cuda-python importable; the caller pads each call's
+rows to a power of two), and :func:`open_stager` makes one.
 """
 
 from __future__ import annotations
@@ -26,20 +27,19 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from trt_runtime.contract import numel
+from trt_runtime.contract import cuda_result, device_address, numel
 from trt_runtime.dtypes import itemsize, to_numpy
-from trt_runtime.errors import EngineError
+from trt_runtime.errors import EngineError, SettingsError
 
 __all__ = ["CudaCall", "CudaStager", "open_stager", "stager_refusal"]
 
 
-def stager_refusal(engine: Any, max_rows: int, pad_rows: bool) -> str | None:
-    """Why ``engine`` cannot run overlapped calls of at most ``max_rows`` rows; ``None`` if it can."""
+def stager_refusal(engine: Any, max_rows: int) -> str | None:
+    """Why ``engine`` cannot run overlapped calls of at most ``max_rows`` rows; ``None`` if it can.
+    The caller pads each call's rows to a power of two (so a few row counts, each a graph)."""
     graph = getattr(engine, "outer_graph", None)
     if graph is None:
         return "the engine does not run under the outer CUDA graph"
-    if not pad_rows:
-        return "batches are not padded (each row count would be a graph and static buffers of its own)"
     sizes = max_rows.bit_length() + 1  # (1, 2, 4, ..., max_rows and max_rows itself)
     if graph.max_graphs < sizes:
         return f"the outer graph keeps {graph.max_graphs} graphs; padded batches need up to {sizes}"
@@ -60,27 +60,18 @@ def stager_refusal(engine: Any, max_rows: int, pad_rows: bool) -> str | None:
     return None
 
 
-def open_stager(engine: Any, max_rows: int, pad_rows: bool) -> CudaStager | None:
-    """A :class:`CudaStager` for ``engine``, or ``None`` where :func:`stager_refusal` says why not."""
-    if stager_refusal(engine, max_rows, pad_rows) is not None:
+def open_stager(engine: Any, max_rows: int) -> CudaStager | None:
+    """A :class:`CudaStager` for ``engine``, or ``None`` where :func:`stager_refusal` says why not.
+    It puts the engine's outer graph in its ``"view"`` mode: each call hands back the static
+    outputs, which the stager copies out on its stream before the next call can write them."""
+    if stager_refusal(engine, max_rows) is not None:
         return None
+    from trt_runtime.graphs import OuterGraph
+
+    graph = engine.outer_graph
+    if graph.outputs != "view":
+        engine.outer_graph = OuterGraph(outputs="view", max_graphs=graph.max_graphs)
     return CudaStager(engine, max_rows)
-
-
-def _check(result: Any, what: str) -> Any:
-    err = result[0]
-    if int(err) != 0:
-        raise EngineError(f"{what} failed: {err}")
-    return result[1] if len(result) == 2 else result[1:]
-
-
-def _address(array: Any) -> int:
-    """The device address of a CUDA array (a torch tensor's ``data_ptr()``, else its
-    ``__cuda_array_interface__``)."""
-    data_ptr = getattr(array, "data_ptr", None)
-    if data_ptr is not None and callable(data_ptr):
-        return int(data_ptr())
-    return int(array.__cuda_array_interface__["data"][0])
 
 
 class _Pinned:
@@ -90,7 +81,7 @@ class _Pinned:
         import numpy as np
 
         nbytes = max(1, numel(shape) * itemsize(dtype))
-        self.ptr = int(_check(rt.cudaHostAlloc(nbytes, rt.cudaHostAllocDefault), "cudaHostAlloc"))
+        self.ptr = int(cuda_result(rt.cudaHostAlloc(nbytes, rt.cudaHostAllocDefault), "cudaHostAlloc"))
         raw = memoryview((ctypes.c_byte * nbytes).from_address(self.ptr)).cast("B")
         self.array = np.frombuffer(raw, dtype=to_numpy(dtype), count=numel(shape)).reshape(shape)
         self.row_bytes = numel(shape[1:]) * itemsize(dtype)
@@ -105,7 +96,7 @@ class CudaCall:
         rows = stager.max_rows
         self._in = [_Pinned(rt, (rows, *shape), dtype) for shape, dtype in stager.in_rows]
         self._out = [_Pinned(rt, (rows, *shape), dtype) for shape, dtype in stager.out_rows]
-        self._event = _check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreate")
+        self._event = cuda_result(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreate")
         self._rows = 0
         self.inputs: list[Any] = []
 
@@ -122,16 +113,17 @@ class CudaCall:
         h2d, d2h = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
         statics, addresses = stager.static_inputs(rows)
         for pinned, address in zip(self._in, addresses, strict=True):
-            _check(rt.cudaMemcpyAsync(address, pinned.ptr, rows * pinned.row_bytes, h2d, stream),
-                   "cudaMemcpyAsync (inputs)")
+            copied = rt.cudaMemcpyAsync(address, pinned.ptr, rows * pinned.row_bytes, h2d, stream)
+            cuda_result(copied, "cudaMemcpyAsync (inputs)")
         outputs = stager.engine.execute(*statics, stream=stager.stream_handle)
         for pinned, output in zip(self._out, outputs, strict=True):
             if int(output.shape[0]) != rows:
                 raise EngineError(f"engine output of shape {list(output.shape)} does not have the call's "
                                   f"{rows} rows first")
-            _check(rt.cudaMemcpyAsync(pinned.ptr, _address(output), rows * pinned.row_bytes, d2h, stream),
-                   "cudaMemcpyAsync (outputs)")
-        _check(rt.cudaEventRecord(self._event, stream), "cudaEventRecord")
+            source = device_address(output)
+            copied = rt.cudaMemcpyAsync(pinned.ptr, source, rows * pinned.row_bytes, d2h, stream)
+            cuda_result(copied, "cudaMemcpyAsync (outputs)")
+        cuda_result(rt.cudaEventRecord(self._event, stream), "cudaEventRecord")
 
     def done(self) -> bool:
         """Whether the call, its copies out included, has ended on the GPU (raises its CUDA error)."""
@@ -162,26 +154,23 @@ class CudaCall:
 
 class CudaStager:
     """Overlapped calls of ``engine`` (see the module): page-locked buffers of up to ``max_rows``
-    rows per call, one stream. Used from one thread (the engine process's loop); the engine must
-    run under the outer graph, which this sets to its ``"view"`` mode (each call hands back the
-    static outputs, copied out on the stream before the next call can write them)."""
+    rows per call, one stream. Used from one thread (the engine process's loop); the engine runs
+    under the outer graph in its ``"view"`` mode (:func:`open_stager`)."""
 
     def __init__(self, engine: Any, max_rows: int) -> None:
         from cuda.bindings import runtime as rt
-
-        from trt_runtime.graphs import OuterGraph
 
         self.rt = rt
         self.engine = engine
         self.max_rows = max_rows
         self.in_rows = [(tuple(s.shape[1:]), s.dtype) for s in engine.inputs]
         self.out_rows = [(tuple(s.shape[1:]), s.dtype) for s in engine.outputs]
-        graph = engine.outer_graph
-        if graph.outputs != "view":
-            engine.outer_graph = OuterGraph(outputs="view", max_graphs=graph.max_graphs)
+        if getattr(getattr(engine, "outer_graph", None), "outputs", None) != "view":
+            raise SettingsError("a CudaStager needs the engine's outer graph in its \"view\" mode "
+                                "(open_stager sets it)")
         device = getattr(engine, "device", 0)
-        _check(rt.cudaSetDevice(device), f"cudaSetDevice({device})")
-        self.stream = _check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreate")
+        cuda_result(rt.cudaSetDevice(device), f"cudaSetDevice({device})")
+        self.stream = cuda_result(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreate")
         self.stream_handle = int(self.stream)
         self.free: list[CudaCall] = []
         self._made: list[CudaCall] = []
@@ -215,8 +204,8 @@ class CudaStager:
             # New buffers are filled on the backend's stream (torch zero-fills them on its current
             # one), which this stream does not wait for: a copy in could land before the fill and
             # be wiped (the torchbind backend answered zeros so, on the H200 host). Once per row count.
-            _check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-            found = self._statics[rows] = (statics, [_address(s) for s in statics])
+            cuda_result(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            found = self._statics[rows] = (statics, [device_address(s) for s in statics])
         return found
 
     def wait(self) -> None:
