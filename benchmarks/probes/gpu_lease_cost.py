@@ -1,0 +1,113 @@
+"""Where do a pre-bound call's µs over its plan go on the GPU host: the lease, the frames, the checks?
+
+Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
+
+    python3 benchmarks/probes/gpu_lease_cost.py [--out DIR] [--repeats 30] [--number 400]
+
+For the ``tiny`` workload it loads a python-backend engine, makes one pre-bound call
+(``engine.execute(x, outputs=[y], stream=engine.stream)``) and times, interleaved, that call;
+the engine's lease (``_lease_call``) around the lane's plan; the plan alone; three copies of
+the lease written out here (``lease: minimal``: thread-local slot, lock, plan, release;
+``lease: as the engine``: with its ``try`` blocks and checks; ``lease: no lock``: the slot's
+lane and the plan, no lock); and the same statements' parts in isolation (the thread-local
+read, a lock's acquire and release, ``x.data_ptr()``, ``x.shape``), beside plain Python
+(``pass``, an empty call, a method taking the same keywords) that says how fast this host
+runs Python. Medians of interleaved samples in µs (:func:`gpu_step_costs.time_statements`).
+
+Writes ``lease_cost.json`` to ``--out`` (default ``$OUT`` or ``.``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import _gpu_tool
+from gpu_step_costs import timed_then
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+class _Bare:
+    """A method with the engine's keywords that does nothing: Python's own cost of the call."""
+
+    def execute(self, *inputs: Any, stream: Any = None, outputs: Any = None, profile: Any = None) -> None:
+        return _noop(inputs, stream, outputs, profile)
+
+
+def lease_costs(key: str, torch: Any, repeats: int, number: int) -> dict[str, float]:
+    from benchmarks import workloads
+    from trt_runtime import EngineSource, get_backend
+
+    workload = workloads.WORKLOADS_BY_KEY[key]
+    built, _ = workloads.build(workload)
+    tensors = workloads.make_tensors(torch, built, workload)
+    x, y = tensors.inputs[0], tensors.outputs[0]
+    engine: Any = get_backend("python").load_engine(EngineSource(built.plan, name=f"{key}-lease"))
+    stream = engine.stream
+    engine.execute(x, outputs=[y], stream=stream)
+    torch.cuda.synchronize()
+    pool = engine._pool
+    slot = pool.local.slot
+
+    def minimal(inputs: Any, stream: Any, outputs: Any) -> Any:
+        slot = pool.local.slot
+        slot.lock.acquire(False)
+        result = slot.lane.fast_entry(inputs, stream, outputs)
+        slot.lock.release()
+        return result
+
+    def as_the_engine(inputs: Any, stream: Any, outputs: Any) -> Any:
+        try:
+            slot = pool.local.slot
+        except AttributeError:
+            slot = None
+        first = slot is None
+        if slot is None or not slot.lock.acquire(False):
+            raise SystemExit("the probe's slot was taken")
+        lane = slot.lane
+        try:
+            if first or lane.device_guard is not None:
+                raise SystemExit("the probe's engine runs in a device guard: use one visible GPU")
+            result = lane.fast_entry(inputs, stream, outputs)
+        finally:
+            slot.lock.release()
+        return result
+
+    def no_lock(inputs: Any, stream: Any, outputs: Any) -> Any:
+        return pool.local.slot.lane.fast_entry(inputs, stream, outputs)
+
+    ns = {"e": engine, "x": x, "y": y, "s": stream, "pool": pool, "slot": slot, "plan": slot.lane.fast_entry,
+          "minimal": minimal, "as_the_engine": as_the_engine, "no_lock": no_lock, "noop": _noop,
+          "bare": _Bare()}
+    stmts = {
+        "call: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
+        "call: e._lease_call((x,), s, [y], None)": "e._lease_call((x,), s, [y], None)",
+        "call: the lane's plan": "plan((x,), s, [y])",
+        "lease: minimal": "minimal((x,), s, [y])",
+        "lease: as the engine": "as_the_engine((x,), s, [y])",
+        "lease: no lock": "no_lock((x,), s, [y])",
+        "alone: pool.local.slot": "pool.local.slot",
+        "alone: lock acquire + release": "slot.lock.acquire(False); slot.lock.release()",
+        "alone: x.data_ptr()": "x.data_ptr()",
+        "alone: x.shape": "x.shape",
+        "alone: x.shape != x.shape": "x.shape != x.shape",
+        "python: pass": "pass",
+        "python: an empty call": "noop(x)",
+        "python: a method with the engine's keywords": "bare.execute(x, outputs=[y], stream=s)",
+        "python: sum(range(100))": "sum(range(100))",
+    }
+    return timed_then(stmts, ns, torch, repeats, number, engine.close)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _gpu_tool.statement_tool(__doc__, argv, "tiny", "lease_cost.json", lease_costs)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
