@@ -28,8 +28,9 @@ def torch_views(arrays: Sequence[DeviceArray]) -> list[Any]:
     return [torch.from_dlpack(a) for a in arrays]
 
 
-def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any]:
-    """Torch outputs of a replay: views of the static buffers, or new tensors."""
+def torch_results(lane: Any, slot: GraphSlot, stream: Any, view: bool) -> list[Any]:
+    """Torch outputs of a replay: views of the static buffers, or new tensors copied on ``stream``
+    (a handle or a ``cudaStream_t``)."""
     if view:
         if slot.output_views is None:
             slot.output_views = torch_views(slot.outputs)
@@ -39,13 +40,14 @@ def torch_results(lane: Any, slot: GraphSlot, ours: int, view: bool) -> list[Any
     results = []
     for io, arr in zip(lane._out, slot.outputs, strict=False):
         y = empty(arr.shape, dtype=io.torch_dtype, device=torch_device)
-        copy_device(lane, y.data_ptr(), arr.ptr, arr.nbytes, ours)
+        copy_device(lane, y.data_ptr(), arr.ptr, arr.nbytes, stream)
         results.append(y)
     return results
 
 
-def copy_device(lane: Any, dst: int, src: int, nbytes: int, stream: int) -> None:
-    """Copy ``nbytes`` between device addresses on ``stream`` (nothing for 0 bytes)."""
+def copy_device(lane: Any, dst: int, src: int, nbytes: int, stream: Any) -> None:
+    """Copy ``nbytes`` between device addresses on ``stream`` (a handle or a ``cudaStream_t``;
+    nothing for 0 bytes)."""
     if nbytes:
         ops = lane.graphs
         (err,) = ops.rt.cudaMemcpyAsync(dst, src, nbytes, ops.d2d, stream)

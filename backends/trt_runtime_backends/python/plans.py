@@ -248,15 +248,15 @@ def _natural(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, res
 
 
 # -- replay: engine(x) under the outer graph, a captured slot replayed -----------------------------
-def _enter(lane: Any, miss: Any, table: dict[Any, Any], plain_first: bool, inputs: tuple[Any, ...],
-           stream: Any, outputs: Any) -> Any:
-    """Hand a replay of inputs of another shape to the plan of the slot ``table`` holds for
-    their shapes (its plain plan when ``plain_first``: calls given static buffers come in
-    runs), which becomes the lane's current plan, entered past the input checks the call
-    just passed (every plan of a lane makes them alike: one tensor type, the same dtypes);
-    ``miss`` when there is none or it is the current plan (it declined this very call)."""
+def _enter(lane: Any, miss: Any, table: dict[Any, Any], plain_first: bool, shapes: tuple[Any, ...],
+           inputs: tuple[Any, ...], stream: Any, outputs: Any) -> Any:
+    """Hand a replay of inputs of other ``shapes`` to the plan of the slot ``table`` holds for
+    them (its plain plan when ``plain_first``: calls given static buffers come in runs), which
+    becomes the lane's current plan, entered past the input checks the call just passed (every
+    plan of a lane makes them alike: one tensor type, the same dtypes); ``miss`` when there is
+    none or it is the current plan (it declined this very call)."""
     core = lane.lane  # the core lane: its context and current plan
-    slot = table.get((inputs[0].shape,) if len(inputs) == 1 else tuple([x.shape for x in inputs]))
+    slot = table.get(shapes)
     other = None if slot is None or slot.graph is None else slot.plan
     if plain_first:
         other = getattr(other, "plain", other)
@@ -301,9 +301,10 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
               or x.dtype is not d0 or not x.is_contiguous()
               or not (one or _fit(inputs, tensor, dtypes, None))):
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif x.shape != s0 if one else tuple([y.shape for y in inputs]) != shapes:
-            return _enter(  # type: ignore[no-any-return]
-                lane, miss, table, True, inputs, stream, outputs)
+        elif one and (shape := x.shape) != s0:
+            return _enter(lane, miss, table, True, (shape,), inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif not one and (given := tuple([y.shape for y in inputs])) != shapes:
+            return _enter(lane, miss, table, True, given, inputs, stream, outputs)  # type: ignore[no-any-return]
         graph = slot.graph
         if graph is None:
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
@@ -327,20 +328,21 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
         cache.hits += 1  # (GraphCache.touch, inline)
         refresh(key)
         if stream is None and (c := raw_stream(device)) in order.skip and order.tail == order.ours:
-            caller, run = None, order.ours
+            caller, run, on = None, order.ours, order.ours_t
         else:
             caller, run = _follow(order, own, stream, c if stream is None else None)
+            on = run
         if one:
-            if moved and nb0 and (err := copy(dst0, src, nb0, d2d, run)[0]):
+            if moved and nb0 and (err := copy(dst0, src, nb0, d2d, on)[0]):
                 failed(err, "cudaMemcpyAsync")
         else:
             for dst, s, nb in zip(dsts, srcs, nbs, strict=True):
-                if s != dst and nb and (err := copy(dst, s, nb, d2d, run)[0]):
+                if s != dst and nb and (err := copy(dst, s, nb, d2d, on)[0]):
                     failed(err, "cudaMemcpyAsync")
-        (err,) = launch(graph, run)
+        (err,) = launch(graph, on)
         if err:
             failed(err, "cudaGraphLaunch")
-        out = list(views) if views is not None else results(run)
+        out = list(views) if views is not None else results(on)
         if caller is not None and run != caller:
             order.after(caller)
         return out  # type: ignore[no-any-return]
@@ -377,9 +379,10 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
               or x.dtype is not d0 or x.get_device() != device or not x.is_contiguous()
               or not (one or _fit(inputs, tensor, dtypes, device))):
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif x.shape != s0 if one else tuple([y.shape for y in inputs]) != shapes:
-            return _enter(  # type: ignore[no-any-return]
-                lane, miss, table, False, inputs, stream, outputs)
+        elif one and (shape := x.shape) != s0:
+            return _enter(lane, miss, table, False, (shape,), inputs, stream, outputs)  # type: ignore[no-any-return]
+        elif not one and (given := tuple([y.shape for y in inputs])) != shapes:
+            return _enter(lane, miss, table, False, given, inputs, stream, outputs)  # type: ignore[no-any-return]
         if slot.graph is not graph0:
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         if one:
@@ -394,9 +397,10 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
         refresh(key)
         c = raw_stream(device) if stream is None or pools is not None else None
         if stream is None and c in order.skip and order.tail == order.ours:
-            caller, run = None, order.ours
+            caller, run, on = None, order.ours, order.ours_t
         else:
             caller, run = _follow(order, own, stream, c)
+            on = run
         # each node pointed where its address changed (CopyNodes.point; False: refused)
         if one:
             if src != last[0] and not point(0, dst0, src, nb0):
@@ -418,7 +422,7 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
                     return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
         else:
             out = list(views)
-        (err,) = launch(cexec, run)
+        (err,) = launch(cexec, on)
         if err:
             failed(err, "cudaGraphLaunch")
         if caller is not None and run != caller:

@@ -15,6 +15,7 @@ from _python_doubles import (
     FakeTorch,
     _fake_engine,
     _FakeBuffer,
+    _FakeRuntime,
     _trt_calls,
     count_lookups,
 )
@@ -460,3 +461,35 @@ def test_python_outer_graph_replay_plans_switch_shapes_directly(torch: FakeTorch
         assert engine._lanes[0].fast_entry is plans[(a.shape,)]
         engine(torch.cuda_tensor((5, 4)))  # a new shape: captured through the full path
         assert engine.graph_captures == 3 and looked_up == [(5, 4)]
+
+
+class _StreamT(int):
+    """cuda-python's ``cudaStream_t`` as the runtime double has it: the handle, of its own type."""
+
+
+class _TypedRuntime(_FakeRuntime):
+    cudaStream_t = _StreamT
+
+
+def test_python_outer_graph_replays_hand_cuda_python_a_made_stream_object(torch: FakeTorch) -> None:
+    """A replay on the lane's own stream gives the launch and the input copy the ``cudaStream_t``
+    made once per lane stream, not the int (which cuda-python would turn into one on every
+    call); a replay that follows a caller's stream gives the caller's handle."""
+    engine = _fake_engine(runtime=_TypedRuntime())
+    ours = engine._lanes[0].ops._order.ours
+    with enable_cudagraphs(engine, outer=True):
+        engine(torch.cuda_tensor((2, 4)))
+        rt = engine._rt
+        rt.calls.clear()
+        engine(torch.cuda_tensor((2, 4)))  # the legacy stream: on ours
+        on = [c[-1] for c in rt.calls if c[0] in ("memcpy", "launch")]
+        assert [type(s) for s in on] == [_StreamT] * 3 and on == [ours] * 3  # copy in, launch, copy out
+        torch.current_stream = 55
+        engine(torch.cuda_tensor((2, 4)))
+        rt.calls.clear()
+        engine(torch.cuda_tensor((2, 4)))  # following 55
+        on = [c[-1] for c in rt.calls if c[0] in ("memcpy", "launch")]
+        assert on == [55] * 3 and {type(s) for s in on} == {int}
+        order = engine._lanes[0].ops._order
+        order.use_stream(99, None, ())  # another stream of the lane (see PythonLane._pick_stream)
+        assert type(order.ours_t) is _StreamT and order.ours_t == 99
