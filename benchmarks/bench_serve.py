@@ -411,7 +411,33 @@ def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return targets
 
 
+#: Each front's colour in the plot (the load generator's ceiling is grey and dashed).
+_COLOURS = {"baseline": "tab:orange", "local": "tab:blue", "ray": "tab:green", "ray-noop": "tab:olive",
+            "trivial": "tab:gray"}
+
+
+def _label(r: dict[str, Any]) -> str:
+    """A row's server in a few words, for the plot."""
+    if r["front"] == "trivial":
+        return "trivial endpoint (the load generator's ceiling)"
+    if r["front"] == "baseline":
+        return f"30-line app, {'JSON' if r['body'] == 'json' else r['body']}"
+    what = {"local": "local", "ray": "Ray path", "ray-noop": "no-op Ray Serve"}[r["front"]]
+    unit = "replica" if r["front"].startswith("ray") else "front"
+    text = f"{what}, {r['workers']} {unit}{'s' if r['workers'] != 1 else ''}"
+    if r["front"] != "ray-noop":
+        text += f", {r['gpus']} GPU{'s' if r['gpus'] != 1 else ''}"
+    if r["front"] == "local":
+        text += ("" if r["batching"] else ", no batching") + (", JSON" if r["body"] == "json" else "")
+        text += f", {r['variant']}" if r.get("variant") else ""
+    return text
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Draw ``rows`` into ``path``: requests/s by client count for every server measured at several
+    counts (left), and every server at the top count with binary bodies, or JSON where that is all
+    it has, as bars (right); both on log scales, so the 30-line app and Ray sit beside the local
+    server. ``False`` without matplotlib."""
     try:
         import matplotlib
 
@@ -419,26 +445,59 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    series: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if r["body"] == "none":
+    served = [r for r in rows if r["body"] != "none" and r["req_s"] > 0]
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in served:
+        series.setdefault(_label(r), []).append(r)
+    counts = {r["clients"] for r in served}
+    top = 64 if 64 in counts else max(counts, default=0)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 7), gridspec_kw={"width_ratios": [1, 1.15]})
+    markers = "osD^v<>Ph*X"
+    for i, (name, points) in enumerate(sorted(series.items())):
+        if len(points) < 2:
             continue
-        key = (f"{r['front']} w={r['workers']} g={r['gpus']} {'batch' if r['batching'] else 'nobatch'} "
-               f"{r['body']}")
-        series.setdefault(key, []).append((r["clients"], r["req_s"]))
-    fig, ax = plt.subplots(figsize=(10, 6))
-    for key, points in sorted(series.items()):
-        points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=key)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("requests/s (batch-1, answers checked)")
-    ax.legend(fontsize=7)
-    ax.grid(True, alpha=0.3)
+        points.sort(key=lambda r: r["clients"])
+        front = points[0]["front"]
+        left.plot([r["clients"] for r in points], [r["req_s"] for r in points], label=name,
+                  color=_COLOURS.get(front), marker=markers[i % len(markers)],
+                  linestyle="--" if front == "trivial" else "-")
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("concurrent clients (closed loop)")
+    left.set_ylabel("requests/s (batch-1, every answer checked)")
+    left.set_title("by client count")
+    left.legend(fontsize=8)
+    left.grid(True, which="both", alpha=0.3)
+    at_top = [r for r in served if r["clients"] == top and r["front"] != "trivial"]
+    bars = sorted(at_top, key=lambda r: r["req_s"])
+    right.barh([_label(r) for r in bars], [r["req_s"] for r in bars],
+               color=[_COLOURS.get(r["front"], "tab:purple") for r in bars])
+    for y, r in enumerate(bars):
+        right.text(r["req_s"], y, f" {r['req_s']:,.0f}", va="center", fontsize=8)
+    right.set_xscale("log")
+    right.set_xlabel("requests/s")
+    right.set_title(f"every server at {top} clients")
+    right.tick_params(axis="y", labelsize=8)
+    right.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def render(source: Path, target: Path) -> int:
+    """``--render``: draw ``target`` from the rows of the ``bench_serve.json`` at ``source``; 2 with
+    one line when that file has no rows or matplotlib is missing."""
+    try:
+        rows = json.loads(source.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"bench_serve: --render needs a bench_serve.json with rows; {source}: {exc}", file=sys.stderr)
+        return 2
+    if not plot(rows, target):
+        print("bench_serve: --render needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 2
+    print(f"wrote {target}")
+    return 0
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
@@ -474,6 +533,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="load-generator processes (default: a third of the CPUs)")
     p.add_argument("--trivial-procs", type=int, default=max(2, (os.cpu_count() or 4) // 4))
     p.add_argument("--no-ray", dest="ray", action="store_false", help="leave out the Ray rows")
+    p.add_argument("--render", metavar="JSON", type=Path, default=None,
+                   help="only draw bench_serve.png into --out from the rows of this bench_serve.json")
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--variants", default="",
                    help="also measure the local server's main cells (1 and 2 GPUs, batching on and off, "
@@ -507,6 +568,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.render is not None:
+        return render(args.render, args.out / "bench_serve.png")
     t0 = time.perf_counter()
     deadline = t0 + args.budget_s
     # Engines and the runtime cache live apart from --out (which may be docs/), removed at the end.

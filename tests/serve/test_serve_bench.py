@@ -50,6 +50,45 @@ def test_bench_serve_smoke_writes_checked_rows_for_every_front_and_the_targets(t
     assert targets["load_generator_x_best_served"] > 0
 
 
+def test_bench_serve_plot_labels_name_each_server() -> None:
+    from benchmarks.bench_serve import _label
+
+    def row(front: str, workers: int = 1, gpus: int = 1, batching: bool = True, body: str = "binary") -> dict:
+        return {"front": front, "workers": workers, "gpus": gpus, "batching": batching, "body": body}
+
+    assert _label(row("local", 16, 2)) == "local, 16 fronts, 2 GPUs"
+    assert _label(row("local", 1, 1, False, "json")) == "local, 1 front, 1 GPU, no batching, JSON"
+    assert _label({**row("local", 4), "variant": "loop+overlap"}) == "local, 4 fronts, 1 GPU, loop+overlap"
+    assert _label(row("ray", 2, 2)) == "Ray path, 2 replicas, 2 GPUs"
+    assert _label(row("ray-noop", 1, 0, False)) == "no-op Ray Serve, 1 replica"
+    assert _label(row("baseline", body="json")) == "30-line app, JSON"
+    assert _label(row("trivial", 8, 0)).startswith("trivial endpoint")
+
+
+def test_bench_serve_render_draws_a_saved_run_or_says_why_not(tmp_path: Path) -> None:
+    """``--render``: the plot of a saved run's rows (both panels need rows at several client
+    counts and at 64), or exit 2 with one line: no rows, or no matplotlib on this machine."""
+    import importlib.util
+
+    from benchmarks.bench_serve import main
+
+    keys = ("front", "workers", "gpus", "clients", "req_s")
+    rows = [{**dict(zip(keys, values, strict=True)), "batching": True, "body": "binary"}
+            for values in (("local", 4, 1, 16, 900.0), ("local", 4, 1, 64, 2000.0),
+                           ("baseline", 1, 1, 64, 100.0), ("trivial", 8, 0, 64, 9000.0))]
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"rows": rows}))
+    out = tmp_path / "out"
+    code = main(["--render", str(saved), "--out", str(out)])
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert code == 0 and (out / "bench_serve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert code == 2 and not (out / "bench_serve.png").exists()
+    broken = tmp_path / "broken.json"
+    broken.write_text("{}")
+    assert main(["--render", str(broken), "--out", str(out)]) == 2
+
+
 def test_bench_serve_load_generator_counts_wrong_answers() -> None:
     import numpy as np
 
