@@ -278,15 +278,16 @@ def test_aclose_gives_up_on_a_call_that_never_ends_and_never_looks_at_it_again()
 
 
 def test_runner_start_with_a_stager_starts_the_call_and_finish_splits_it() -> None:
-    """Outside the batcher: start() starts the call, done() says when it ended, finish(copy=True)
-    gives answers that outlive the buffers; run() refuses a runner with a stager."""
+    """Outside the batcher: start() starts the call, done() says when it ended, finish() gives the
+    answers as views of the call's buffers (copied here: the buffers are reused once released);
+    run() refuses a runner with a stager."""
     stager = _HostStager(ticks=4)
     runner = BatchRunner(_eager, _checker(), pad_rows=True, stager=stager)
     started = runner.start([(_rows(1, 2),), (_rows(2, 3),)])
     looks = 0
     while not started.done():
         looks += 1
-    answers = started.finish(copy=True)
+    answers = [[o.copy() for o in a] for a in started.finish()]  # type: ignore[union-attr]
     started.release()
     assert looks == 3 and stager.rows == [8] and len(stager.free) == 1
     stager.free[0].take(8).inputs[0][:] = 99  # (the buffers reused: the answers are copies)

@@ -245,17 +245,16 @@ class Started:
                     launched.error = exc
         return True
 
-    def finish(self, copy: bool = False) -> list[Answer]:
-        """The answers, each call's outputs split back by request: views of the call's host buffers
-        (valid until :meth:`release`) unless ``copy``. Call it once :meth:`done`."""
+    def finish(self) -> list[Answer]:
+        """The answers, each call's outputs split back by request: views of the call's host buffers,
+        valid until :meth:`release`. Call it once :meth:`done`."""
         answers = self.answers
         for launched in self.calls:
             if launched.error is not None:
                 for i in launched.chunk:
                     answers[i] = launched.error
                 continue
-            outputs = launched.call.outputs()
-            _split([o.copy() for o in outputs] if copy else outputs, launched.chunk, launched.counts, answers)
+            _split(launched.call.outputs(), launched.chunk, launched.counts, answers)
         return answers
 
     def release(self) -> None:

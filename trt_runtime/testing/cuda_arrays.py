@@ -25,9 +25,6 @@ def _rt() -> Any:
     return runtime
 
 
-_check = cuda_result
-
-
 @functools.lru_cache(maxsize=1)
 def gpu_unavailable() -> str | None:
     """Why a TensorRT-RTX engine cannot run on a CUDA GPU here (the GPU tests' skip reason),
@@ -61,10 +58,10 @@ class _Allocation:
     def __init__(self, nbytes: int, device: int) -> None:
         rt = _rt()
         self.device = device
-        previous = _check(rt.cudaGetDevice(), "cudaGetDevice")
-        _check(rt.cudaSetDevice(device), "cudaSetDevice")
+        previous = cuda_result(rt.cudaGetDevice(), "cudaGetDevice")
+        cuda_result(rt.cudaSetDevice(device), "cudaSetDevice")
         try:
-            self.ptr = int(_check(rt.cudaMalloc(max(nbytes, 1)), "cudaMalloc"))
+            self.ptr = int(cuda_result(rt.cudaMalloc(max(nbytes, 1)), "cudaMalloc"))
         finally:
             rt.cudaSetDevice(previous)
         self._finalizer = weakref.finalize(self, rt.cudaFree, self.ptr)
@@ -110,7 +107,7 @@ class CudaArray:
         out = cls.empty(host.shape, host.dtype, device)
         if host.nbytes:
             rt = _rt()
-            _check(rt.cudaMemcpy(out.ptr, host.ctypes.data, host.nbytes,
+            cuda_result(rt.cudaMemcpy(out.ptr, host.ctypes.data, host.nbytes,
                                  rt.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
         return out
 
@@ -173,10 +170,10 @@ def device_to_numpy(value: Any) -> Any:
         raise ValueError(f"device_to_numpy needs a C-contiguous array; got strides {strides}")
     stream = cai.get("stream")
     if stream:
-        _check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        cuda_result(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
     out = np.empty(shape, dtype=dtype)
     if out.nbytes:
-        _check(rt.cudaMemcpy(out.ctypes.data, int(cai["data"][0]), out.nbytes,
+        cuda_result(rt.cudaMemcpy(out.ctypes.data, int(cai["data"][0]), out.nbytes,
                              rt.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy")
     return out
 

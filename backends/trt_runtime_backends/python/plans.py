@@ -61,6 +61,9 @@ __all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "natural_plan", "prebound
 
 Plan = Callable[[tuple[Any, ...], Any, Any], "list[Any] | None"]
 
+#: What a plain replay plan remembers as its static buffer before any call gave it one: no input is it.
+_NO_TENSOR: Any = object()
+
 _ptr_attr = operator.attrgetter("ptr")
 _shape_attr = operator.attrgetter("shape")
 
@@ -286,7 +289,7 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
     n = len(shapes)
     one, key, refresh = n == 1, slot.key, cache.refresh
     d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
-    static: list[Any] = [None]  # the static buffer's tensor, once a call gave it (one input)
+    static: list[Any] = [_NO_TENSOR]  # the static buffer's tensor, once a call gave it (one input)
 
     def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
         known = False
@@ -294,7 +297,7 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
             x = inputs[0]
         elif one and outputs is None and len(inputs) == 1 and (x := inputs[0]) is static[0]:
             if x.shape != s0 or x.data_ptr() != dst0:  # (changed in place: checked in full)
-                static[0] = None
+                static[0] = _NO_TENSOR
                 return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
             known = True
         elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor

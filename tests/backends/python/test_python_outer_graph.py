@@ -493,3 +493,14 @@ def test_python_outer_graph_replays_hand_cuda_python_a_made_stream_object(torch:
         order = engine._lanes[0].ops._order
         order.use_stream(99, None, ())  # another stream of the lane (see PythonLane._pick_stream)
         assert type(order.ours_t) is _StreamT and order.ours_t == 99
+
+
+def test_python_outer_replay_of_none_is_refused_as_an_input(torch: FakeTorch) -> None:
+    """A plain replay plan remembers the static buffer a call gave it; before any did, an input of
+    ``None`` is not taken for it (an AttributeError once): the general path names the input."""
+    engine = _fake_engine()
+    with enable_cudagraphs(engine, outer="view"):
+        engine(torch.cuda_tensor((2, 4)))
+        engine(torch.cuda_tensor((2, 4)))  # a replay: the plain plan is the lane's current one
+        with pytest.raises(InputError, match="input 'x'"):
+            engine(None)
