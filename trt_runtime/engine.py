@@ -413,27 +413,35 @@ class EngineBase(abc.ABC):
         call, or a call inside a device guard, through :meth:`Lane.guarded_call`)."""
         pool = self._pool
         try:
-            slot: Slot[Lane] | None = pool.local.slot  # (an attribute read: cheaper than getattr)
-        except AttributeError:
-            slot = None
-        first = slot is None
-        if slot is None or not slot.lock.acquire(False):
+            slot: Slot[Lane] = pool.local.slot  # (an attribute read: cheaper than getattr)
+        except AttributeError:  # this thread's first call
+            return self._first_call(inputs, stream, outputs, profile)
+        if not slot.lock.acquire(False):
             slot = pool.lease(self._lease_timeout)
         lane = slot.lane
         result: list[Any] | None
         try:
-            if first or lane.device_guard is not None:
-                result = lane.guarded_call(first, inputs, stream, outputs, profile)
-            else:
-                result = lane.fast_entry(inputs, stream, outputs) if profile is None else None
-                if result is None:
-                    result = lane.call(inputs, stream, outputs, profile)
+            if lane.device_guard is not None or profile is not None:
+                result = lane.guarded_call(False, inputs, stream, outputs, profile)
+            elif (result := lane.fast_entry(inputs, stream, outputs)) is None:
+                result = lane.call(inputs, stream, outputs, None)
         finally:
             if pool.waiters:  # (close() holds every lane: no call is in flight then)
                 pool.give_back(slot)
             else:
                 slot.lock.release()
         return result
+
+    def _first_call(self, inputs: tuple[Any, ...], stream: Any, outputs: Sequence[Any] | None,
+                    profile: int | None) -> list[Any]:
+        """A thread's first call: any free lane, which becomes its own (:meth:`ContextPool.lease`),
+        and the ops' ``thread_start`` before the call (:meth:`Lane.guarded_call`)."""
+        pool = self._pool
+        slot = pool.lease(self._lease_timeout)
+        try:
+            return slot.lane.guarded_call(True, inputs, stream, outputs, profile)
+        finally:
+            pool.give_back(slot)
 
     def _check_call_capabilities(self, outputs: Sequence[Any] | None, profile: int | None) -> None:
         """``outputs=`` and ``profile=`` need their capabilities."""

@@ -91,17 +91,22 @@ class GraphCache(Generic[K, G]):
     by updating a released one in place instead of instantiating a new one (the backend
     counts them; see :meth:`GraphOps.capture <trt_runtime.outer.GraphOps.capture>`).
     A backend's hot path may look graphs up in its own shortcut table and report the
-    replay with :meth:`touch`.
+    replay with :meth:`touch`, or inline: ``hits += 1``, then, unless :attr:`recent` is its
+    key already (a run of replays of one graph reorders nothing), ``reorder(key)`` and
+    ``recent = key``.
     """
 
-    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses", "refresh",
-                 "updates")
+    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses", "recent",
+                 "reorder", "updates")
 
     def __init__(self, release: Callable[[G], None], max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
         self._entries: OrderedDict[K, G] = OrderedDict()
-        #: ``refresh(key)``: ``key`` becomes the most recently used, uncounted (a replay plan that
-        #: found its graph itself counts the hit in :attr:`hits` and calls this: :meth:`touch` inline).
-        self.refresh: Callable[[K], None] = self._entries.move_to_end
+        #: The key object last made the most recently used (``None``: none is known to be):
+        #: a key that *is* it needs no :meth:`refresh`.
+        self.recent: K | None = None
+        #: ``reorder(key)``: ``key`` becomes the most recently used (what :meth:`refresh` does
+        #: besides setting :attr:`recent`, as a C call for the replay plans).
+        self.reorder: Callable[[K], None] = self._entries.move_to_end
         self._release = release
         self.max_graphs = max_graphs
         self.hits = self.misses = self.captures = self.evictions = self.updates = 0
@@ -125,7 +130,7 @@ class GraphCache(Generic[K, G]):
             self.misses += 1
             return None
         self.hits += 1
-        self._entries.move_to_end(key)
+        self.refresh(key)
         return graph
 
     def peek(self, key: K) -> G | None:
@@ -135,19 +140,27 @@ class GraphCache(Generic[K, G]):
     def touch(self, key: K) -> None:
         """A replay of ``key`` found through a backend's own shortcut: count it, refresh it."""
         self.hits += 1
-        self.refresh(key)
+        if self.recent is not key:
+            self.refresh(key)
+
+    def refresh(self, key: K) -> None:
+        """``key`` becomes the most recently used, uncounted."""
+        self.reorder(key)
+        self.recent = key
 
     def add(self, key: K, graph: G, *, captured: bool = True) -> list[G]:
         """Keep ``graph`` for ``key``; returns the graphs evicted to stay within
         ``max_graphs`` (already released). ``captured=False``: a placeholder (static
         buffers reserved before any capture), not counted as a capture."""
         self._entries[key] = graph
-        self._entries.move_to_end(key)
+        self.refresh(key)
         if captured:
             self.captures += 1
         evicted = []
         while len(self._entries) > self.max_graphs:
-            _, old = self._entries.popitem(last=False)
+            gone, old = self._entries.popitem(last=False)
+            if gone is self.recent:  # (max_graphs 0: the key just added)
+                self.recent = None
             self.evictions += 1
             self._release(old)
             evicted.append(old)
@@ -155,6 +168,7 @@ class GraphCache(Generic[K, G]):
 
     def pop(self, key: K) -> G | None:
         graph = self._entries.pop(key, None)
+        self.recent = None
         if graph is not None:
             self._release(graph)
         return graph
@@ -163,6 +177,7 @@ class GraphCache(Generic[K, G]):
         """Release every graph (counts are kept)."""
         entries = list(self._entries.values())
         self._entries.clear()
+        self.recent = None
         for graph in entries:
             self._release(graph)
 

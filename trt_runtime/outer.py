@@ -31,8 +31,8 @@ change), when ``outer_graph`` changes, on ``reset_graphs()`` and on close, alway
 lane's work is done (:meth:`LaneOps.sync <trt_runtime.lane.LaneOps.sync>`); the next call
 captures again. A backend's own replay fast path may look a slot up in
 :attr:`OuterGraphs.shortcuts` (filled for calls whose ``graph_call`` gives a shortcut key)
-and report the replay with ``cache.touch(slot.key)`` (or inline: ``cache.hits += 1`` and
-``cache.refresh(slot.key)``).
+and report the replay with ``cache.touch(slot.key)`` (or inline: ``cache.hits += 1`` and,
+unless ``cache.recent is slot.key``, ``cache.refresh(slot.key)``).
 """
 
 from __future__ import annotations
@@ -71,12 +71,14 @@ class GraphSlot:
     ``out_shapes`` the output shapes; ``graph``: the backend's captured graph, ``None``
     until the first call captures it; ``input_views``/``output_views``: the backend's
     cached views of them (e.g. torch tensors), made at most once; ``plan``: the backend's
-    own replay function for it (``None`` until the backend makes one).
+    own replay function for it (``None`` until the backend makes one); ``static_plan``: the
+    backend's replay function for calls given the static input buffers themselves, where it
+    has one of its own (the python backend's plain plan). Both are dropped on release.
     """
 
     __slots__ = (
         "graph", "in_nbytes", "in_ptrs", "input_views", "inputs", "key", "out_nbytes", "out_ptrs",
-        "out_shapes", "output_views", "outputs", "plan",
+        "out_shapes", "output_views", "outputs", "plan", "static_plan",
     )
 
     def __init__(self, key: tuple[Any, int], inputs: list[Any], in_ptrs: tuple[int, ...],
@@ -93,6 +95,7 @@ class GraphSlot:
         self.input_views: list[Any] | None = None
         self.output_views: list[Any] | None = None
         self.plan: Any = None
+        self.static_plan: Any = None
 
 
 class GraphOps(Protocol):
@@ -327,7 +330,7 @@ class OuterGraphs:
         self.shortcuts.clear()  # may point at a released slot
         while released:
             slot = released.pop()
-            slot.plan = None
+            slot.plan = slot.static_plan = None
             graph, slot.graph = slot.graph, None
             if graph is not None:
                 self.ops.destroy_graph(graph)

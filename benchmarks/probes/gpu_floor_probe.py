@@ -272,9 +272,9 @@ def workload_floors(key: str, torch: Any, repeats: int, number: int) -> dict[str
     }
     lane = outer._pool.local.slot.lane.ops
     slot = lane.lane.outer_graphs.shortcuts[(s.shape,)]
-    from trt_runtime_backends.python import plans
+    from trt_runtime_backends.python import replay_plans
 
-    ns["plan"] = slot.plan or plans.replay_plan(lane, slot, (s.shape,), lane.lane.outer_graphs)
+    ns["plan"] = slot.plan or replay_plans.replay_plan(lane, slot, (s.shape,), lane.lane.outer_graphs)
     stmts["plan: ours"] = "plan(ss, None, None)"
     ns.update(ss=(s,), pool=outer._pool, lk=threading.Lock(), key=slot.key, cache=lane.lane.outer_graphs.cache,
               raw=torch._C._cuda_getCurrentRawStream, dev=device, s0=s.shape, d0=s.dtype)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from trt_runtime_backends.python import cuda, plans
+from trt_runtime_backends.python import cuda, replay_plans
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Inspection
 from trt_runtime_backends.python.fast_path import shape_key
@@ -57,7 +57,9 @@ class PythonGraphs(GraphOps):
     caller stream of the call in flight, capture and launch of ``execute_async_v3``, and the
     torch replay fast path."""
 
-    __slots__ = ("caller", "capture_stream", "copying", "d2d", "ops", "res", "rt", "spare", "state")
+    __slots__ = (
+        "caller", "capture_stream", "copying", "d2d", "ops", "res", "rt", "spare", "state", "statics",
+    )
 
     def __init__(self, ops: PythonLane) -> None:
         #: The lane's ops (its context, stream, bindings and ordering).
@@ -76,6 +78,11 @@ class PythonGraphs(GraphOps):
         #: ``(executable graph, the context it was captured with)``: the last graph released
         #: while its context lived on, kept for the next capture to update in place.
         self.spare: tuple[Any, Any] | None = None
+        #: The slots of the plain replay plans by the ``id`` of the static input buffer each was
+        #: last given (one input): a replay given another slot's static buffer goes straight to
+        #: that slot's plain plan.
+        #: Emptied whenever a graph goes (:meth:`destroy_graph`) and when the profile changes.
+        self.statics: dict[int, Any] = {}
 
     def _outer(self) -> OuterGraphs:
         outer = self.ops.lane.outer_graphs
@@ -87,6 +94,7 @@ class PythonGraphs(GraphOps):
         the finalizer destroyed every executable graph, the spare one included)."""
         self.spare = None
         self.copying.clear()
+        self.statics.clear()
         stream, self.capture_stream = self.capture_stream, None
         cuda.close_quietly(stream)
 
@@ -100,7 +108,7 @@ class PythonGraphs(GraphOps):
     def replay_torch(self, inputs: tuple[Any, ...], stream: Any, graphs: OuterGraphs
                      ) -> list[Any] | None:
         """A replay for CUDA torch inputs of shapes already captured, through the slot's
-        plan (:func:`.plans.replay_plan`, made on first use; it becomes the lane's current
+        plan (:func:`.replay_plans.replay_plan`, made on first use; it becomes the lane's current
         one); ``None`` when no slot has those shapes or its plan just declined the call (the
         full path then checks and runs it). A plan copies each input that is not already
         in its static buffer, makes one ``cudaGraphLaunch`` (no TensorRT call: the graph
@@ -113,7 +121,7 @@ class PythonGraphs(GraphOps):
         plan = slot.plan
         lane = self.ops
         if plan is None:
-            plan = slot.plan = plans.replay_plan(lane, slot, key, graphs)
+            plan = slot.plan = replay_plans.replay_plan(lane, slot, key, graphs)
         return lane.lane.switch_fast(plan, inputs, stream, None)
 
     # -- GraphOps: what the core's OuterGraphs asks ------------------------------------------
@@ -295,8 +303,10 @@ class PythonGraphs(GraphOps):
     def destroy_graph(self, graph: Any) -> None:
         """Keep the released ``graph`` as the lane's spare while its context lives on (the
         spare it replaces is destroyed); destroy it when the context is gone. Its
-        :class:`~trt_runtime.graphs.CopyNodes` graph goes either way (the next capture builds its own)."""
+        :class:`~trt_runtime.graphs.CopyNodes` graph goes either way (the next capture builds its own),
+        and so does the lane's ``statics`` (its plans may hold the released slot)."""
         lane = self.ops
+        self.statics.clear()
         drop_copying(lane, graph)
         context = lane.lane.context
         if context is not None and getattr(lane._rt, "cudaGraphExecUpdate", None) is not None:

@@ -94,6 +94,9 @@ class LaneGraphs(GraphOps, Protocol):
     """What a lane asks of its outer graphs' side (:class:`.graphs.PythonGraphs`) besides the
     core's :class:`~trt_runtime.lane.GraphOps`."""
 
+    #: The slots of the plain replay plans by the ``id`` of the static input buffer each was given last.
+    statics: dict[int, Any]
+
     def replay_torch(self, inputs: tuple[Any, ...], stream: Any, graphs: OuterGraphs) -> list[Any] | None:
         """A replay of CUDA torch inputs of shapes captured before; ``None``: the general path."""
         ...
@@ -194,6 +197,7 @@ class PythonLane(LaneOps):
         self._fast_paths.forget()
         if self.lane.outer_graphs is not None:
             self.lane.outer_graphs.shortcuts.clear()
+        self.graphs.statics.clear()
         self.lane.reset_fast()
 
     # -- context lifecycle -------------------------------------------------------------------

@@ -12,7 +12,8 @@ calls the lane's current plan first (``Lane.fast_entry``); a plan that does not
 apply hands the call to the lane ops' ``call_fast`` (:class:`.lane.PythonLane`), which finds
 the plan that does in its tables (and makes it current) or sends the call down the full path.
 
-Three kinds, each checking exactly what the table lookup they replace checked:
+Three kinds, each checking exactly what the table lookup they replace checked (the third, the
+outer graph's replays, in :mod:`.replay_plans`):
 
 * ``prebound`` (:class:`.fast_path.FastPath`): ``execute(*inputs, outputs=[...])`` with
   the very arrays of an earlier call, their pointers and shapes unchanged (other arrays
@@ -22,11 +23,7 @@ Three kinds, each checking exactly what the table lookup they replace checked:
   shape seen before go straight to that shape's plan); its outputs come from slabs
   (:mod:`trt_runtime.slabs`) when they are small enough;
 * ``replay`` (an outer-graph slot, ``trt_runtime.outer.GraphSlot``): the same call
-  under the outer graph, replayed. Inputs of another shape captured before go straight
-  to that slot's plan (a dynamic engine fed shapes in turn switches plans on every call).
-  Its ``copying`` form copies through memcpy nodes of a second graph
-  (``trt_runtime.graphs.CopyNodes``) and hands calls given a static buffer to the plain form;
-  in ``"copy"`` mode its outputs come from slabs, as a natural call's do.
+  under the outer graph, replayed (:mod:`.replay_plans`).
 
 A switch to another shape's plan enters it past the input checks the call just passed
 (every plan of a lane takes one tensor type, device and dtypes): the torch plans take
@@ -51,18 +48,17 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trt_runtime_backends.python.graph_buffers import replay_failed, torch_results
 from trt_runtime_backends.python.shapes import prepare_state, restore_shapes
 
 from trt_runtime.slabs import SLAB_BYTES, SLAB_CALLS, SLAB_STREAMS, slab_calls, slab_pools
 
-__all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "natural_plan", "prebound_plan", "replay_plan",
-           "slab_calls"]
+__all__ = ["SLAB_BYTES", "SLAB_CALLS", "SLAB_STREAMS", "Plan", "fits", "follow", "natural_plan",
+           "prebound_plan", "slab_calls"]
 
 Plan = Callable[[tuple[Any, ...], Any, Any], "list[Any] | None"]
 
-#: What a plain replay plan remembers as its static buffer before any call gave it one: no input is it.
-_NO_TENSOR: Any = object()
+#: What a pre-bound plan of a lane without a stream object compares ``stream=`` with: no stream is it.
+_NO_STREAM: Any = object()
 
 _ptr_attr = operator.attrgetter("ptr")
 _shape_attr = operator.attrgetter("shape")
@@ -87,7 +83,7 @@ def _bind_all(ctx: Any, names: Sequence[str], tensors: Sequence[Any]) -> None:
             _bind(ctx, name, p)
 
 
-def _follow(order: Any, own: Any, stream: Any, current: Any) -> tuple[int | None, int]:
+def follow(order: Any, own: Any, stream: Any, current: Any) -> tuple[int | None, int]:
     """``(caller, run)`` of a torch call: the caller's stream to order with (``None``: no
     event needed) and the stream the work goes on, ordered after the lane's previous work
     (:meth:`.stream_order.StreamOrder.follow`); ``current`` is torch's current stream, the
@@ -125,50 +121,84 @@ def _switch(lane: Any, miss: Any, entry: Any, inputs: tuple[Any, ...], stream: A
 def _prebound(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, prepare: Any, torch_kind: bool,
               table: dict[Any, Any], arrays: tuple[Any, ...], ptrs: tuple[int, ...], shapes: tuple[Any, ...],
               n: int, ptr_of: Any) -> Plan:
+    if n == 1 and len(arrays) == 2:
+        return _prebound_one(lane, miss, order, own, ctx, key, prepare, torch_kind, table, arrays, ptrs,
+                             shapes, ptr_of)
     core = lane.lane  # the core lane: its context and current plan
     m = len(arrays) - n
-    one = n == 1 and m == 1
-    a0, a1, p0, p1, s0, s1 = arrays[0], arrays[-1], ptrs[0], ptrs[-1], shapes[0], shapes[-1]
     is_not = operator.is_not
 
     def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
         if outputs is None or len(inputs) != n or len(outputs) != m:
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if one:
-            x, y = inputs[0], outputs[0]
-            if x is not a0 or y is not a1:  # other arrays: their plan (keyed as call_prebound looks)
-                fast = table.get((id(x), id(y)))
-                return _switch(  # type: ignore[no-any-return]
-                    lane, miss, fast, inputs, stream, outputs, False)
-            if ptr_of(x) != p0 or ptr_of(y) != p1 or x.shape != s0 or y.shape != s1:
-                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        else:
-            given = (*inputs, *outputs)
-            if any(map(is_not, given, arrays)):
-                fast = table.get(tuple(map(id, given)))
-                return _switch(  # type: ignore[no-any-return]
-                    lane, miss, fast, inputs, stream, outputs, False)
-            if tuple(map(ptr_of, given)) != ptrs or tuple(map(_shape_attr, given)) != shapes:
-                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        given = (*inputs, *outputs)
+        if any(map(is_not, given, arrays)):  # other arrays: their plan (keyed as call_prebound looks)
+            return _switch(  # type: ignore[no-any-return]
+                lane, miss, table.get(tuple(map(id, given))), inputs, stream, outputs, False)
+        if tuple(map(ptr_of, given)) != ptrs or tuple(map(_shape_attr, given)) != shapes:
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         if core.context is not ctx:
             return None
         if (ctx.shape_key is not key or ctx.bound_ptrs is not ptrs) and not prepare():
             return None
-        caller = None if stream is own and stream is not None else order.caller(stream, torch_kind)
-        run = order.ours if caller is None else caller
+        return _run_prebound(lane, order, own, ctx, torch_kind, stream, list(outputs))
+
+    return plan
+
+
+def _run_prebound(lane: Any, order: Any, own: Any, ctx: Any, torch_kind: bool, stream: Any, out: list[Any]
+                  ) -> list[Any]:
+    """``execute_async_v3`` of a pre-bound call, ordered with the caller's ``stream``; ``out``."""
+    caller = None if stream is own and stream is not None else order.caller(stream, torch_kind)
+    run = order.ours if caller is None else caller
+    if run != order.tail:
+        run = order.follow(caller)
+    if not ctx.trt_context.execute_async_v3(run):
+        lane.execute_failed()
+    if caller is not None and run != caller:
+        order.after(caller)
+    return out
+
+
+def _prebound_one(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, prepare: Any,
+                  torch_kind: bool, table: dict[Any, Any], arrays: tuple[Any, ...], ptrs: tuple[int, ...],
+                  shapes: tuple[Any, ...], ptr_of: Any) -> Plan:
+    """The pre-bound plan of one input and one output, the usual engine, written out for it:
+    the arrays unpacked (no ``len``), and a call on the engine's own stream enqueued without
+    the caller-stream steps (next to TensorRT's enqueue each bytecode of a call shows)."""
+    core = lane.lane  # the core lane: its context and current plan
+    a0, a1, p0, p1, s0, s1 = arrays[0], arrays[1], ptrs[0], ptrs[1], shapes[0], shapes[1]
+    mine = _NO_STREAM if own is None else own  # stream=mine: the engine's own stream, no ordering
+
+    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
+        try:
+            (x,) = inputs
+            (y,) = outputs
+        except (TypeError, ValueError):  # no outputs=, or other counts
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        if x is not a0 or y is not a1:  # other arrays: their plan (keyed as call_prebound looks)
+            return _switch(  # type: ignore[no-any-return]
+                lane, miss, table.get((id(x), id(y))), inputs, stream, outputs, False)
+        if ptr_of(x) != p0 or ptr_of(y) != p1 or x.shape != s0 or y.shape != s1:
+            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
+        if core.context is not ctx:
+            return None
+        if (ctx.shape_key is not key or ctx.bound_ptrs is not ptrs) and not prepare():
+            return None
+        if stream is not mine:
+            return _run_prebound(lane, order, own, ctx, torch_kind, stream, [y])
+        run = order.ours
         if run != order.tail:
-            run = order.follow(caller)
+            run = order.follow(None)
         if not ctx.trt_context.execute_async_v3(run):
             lane.execute_failed()
-        if caller is not None and run != caller:
-            order.after(caller)
-        return [y] if one else list(outputs)
+        return [y]
 
     return plan
 
 
 # -- natural: engine(x) with CUDA torch tensors of shapes seen before ----------------------------------
-def _fit(inputs: tuple[Any, ...], tensor: Any, dtypes: Sequence[Any], device: int | None) -> bool:
+def fits(inputs: tuple[Any, ...], tensor: Any, dtypes: Sequence[Any], device: int | None) -> bool:
     """Whether each input is a contiguous torch tensor of type ``tensor`` exactly and its
     dtype (and on ``device`` unless it is ``None``): the check of a plan of several inputs."""
     return all(type(x) is tensor and x.dtype is dtype and (device is None or x.get_device() == device)
@@ -207,7 +237,7 @@ def _natural(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, res
             if (shape := x.shape) != s0:  # another shape: its plan, if the table has one
                 return _switch(  # type: ignore[no-any-return]
                     lane, miss, table.get((shape,)), inputs, stream, outputs)
-        elif not _fit(inputs, tensor, dtypes, device):
+        elif not fits(inputs, tensor, dtypes, device):
             return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
         elif (seen := tuple([x.shape for x in inputs])) != shapes:
             return _switch(  # type: ignore[no-any-return]
@@ -240,197 +270,12 @@ def _natural(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, res
         if stream is None and c in order.skip and order.tail == order.ours:
             caller, run = None, order.ours
         else:
-            caller, run = _follow(order, own, stream, c)
+            caller, run = follow(order, own, stream, c)
         if not ctx.trt_context.execute_async_v3(run):
             lane.execute_failed()
         if caller is not None and run != caller:
             order.after(caller)
         return [y] if one_out else list(ys)
-
-    return plan
-
-
-# -- replay: engine(x) under the outer graph, a captured slot replayed -----------------------------
-def _enter(lane: Any, miss: Any, table: dict[Any, Any], plain_first: bool, shapes: tuple[Any, ...],
-           inputs: tuple[Any, ...], stream: Any, outputs: Any) -> Any:
-    """Hand a replay of inputs of other ``shapes`` to the plan of the slot ``table`` holds for
-    them (its plain plan when ``plain_first``: calls given static buffers come in runs), which
-    becomes the lane's current plan, entered past the input checks the call just passed (every
-    plan of a lane makes them alike: one tensor type, the same dtypes); ``miss`` when there is
-    none or it is the current plan (it declined this very call)."""
-    core = lane.lane  # the core lane: its context and current plan
-    slot = table.get(shapes)
-    other = None if slot is None or slot.graph is None else slot.plan
-    if plain_first:
-        other = getattr(other, "plain", other)
-    if other is None or other is core.fast_entry:
-        return miss(inputs, stream, outputs)
-    core.fast_entry = other
-    return other(inputs, stream, outputs, True)
-
-
-def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
-                  shapes: tuple[Any, ...], table: dict[Any, Any], cache: Any, device: int, raw_stream: Any,
-                  dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
-                  copy: Any, d2d: Any, results: Any) -> Plan:
-    """The plain plan of a captured ``slot``: inputs of type ``tensor`` exactly, of ``dtypes``,
-    contiguous, of ``shapes`` (of other shapes: their slot's plain plan, if any); each input
-    that is not its static buffer (it must be on ``device``) copied in with ``copy``
-    (``cudaMemcpyAsync``), the captured graph launched, the static outputs handed over
-    (``views``) or copied out (``results``). A call whose every input is copied goes to the
-    slot's own plan when that is another (through copy nodes). ``checked=True``: handed over
-    by another plan of the lane, past the input checks.
-
-    A single input that was its static buffer itself is remembered (the tensor object): that
-    same object again skips the type, dtype and contiguity checks, as a pre-bound call's
-    arrays do (nothing is copied from it; its shape and address are still checked, and one
-    changed in place takes the general path)."""
-    core = lane.lane  # the core lane: its context and current plan
-    n = len(shapes)
-    one, key, refresh = n == 1, slot.key, cache.refresh
-    d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
-    static: list[Any] = [_NO_TENSOR]  # the static buffer's tensor, once a call gave it (one input)
-
-    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
-        known = False
-        if checked:
-            x = inputs[0]
-        elif one and outputs is None and len(inputs) == 1 and (x := inputs[0]) is static[0]:
-            if x.shape != s0 or x.data_ptr() != dst0:  # (changed in place: checked in full)
-                static[0] = _NO_TENSOR
-                return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-            known = True
-        elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor
-              or x.dtype is not d0 or not x.is_contiguous()
-              or not (one or _fit(inputs, tensor, dtypes, None))):
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif one and (shape := x.shape) != s0:
-            return _enter(lane, miss, table, True, (shape,), inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif not one and (given := tuple([y.shape for y in inputs])) != shapes:
-            return _enter(lane, miss, table, True, given, inputs, stream, outputs)  # type: ignore[no-any-return]
-        graph = slot.graph
-        if graph is None:
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if known:
-            moved = foreign = False
-        elif one:
-            moved = (src := x.data_ptr()) != dst0  # not its static buffer: copied in
-            foreign = moved and x.get_device() != device
-            if not moved:
-                static[0] = x
-        else:
-            srcs = [x.data_ptr() for x in inputs]
-            moved = all(map(operator.ne, srcs, dsts))
-            foreign = any(s != d and x.get_device() != device
-                          for x, s, d in zip(inputs, srcs, dsts, strict=True))
-        if foreign:  # (before the hand-over: the copying plan takes it checked)
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if moved and (other := slot.plan) is not None and other is not core.fast_entry:
-            core.fast_entry = other
-            return other(inputs, stream, outputs, True)  # type: ignore[no-any-return]
-        cache.hits += 1  # (GraphCache.touch, inline)
-        refresh(key)
-        if stream is None and (c := raw_stream(device)) in order.skip and order.tail == order.ours:
-            caller, run, on = None, order.ours, order.ours_t
-        else:
-            caller, run = _follow(order, own, stream, c if stream is None else None)
-            on = run
-        if one:
-            if moved and nb0 and (err := copy(dst0, src, nb0, d2d, on)[0]):
-                failed(err, "cudaMemcpyAsync")
-        else:
-            for dst, s, nb in zip(dsts, srcs, nbs, strict=True):
-                if s != dst and nb and (err := copy(dst, s, nb, d2d, on)[0]):
-                    failed(err, "cudaMemcpyAsync")
-        (err,) = launch(graph, on)
-        if err:
-            failed(err, "cudaGraphLaunch")
-        out = list(views) if views is not None else results(on)
-        if caller is not None and run != caller:
-            order.after(caller)
-        return out  # type: ignore[no-any-return]
-
-    return plan
-
-
-def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor: Any, dtypes: Sequence[Any],
-                  shapes: tuple[Any, ...], table: dict[Any, Any], cache: Any, device: int, raw_stream: Any,
-                  dsts: tuple[int, ...], nbs: tuple[int, ...], launch: Any, failed: Any, views: Any,
-                  empty: Any, torch_device: Any, nodes: Any, plain: Any, out_specs: Sequence[Any], slabs: Any
-                  ) -> Plan:
-    """The copying plan of a captured ``slot``, its copies made by the memcpy ``nodes`` (a
-    :class:`~trt_runtime.graphs.CopyNodes`) around its graph: inputs of type ``tensor``
-    exactly, of ``dtypes``, on ``device``, contiguous, of ``shapes`` (of other shapes: their
-    slot's plan, if any); each input node pointed at the call's input where it changed, each
-    output of ``out_specs`` (none in ``"view"`` mode) made, from a slab when ``slabs``, and
-    its node pointed at it, one launch. A call given a static buffer goes to ``plain``, as does
-    one with an address CUDA refuses for a node (memory of another kind than it was built
-    with). ``checked=True``: handed over by another plan of the lane, past the input checks."""
-    core = lane.lane  # the core lane: its context and current plan
-    n = len(shapes)
-    one, one_out, key, refresh = n == 1, len(out_specs) == 1, slot.key, cache.refresh
-    d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
-    shape0, dtype0, so0, onb0 = out_specs[0] if out_specs else (None, None, 0, 0)
-    graph0, cexec, last, point = slot.graph, nodes.exec, nodes.last, nodes.point
-    pools: Any = slabs[0] if slabs else None  # (and refill: see trt_runtime.slabs.Slabs.fields)
-    refill: Any = slabs[1] if slabs else None
-
-    def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any, checked: bool = False) -> list[Any] | None:
-        if checked:
-            x = inputs[0]
-        elif (outputs is not None or len(inputs) != n or type(x := inputs[0]) is not tensor
-              or x.dtype is not d0 or x.get_device() != device or not x.is_contiguous()
-              or not (one or _fit(inputs, tensor, dtypes, device))):
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif one and (shape := x.shape) != s0:
-            return _enter(lane, miss, table, False, (shape,), inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif not one and (given := tuple([y.shape for y in inputs])) != shapes:
-            return _enter(lane, miss, table, False, given, inputs, stream, outputs)  # type: ignore[no-any-return]
-        if slot.graph is not graph0:
-            return miss(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if one:
-            static = (src := x.data_ptr()) == dst0
-        else:
-            srcs = [x.data_ptr() for x in inputs]
-            static = not all(map(operator.ne, srcs, dsts))
-        if static:  # a static buffer given: nothing to copy in for it, the plain way
-            core.fast_entry = plain
-            return plain(inputs, stream, outputs, True)  # type: ignore[no-any-return]
-        cache.hits += 1  # (GraphCache.touch, inline)
-        refresh(key)
-        c = raw_stream(device) if stream is None or pools is not None else None
-        if stream is None and c in order.skip and order.tail == order.ours:
-            caller, run, on = None, order.ours, order.ours_t
-        else:
-            caller, run = _follow(order, own, stream, c)
-            on = run
-        # each node pointed where its address changed (CopyNodes.point; False: refused)
-        if one:
-            if src != last[0] and not point(0, dst0, src, nb0):
-                return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
-        elif not all(s == last[i] or point(i, d, s, nb)
-                     for i, (d, s, nb) in enumerate(zip(dsts, srcs, nbs, strict=True))):
-            return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
-        if one_out:
-            y = (pools.get(c) or refill(c)).pop()[0] if pools is not None else empty(
-                shape0, dtype=dtype0, device=torch_device)
-            if (p := y.data_ptr()) != last[n] and not point(n, p, so0, onb0):
-                return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
-            out = [y]
-        elif out_specs:
-            out = list((pools.get(c) or refill(c)).pop()) if pools is not None else [
-                empty(shape, dtype=dtype, device=torch_device) for shape, dtype, _, _ in out_specs]
-            for j, (y, (_, _, so, onb)) in enumerate(zip(out, out_specs, strict=True), n):
-                if (p := y.data_ptr()) != last[j] and not point(j, p, so, onb):
-                    return plain(inputs, stream, outputs)  # type: ignore[no-any-return]
-        else:
-            out = list(views)
-        (err,) = launch(cexec, on)
-        if err:
-            failed(err, "cudaGraphLaunch")
-        if caller is not None and run != caller:
-            order.after(caller)
-        return out
 
     return plan
 
@@ -466,38 +311,3 @@ def natural_plan(lane: Any, entry: Any, shapes: tuple[Any, ...]) -> Plan:
         empty=bridge.empty, torch_device=bridge.device,
         slabs=slab_pools(bridge.empty, bridge.device, out_shapes, dtypes),
     )
-
-
-def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> Plan:
-    """The plan of a captured outer-graph ``slot`` for torch inputs of ``shapes``: its
-    static outputs handed back when it has views of them (``"view"``), else copies; the
-    copies made by the memcpy nodes of the slot's :class:`~trt_runtime.graphs.CopyNodes` graph when it
-    has one (inputs that are the static buffers themselves go the plain way)."""
-    bridge = lane._torch
-    ops = lane.graphs
-    views = slot.output_views  # "view" mode: handed over as they are
-    common = dict(lane=lane, miss=lane.call_fast, order=lane._order, own=lane._stream, slot=slot,
-                  tensor=bridge.tensor, dtypes=bridge.in_dtypes, shapes=shapes, table=graphs.shortcuts,
-                  cache=graphs.cache, device=lane._device, raw_stream=bridge.raw_stream,
-                  dsts=tuple(slot.in_ptrs), nbs=tuple(slot.in_nbytes), launch=ops.rt.cudaGraphLaunch,
-                  failed=functools.partial(replay_failed, lane), views=views)
-    results = functools.partial(torch_results, lane, slot, view=False)
-    plain = _plain_replay(**common, copy=ops.rt.cudaMemcpyAsync, d2d=ops.d2d, results=results)
-    copying = ops.copying.get(int(slot.graph))
-    # "view" mode hands the views over and has no output nodes; "copy" mode copies every
-    # output out through its node (the outer mode cannot change under a graph: changing it
-    # drops the graphs)
-    if copying is None or (views is None) == (not copying.outs):
-        return plain
-    m = len(copying.outs)
-    out_shapes = [tuple(a.shape) for a in slot.outputs[:m]]
-    out_dtypes = [io.torch_dtype for io in lane._out[:m]]
-    # "copy" mode: the outputs copied out through the nodes come from slabs, as a natural
-    # call's do (each call's at a new address: one node update per output, no torch.empty)
-    made = _nodes_replay(
-        **common, empty=bridge.empty, torch_device=bridge.device, nodes=copying, plain=plain,
-        out_specs=tuple(zip(out_shapes, out_dtypes, slot.out_ptrs[:m], slot.out_nbytes[:m], strict=True)),
-        slabs=slab_pools(bridge.empty, bridge.device, out_shapes, out_dtypes),
-    )
-    made.plain = plain  # type: ignore[attr-defined]  # where a plain plan's shape switch goes
-    return made

@@ -164,7 +164,7 @@ class TorchbindGraphs(GraphOps):
         current = CURRENT
         miss = lane.call_fast
         cache = outer.cache
-        refresh = cache.refresh
+        reorder = cache.reorder
         shortcuts = outer.shortcuts  # keyed as TorchbindLane.torch_key keys
         key = slot.key
         statics = tuple(slot.inputs)
@@ -236,7 +236,9 @@ class TorchbindGraphs(GraphOps):
             )):
                 return miss(inputs, stream, outs)
             cache.hits += 1  # (GraphCache.touch, inline)
-            refresh(key)
+            if cache.recent is not key:
+                reorder(key)
+                cache.recent = key
             raw: Any = None
             if launch is None:
                 ops.follow(bridge.current_stream(device))

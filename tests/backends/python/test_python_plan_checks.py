@@ -14,7 +14,7 @@ import _python_doubles
 import numpy as np
 import pytest
 from _python_doubles import FakeTorch, _fake_engine, _FakeRuntimeNodes, _FakeTrtEngine, _Mode
-from trt_runtime_backends.python import plans
+from trt_runtime_backends.python import plans, replay_plans
 
 ROOT = Path(__file__).resolve().parents[3]
 KINDS = ["natural", "prebound", "replay", "copying"]
@@ -45,19 +45,29 @@ def _executions(engine: Any) -> int:
 
 def test_plans_kinds_are_what_the_tests_say(torch: FakeTorch) -> None:
     kinds = {}
+    slots = {}
     for kind in KINDS:
         engine, _, _ = _engine(kind, torch)
         kinds[kind] = engine._lanes[0].fast_entry
-    assert kinds["copying"].plain is not kinds["copying"]  # a slot with copy nodes: two plans
-    assert not hasattr(kinds["replay"], "plain")  # the doubles' plain runtime: no copy nodes
+        if kind in ("replay", "copying"):
+            (slots[kind],) = engine._lanes[0].outer_graphs.cache.values()
+    # a slot with copy nodes has two plans, the plain one for its static buffers; the doubles'
+    # plain runtime has no copy nodes: one
+    assert slots["copying"].static_plan is not slots["copying"].plan is kinds["copying"]
+    assert slots["replay"].static_plan is slots["replay"].plan is kinds["replay"]
     assert len({id(p) for p in kinds.values()}) == 4
+
+
+def _module(kind: str) -> Any:
+    """The module whose closures the plans of ``kind`` are."""
+    return replay_plans if kind in ("replay", "copying") else plans
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_plans_are_closures_of_the_plans_module(kind: str, torch: FakeTorch) -> None:
     engine, _, _ = _engine(kind, torch)
     plan = engine._lanes[0].fast_entry
-    assert plan.__code__.co_filename == plans.__file__
+    assert plan.__code__.co_filename == _module(kind).__file__
     assert all(cell.cell_contents is not plan for cell in plan.__closure__)  # no cycle through itself
 
 
@@ -155,9 +165,10 @@ def test_plans_run_calls_of_any_arity(kind: str, n: int, m: int, torch: FakeTorc
     call()
     call()
     plan = engine._lanes[0].fast_entry
-    assert plan.__code__.co_filename == plans.__file__
-    if kind == "copying":
-        assert hasattr(plan, "plain")
+    assert plan.__code__.co_filename == _module(kind).__file__
+    if kind in ("replay", "copying"):  # (several inputs: the plain plan of its own kind)
+        (slot,) = engine._lanes[0].outer_graphs.cache.values()
+        assert (slot.static_plan is plan) == (kind == "replay")
     before = _executions(engine)
     for _ in range(3):
         got = call()

@@ -166,6 +166,49 @@ def test_plans_replay_a_captured_slot_and_go_with_the_graphs(torch: FakeTorch) -
     assert engine(x).shape == (2, 4)
 
 
+def test_plans_static_buffers_in_turn_go_straight_to_their_plain_plans_and_are_forgotten_with_them(
+        torch: FakeTorch) -> None:
+    """A dynamic engine fed its static buffers of two shapes in turn: each call goes from
+    the current plain plan to the other slot's (the lane's ``statics``, by the tensor object)
+    with no input check and no table lookup, one launch and no copy; the lane forgets them
+    when the graphs go, when the profile changes and when a buffer changed in place."""
+    engine = _fake_engine()
+    engine.outer_graph = "view"
+    (lane,) = engine._lanes
+    graphs = lane.ops.graphs
+    shapes = [(2, 4), (3, 4)]
+    for shape in shapes:
+        engine(torch.cuda_tensor(shape))  # captured
+    statics = [engine.static_inputs(shape, as_torch=True)[0] for shape in shapes]
+    for static in statics:
+        engine(static)
+    slots = [lane.outer_graphs.shortcuts[(torch.Size(shape),)] for shape in shapes]
+    assert graphs.statics == {id(statics[0]): slots[0], id(statics[1]): slots[1]}
+    checked: list[Any] = []
+    contiguous = torch.Tensor.is_contiguous
+    torch.Tensor.is_contiguous = lambda self: checked.append(self) or contiguous(self)
+    try:
+        engine._rt.calls.clear()
+        for turn in range(6):
+            out = engine(statics[turn % 2])
+            assert out.shape == shapes[turn % 2] and lane.fast_entry is slots[turn % 2].static_plan
+    finally:
+        torch.Tensor.is_contiguous = contiguous
+    assert checked == []
+    assert [c[:2] for c in engine._rt.calls if c[0] in ("launch", "memcpy")] == [
+        ("launch", slots[turn % 2].graph) for turn in range(6)]
+    engine.profile = 0  # another profile's slots may run the same shapes: looked up again
+    assert graphs.statics == {}
+    for static in statics * 3:  # (the first call of each: the full path; a switch remembers it again)
+        engine(static)
+    assert len(graphs.statics) == 2
+    statics[1]._ptr += 4096  # changed in place (set_(), a resize): the full path, and forgotten
+    engine(statics[1])
+    assert id(statics[1]) not in graphs.statics and id(statics[0]) in graphs.statics
+    engine.reset_graphs()
+    assert graphs.statics == {} and all(slot.static_plan is None for slot in slots)
+
+
 def test_plans_a_threads_first_call_makes_the_device_current_even_on_a_plan(torch: FakeTorch) -> None:
     engine = _fake_engine()
     x = torch.cuda_tensor((2, 4))
