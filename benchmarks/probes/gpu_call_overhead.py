@@ -281,12 +281,11 @@ def replay_parts(engine: Any, torch: Any, rounds: int) -> dict[str, float]:
     ours = engine._lanes[0].ops._order.ours
     graph = slot.graph
     pool = engine._pool
-    local_slot = pool.local.slot
-    lock = local_slot.lock
+    token = pool.local.slot.free
 
     def lease_pair() -> None:
-        lock.acquire(False)
-        lock.release()
+        token.pop()
+        token.append(True)
 
     ops: dict[str, Callable[[], Any]] = {
         "engine(s) whole": functools.partial(engine, arg),

@@ -68,13 +68,19 @@ _LOOP = """
     from trt_runtime import lease
     if HOOK != "hand-over":
         atexit.unregister(lease.hold_lanes_at_exit)
-    if HOOK == "blocking":  # the hook before the hand-over: each lane's lock, raced by its callers
+    if HOOK == "blocking":  # the hook before the hand-over: each lane's token, raced by its callers
+        def take(slot, deadline):
+            while not slot.take():
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.0005)
+            return True
         def blocking_hook(timeout=lease.EXIT_WAIT):
             start = time.monotonic()
             lease._EXITING.set()
             pools = [p for p in list(lease._POOLS) if not p.closed]
             slots = [s for p in pools for s in p._slots]
-            held = sum(s.lock.acquire(timeout=max(start + timeout - time.monotonic(), 0.0)) for s in slots)
+            held = sum(take(s, start + timeout) for s in slots)
             print(f"trt_runtime exit hook: held {held} of {len(slots)} lane(s) of {len(pools)} engine(s) "
                   f"in {time.monotonic() - start:.3f} s", file=sys.stderr, flush=True)
         atexit.register(blocking_hook)

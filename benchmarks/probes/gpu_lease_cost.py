@@ -6,11 +6,13 @@ Run on the GPU host (tensorrt_rtx, cuda-python, torch with CUDA)::
 
 For the ``tiny`` workload it loads a python-backend engine, makes one pre-bound call
 (``engine.execute(x, outputs=[y], stream=engine.stream)``) and times, interleaved, that call;
-the engine's lease (``_lease_call``) around the lane's plan; the plan alone; three copies of
-the lease written out here (``lease: minimal``: thread-local slot, lock, plan, release;
-``lease: as the engine``: with its ``try`` blocks and checks; ``lease: no lock``: the slot's
-lane and the plan, no lock); and the same statements' parts in isolation (the thread-local
-read, a lock's acquire and release, ``x.data_ptr()``, ``x.shape``), beside plain Python
+the engine's lease (``_lease_call``) around the lane's plan; the plan alone; four copies of
+the lease written out here (``lease: minimal``: thread-local slot, its token taken, plan,
+token given back; ``lease: a lock for the token``: the same with a lock's non-blocking
+acquire and release, as the lease was before; ``lease: as the engine``: with its ``try``
+blocks and checks; ``lease: no token``: the slot's lane and the plan); and the same
+statements' parts in isolation (the thread-local read, the token's take and give-back, a
+lock's acquire and release, ``x.data_ptr()``, ``x.shape``), beside plain Python
 (``pass``, an empty call, a method taking the same keywords) that says how fast this host
 runs Python. Medians of interleaved samples in µs (:func:`gpu_step_costs.time_statements`).
 
@@ -20,6 +22,7 @@ Writes ``lease_cost.json`` to ``--out`` (default ``$OUT`` or ``.``).
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -55,45 +58,56 @@ def lease_costs(key: str, torch: Any, repeats: int, number: int) -> dict[str, fl
     pool = engine._pool
     slot = pool.local.slot
 
+    lock = threading.Lock()
+
     def minimal(inputs: Any, stream: Any, outputs: Any) -> Any:
         slot = pool.local.slot
-        slot.lock.acquire(False)
+        slot.free.pop()
         result = slot.lane.fast_entry(inputs, stream, outputs)
-        slot.lock.release()
+        slot.free.append(True)
+        return result
+
+    def with_a_lock(inputs: Any, stream: Any, outputs: Any) -> Any:
+        slot = pool.local.slot
+        lock.acquire(False)
+        result = slot.lane.fast_entry(inputs, stream, outputs)
+        lock.release()
         return result
 
     def as_the_engine(inputs: Any, stream: Any, outputs: Any) -> Any:
         try:
             slot = pool.local.slot
-        except AttributeError:
-            slot = None
-        first = slot is None
-        if slot is None or not slot.lock.acquire(False):
-            raise SystemExit("the probe's slot was taken")
+            slot.free.pop()
+        except (AttributeError, IndexError):
+            raise SystemExit("the probe's slot was taken") from None
         lane = slot.lane
         try:
-            if first or lane.device_guard is not None:
+            if lane.device_guard is not None:
                 raise SystemExit("the probe's engine runs in a device guard: use one visible GPU")
             result = lane.fast_entry(inputs, stream, outputs)
         finally:
-            slot.lock.release()
+            if pool.waiters:
+                raise SystemExit("the probe's engine has callers waiting")
+            slot.free.append(True)
         return result
 
-    def no_lock(inputs: Any, stream: Any, outputs: Any) -> Any:
+    def no_token(inputs: Any, stream: Any, outputs: Any) -> Any:
         return pool.local.slot.lane.fast_entry(inputs, stream, outputs)
 
     ns = {"e": engine, "x": x, "y": y, "s": stream, "pool": pool, "slot": slot, "plan": slot.lane.fast_entry,
-          "minimal": minimal, "as_the_engine": as_the_engine, "no_lock": no_lock, "noop": _noop,
-          "bare": _Bare()}
+          "minimal": minimal, "with_a_lock": with_a_lock, "as_the_engine": as_the_engine, "no_token": no_token,
+          "lock": lock, "noop": _noop, "bare": _Bare()}
     stmts = {
         "call: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
         "call: e._lease_call((x,), s, [y], None)": "e._lease_call((x,), s, [y], None)",
         "call: the lane's plan": "plan((x,), s, [y])",
         "lease: minimal": "minimal((x,), s, [y])",
+        "lease: a lock for the token": "with_a_lock((x,), s, [y])",
         "lease: as the engine": "as_the_engine((x,), s, [y])",
-        "lease: no lock": "no_lock((x,), s, [y])",
+        "lease: no token": "no_token((x,), s, [y])",
         "alone: pool.local.slot": "pool.local.slot",
-        "alone: lock acquire + release": "slot.lock.acquire(False); slot.lock.release()",
+        "alone: token taken + given back": "slot.free.pop(); slot.free.append(True)",
+        "alone: lock acquire + release": "lock.acquire(False); lock.release()",
         "alone: x.data_ptr()": "x.data_ptr()",
         "alone: x.shape": "x.shape",
         "alone: x.shape != x.shape": "x.shape != x.shape",

@@ -42,12 +42,12 @@ def test_exit_hook_takes_the_lane_of_a_call_that_ends_before_the_caller_calls_ag
     if pool.waiters:
         pool.give_back(slot)
     else:
-        slot.lock.release()
-    # ... and the caller's next call, at once: its lane must be the hook's by now (a lock
-    # released and free again would go to whichever thread runs first: the caller, mostly)
-    again = slot.lock.acquire(False)
+        slot.put()
+    # ... and the caller's next call, at once: its lane must be the hook's by now (a token
+    # given back and free again would go to whichever thread runs first: the caller, mostly)
+    again = slot.take()
     if again:
-        slot.lock.release()
+        slot.put()
     hook.join(5)
     assert not again, "the caller took its lane again before the exit hook"
     assert result == {"held": 1}

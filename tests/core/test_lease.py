@@ -55,6 +55,59 @@ def test_lease_pool_hands_out_each_lane_once() -> None:
     assert pool.acquire(timeout=0) == "a"
 
 
+def test_lease_slot_token_is_one_whatever_gives_it_back() -> None:
+    """A slot's token: taken once without waiting, given back once; given back twice it is
+    still one (else two callers could lease the lane at once)."""
+    from trt_runtime.lease import Slot
+
+    slot = Slot("lane")
+    assert slot.take() and not slot.take()
+    slot.put()
+    slot.put()
+    assert slot.take() and not slot.take()
+    assert not Slot("lane", held=True).take()
+
+
+def test_lease_engine_calls_from_threads_never_share_a_lane() -> None:
+    """Eight threads calling an engine of two lanes through the inline lease: no lane is
+    ever in two calls at once, and every call gets its own answer."""
+    engine = MemoryBackend().load_engine(EngineSource(AFFINE))
+    engine.contexts = 2
+    inside: dict[int, int] = {}
+    overlaps: list[int] = []
+    guard = threading.Lock()
+    for lane in engine._lanes:
+        run = lane.ops.run
+
+        def counted(context: Any, call: Any, stream: Any, outputs: Any, run: Any = run, key: int = id(lane)
+                    ) -> list[Any]:
+            with guard:
+                inside[key] = inside.get(key, 0) + 1
+                if inside[key] > 1:
+                    overlaps.append(key)
+            time.sleep(0)  # a switch to another thread in the middle of the call
+            try:
+                return run(context, call, stream, outputs)  # type: ignore[no-any-return]
+            finally:
+                with guard:
+                    inside[key] -= 1
+
+        lane.ops.run = counted
+    wrong: list[float] = []
+
+    def caller(i: int) -> None:
+        for n in range(200):
+            x = np.full((1, 4), float(i * 1000 + n), np.float32)
+            (y,) = engine.execute(x)
+            if float(y[0, 0]) != 2.0 * x[0, 0] + 1.0:
+                wrong.append(float(y[0, 0]))
+
+    for t in _threads(caller, 8):
+        t.join()
+    assert overlaps == [] and wrong == []
+    assert all(slot.take() for slot in engine._pool._slots)  # every token back
+
+
 def test_lease_pool_gives_each_thread_its_last_lane_back() -> None:
     pool = ContextPool("e", ["a", "b", "c", "d"])
     seen: dict[int, list[str]] = {}
@@ -404,7 +457,7 @@ def test_lease_python_engine_survives_changes_under_threads(torch: FakeTorch) ->
 
 
 def test_lease_writing_a_backend_describes_the_pool_as_it_is() -> None:
-    """docs/writing-a-backend.md's account of leasing: per-lane locks taken without waiting,
+    """docs/writing-a-backend.md's account of leasing: per-lane tokens taken without waiting,
     the pool's lock and queue only under contention, and the fairness delay's value."""
     from pathlib import Path
 
@@ -414,5 +467,5 @@ def test_lease_writing_a_backend_describes_the_pool_as_it_is() -> None:
     step = page.split("**Give the lane back**")[0].split("**Lease an execution context**")[1]
     lease = " ".join(step.split())
     assert "popleft" not in lease
-    assert "`Lock.acquire(False)`" in lease and "`FAIR_AFTER`" in lease
+    assert "`Slot.take`" in lease and "`FAIR_AFTER`" in lease
     assert f"{FAIR_AFTER * 1000:g} ms" in lease
