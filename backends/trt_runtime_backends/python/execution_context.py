@@ -25,6 +25,7 @@ class ExecutionContext:
         "bound_ptrs",
         "config",
         "device_memory",
+        "enqueue",
         "native_cache",
         "out_shape_cache",
         "out_shapes",
@@ -38,7 +39,11 @@ class ExecutionContext:
     )
 
     def __init__(self, trt_context: Any, config: Any, native_cache: Any) -> None:
-        self.trt_context = trt_context
+        self.trt_context: Any = None
+        #: ``trt_context.execute_async_v3``, bound once (:meth:`use`): a plan's enqueue is then
+        #: one attribute read and the call, no lookup of the method on the TensorRT object.
+        self.enqueue: Any = None
+        self.use(trt_context)
         self.config = config
         self.native_cache = native_cache
         self.bound: dict[str, int] = {}
@@ -60,6 +65,11 @@ class ExecutionContext:
         self.parked: dict[Any, Any] = {}
         #: The lane's first context, when another is in use (``.shapes.ShapeContexts``).
         self.roaming: Any = None
+
+    def use(self, trt_context: Any) -> None:
+        """Run on ``trt_context`` (``None``: none, the context is dropped) from now on."""
+        self.trt_context = trt_context
+        self.enqueue = None if trt_context is None else trt_context.execute_async_v3
 
 
 def trt_enum(enum_type: Any, member: Any) -> Any:
@@ -90,7 +100,7 @@ def drop_context(context: ExecutionContext) -> None:
     context.allocators.clear()
     context.parked.clear()
     context.roaming = None
-    context.trt_context = None
+    context.use(None)
     context.device_memory = None  # after the context: it used the memory until now
     context.config = None
     context.native_cache = None

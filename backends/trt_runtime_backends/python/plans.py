@@ -30,8 +30,9 @@ A switch to another shape's plan enters it past the input checks the call just p
 ``checked=True`` for that, as do a slot's plain and copying plans handing a call to each
 other.
 
-A plan holds no TensorRT object: it reads the context's ``trt_context`` on each call, so
-dropping a context (``execution_context.drop_context``) releases it then and there,
+A plan holds no TensorRT object: it reads the context's ``enqueue`` (its TensorRT context's
+``execute_async_v3``, bound by the context: ``ExecutionContext.use``) and ``trt_context`` on
+each call, so dropping a context (``execution_context.drop_context``) releases it then and there,
 whatever plan is still referenced; nor does it reference itself, nor (natural and
 pre-bound plans) its table entry: a cycle would keep it, and anything it holds, until the
 garbage collector runs. Per call a plan reads these attributes and no other: of the core
@@ -153,7 +154,7 @@ def _run_prebound(lane: Any, order: Any, own: Any, ctx: Any, torch_kind: bool, s
     run = order.ours if caller is None else caller
     if run != order.tail:
         run = order.follow(caller)
-    if not ctx.trt_context.execute_async_v3(run):
+    if not ctx.enqueue(run):
         lane.execute_failed()
     if caller is not None and run != caller:
         order.after(caller)
@@ -169,6 +170,8 @@ def _prebound_one(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any
     core = lane.lane  # the core lane: its context and current plan
     a0, a1, p0, p1, s0, s1 = arrays[0], arrays[1], ptrs[0], ptrs[1], shapes[0], shapes[1]
     mine = _NO_STREAM if own is None else own  # stream=mine: the engine's own stream, no ordering
+    # the lane's stream (it changes only with a new context, which this plan does not run on)
+    ours = order.ours
 
     def plan(inputs: tuple[Any, ...], stream: Any, outputs: Any) -> list[Any] | None:
         try:
@@ -187,10 +190,9 @@ def _prebound_one(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any
             return None
         if stream is not mine:
             return _run_prebound(lane, order, own, ctx, torch_kind, stream, [y])
-        run = order.ours
-        if run != order.tail:
-            run = order.follow(None)
-        if not ctx.trt_context.execute_async_v3(run):
+        if order.tail != ours:
+            order.follow(None)
+        if not ctx.enqueue(ours):
             lane.execute_failed()
         return [y]
 
@@ -271,7 +273,7 @@ def _natural(lane: Any, miss: Any, order: Any, own: Any, ctx: Any, key: Any, res
             caller, run = None, order.ours
         else:
             caller, run = follow(order, own, stream, c)
-        if not ctx.trt_context.execute_async_v3(run):
+        if not ctx.enqueue(run):
             lane.execute_failed()
         if caller is not None and run != caller:
             order.after(caller)

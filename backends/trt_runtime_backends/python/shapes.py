@@ -109,7 +109,7 @@ class ShapeContexts:
             ctx.parked[current] = record
             if entry is roaming:
                 ctx.roaming = None
-        ctx.trt_context = entry.trt_context
+        ctx.use(entry.trt_context)
         bound = ctx.bound  # the same dict: the natural plans hold its get
         bound.clear()
         bound.update(entry.bound)
