@@ -68,8 +68,8 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
     arrays do, and the plan of another slot given it hands it to this one at once (a dynamic
     engine fed its static buffers in turn). Nothing is copied from it; its shape and address
     are still checked, and one changed in place takes the general path. (The plan reaches
-    itself only through ``slot.plan``, which the core clears on release: no reference cycle
-    outlives its graph.)"""
+    itself only through its slot's ``plan`` and ``static_plan``, which the core clears on
+    release, as the lane clears ``statics``: no reference cycle outlives its graph.)"""
     finish = _replay_finish(lane, order, own, slot, cache, device, raw_stream, dsts, nbs, launch, failed,
                             views, copy, d2d, results)
     if len(shapes) > 1:
