@@ -75,10 +75,14 @@ class Slot(Generic[T]):
         self.held_at_exit = False
 
     def take(self) -> bool:
-        """Take the token if it is there (no wait); whether it was."""
+        """Take the token if it is there (no wait); whether it was. (A leased slot costs a
+        length test, not an exception: the pool's loops try every slot.)"""
+        free = self.free
+        if not free:
+            return False
         try:
-            self.free.pop()
-        except IndexError:
+            free.pop()
+        except IndexError:  # taken by another thread since the test
             return False
         return True
 
