@@ -394,7 +394,8 @@ class EngineBase(abc.ABC):
 
         ``stream``: the caller's stream (anything :func:`trt_runtime.contract.stream_handle`
         takes), which the work is ordered after and before. ``outputs``: preallocated
-        arrays to write into, returned as given (``supports_preallocated_outputs``).
+        arrays to write into, a list or tuple with one per output, returned as given
+        (``supports_preallocated_outputs``; anything else raises :class:`~trt_runtime.InputError`).
         ``profile``: an optimization profile for this call (``supports_profile_selection``).
         """
         return self._lease_call(inputs, stream, outputs, profile)

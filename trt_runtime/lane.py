@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trt_runtime.errors import CapabilityError, EngineError, TrtRuntimeError
+from trt_runtime.errors import CapabilityError, EngineError, InputError, TrtRuntimeError
 from trt_runtime.outer import GraphOps, OuterGraphs
 from trt_runtime.protocols import Engine
 
@@ -170,6 +170,11 @@ class Lane:
         engine = self.engine
         if self.closed:
             raise EngineError(f"engine {engine.name!r} is closed")
+        if outputs is not None and not isinstance(outputs, (list, tuple)):
+            raise InputError(
+                f"engine {engine.name!r}: outputs= must be a list or tuple of arrays, one per output; "
+                f"got {type(outputs).__name__}"
+            )
         if outputs is not None or profile is not None:
             engine._check_call_capabilities(outputs, profile)
         ops = self.ops

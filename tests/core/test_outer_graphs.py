@@ -14,7 +14,7 @@ import pytest
 
 from trt_runtime import CapabilityError, OuterGraph
 from trt_runtime.engine import EngineBase
-from trt_runtime.errors import EngineError
+from trt_runtime.errors import EngineError, InputError
 from trt_runtime.lane import Lane, LaneOps
 from trt_runtime.outer import OuterGraphs, default_graph_results
 from trt_runtime.protocols import BackendCapabilities, TensorSpec
@@ -534,3 +534,16 @@ def test_graph_cache_recent_is_the_most_recently_used_key_or_none() -> None:
     cache.max_graphs = 0
     cache.add("e", "E")  # kept by nothing: evicted as it came
     assert cache.recent is None and len(cache) == 0
+
+
+def test_outer_graphs_outputs_that_are_not_a_list_or_tuple_are_refused() -> None:
+    """The core's general path names the type of an ``outputs=`` it cannot index, outer
+    graph or not, before any hook runs."""
+    engine = _Engine()
+    for outer in (None, True):
+        engine.outer_graph = outer
+        engine.log.clear()
+        with pytest.raises(InputError, match=r"outputs= must be a list or tuple of arrays, one per output; "
+                                             r"got ndarray"):
+            engine.execute(_x(2), outputs=np.zeros((2, 4), np.float32))
+        assert _hooks(engine) == []

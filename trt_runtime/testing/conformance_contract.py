@@ -146,7 +146,9 @@ class DeviceContractTests(ConformanceBase):
     def test_preallocated_outputs_checked(
         self, backend: Backend, engine: Engine, harness: BackendHarness, device: int
     ) -> None:
-        """Wrong count, shape or dtype in ``outputs=``: InputError naming the output."""
+        """Wrong count, shape or dtype in ``outputs=``: InputError naming the output; an
+        ``outputs=`` that is not a list or tuple (an iterator, a bare array, before and after
+        a call with the same arrays): InputError naming its type."""
         import numpy as np
 
         self._skip_unless(backend, "supports_preallocated_outputs")
@@ -158,6 +160,12 @@ class DeviceContractTests(ConformanceBase):
             engine.execute(*inputs, outputs=given[:-1])
         with pytest.raises(InputError, match="outputs="):
             engine.execute(*inputs, outputs=[*given, given[0]])
+        with pytest.raises(InputError, match="outputs= must be a list or tuple"):
+            engine.execute(*inputs, outputs=iter(given))  # type: ignore[arg-type]
+        if not engine.has_data_dependent_outputs:
+            engine.execute(*inputs, outputs=tuple(given))  # (a fast path may remember these arrays now)
+        with pytest.raises(InputError, match="outputs= must be a list or tuple"):
+            engine.execute(*inputs, outputs=given[0])
         spec = engine.outputs[0]
         if spec.data_dependent:
             pytest.skip(f"output {spec.name!r} is data-dependent: it is never preallocated")

@@ -364,7 +364,7 @@ class PythonLane(LaneOps):
         if outputs is None:
             if fast.natural:
                 return fast.call_natural(self, inputs, stream)
-        elif fast.prebound:
+        elif fast.prebound and type(outputs) in (list, tuple):  # (anything else: the general path says so)
             return fast.call_prebound(self, inputs, outputs, stream)
         return None
 

@@ -101,6 +101,23 @@ def test_plans_prebound_checks_identity_pointer_and_shape(torch: FakeTorch) -> N
         engine.execute(x, outputs=[torch.cuda_tensor((3, 4))])
 
 
+def test_plans_prebound_outputs_must_be_a_list_or_tuple(torch: FakeTorch) -> None:
+    """``outputs=`` that is not a list or tuple is refused with its type named, before any
+    work, on the general path and when a pre-bound plan is current (a bare tensor passed as
+    ``outputs=`` is iterable: the plan hands it on, the general path refuses it)."""
+    engine = _fake_engine()
+    x, y = torch.cuda_tensor((2, 4)), torch.cuda_tensor((2, 4))
+    with pytest.raises(InputError, match=r"outputs= must be a list or tuple of arrays, one per output; "
+                                         r"got list_iterator"):
+        engine.execute(x, outputs=iter([y]))
+    assert engine.execute(x, outputs=[y])[0] is y
+    _trt_calls(engine).clear()
+    with pytest.raises(InputError, match="got Tensor"):
+        engine.execute(x, outputs=y)
+    assert _kinds(engine) == []
+    assert engine.execute(x, outputs=(y,))[0] is y
+
+
 def test_plans_prebound_switch_arrays_plan_to_plan(torch: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pre-bound calls with arrays of several shapes in turn: each plan hands a call with
     other arrays remembered before straight to their plan (no lookup in ``call_fast``),
