@@ -33,6 +33,9 @@ METHOD = {
     "gpu": "CUDA events recorded on the row's stream before and after each call of a chunk, behind a "
            "spin kernel so the whole chunk is queued before the GPU starts; median per call",
     "order": "all rows of a workload set up first, then measured in interleaved rounds",
+    "paired": "a target's row against its reference round by round (the medians of each round's "
+              "samples, both measured in that round): the median, lowest and highest difference and "
+              "ratio, beside the verdict, which the medians over all rounds decide",
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -103,6 +104,10 @@ class RowResult:
     #: Also the drained figure (µs per call with the chunk's synchronize).
     drained: Stats | None = None
     samples: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    #: Per metric, the median of each round's samples, in round order: a target pairs them
+    #: with its reference row's of the same round (measured close in time: a drift of the
+    #: host's speed between rounds cancels out).
+    round_medians: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     rounds: int = 0
     chunk: int = 0
     gpu_gated: bool = False
@@ -129,6 +134,7 @@ class RowResult:
         self.status, self.reason = "skipped", reason
         self.stats.clear()
         self.samples.clear()
+        self.round_medians.clear()
         self.drained = None
 
     def to_dict(self, samples: bool = False) -> dict[str, Any]:
@@ -146,6 +152,7 @@ class RowResult:
             "check": self.check,
             "flags": list(self.flags),
             "ratios": dict(self.ratios),
+            "round_medians_us": {k: [round(v, 3) for v in vs] for k, vs in self.round_medians.items()},
             "info": {k: v for k, v in self.info.items() if isinstance(v, (str, int, float, bool))},
         }
         if samples:
@@ -325,6 +332,10 @@ def _measure_slice(entry: _Active, wb: Workbench, sync: Callable[[], Any], chunk
     samples.setdefault("drained", []).extend(drained)
     samples.setdefault("latency", []).extend(latency)
     samples.setdefault("gpu", []).extend(gpu)
+    medians = entry.result.round_medians
+    for metric, part in (("enqueue", enqueue), ("latency", latency), ("gpu", gpu)):
+        if part:
+            medians.setdefault(metric, []).append(statistics.median(part))
 
 
 def _finish(active: list[_Active], wb: Workbench) -> None:

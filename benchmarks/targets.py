@@ -2,12 +2,16 @@
 
 Every ratio is a median over a median, both from the same run and workload. Targets
 compare per-call CPU cost with no synchronize (``enqueue``), the figure the issue's
-numbers are; latency and GPU ratios are reported beside them.
+numbers are; latency and GPU ratios are reported beside them. Beside each target's
+verdict (which the medians decide) its ``paired`` figures say how steady the comparison
+was: the row against its reference round by round (each round measures both, close in
+time), as the median, lowest and highest of the per-round differences and ratios.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -115,6 +119,13 @@ def evaluate(results: Sequence[RowResult], cold_warm: Mapping[str, Any] | None) 
                 entry["detail"] = f"{mine:.2f} / {theirs:.2f} us = {value:.2f}x"
                 if target.slack_us is not None and value > target.limit and mine - theirs <= target.slack_us:
                     entry["detail"] += f"; +{mine - theirs:.2f} us <= {target.slack_us} us"
+                paired = None if row is None or ref is None else _paired(row, ref, target.metric)
+                if paired is not None:
+                    entry["paired"] = paired
+                    entry["detail"] += (
+                        f"; per round ({paired['rounds']}): {paired['diff_median_us']:+.2f} us "
+                        f"({paired['diff_min_us']:+.2f} to {paired['diff_max_us']:+.2f})"
+                    )
             passed = None if entry["value"] is None else (
                 entry["value"] <= target.limit
                 or (target.slack_us is not None and mine is not None and theirs is not None
@@ -124,6 +135,23 @@ def evaluate(results: Sequence[RowResult], cold_warm: Mapping[str, Any] | None) 
             out.append(entry)
     out.append(_cache_entry(cold_warm))
     return out
+
+
+def _paired(row: RowResult, ref: RowResult, metric: str) -> dict[str, Any] | None:
+    """``row`` against ``ref`` round by round (their ``round_medians``, paired by round):
+    the number of rounds and the median, lowest and highest difference (µs) and ratio;
+    ``None`` when either has none."""
+    mine, theirs = row.round_medians.get(metric, []), ref.round_medians.get(metric, [])
+    pairs = [(a, b) for a, b in zip(mine, theirs, strict=False) if b > 0]
+    if not pairs:
+        return None
+    diffs = [a - b for a, b in pairs]
+    ratios = [a / b for a, b in pairs]
+    return {
+        "rounds": len(pairs),
+        "diff_median_us": statistics.median(diffs), "diff_min_us": min(diffs), "diff_max_us": max(diffs),
+        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+    }
 
 
 def _cache_entry(cold_warm: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -203,6 +203,9 @@ def test_bench_all_runner_measures_interleaved_rows_and_checks_outputs() -> None
     # per round: 7 latency calls, 3 enqueue chunks, 2 GPU chunks of 4 calls
     assert a.stats["latency"].n == 21 and a.stats["enqueue"].n == 9 and a.stats["gpu"].n == 24
     assert a.drained is not None and a.drained.n == 9
+    # and each round's medians, in round order, for the targets' per-round pairs
+    assert len(a.round_medians["enqueue"]) == 3 and a.round_medians["gpu"] == [4.0, 4.0, 4.0]
+    assert a.to_dict()["round_medians_us"]["gpu"] == [4.0, 4.0, 4.0]
     assert a.stats["gpu"].median == 4.0 and a.gpu_gated
     # one timer per slice, rows rotated each round: a b c, b c a, c a b
     assert device.slices == [1, 2, 3, 2, 3, 1, 3, 1, 2]

@@ -325,3 +325,23 @@ def test_bench_all_issue17_targets_take_the_slack_and_the_graph_floor() -> None:
     assert verdicts[("torchbind-outer", "tiny")]["verdict"] == "PASS"
     assert verdicts[("natural", "dynamic")]["verdict"] == "n/a"  # every workload has the targets
     assert {"raw-graph-replay", "torchbind-outer-replay"} <= {s.name for s in rows.ROWS}
+
+
+def test_bench_all_targets_pair_a_row_with_its_reference_round_by_round() -> None:
+    """The verdict is the medians'; ``paired`` and the detail add the per-round differences
+    and ratios (a round measures both rows close in time), and a row without rounds has none."""
+    raw, ours = row_result("tiny", "raw-prebound", 6.0), row_result("tiny", "python-prebound", 7.6)
+    raw.round_medians["enqueue"] = [6.0, 9.0, 6.0, 6.5]
+    ours.round_medians["enqueue"] = [7.2, 10.6, 7.5, 7.7]
+    verdicts = {(t["key"], t["workload"]): t for t in targets.evaluate([raw, ours], None)}
+    prebound = verdicts[("prebound", "tiny")]
+    assert prebound["verdict"] == "FAIL"  # 7.6 / 6.0: +1.6 us, whatever the rounds say
+    paired = prebound["paired"]
+    assert paired["rounds"] == 4
+    assert paired["diff_median_us"] == pytest.approx(1.35) and paired["diff_min_us"] == pytest.approx(1.2)
+    assert paired["diff_max_us"] == pytest.approx(1.6) and paired["ratio_max"] == pytest.approx(7.5 / 6.0)
+    assert prebound["detail"].endswith("; per round (4): +1.35 us (+1.20 to +1.60)")
+    raw.round_medians.clear()
+    again = {(t["key"], t["workload"]): t for t in targets.evaluate([raw, ours], None)}
+    assert "paired" not in again[("prebound", "tiny")]
+    assert again[("prebound", "tiny")]["detail"] == "7.60 / 6.00 us = 1.27x"
