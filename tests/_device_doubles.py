@@ -127,9 +127,6 @@ class _Runtime:
     def cudaDriverGetVersion(self) -> tuple[int, int]:
         return _OK, 13000
 
-    def cudaGetErrorName(self, err: Any) -> tuple[int, bytes]:
-        return _OK, b"cudaErrorFake"
-
 
 class _Driver:
     def __init__(self, gpus: FakeGpus) -> None:

@@ -311,13 +311,15 @@ def stream_handle(stream: Any) -> int:
 # -- cuda-python ------------------------------------------------------------------------------------
 def cuda_result(result: Any, what: str) -> Any:
     """The value of a cuda-python call's ``result`` (``(error, value...)``): the value, a tuple of
-    them for several, ``()`` for none; :class:`~trt_runtime.BackendError` naming ``what`` and the
-    error when the call failed."""
+    them for several, ``None`` for none; :class:`~trt_runtime.BackendError` naming ``what`` and the
+    error (its name: ``cudaErrorMemoryAllocation``) when the call failed."""
     err = result[0]
     if int(err) != 0:
         from trt_runtime.errors import BackendError
 
-        raise BackendError(f"{what} failed: {err!s}")
+        raise BackendError(f"{what} failed: {getattr(err, 'name', err)}")
+    if len(result) == 1:
+        return None
     return result[1] if len(result) == 2 else result[1:]
 
 

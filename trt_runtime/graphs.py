@@ -91,22 +91,17 @@ class GraphCache(Generic[K, G]):
     by updating a released one in place instead of instantiating a new one (the backend
     counts them; see :meth:`GraphOps.capture <trt_runtime.outer.GraphOps.capture>`).
     A backend's hot path may look graphs up in its own shortcut table and report the
-    replay with :meth:`touch`, or inline: ``hits += 1``, then, unless :attr:`recent` is its
-    key already (a run of replays of one graph reorders nothing), ``reorder(key)`` and
-    ``recent = key``.
+    replay with :meth:`touch`.
     """
 
-    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses", "recent",
-                 "reorder", "updates")
+    __slots__ = ("_entries", "_release", "captures", "evictions", "hits", "max_graphs", "misses", "refresh",
+                 "updates")
 
     def __init__(self, release: Callable[[G], None], max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
         self._entries: OrderedDict[K, G] = OrderedDict()
-        #: The key object last made the most recently used (``None``: none is known to be):
-        #: a key that *is* it needs no :meth:`refresh`.
-        self.recent: K | None = None
-        #: ``reorder(key)``: ``key`` becomes the most recently used (what :meth:`refresh` does
-        #: besides setting :attr:`recent`, as a C call for the replay plans).
-        self.reorder: Callable[[K], None] = self._entries.move_to_end
+        #: ``refresh(key)``: ``key`` becomes the most recently used, uncounted (a replay plan that
+        #: found its graph itself counts the hit in :attr:`hits` and calls this: :meth:`touch` inline).
+        self.refresh: Callable[[K], None] = self._entries.move_to_end
         self._release = release
         self.max_graphs = max_graphs
         self.hits = self.misses = self.captures = self.evictions = self.updates = 0
@@ -130,7 +125,7 @@ class GraphCache(Generic[K, G]):
             self.misses += 1
             return None
         self.hits += 1
-        self.refresh(key)
+        self._entries.move_to_end(key)
         return graph
 
     def peek(self, key: K) -> G | None:
@@ -140,27 +135,19 @@ class GraphCache(Generic[K, G]):
     def touch(self, key: K) -> None:
         """A replay of ``key`` found through a backend's own shortcut: count it, refresh it."""
         self.hits += 1
-        if self.recent is not key:
-            self.refresh(key)
-
-    def refresh(self, key: K) -> None:
-        """``key`` becomes the most recently used, uncounted."""
-        self.reorder(key)
-        self.recent = key
+        self.refresh(key)
 
     def add(self, key: K, graph: G, *, captured: bool = True) -> list[G]:
         """Keep ``graph`` for ``key``; returns the graphs evicted to stay within
         ``max_graphs`` (already released). ``captured=False``: a placeholder (static
         buffers reserved before any capture), not counted as a capture."""
         self._entries[key] = graph
-        self.refresh(key)
+        self._entries.move_to_end(key)
         if captured:
             self.captures += 1
         evicted = []
         while len(self._entries) > self.max_graphs:
-            gone, old = self._entries.popitem(last=False)
-            if gone is self.recent:  # (max_graphs 0: the key just added)
-                self.recent = None
+            _, old = self._entries.popitem(last=False)
             self.evictions += 1
             self._release(old)
             evicted.append(old)
@@ -168,7 +155,6 @@ class GraphCache(Generic[K, G]):
 
     def pop(self, key: K) -> G | None:
         graph = self._entries.pop(key, None)
-        self.recent = None
         if graph is not None:
             self._release(graph)
         return graph
@@ -177,7 +163,6 @@ class GraphCache(Generic[K, G]):
         """Release every graph (counts are kept)."""
         entries = list(self._entries.values())
         self._entries.clear()
-        self.recent = None
         for graph in entries:
             self._release(graph)
 

@@ -31,8 +31,8 @@ change), when ``outer_graph`` changes, on ``reset_graphs()`` and on close, alway
 lane's work is done (:meth:`LaneOps.sync <trt_runtime.lane.LaneOps.sync>`); the next call
 captures again. A backend's own replay fast path may look a slot up in
 :attr:`OuterGraphs.shortcuts` (filled for calls whose ``graph_call`` gives a shortcut key)
-and report the replay with ``cache.touch(slot.key)`` (or inline: ``cache.hits += 1`` and,
-unless ``cache.recent is slot.key``, ``cache.refresh(slot.key)``).
+and report the replay with ``cache.touch(slot.key)`` (or inline: ``cache.hits += 1`` and
+``cache.refresh(slot.key)``).
 """
 
 from __future__ import annotations

@@ -117,3 +117,25 @@ def test_contract_stream_handle_accepts_every_stream_kind() -> None:
         stream_handle("default")
     with pytest.raises(TypeError, match=r"got bool"):
         stream_handle(True)
+
+
+def test_contract_cuda_result_unpacks_and_names_the_error() -> None:
+    """One helper for every cuda-python result in the core and the python backend (runtime and
+    driver calls alike): the value(s), ``None`` for none, else a BackendError naming the call and
+    the error by its name."""
+    import enum
+
+    from trt_runtime.contract import cuda_result
+    from trt_runtime.errors import BackendError
+
+    class Err(enum.IntEnum):  # cuda-python's enums: cudaError_t, CUresult
+        cudaSuccess = 0
+        cudaErrorMemoryAllocation = 2
+
+    assert cuda_result((Err.cudaSuccess,), "cudaFree") is None
+    assert cuda_result((Err.cudaSuccess, 7), "cudaMalloc") == 7
+    assert cuda_result((0, 1, 2), "two values") == (1, 2)
+    with pytest.raises(BackendError, match=r"^cudaMalloc failed: cudaErrorMemoryAllocation$"):
+        cuda_result((Err.cudaErrorMemoryAllocation, None), "cudaMalloc")
+    with pytest.raises(BackendError, match=r"^cudaGraphLaunch failed: 700$"):  # (a bare int: as it is)
+        cuda_result((700,), "cudaGraphLaunch")

@@ -499,43 +499,6 @@ def test_copy_nodes_point_sets_only_what_changed() -> None:
     assert made.point(1, 6000, 3000, 64) and rt.calls[-1] == ("set", node_out, 6000, 3000, 64)
 
 
-def test_graph_cache_recent_is_the_most_recently_used_key_or_none() -> None:
-    """``recent`` names the key last made the most recently used, so a replay plan that finds
-    its key there skips the reorder; whatever else reorders the cache moves or clears it, and
-    eviction still takes the least recently used graph."""
-    from trt_runtime.graphs import GraphCache
-
-    released: list[str] = []
-    cache: GraphCache[str, str] = GraphCache(released.append, max_graphs=2)
-
-    def replayed(key: str) -> None:  # a replay plan's inline touch
-        cache.hits += 1
-        if cache.recent is not key:
-            cache.reorder(key)
-            cache.recent = key
-
-    cache.add("a", "A")
-    assert cache.recent == "a"
-    cache.add("b", "B")
-    replayed("a")
-    replayed("a")
-    assert cache.recent == "a" and list(cache) == ["b", "a"] and cache.hits == 2
-    assert cache.get("b") == "B" and cache.recent == "b"  # a lookup reorders: a is not the last any more
-    replayed("a")
-    cache.add("c", "C")  # b was used least recently
-    assert released == ["B"] and list(cache) == ["a", "c"] and cache.recent == "c"
-    cache.touch("a")
-    assert cache.recent == "a" and list(cache) == ["c", "a"]
-    cache.pop("a")
-    assert cache.recent is None and released == ["B", "A"]
-    cache.add("d", "D")
-    cache.clear()
-    assert cache.recent is None and len(cache) == 0
-    cache.max_graphs = 0
-    cache.add("e", "E")  # kept by nothing: evicted as it came
-    assert cache.recent is None and len(cache) == 0
-
-
 def test_outer_graphs_outputs_that_are_not_a_list_or_tuple_are_refused() -> None:
     """The core's general path names the type of an ``outputs=`` it cannot index, outer
     graph or not, before any hook runs."""

@@ -44,7 +44,10 @@ from trt_runtime.serve.validation import RequestChecker
 if TYPE_CHECKING:
     from trt_runtime.serve.metrics import ServeMetrics
 
-__all__ = ["DynamicBatcher"]
+__all__ = ["MAX_IN_FLIGHT", "DynamicBatcher"]
+
+#: The most batches a stager's calls may keep started at once (``in_flight``).
+MAX_IN_FLIGHT = 8
 
 
 class _Request:
@@ -138,8 +141,9 @@ class DynamicBatcher:
                                 f"poll_us={poll_us} with engine threads")
         if stager is not None and not on_loop:
             raise SettingsError("a stager's calls are collected by the event loop: it needs on_loop=True")
-        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or not 1 <= in_flight <= 8:
-            raise SettingsError(f"in_flight must be an integer in [1, 8]; got {in_flight!r}")
+        bad = isinstance(in_flight, bool) or not isinstance(in_flight, int)
+        if bad or not 1 <= in_flight <= MAX_IN_FLIGHT:
+            raise SettingsError(f"in_flight must be an integer in [1, {MAX_IN_FLIGHT}]; got {in_flight!r}")
         self._poll_us = poll_us
         self._checker = checker
         self._max_batch = max_batch if checker.batchable else 1

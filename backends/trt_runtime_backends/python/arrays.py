@@ -245,9 +245,10 @@ class DeviceArray:
                    copy: Any = None) -> Any:
         if self.stream and stream is not None and stream != -1 and stream != self.stream:
             from cuda.bindings import runtime
-            from trt_runtime_backends.python.cuda import check
 
-            check(runtime.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+            from trt_runtime.contract import cuda_result
+
+            cuda_result(runtime.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
         if self.dtype not in _DL_CODES:
             raise BufferError(f"DLPack cannot describe dtype {self.dtype}")
         code, bits = _DL_CODES[self.dtype]
@@ -272,15 +273,15 @@ class DeviceArray:
         """Copy to a new numpy array (waits for the producing stream)."""
         import numpy as np
         from cuda.bindings import runtime
-        from trt_runtime_backends.python.cuda import check
 
+        from trt_runtime.contract import cuda_result
         from trt_runtime.dtypes import to_numpy
 
         out = np.empty(self.shape, dtype=to_numpy(self.dtype))
         if self.stream:
-            check(runtime.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+            cuda_result(runtime.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
         if out.nbytes:
-            check(
+            cuda_result(
                 runtime.cudaMemcpy(out.ctypes.data, self.ptr, out.nbytes,
                                    runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost),
                 "cudaMemcpy",

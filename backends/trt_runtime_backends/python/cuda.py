@@ -7,14 +7,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from trt_runtime.errors import BackendError, EngineError
+from trt_runtime.contract import cuda_result
+from trt_runtime.errors import EngineError
 from trt_runtime.formats import resolve_device as _placement
 
 __all__ = [
     "CallerDevice",
     "close_quietly",
     "DeviceState",
-    "check",
     "device_count",
     "driver_version",
     "get_device",
@@ -42,20 +42,6 @@ def _core_device(index: int) -> Any:
     return Device(index)
 
 
-def check(result: Any, what: str) -> Any:
-    """Unpack a cuda.bindings ``(err, *values)`` tuple; raise BackendError on failure."""
-    err = result[0]
-    if int(err) != 0:
-        try:
-            _, name = _runtime().cudaGetErrorName(err)
-        except Exception:
-            name = err
-        raise BackendError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
-
-
 def device_count() -> int:
     """Number of visible CUDA devices (0 when there is no driver or no device)."""
     rt = _runtime()
@@ -65,11 +51,11 @@ def device_count() -> int:
 
 def driver_version() -> int:
     """``cudaDriverGetVersion``, e.g. 13000."""
-    return int(check(_runtime().cudaDriverGetVersion(), "cudaDriverGetVersion"))
+    return int(cuda_result(_runtime().cudaDriverGetVersion(), "cudaDriverGetVersion"))
 
 
 def current_device() -> int:
-    return int(check(_runtime().cudaGetDevice(), "cudaGetDevice"))
+    return int(cuda_result(_runtime().cudaGetDevice(), "cudaGetDevice"))
 
 
 def resolve_device(device: int | None, recorded: int | None = None, name: str | None = None) -> int:
@@ -116,18 +102,18 @@ class DeviceState:
     def scope(self) -> Iterator[DeviceState]:
         """This device current for the block, the caller's context (even none) restored after."""
         driver = _driver()
-        previous = _check_driver(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        previous = cuda_result(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if self._context and int(previous) == self._context:
             yield self
             return
         self.device.set_current()
         if not self._context:
-            self._primary = _check_driver(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            self._primary = cuda_result(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
             self._context = int(self._primary)
         try:
             yield self
         finally:
-            _check_driver(driver.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
+            cuda_result(driver.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
 
     def primary_context(self) -> Any:
         """This device's primary context (a ``CUcontext``), made current once to learn it."""
@@ -173,12 +159,12 @@ class CallerDevice:
         err, previous = self._get()
         if previous == self._ours:  # (CUcontext compares handles; a failed get gives another)
             return None
-        _check_driver(self._set(self._ours), "cuCtxSetCurrent")
+        cuda_result(self._set(self._ours), "cuCtxSetCurrent")
         return previous if int(err) == 0 else None
 
     def exit(self, token: Any) -> None:
         if token is not None:
-            _check_driver(self._set(token), "cuCtxSetCurrent")
+            cuda_result(self._set(token), "cuCtxSetCurrent")
 
 
 def get_device(index: int) -> DeviceState:
@@ -189,18 +175,10 @@ def get_device(index: int) -> DeviceState:
         return state
 
 
-def _check_driver(result: Any, what: str) -> Any:
-    """:func:`check` for cuda.bindings.driver results (``CUresult`` first)."""
-    err = result[0]
-    if int(err) != 0:
-        raise BackendError(f"{what} failed: {getattr(err, 'name', err)}")
-    return result[1] if len(result) == 2 else None
-
-
 def create_event(rt: Any = None) -> Any:
     """A timing-disabled cudaEvent_t (cheap to record and wait on)."""
     rt = _runtime() if rt is None else rt
-    event = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags")
+    event = cuda_result(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags")
     return event
 
 

@@ -11,9 +11,9 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 
+from trt_runtime.contract import cuda_result
 from trt_runtime.errors import EngineError
 from trt_runtime.outer import GraphSlot
 
@@ -52,12 +52,12 @@ def copy_device(lane: Any, dst: int, src: int, nbytes: int, stream: Any) -> None
         ops = lane.graphs
         (err,) = ops.rt.cudaMemcpyAsync(dst, src, nbytes, ops.d2d, stream)
         if err:
-            cuda.check((err,), "cudaMemcpyAsync")
+            cuda_result((err,), "cudaMemcpyAsync")
 
 
 def replay_failed(lane: Any, err: Any, call: str = "cudaGraphLaunch") -> None:
     """Raise the :class:`~trt_runtime.EngineError` of a replay whose ``call`` returned ``err``."""
     try:
-        cuda.check((err,), call)
+        cuda_result((err,), call)
     except Exception as exc:
         raise EngineError(f"engine {lane.name!r}: replaying its CUDA graph failed: {exc}") from exc

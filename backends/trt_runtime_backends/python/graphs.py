@@ -39,7 +39,7 @@ from trt_runtime_backends.python.graph_buffers import copy_device, replay_failed
 from trt_runtime_backends.python.output_binding import host_memory
 from trt_runtime_backends.python.shapes import apply_shapes
 
-from trt_runtime.contract import KIND_HOST, KIND_TORCH, numel
+from trt_runtime.contract import KIND_HOST, KIND_TORCH, cuda_result, numel
 from trt_runtime.dtypes import itemsize
 from trt_runtime.errors import CapabilityError, EngineError
 from trt_runtime.graphs import CopyNodes, build_copy_nodes
@@ -226,11 +226,11 @@ class PythonGraphs(GraphOps):
         nodes of a second graph built around it (:func:`build_copying`)."""
         lane = self.ops
         rt = lane._rt
-        cuda.check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        cuda_result(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         capture_stream = self.capture_handle()
         mark = lane._logger.mark()
         mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        cuda.check(
+        cuda_result(
             rt.cudaStreamBeginCapture(capture_stream, mode),
             "cudaStreamBeginCapture",
         )
@@ -276,7 +276,7 @@ class PythonGraphs(GraphOps):
                     self._outer().cache.updates += 1
                     return graph_exec
             self._destroy_exec(graph_exec)
-        graph_exec = cuda.check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        graph_exec = cuda_result(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
         lane._res.graph_execs.append(graph_exec)
         return graph_exec
 
@@ -298,7 +298,7 @@ class PythonGraphs(GraphOps):
         rt = lane._rt
         src, nbytes = host_memory(src)
         h2d = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-        cuda.check(rt.cudaMemcpyAsync(dst.ptr, src, nbytes, h2d, stream), "cudaMemcpyAsync")
+        cuda_result(rt.cudaMemcpyAsync(dst.ptr, src, nbytes, h2d, stream), "cudaMemcpyAsync")
 
     def destroy_graph(self, graph: Any) -> None:
         """Keep the released ``graph`` as the lane's spare while its context lives on (the
@@ -349,7 +349,7 @@ class PythonGraphs(GraphOps):
                 if dst != src:
                     copy_device(lane, dst, src, nbytes, ours)
             if kind == KIND_HOST and caller is None:  # host inputs promise ready results
-                cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
+                cuda_result(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
             return given  # type: ignore[no-any-return]
         if kind == KIND_HOST:  # host in, host out: always new host arrays
             staged = [(a.ptr, a.shape) for a in slot.outputs]

@@ -39,7 +39,7 @@ from trt_runtime_backends.python.fast_path import FastPaths
 from trt_runtime_backends.python.output_binding import OutputBinding, make_output_allocator
 from trt_runtime_backends.python.shapes import SHAPE_CONTEXTS, ShapeContexts, apply_shapes
 
-from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker
+from trt_runtime.contract import KIND_DEVICE, KIND_HOST, KIND_TORCH, ShapeChecker, cuda_result
 from trt_runtime.errors import EngineError
 from trt_runtime.lane import GraphOps, Lane, LaneOps
 from trt_runtime.outer import OuterGraphs
@@ -333,7 +333,7 @@ class PythonLane(LaneOps):
         its last fast-path call followed (see stream_order)."""
         if getattr(self, "_stream", None) is not None:
             self._order.to_ours()
-            cuda.check(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
+            cuda_result(self._rt.cudaStreamSynchronize(self._stream_handle), "cudaStreamSynchronize")
 
     def release(self) -> None:
         self._order.release()
@@ -451,7 +451,7 @@ class PythonLane(LaneOps):
             results = self._binding.collect_data_dependent(ctx, kind, results, ours)
         if kind == KIND_HOST and outputs is not None:
             if caller is None:  # host inputs promise ready results
-                cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
+                cuda_result(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
         elif kind == KIND_HOST:
             results = self._binding.to_host(results, ours, inspection.torch_host)
         if caller is not None:

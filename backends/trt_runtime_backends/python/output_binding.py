@@ -14,11 +14,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from trt_runtime_backends.python import cuda
 from trt_runtime_backends.python.arrays import DeviceArray, torch_module
 from trt_runtime_backends.python.contract import Contract, TensorInfo
 
-from trt_runtime.contract import KIND_DEVICE, KIND_TORCH, fmt_shape, numel
+from trt_runtime.contract import KIND_DEVICE, KIND_TORCH, cuda_result, fmt_shape, numel
 from trt_runtime.errors import DataDependentShapeError, InputError
 
 __all__ = ["OutputBinding", "host_memory", "make_output_allocator"]
@@ -83,7 +82,7 @@ class OutputBinding:
             ptr = int(buf.handle)
             ptrs[index] = ptr
             if nbytes:
-                cuda.check(
+                cuda_result(
                     rt.cudaMemcpyAsync(ptr, src, nbytes, rt.cudaMemcpyKind.cudaMemcpyHostToDevice, ours),
                     "cudaMemcpyAsync",
                 )
@@ -180,7 +179,7 @@ class OutputBinding:
         """Wait for the engine, then copy each allocator output into an array of the shape
         TensorRT reported."""
         rt = self.rt
-        cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
+        cuda_result(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
         for i, io in enumerate(self.outs):
             allocator = ctx.allocators.get(io.name)
             if allocator is None:
@@ -208,7 +207,7 @@ class OutputBinding:
                 results[i] = (allocator.buffers[io.name], shape)
                 continue
             if nbytes:
-                cuda.check(
+                cuda_result(
                     rt.cudaMemcpyAsync(dst, src, nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, ours),
                     "cudaMemcpyAsync",
                 )
@@ -234,9 +233,9 @@ class OutputBinding:
             dst, nbytes = host_memory(arr)
             src = buf if isinstance(buf, int) else int(buf.handle)
             if nbytes:
-                cuda.check(rt.cudaMemcpyAsync(dst, src, nbytes, d2h, ours), "cudaMemcpyAsync")
+                cuda_result(rt.cudaMemcpyAsync(dst, src, nbytes, d2h, ours), "cudaMemcpyAsync")
             host.append(arr)
-        cuda.check(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
+        cuda_result(rt.cudaStreamSynchronize(ours), "cudaStreamSynchronize")
         return host
 
 

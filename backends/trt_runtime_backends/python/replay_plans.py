@@ -75,7 +75,7 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
     if len(shapes) > 1:
         return _plain_replay_many(lane, miss, slot, tensor, dtypes, shapes, table, device, dsts, finish)
     core = lane.lane  # the core lane: its context and current plan
-    key, reorder = slot.key, cache.reorder
+    key, refresh = slot.key, cache.refresh
     d0, s0, dst0 = dtypes[0], shapes[0], dsts[0]
     static: list[Any] = [_NO_TENSOR]  # the static buffer's tensor, once a call gave it
 
@@ -104,9 +104,7 @@ def _plain_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
             if stream is not None or raw_stream(device) not in order.skip or order.tail != order.ours:
                 return finish(graph, None, stream)  # type: ignore[no-any-return]
             cache.hits += 1  # (GraphCache.touch, inline)
-            if cache.recent is not key:
-                reorder(key)
-                cache.recent = key
+            refresh(key)
             on = order.ours_t  # torch's current stream needs no ordering: the launch on ours
             (err,) = launch(graph, on)
             if err:
@@ -178,13 +176,11 @@ def _replay_finish(lane: Any, order: Any, own: Any, slot: Any, cache: Any, devic
     counts the replay, orders it with the caller's stream, copies in each input whose address
     in ``srcs`` is not its static buffer's (``None``: none is copied), launches ``graph`` and
     hands the outputs over."""
-    key, reorder = slot.key, cache.reorder
+    key, refresh = slot.key, cache.refresh
 
     def finish(graph: Any, srcs: Any, stream: Any) -> list[Any]:
         cache.hits += 1  # (GraphCache.touch, inline)
-        if cache.recent is not key:
-            reorder(key)
-            cache.recent = key
+        refresh(key)
         if stream is None and (c := raw_stream(device)) in order.skip and order.tail == order.ours:
             caller, run, on = None, order.ours, order.ours_t
         else:
@@ -220,7 +216,7 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
     with). ``checked=True``: handed over by another plan of the lane, past the input checks."""
     core = lane.lane  # the core lane: its context and current plan
     n = len(shapes)
-    one, one_out, key, reorder = n == 1, len(out_specs) == 1, slot.key, cache.reorder
+    one, one_out, key, refresh = n == 1, len(out_specs) == 1, slot.key, cache.refresh
     d0, s0, dst0, nb0 = dtypes[0], shapes[0], dsts[0], nbs[0]
     shape0, dtype0, so0, onb0 = out_specs[0] if out_specs else (None, None, 0, 0)
     graph0, cexec, last, point = slot.graph, nodes.exec, nodes.last, nodes.point
@@ -249,9 +245,7 @@ def _nodes_replay(lane: Any, miss: Any, order: Any, own: Any, slot: Any, tensor:
             core.fast_entry = plain
             return plain(inputs, stream, outputs, True)  # type: ignore[no-any-return]
         cache.hits += 1  # (GraphCache.touch, inline)
-        if cache.recent is not key:
-            reorder(key)
-            cache.recent = key
+        refresh(key)
         c = raw_stream(device) if stream is None or pools is not None else None
         if stream is None and c in order.skip and order.tail == order.ours:
             caller, run, on = None, order.ours, order.ours_t

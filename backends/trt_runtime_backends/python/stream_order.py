@@ -36,7 +36,7 @@ from typing import Any
 
 from trt_runtime_backends.python import cuda
 
-from trt_runtime.contract import stream_handle
+from trt_runtime.contract import cuda_result, stream_handle
 
 __all__ = ["DEFAULT_MODE", "LEGACY_STREAMS", "MODES", "StreamOrder"]
 
@@ -164,10 +164,10 @@ class StreamOrder:
         rt = self.rt
         (err,) = rt.cudaEventRecord(event, producer)
         if err:
-            cuda.check((err,), "cudaEventRecord")
+            cuda_result((err,), "cudaEventRecord")
         (err,) = rt.cudaStreamWaitEvent(waiter, event, 0)
         if err:
-            cuda.check((err,), "cudaStreamWaitEvent")
+            cuda_result((err,), "cudaStreamWaitEvent")
 
     def events(self) -> tuple[Any, ...]:
         """The events, for the engine's finalizer."""

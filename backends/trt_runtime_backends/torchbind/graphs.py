@@ -164,7 +164,7 @@ class TorchbindGraphs(GraphOps):
         current = CURRENT
         miss = lane.call_fast
         cache = outer.cache
-        reorder = cache.reorder
+        refresh = cache.refresh
         shortcuts = outer.shortcuts  # keyed as TorchbindLane.torch_key keys
         key = slot.key
         statics = tuple(slot.inputs)
@@ -236,9 +236,7 @@ class TorchbindGraphs(GraphOps):
             )):
                 return miss(inputs, stream, outs)
             cache.hits += 1  # (GraphCache.touch, inline)
-            if cache.recent is not key:
-                reorder(key)
-                cache.recent = key
+            refresh(key)
             raw: Any = None
             if launch is None:
                 ops.follow(bridge.current_stream(device))

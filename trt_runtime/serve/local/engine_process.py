@@ -167,17 +167,19 @@ async def _serve(spec: EngineProcessSpec, engine: Any, ready: Connection, in_fli
 
 
 #: Environment variable: how many batches an engine process's overlapped calls keep started at once
-#: (1 to 8; default 2): the next batch starts while that many run only once it is full or its queue
-#: delay is over.
+#: (1 to ``batcher.MAX_IN_FLIGHT``; default 2): the next batch starts while that many run only once
+#: it is full or its queue delay is over.
 IN_FLIGHT_ENV = "TRT_RUNTIME_SERVE_IN_FLIGHT"
 
 
 def _in_flight() -> int:
+    from trt_runtime.serve.batcher import MAX_IN_FLIGHT
+
     text = os.environ.get(IN_FLIGHT_ENV, "").strip()
     if not text:
         return 2
-    if not text.isdigit() or not 1 <= int(text) <= 8:
-        raise SettingsError(f"{IN_FLIGHT_ENV} must be an integer in [1, 8]; got {text!r}")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_IN_FLIGHT:
+        raise SettingsError(f"{IN_FLIGHT_ENV} must be an integer in [1, {MAX_IN_FLIGHT}]; got {text!r}")
     return int(text)
 
 
