@@ -12,7 +12,9 @@ token given back; ``lease: a lock for the token``: the same with a lock's non-bl
 acquire and release, as the lease was before; ``lease: as the engine``: with its ``try``
 blocks and checks; ``lease: no token``: the slot's lane and the plan); and the same
 statements' parts in isolation (the thread-local read, the token's take and give-back, a
-lock's acquire and release, ``x.data_ptr()``, ``x.shape``), beside plain Python
+lock's acquire and release, ``x.data_ptr()``, ``x.shape`` and its cheaper kin, the plan's four
+checks together); the plan less those checks and TensorRT's bare ``execute_async_v3``, so
+the plan's own cost shows in the call; beside them plain Python
 (``pass``, an empty call, a method taking the same keywords) that says how fast this host
 runs Python. Medians of interleaved samples in µs (:func:`gpu_step_costs.time_statements`).
 
@@ -94,13 +96,35 @@ def lease_costs(key: str, torch: Any, repeats: int, number: int) -> dict[str, fl
     def no_token(inputs: Any, stream: Any, outputs: Any) -> Any:
         return pool.local.slot.lane.fast_entry(inputs, stream, outputs)
 
+    lane = slot.lane
+    ctx, order = lane.context, lane.ops._order
+    enqueue, ours = ctx.enqueue, order.ours
+    p0, p1, s0, s1 = x.data_ptr(), y.data_ptr(), x.shape, y.shape
+
+    def checks(x: Any, y: Any) -> bool:  # the pre-bound plan's checks
+        return x.data_ptr() != p0 or y.data_ptr() != p1 or x.shape != s0 or y.shape != s1
+
+    def unchecked(inputs: Any, stream: Any, outputs: Any) -> Any:  # the plan less its four checks
+        (_x,) = inputs
+        (y,) = outputs
+        if lane.context is not ctx or stream is not order.own:
+            raise SystemExit("the probe's plan went stale")
+        if order.tail != ours:
+            order.follow(None)
+        if not ctx.enqueue(ours):
+            raise SystemExit("execute_async_v3 returned False")
+        return [y]
+
     ns = {"e": engine, "x": x, "y": y, "s": stream, "pool": pool, "slot": slot, "plan": slot.lane.fast_entry,
-          "minimal": minimal, "with_a_lock": with_a_lock, "as_the_engine": as_the_engine, "no_token": no_token,
-          "lock": lock, "noop": _noop, "bare": _Bare()}
+          "minimal": minimal, "with_a_lock": with_a_lock, "as_the_engine": as_the_engine,
+          "no_token": no_token, "lock": lock, "noop": _noop, "bare": _Bare(),
+          "enqueue": enqueue, "ours": ours, "s0": s0, "checks": checks, "unchecked": unchecked}
     stmts = {
         "call: e.execute(x, outputs=[y], stream=s)": "e.execute(x, outputs=[y], stream=s)",
         "call: e._lease_call((x,), s, [y], None)": "e._lease_call((x,), s, [y], None)",
         "call: the lane's plan": "plan((x,), s, [y])",
+        "call: the plan less its checks": "unchecked((x,), s, [y])",
+        "call: raw execute_async_v3": "enqueue(ours)",
         "lease: minimal": "minimal((x,), s, [y])",
         "lease: a lock for the token": "with_a_lock((x,), s, [y])",
         "lease: as the engine": "as_the_engine((x,), s, [y])",
@@ -111,6 +135,11 @@ def lease_costs(key: str, torch: Any, repeats: int, number: int) -> dict[str, fl
         "alone: x.data_ptr()": "x.data_ptr()",
         "alone: x.shape": "x.shape",
         "alone: x.shape != x.shape": "x.shape != x.shape",
+        "alone: x.shape != s0": "x.shape != s0",
+        "alone: x.size()": "x.size()",
+        "alone: x.numel()": "x.numel()",
+        "alone: x.nbytes": "x.nbytes",
+        "alone: the plan's checks (2 addresses, 2 shapes)": "checks(x, y)",
         "python: pass": "pass",
         "python: an empty call": "noop(x)",
         "python: a method with the engine's keywords": "bare.execute(x, outputs=[y], stream=s)",
