@@ -477,8 +477,9 @@ def build_convnet(
         return [pooled @ fc_w.astype(np.float64) + fc_b.astype(np.float64)]
 
     # fp16 rounding grows with the activations summed, not with each logit: at 224x224 and 64
-    # channels (logits up to about 150) the logits near zero erred by 0.124 on an H200 and 0.137
-    # on an H100 (TensorRT-RTX 1.6.1), past an absolute 0.05; the relative part stays 5%
+    # channels (logits up to about 150) the largest error was 0.124 on an H200, on a logit near
+    # zero and so past an absolute 0.05, and 0.137 on an H100 (TensorRT-RTX 1.6.1); the relative
+    # part stays 5%
     tol = (5e-2, 2.5e-1) if dtype == "float16" else (1e-2, 1e-2)
     return BuiltEngine(plan, inputs, outputs, weights, reference, tol,
                        name=f"convnet{image_size}_{dtype}")
