@@ -297,17 +297,14 @@ def test_runner_start_with_a_stager_starts_the_call_and_finish_splits_it() -> No
         runner.run([(_rows(1),)])
 
 
-def test_runner_with_a_stager_and_no_padding_stages_the_rows_as_they_are() -> None:
-    """A stager does not need padded batches: a call of 5 rows is started as 5 rows."""
-    stager = _HostStager(ticks=1)
-    runner = BatchRunner(_eager, _checker(), stager=stager)
-    started = runner.start([(_rows(1, 2),), (_rows(2, 3),)])
-    assert stager.rows == [5] and len(started.calls) == 1
-    while not started.done():
-        pass
-    answers = started.finish()
-    np.testing.assert_array_equal(answers[1][0], _rows(2, 3) + 1)  # type: ignore[index]
-    started.release()
+def test_runner_and_batcher_refuse_a_stager_without_padded_rows() -> None:
+    """A stager keeps a graph and static buffers per row count (a few, as powers of two): a runner
+    or a batcher given one without pad_rows is refused, naming what it needs."""
+    with pytest.raises(SettingsError, match="a BatchRunner with a stager needs pad_rows=True"):
+        BatchRunner(_eager, _checker(), stager=_HostStager())
+    with pytest.raises(SettingsError, match="needs pad_rows=True"):
+        DynamicBatcher([_eager], _checker(), max_batch=8, max_queue_delay_us=0, on_loop=True,
+                       stager=_HostStager())
 
 
 def test_a_batch_beyond_the_stagers_rows_runs_eagerly() -> None:

@@ -102,7 +102,7 @@ class DynamicBatcher:
     of two (:class:`~trt_runtime.serve.batching.BatchRunner`). ``poll_us`` (``on_loop`` only): keep the
     loop polling its sockets, with no sleep, for that many µs after each request and each batch, and
     until a waiting batch's queue delay ends (0: sleep, and let the alarm thread end the delay).
-    ``stager`` (``on_loop`` only): the loop only starts each batch's calls
+    ``stager`` (``on_loop`` and ``pad_rows`` only): the loop only starts each batch's calls
     (:meth:`BatchRunner.start <trt_runtime.serve.batching.BatchRunner.start>`) and collects them on
     its later passes, reading its sockets meanwhile; up to ``in_flight`` batches at once (the next
     one starts as the queue allows while fewer run, else as soon as the oldest ends).

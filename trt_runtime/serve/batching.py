@@ -64,8 +64,10 @@ class BatchRunner:
     the rows of every engine call (metrics). ``pad_rows``: pad each call's rows up to the next
     power of two (at most :meth:`max_rows`) with copies of the last row; their outputs are
     dropped. ``stager``: :meth:`start` only starts the calls that it takes (rows gathered into its
-    buffers), to be collected later (:class:`Started`). Not thread-safe: one batch at a time per
-    runner (with a stager: one thread).
+    buffers), to be collected later (:class:`Started`); it needs ``pad_rows`` (a stager keeps a
+    graph and static buffers per row count, a few when they are powers of two:
+    :func:`~trt_runtime.serve.local.staging.stager_refusal`). Not thread-safe: one batch at a time
+    per runner (with a stager: one thread).
     """
 
     def __init__(
@@ -79,6 +81,9 @@ class BatchRunner:
         pad_rows: bool = False,
         stager: Stager | None = None,
     ) -> None:
+        if stager is not None and not pad_rows:
+            raise SettingsError("a BatchRunner with a stager needs pad_rows=True (the stager keeps a graph "
+                                "and static buffers for each row count a call has)")
         self._execute = execute
         self._stager = stager
         self._checker = checker
@@ -145,9 +150,9 @@ class BatchRunner:
 
         answers = started.answers
         stager = self._stager
-        rows = sum(requests[i][0].shape[0] for i in chunk) if pad_to or stager is not None else 0
-        padded = min(1 << (rows - 1).bit_length(), pad_to) if rows and pad_to else 0
-        if stager is not None and self._stage(chunk, requests, started, rows, max(rows, padded)):
+        rows = sum(requests[i][0].shape[0] for i in chunk) if pad_to else 0
+        padded = min(1 << (rows - 1).bit_length(), pad_to) if rows else 0
+        if stager is not None and rows and self._stage(chunk, requests, started, rows, max(rows, padded)):
             return
         if len(chunk) == 1 and padded <= rows:
             answers[chunk[0]] = self._call(requests[chunk[0]])

@@ -108,7 +108,7 @@ class CudaArray:
         if host.nbytes:
             rt = _rt()
             cuda_result(rt.cudaMemcpy(out.ptr, host.ctypes.data, host.nbytes,
-                                 rt.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
+                                      rt.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
         return out
 
     @property
@@ -174,7 +174,7 @@ def device_to_numpy(value: Any) -> Any:
     out = np.empty(shape, dtype=dtype)
     if out.nbytes:
         cuda_result(rt.cudaMemcpy(out.ctypes.data, int(cai["data"][0]), out.nbytes,
-                             rt.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy")
+                                  rt.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy")
     return out
 
 
