@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import cold_warm, environment, report
+from . import cold_warm, environment, over_runs, report
 from .rows import ROWS, RowSpec, parse_rows
 from .runner import Budget, Plan, RowResult, run_workload
 from .workloads import WORKLOADS, WORKLOADS_BY_KEY, build, make_tensors, parse_workloads
@@ -84,6 +84,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples", action="store_true", help="keep every per-call sample in the JSON")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="only redraw bench_all.md and bench.png from a results JSON (into --out)")
+    parser.add_argument("--over-runs", nargs="+", metavar="JSON", default=None,
+                        help="only print, for the results JSONs of several runs, each per-call target's runs "
+                             "met, its rule on the medians over the runs and each run's figure")
     parser.add_argument("--first-inference", nargs=2, metavar=("PLAN", "CACHE"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -225,8 +228,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.first_inference:
         print(json.dumps(cold_warm.first_inference(*args.first_inference)))
         return 0
+    if args.over_runs:
+        try:
+            documents = [over_runs.read_document(path) for path in args.over_runs]
+        except ValueError as exc:
+            print(f"bench_all.py: {exc}", file=sys.stderr)
+            return 2
+        names = [str(path) for path in args.over_runs]
+        print(over_runs.render_over_runs(over_runs.over_runs(documents), names), end="")
+        return 0
     if args.render:
-        document = json.loads(Path(args.render).read_text())
+        try:
+            document = over_runs.read_document(args.render)
+        except ValueError as exc:
+            print(f"bench_all.py: {exc}", file=sys.stderr)
+            return 2
         out = report.write_outputs(document, args.out, plot=not args.no_plot)
         print(report.render_markdown(document))
         _echo(f"bench_all: rendered into {out}")

@@ -40,6 +40,11 @@ class Target:
     #: Also met when ``row - reference`` is at most this many µs (raw calls of a few µs).
     slack_us: float | None = None
 
+    def met_by(self, ratio: float, difference_us: float) -> bool:
+        """The rule: ``ratio`` (row / reference) within the limit, or ``difference_us``
+        (row - reference) within the slack."""
+        return ratio <= self.limit or (self.slack_us is not None and difference_us <= self.slack_us)
+
 
 _ALL = ("tiny", "mlp", "convnet", "dynamic")
 TARGETS = (
@@ -126,11 +131,7 @@ def evaluate(results: Sequence[RowResult], cold_warm: Mapping[str, Any] | None) 
                         f"; per round ({paired['rounds']}): {paired['diff_median_us']:+.2f} us "
                         f"({paired['diff_min_us']:+.2f} to {paired['diff_max_us']:+.2f})"
                     )
-            passed = None if entry["value"] is None else (
-                entry["value"] <= target.limit
-                or (target.slack_us is not None and mine is not None and theirs is not None
-                    and mine - theirs <= target.slack_us)
-            )
+            passed = None if mine is None or not theirs else target.met_by(mine / theirs, mine - theirs)
             entry["verdict"] = _verdict(passed)
             out.append(entry)
     out.append(_cache_entry(cold_warm))
