@@ -128,13 +128,21 @@ def _median_cell(entry: TargetOverRuns) -> str:
 
 def render_over_runs(entries: Sequence[TargetOverRuns], names: Sequence[str]) -> str:
     """A Markdown table: target, workload, runs met, the rule on the medians over the runs,
-    then each run's figure (the difference for a target with a µs slack, else the ratio)."""
+    then each run's figure (the difference for a target with a µs slack, else the ratio);
+    a last line names the targets no run measured (their rows were skipped or not asked for)."""
     lines = [f"Runs, in order: {', '.join(f'{i}. {name}' for i, name in enumerate(names, 1))}.", "",
              "| target | workload | met | medians over the runs | " + " | ".join(
                  str(i) for i in range(1, len(names) + 1)) + " |",
              "| --- | --- | ---: | --- | " + " | ".join("---" for _ in names) + " |"]
+    unmeasured: dict[str, list[str]] = {}
     for entry in entries:
+        if not entry.pairs():
+            unmeasured.setdefault(entry.target.title, []).append(entry.workload)
+            continue
         cells = [entry.target.title, entry.workload, f"{entry.met} of {len(entry.pairs())}",
                  _median_cell(entry), *(_run_cell(entry.target, run) for run in entry.runs)]
         lines.append("| " + " | ".join(cells) + " |")
+    if unmeasured:
+        lines += ["", "Measured in no run: " + "; ".join(
+            f"{title} ({', '.join(workloads)})" for title, workloads in unmeasured.items()) + "."]
     return "\n".join(lines) + "\n"

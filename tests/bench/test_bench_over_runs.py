@@ -81,10 +81,18 @@ def test_over_runs_judges_a_ratio_target_by_its_ratio() -> None:
     assert "µs" not in table.split("\n")[-2]
 
 
-def test_over_runs_reports_a_target_no_run_measured() -> None:
-    entry = _entry(over_runs.over_runs([_document(None)]), PREBOUND, "tiny")
+def test_over_runs_names_the_targets_no_run_measured_below_the_table() -> None:
+    entries = over_runs.over_runs([_document(None), _document(None)])
+    entry = _entry(entries, PREBOUND, "tiny")
     assert entry.medians() is None and entry.met_at_median() is None
-    assert "| 0 of 0 | not measured | n/a |" in over_runs.render_over_runs([entry], ["a"])
+    table = over_runs.render_over_runs(entries, ["a", "b"])
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split(" | ")[1] for row in rows if row.startswith(f"| {TORCHBIND.title} |")] == ["tiny"]
+    assert not any(row.startswith(f"| {PREBOUND.title} |") for row in rows)
+    last = table.splitlines()[-1]
+    assert last.startswith("Measured in no run: ")
+    assert f"{PREBOUND.title} (tiny, mlp, convnet, dynamic); " in last
+    assert f"{TORCHBIND.title} (mlp, convnet, dynamic); " in last  # its tiny row was measured
 
 
 @pytest.mark.parametrize(
