@@ -2,12 +2,13 @@
 
 One run's verdict on a target of a few µs moves with the host: between two runs on one
 machine minutes apart the raw pre-bound tiny loop has moved from 6.2 to 8.1 µs. This reads
-the ``bench_all.json`` documents of several runs and says, per target and workload, in how
-many runs it was met (its rule, :meth:`.targets.Target.met_by`, applied to each run's figures), and
-what that rule says of the medians over the runs
-(the median over the runs of the ratio of the row's enqueue median to its reference's, and
-of their difference: each run's row against that run's reference); then each run's figure,
-in the order given.
+the ``bench_all.json`` documents of several runs and says, per target and workload:
+
+* in how many runs the target was met, by the rule a single run's report applies
+  (:meth:`.targets.Target.met_by`);
+* that rule applied to the medians over the runs of the ratio row / reference and of the
+  difference row - reference, each run's row set against that run's reference;
+* each run's figure, in the order given.
 """
 
 from __future__ import annotations
