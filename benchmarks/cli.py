@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.over_runs:
         try:
-            documents = [over_runs.read_document(path) for path in args.over_runs]
+            documents = [report.read_document(path) for path in args.over_runs]
         except ValueError as exc:
             print(f"bench_all.py: {exc}", file=sys.stderr)
             return 2
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.render:
         try:
-            document = over_runs.read_document(args.render)
+            document = report.read_document(args.render)
         except ValueError as exc:
             print(f"bench_all.py: {exc}", file=sys.stderr)
             return 2

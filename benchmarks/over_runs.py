@@ -14,39 +14,14 @@ the ``bench_all.json`` documents of several runs and says, per target and worklo
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
+from .report import row_stat
 from .targets import TARGETS, Target
 
-__all__ = ["RunFigure", "TargetOverRuns", "over_runs", "read_document", "render_over_runs"]
-
-SCHEMA = 2
-
-
-def read_document(path: str | Path) -> dict[str, Any]:
-    """A ``bench_all.json`` document; ``ValueError`` naming ``path`` and what it lacks when
-    the file cannot be read, is not JSON, or is not a schema-2 document with its rows."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from exc
-    if not isinstance(document, dict):
-        raise ValueError(f"{path}: expected a bench_all.json object; got a JSON {type(document).__name__}")
-    if document.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: expected a bench_all.json of schema {SCHEMA}; got schema "
-                         f"{document.get('schema')!r}")
-    if not isinstance(document.get("rows"), list):
-        raise ValueError(f"{path}: a bench_all.json needs a list 'rows'; got {document.get('rows')!r:.60}")
-    return document
-
+__all__ = ["RunFigure", "TargetOverRuns", "over_runs", "render_over_runs"]
 
 @dataclasses.dataclass(frozen=True)
 class RunFigure:
@@ -95,13 +70,9 @@ class TargetOverRuns:
 
 
 def _figure(document: Mapping[str, Any], target: Target, workload: str) -> RunFigure:
-    medians: dict[str, float] = {}
-    for row in document["rows"]:
-        if row.get("workload") == workload and row.get("status") == "ok":
-            median = (row.get(f"{target.metric}_us") or {}).get("median")
-            if median is not None:
-                medians[row.get("row", "")] = float(median)
-    return RunFigure(medians.get(target.row), medians.get(target.reference))
+    measured = {row.get("row"): row_stat(row, target.metric) for row in document["rows"]
+                if row.get("workload") == workload and row.get("status") == "ok"}
+    return RunFigure(measured.get(target.row), measured.get(target.reference))
 
 
 def over_runs(documents: Sequence[Mapping[str, Any]]) -> list[TargetOverRuns]:

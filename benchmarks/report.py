@@ -20,10 +20,12 @@ from .rows import ROWS_BY_NAME
 from .runner import RowResult
 from .targets import compute_ratios, evaluate
 
-__all__ = ["JSON_NAME", "MARKDOWN_NAME", "PLOT_NAME", "make_document", "render_markdown", "write_outputs",
-           "write_plot"]
+__all__ = ["JSON_NAME", "MARKDOWN_NAME", "PLOT_NAME", "make_document", "read_document", "render_markdown",
+           "row_stat", "write_outputs", "write_plot"]
 
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench_all.json", "bench_all.md", "bench.png"
+#: The version of the results document :func:`make_document` writes.
+SCHEMA = 2
 
 METHOD = {
     "enqueue": "per-call CPU cost with no synchronize: chunks of `chunk` back-to-back calls timed, one "
@@ -53,7 +55,7 @@ def make_document(
     """The JSON document of a run (``status``: ``"running"`` while partial, ``"complete"``)."""
     compute_ratios(results)
     return {
-        "schema": 2,
+        "schema": SCHEMA,
         "status": status,
         "environment": dict(env.info),
         "unavailable": dict(env.reasons),
@@ -99,9 +101,31 @@ def environment_line(info: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _stat(row: Mapping[str, Any], metric: str, field: str = "median") -> float | None:
+def row_stat(row: Mapping[str, Any], metric: str, field: str = "median") -> float | None:
+    """A row's ``field`` of ``metric`` (µs) in a results document; ``None`` when not measured."""
     stats = row.get(f"{metric}_us")
     return None if not stats else stats.get(field)
+
+
+def read_document(path: str | Path) -> dict[str, Any]:
+    """A ``bench_all.json`` document; ``ValueError`` naming ``path`` and what it lacks when
+    the file cannot be read, is not JSON, or is not a schema-2 document with its rows."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: expected a bench_all.json object; got a JSON {type(document).__name__}")
+    if document.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: expected a bench_all.json of schema {SCHEMA}; got schema "
+                         f"{document.get('schema')!r}")
+    if not isinstance(document.get("rows"), list):
+        raise ValueError(f"{path}: a bench_all.json needs a list 'rows'; got {document.get('rows')!r:.60}")
+    return document
 
 
 def render_markdown(document: Mapping[str, Any]) -> str:
@@ -135,11 +159,11 @@ def render_markdown(document: Mapping[str, Any]) -> str:
             ratios = r.get("ratios", {})
             cells = [
                 r["row"],
-                _fmt(_stat(r, "enqueue")),
-                _fmt(_stat(r, "enqueue", "p90")),
-                _fmt(_stat(r, "latency")),
-                _fmt(_stat(r, "latency", "p99")),
-                _fmt(_stat(r, "gpu")),
+                _fmt(row_stat(r, "enqueue")),
+                _fmt(row_stat(r, "enqueue", "p90")),
+                _fmt(row_stat(r, "latency")),
+                _fmt(row_stat(r, "latency", "p99")),
+                _fmt(row_stat(r, "gpu")),
                 _x(ratios.get("enqueue_vs_bind_alloc")),
                 _x(ratios.get("enqueue_vs_prebound")),
                 _x(ratios.get("enqueue_vs_op")),
@@ -242,7 +266,7 @@ def write_plot(document: Mapping[str, Any], path: str | os.PathLike[str]) -> Pat
                 ("latency", "latency µs/call (call + sync)", "latency_vs_prebound"),
             )):
                 ax = axes[line][col]
-                values = [(_stat(r, metric) or 0.0) if r else 0.0 for r in mine]
+                values = [(row_stat(r, metric) or 0.0) if r else 0.0 for r in mine]
                 bars = ax.barh(range(len(names)), values, color=[_colour(n) for n in names])
                 ax.set_yticks(range(len(names)), names if col == 0 else [""] * len(names), fontsize=7)
                 ax.invert_yaxis()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from _bench_all_support import row_result
 
-from benchmarks import cli, over_runs, targets
+from benchmarks import cli, over_runs, report, targets
 
 PREBOUND = next(t for t in targets.TARGETS if t.key == "prebound")
 TORCHBIND = next(t for t in targets.TARGETS if t.key == "torchbind")
@@ -109,10 +109,10 @@ def test_over_runs_refuses_a_file_that_is_not_a_results_document(tmp_path: Path,
     path = tmp_path / "bench_all.json"
     path.write_text(content)
     with pytest.raises(ValueError, match=message) as info:
-        over_runs.read_document(path)
+        report.read_document(path)
     assert str(path) in str(info.value)
     with pytest.raises(ValueError, match="cannot read it"):
-        over_runs.read_document(tmp_path / "missing.json")
+        report.read_document(tmp_path / "missing.json")
 
 
 def test_over_runs_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -149,9 +149,9 @@ class BatchRunner:
         import numpy as np
 
         answers = started.answers
-        stager = self._stager
         rows = sum(requests[i][0].shape[0] for i in chunk) if pad_to else 0
         padded = min(1 << (rows - 1).bit_length(), pad_to) if rows else 0
+        stager = self._stager
         if stager is not None and rows and self._stage(chunk, requests, started, rows, max(rows, padded)):
             return
         if len(chunk) == 1 and padded <= rows:

@@ -311,9 +311,8 @@ def replay_plan(lane: Any, slot: Any, shapes: tuple[Any, ...], graphs: Any) -> P
     out_dtypes = [io.torch_dtype for io in lane._out[:m]]
     # "copy" mode: the outputs copied out through the nodes come from slabs, as a natural
     # call's do (each call's at a new address: one node update per output, no torch.empty)
-    made = _nodes_replay(
+    return _nodes_replay(
         **common, empty=bridge.empty, torch_device=bridge.device, nodes=copying, plain=plain,
         out_specs=tuple(zip(out_shapes, out_dtypes, slot.out_ptrs[:m], slot.out_nbytes[:m], strict=True)),
         slabs=slab_pools(bridge.empty, bridge.device, out_shapes, out_dtypes),
     )
-    return made
